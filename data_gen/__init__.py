@@ -1,0 +1,1 @@
+"""smolalign: data_gen."""

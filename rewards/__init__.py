@@ -1,0 +1,1 @@
+"""smolalign: rewards."""
