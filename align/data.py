@@ -420,13 +420,15 @@ def _check_mixture(mixture) -> list[dict]:
 
 
 def _concat(parts: list[datasets.Dataset], ids: list[str]) -> datasets.Dataset:
+    cols = "; ".join(f"{i}: {', '.join(p.column_names)}" for i, p in zip(ids, parts))
+    msg = f"dataset_mixture sources do not share columns/types ({cols}); select common ones with 'columns'"
+    # datasets would fill a column one source lacks with nulls: a silent hole in the data, so refuse instead.
+    if len({frozenset(p.column_names) for p in parts}) > 1:
+        raise ValueError(msg)
     try:
         return datasets.concatenate_datasets(parts)
     except ValueError as err:
-        cols = "; ".join(f"{i}: {', '.join(p.column_names)}" for i, p in zip(ids, parts))
-        raise ValueError(
-            f"dataset_mixture sources do not share columns/types ({cols}); select common ones with 'columns'"
-        ) from err
+        raise ValueError(msg) from err
 
 
 def _mixture(script_args, mixture) -> datasets.DatasetDict:
