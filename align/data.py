@@ -319,7 +319,14 @@ def load_source(spec: str, split: str | None = None, **args) -> datasets.Dataset
         return _load_local(spec, split, args)
     args = dict(args)
     name = args.pop("config", None)
-    return _pick(datasets.load_dataset(spec, name=name, **args), split, spec)
+    try:
+        dd = datasets.load_dataset(spec, name=name, **args)
+    except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as err:
+        raise FileNotFoundError(
+            f"{spec!r} is no local file or directory, so it was read as a hub id, and the hub could not serve it "
+            f"({type(err).__name__}). Check the path, or use builtin:NAME ({', '.join(available_builtins())})"
+        ) from err
+    return _pick(dd, split, spec)
 
 
 def _load_optional(spec: str, split: str | None, args: dict) -> datasets.Dataset | None:
@@ -420,8 +427,11 @@ def _check_mixture(mixture) -> list[dict]:
 
 
 def _concat(parts: list[datasets.Dataset], ids: list[str]) -> datasets.Dataset:
-    cols = "; ".join(f"{i}: {', '.join(p.column_names)}" for i, p in zip(ids, parts))
-    msg = f"dataset_mixture sources do not share columns/types ({cols}); select common ones with 'columns'"
+    cols = "; ".join(f"{i}: {', '.join(f'{k} ({v})' for k, v in p.features.items())}" for i, p in zip(ids, parts))
+    msg = (
+        f"dataset_mixture sources do not share columns/types ({cols}); select common columns with 'columns' "
+        "and give them one type"
+    )
     # datasets would fill a column one source lacks with nulls: a silent hole in the data, so refuse instead.
     if len({frozenset(p.column_names) for p in parts}) > 1:
         raise ValueError(msg)

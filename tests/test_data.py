@@ -263,3 +263,35 @@ def test_register_builtin_passes_split_and_arguments():
         assert load_source("builtin:squares_for_test", split="test")["split"] == ["test"] * 3
     finally:
         data._BUILTINS.pop("squares_for_test")
+
+
+def test_hub_id_path_passes_config_and_picks_the_split(monkeypatch):
+    calls = []
+
+    def fake_load_dataset(path, name=None, **kwargs):
+        calls.append((path, name, kwargs))
+        return datasets.DatasetDict(
+            train=datasets.Dataset.from_list(ROWS[:6]), validation=datasets.Dataset.from_list(ROWS[6:])
+        )
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    args = SimpleNamespace(dataset_name="org/set", dataset_config="main", dataset_test_split="validation")
+    dd = get_dataset(args)
+    assert (len(dd["train"]), len(dd["test"])) == (6, 4) and calls[0] == ("org/set", "main", {})
+    with pytest.raises(SplitNotFoundError, match="available: train, validation"):
+        load_source("org/set", split="test")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'org/typo' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(FileNotFoundError, match="read as a hub id.*builtin:NAME"):
+        load_source("org/typo")
+
+
+def test_mixture_refuses_differing_column_types(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    datasets.Dataset.from_list([{"answer": 1}]).to_json(str(a))
+    datasets.Dataset.from_list([{"answer": "x"}]).to_json(str(b))
+    with pytest.raises(ValueError, match=r"answer \(Value\('int64'\)\).*answer \(Value\('string'\)\).*one type"):
+        get_dataset(_mix([{"id": str(a)}, {"id": str(b)}]))
