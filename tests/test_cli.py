@@ -1,0 +1,106 @@
+"""The recipe CLI: precedence, one-line errors, and every recipe in recipes/ parses."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trl import SFTConfig
+
+from align.cli import RecipeError, load_recipe, parse
+from align.configs import ModelConfig, ScriptArguments
+
+ROOT = Path(__file__).resolve().parents[1]
+TYPES = (ScriptArguments, SFTConfig, ModelConfig)
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    def write(text: str) -> str:
+        p = tmp_path / "r.yaml"
+        p.write_text(text)
+        return str(p)
+
+    return write
+
+
+def test_precedence_defaults_yaml_cli(recipe, tmp_path):
+    path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\nlearning_rate: 1e-5\nnum_train_epochs: 3\ndataset_name: builtin:news\n")
+    s, t, m = parse(*TYPES, args=[path, "--num_train_epochs", "5"])
+    assert t.learning_rate == 1e-5  # YAML beats the default (and '1e-5', a YAML string, became a float)
+    assert t.num_train_epochs == 5  # the command line beats YAML
+    assert t.weight_decay == SFTConfig.weight_decay  # untouched default
+    assert s.dataset_name == "builtin:news"
+
+
+@pytest.mark.parametrize(
+    "text, args, message",
+    [
+        ("dataset_nme: x\n", [], "unknown key 'dataset_nme' in .*did you mean 'dataset_name'"),
+        ("learning_rate: fast\n", [], "key 'learning_rate' .* has value 'fast' .*expected float"),
+        ("num_train_epochs: [1, 2]\n", [], "key 'num_train_epochs'"),
+        ("a: [1, 2\n", [], "not valid YAML at line"),
+        ("- 1\n- 2\n", [], "must be a YAML mapping"),
+        ("learning_rate: 1.0\n", ["--learnig_rate", "3"], "unknown key 'learnig_rate' in the command line.*learning_rate"),
+    ],
+)
+def test_recipe_errors_name_the_problem(recipe, text, args, message):
+    with pytest.raises(RecipeError, match=message):
+        parse(*TYPES, args=[recipe(text), *args])
+
+
+def test_missing_recipe_file():
+    with pytest.raises(RecipeError, match="recipe file 'nope.yaml' not found"):
+        load_recipe("nope.yaml", TYPES)
+
+
+def _script(args: list[str]) -> subprocess.CompletedProcess:
+    code = (
+        "from trl import SFTConfig\nfrom align.cli import run\nfrom align.configs import ScriptArguments, ModelConfig\n"
+        "run(lambda s, t, m: print('RAN', t.learning_rate), ScriptArguments, SFTConfig, ModelConfig)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bad_key_is_one_line_and_nonzero(recipe):
+    proc = _script([recipe("output_dir: /tmp/x\nuse_cpu: true\nlearning_rat: 1.0\n")])
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("smolalign: error")]
+    assert len(lines) == 1 and "did you mean 'learning_rate'" in lines[0]
+    assert "RAN" not in proc.stdout
+
+
+def test_help_lists_fields_with_help_text():
+    proc = _script(["--help"])
+    assert proc.returncode == 0
+    assert "--dataset_mixture" in proc.stdout and "weighted mixture" in proc.stdout
+    assert "--learning_rate" in proc.stdout
+
+
+def _recipes() -> list[Path]:
+    return sorted(p for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+def _script_for(path: Path) -> Path:
+    """Each recipe starts with the command that runs it; the script named there parses it."""
+    head = path.read_text().splitlines()[:5]
+    for line in head:
+        m = re.search(r"scripts/(\w+)\.py", line)
+        if m:
+            return ROOT / "scripts" / f"{m.group(1)}.py"
+    raise AssertionError(f"{path.name}: the first lines must be a comment with the command that runs it")
+
+
+@pytest.mark.parametrize("path", _recipes(), ids=lambda p: p.name)
+def test_every_recipe_parses(path, tmp_path):
+    script = _script_for(path)
+    assert script.exists(), f"{path.name} names {script.name}, which does not exist"
+    spec = importlib.util.spec_from_file_location(f"_script_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert hasattr(module, "CONFIG_TYPES"), f"{script.name} must define CONFIG_TYPES (the dataclasses it parses)"
+    configs = parse(*module.CONFIG_TYPES, args=[str(path)])
+    assert len(configs) == len(module.CONFIG_TYPES)

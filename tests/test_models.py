@@ -1,0 +1,50 @@
+"""Model loading: the builtin SmolLM2-135M (GGUF -> cached HF dir) loads and answers; bad paths are clear."""
+
+import pytest
+import torch
+
+from align.models import load_model, load_tokenizer, resolve_model_path
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("builtin:smollm2-135m-instruct"), load_tokenizer("builtin:smollm2-135m-instruct")
+
+
+def test_builtin_model_converts_once_and_answers(smollm2):
+    model, tokenizer = smollm2
+    assert model.dtype == torch.float32
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    path = resolve_model_path("builtin:smollm2-135m-instruct")
+    assert (torch.tensor(0) == 0) and path.endswith("smollm2-135m-instruct")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    reply = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in reply
+
+
+def test_converted_dir_loads_with_plain_transformers():
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path("builtin:smollm2-135m-instruct")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert getattr(model.config, "quantization_config", None) is None
+
+
+@pytest.mark.parametrize(
+    "name, error, message",
+    [
+        ("builtin:gpt-17", ValueError, "unknown builtin model 'gpt-17'; available: builtin:smollm2-135m-instruct"),
+        ("./outputs/does-not-exist", FileNotFoundError, "does not exist"),
+        ("/no/such/dir", FileNotFoundError, "does not exist"),
+    ],
+)
+def test_bad_model_names(name, error, message):
+    with pytest.raises(error, match=message):
+        resolve_model_path(name)
+
+
+def test_dir_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        resolve_model_path(str(tmp_path))
