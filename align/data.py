@@ -463,7 +463,9 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
             test = test.select_columns(list(e["columns"])) if test is not None else None
         if len(train) == 0:
             raise ValueError(f"dataset_mixture.datasets[{i}] ({spec}) has no training rows")
-        trains.append(train), tests.append(test), ids.append(spec)
+        trains.append(train)
+        tests.append(test)
+        ids.append(spec)
     weights = [float(e["weight"]) for e in entries] if "weight" in entries[0] else None
     quotas = _quotas([len(t) for t in trains], weights, num_samples)
     picked = []
