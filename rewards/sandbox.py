@@ -228,9 +228,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _kill_uid(uid: int) -> None:
-    """Without a pid namespace, processes that left the group survive it: kill every process of the uid."""
-    for _ in range(3):  # a fork bomb may still be forking while we sweep
+def _kill_uid(uid: int, timeout_s: float = 5.0) -> None:
+    """Kill every process of the sandbox's throwaway uid and wait until none is left. A pid namespace dies
+    with its first process, but asynchronously; without one, processes that left the group survive it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
         found = False
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -246,8 +248,9 @@ def _kill_uid(uid: int) -> None:
                     os.kill(int(entry), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        if not found:
+        if not found or time.monotonic() > deadline:
             return
+        time.sleep(0.01)
 
 
 def _usable_by_others(path: str) -> bool:
@@ -350,9 +353,9 @@ def _run(payload: dict, limits: SandboxLimits, isolate: bool) -> SandboxResult:
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream and not stream.closed:
                 stream.close()
+        if uid is not None:
+            _kill_uid(uid)
         if workdir is not None:
-            if uid is not None:
-                _kill_uid(uid)
             shutil.rmtree(workdir, ignore_errors=True)
     text = out.decode("utf-8", "replace")
     marker = "\n" + token + "\n"
