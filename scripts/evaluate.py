@@ -1,0 +1,31 @@
+"""Evaluate one checkpoint: held-out loss, cloze/MC scoring, verifiable accuracy (think / no_think / plain),
+completion lengths and a vibe-check markdown file. The suites live in align/evaluate.py.
+
+    python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path outputs/tiny/sft
+    python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path builtin:smollm2-135m-instruct --output_dir outputs/tiny/eval_smollm2
+
+Writes <output_dir>/eval_results.json and vibes.md (output_dir defaults to <model dir>/eval) and prints the
+metrics; the pipeline runs it after every stage.
+"""
+
+import logging
+
+from align.cli import run
+from align.evaluate import EvalConfig, evaluate, format_metrics
+
+CONFIG_TYPES = (EvalConfig,)
+
+
+def main(cfg: EvalConfig) -> dict:
+    import torch
+
+    torch.set_num_threads(min(torch.get_num_threads(), 16))
+    results = evaluate(cfg)
+    print(format_metrics(results["metrics"]))
+    print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
+    return results
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(main, *CONFIG_TYPES)

@@ -1,0 +1,243 @@
+"""align/evaluate.py: log-likelihood scoring, CF/MCF picks, held-out loss, generative metrics, results file.
+
+A tiny random SmolLM3 and a tokenizer trained in the fixture (no hub); generation goes through a scripted
+engine whose answers we choose, so accuracy / format rate / lengths are checked against hand counts.
+"""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from align.evaluate import (
+    EvalConfig,
+    build_prompt,
+    cloze_choice,
+    continuation_logprobs,
+    evaluate,
+    heldout_loss,
+    is_formatted,
+    mc_prompt,
+    run_generative,
+    score_mc,
+    set_spec,
+    task_mc_items,
+)
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from data_gen.tasks import make_tasks, to_pretrain_text
+    from pretrain.tokenizer import train_tokenizer
+
+    texts = [to_pretrain_text(r) for r in make_tasks(num=300)]
+    texts += ["The cat sat on the mat. A dog ran in the park. Answer: A B C D"] * 20
+    return train_tokenizer(texts, vocab_size=420)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = SmolLM3Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.eos_token_id,
+    )
+    m = SmolLM3ForCausalLM(cfg)
+    with torch.no_grad():  # a sharper random model: log-likelihoods then differ clearly between choices
+        m.model.embed_tokens.weight.mul_(20)
+    return m.eval()
+
+
+def _direct_logprob(model, tok, context: str, continuation: str) -> float:
+    """log p(continuation | <|endoftext|> context) from one unpadded forward pass, token by token."""
+    prefix = tok.convert_tokens_to_ids("<|endoftext|>")
+    ctx = tok(context, add_special_tokens=False)["input_ids"]
+    cont = tok(continuation, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([[prefix, *ctx, *cont]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    start = 1 + len(ctx)
+    return sum(logp[start + j - 1, cont[j]].item() for j in range(len(cont)))
+
+
+def test_continuation_logprobs_match_direct_computation_despite_padding(model, tok):
+    pairs = [("Question: What is 2 + 3?", " The answer is 5."), ("A", " cat sat on the mat and then ran away"), ("", "dog")]
+    got = continuation_logprobs(model, tok, pairs, batch_size=3)  # one padded batch of different lengths
+    for (ctx, cont), (s, n) in zip(pairs, got):
+        assert n == len(tok(cont, add_special_tokens=False)["input_ids"])
+        assert s == pytest.approx(_direct_logprob(model, tok, ctx, cont), abs=1e-4)
+
+
+def test_heldout_loss_equals_the_models_own_loss(model, tok):
+    text = "Question: What is 4 + 4?\nAnswer: 4 + 4 = 8. The answer is \\boxed{8}."
+    res = heldout_loss(model, tok, [text], max_tokens=1000)
+    ids = [tok.convert_tokens_to_ids("<|endoftext|>")] + tok(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+    assert res["tokens"] == len(ids) - 1
+    assert res["loss"] == pytest.approx(ref, abs=1e-4)
+    assert res["ppl"] == pytest.approx(math.exp(ref), rel=1e-4)
+
+
+def test_cf_picks_highest_loglik_per_character_and_mcf_the_best_letter(model, tok):
+    items = [
+        {"context": "The cat sat on the", "choices": ["mat.", "dog ran in the park.", "cat", "A"], "label": 0},
+        {"context": "Question: What is 2 + 3?", "choices": ["5", "6", "The answer is 7.", "park"], "label": 2},
+    ]
+    res = score_mc(model, tok, items, batch_size=5)
+    for it, pick in zip(items, res["picks"]):
+        norm = [_direct_logprob(model, tok, it["context"], " " + c) / len(" " + c) for c in it["choices"]]
+        assert pick["cf"] == max(range(4), key=norm.__getitem__)
+        letters = [_direct_logprob(model, tok, mc_prompt(it["context"], it["choices"]), f" {L}") for L in "ABCD"]
+        assert pick["mcf"] == max(range(4), key=letters.__getitem__)
+    assert res["cf"] == pytest.approx(sum(p["cf"] == p["label"] for p in res["picks"]) / 2)
+    assert res["mcf"] == pytest.approx(sum(p["mcf"] == p["label"] for p in res["picks"]) / 2)
+    assert res["chance"] == pytest.approx(0.25)
+
+
+def test_cloze_choice_normalises_by_length():
+    # raw log-lik prefers the short choice; per character the long one is likelier
+    assert cloze_choice([(-3.0, 1), (-8.0, 5)], ["ab", "abcdefghij"]) == 1
+    assert cloze_choice([(-3.0, 1), (-8.0, 5)], ["abcdefghij", "ab"]) == 0
+
+
+def test_task_mc_items_hold_the_gold_and_distinct_near_misses():
+    from data_gen.tasks import make_tasks
+
+    rows = make_tasks(num=40, split="test", seed=1)
+    items = task_mc_items(rows, seed=1)
+    assert len(items) == len(rows)
+    for row, it in zip(rows, items):
+        assert it["choices"][it["label"]] == f"\\boxed{{{row['answer']}}}."
+        assert len(set(it["choices"])) == len(it["choices"]) == 4
+        assert row["prompt"] in it["context"]
+    assert task_mc_items(rows, seed=1) == items  # deterministic
+    assert len({it["label"] for it in items}) > 1  # the gold is not always first
+
+
+@pytest.mark.parametrize(
+    "text, mode, ok",
+    [
+        ("<think>\n2+2=4\n</think>\nThe answer is \\boxed{4}.", "think", True),
+        ("The answer is \\boxed{4}.", "think", False),
+        ("<think>\n\n</think>\nThe answer is \\boxed{4}.", "think", False),
+        ("The answer is \\boxed{4}.", "no_think", True),
+        ("<think>\nhmm\n</think>\nThe answer is \\boxed{4}.", "no_think", False),
+        ("The answer is 4.", "no_think", False),
+        ("2 + 2 = 4. The answer is \\boxed{4}.", "plain", True),
+        ("4", "plain", False),
+    ],
+)
+def test_format_rate_cases(text, mode, ok):
+    assert is_formatted(text, mode) is ok
+
+
+class ScriptedEngine:
+    """Answers each prompt with `reply(prompt_text)`; a reply ending in '...' counts as cut at max tokens."""
+
+    def __init__(self, tok, reply):
+        self.tok, self.reply, self.calls = tok, reply, []
+
+    def generate(self, prompts, params):
+        self.calls.append(params)
+        out = []
+        for ids in prompts:
+            text = self.reply(self.tok.decode(ids))
+            done = not text.endswith("...")
+            comp = self.tok(text + ("<|im_end|>" if done else ""), add_special_tokens=False)["input_ids"]
+            out.append([SimpleNamespace(prompt_ids=ids, completion_ids=comp, finish_reason="stop" if done else "length")])
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def stub_sampling(monkeypatch):
+    """align.rollout.SamplingParams if the engine package is there; a recording stand-in otherwise."""
+    import importlib
+    import sys
+    import types
+
+    try:
+        ok = hasattr(importlib.import_module("align.rollout"), "SamplingParams")
+    except ImportError:
+        ok = False
+    if not ok:
+        mod = types.ModuleType("align.rollout")
+        mod.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+        monkeypatch.setitem(sys.modules, "align.rollout", mod)
+
+
+def test_generative_accuracy_format_and_lengths_are_hand_checkable(tok, stub_sampling):
+    from data_gen.tasks import make_tasks
+
+    rows = make_tasks(["arithmetic"], num=4, split="test", seed=3)
+    answers = {r["prompt"]: r["answer"] for r in rows}
+    right = set(list(answers)[:3])  # 3 of 4 right
+
+    def reply(prompt_text):
+        q = next(p for p in answers if p in prompt_text)
+        if q == list(answers)[3]:
+            return "<think>\nlong reasoning" + " and more" * 3 + "..."  # cut: wrong and unformatted
+        ans = answers[q] if q in right else "999999"
+        return f"<think>\nwork\n</think>\nThe answer is \\boxed{{{ans}}}."
+
+    engine = ScriptedEngine(tok, reply)
+    stats, samples = run_generative(engine, tok, rows, "think", max_new_tokens=64)
+    assert stats["acc"] == pytest.approx(3 / 4)
+    assert stats["format"] == pytest.approx(3 / 4)
+    assert stats["truncated"] == pytest.approx(1 / 4)
+    assert stats["num"] == 4
+    assert engine.calls[0].temperature == 0.0 and engine.calls[0].max_new_tokens == 64
+    assert tok.convert_tokens_to_ids("<|im_end|>") in engine.calls[0].stop_token_ids
+    lens = [len(tok(s["completion"] + ("<|im_end|>" if i < 3 else ""), add_special_tokens=False)["input_ids"]) for i, s in enumerate(samples)]
+    assert stats["len_mean"] == pytest.approx(sum(lens) / 4)
+    assert "<|im_end|>" not in samples[0]["completion"]
+
+
+def test_prompts_follow_the_reasoning_mode(tok):
+    think = build_prompt(tok, "What is 2 + 2?", "think")
+    no_think = build_prompt(tok, "What is 2 + 2?", "no_think")
+    assert "/think" in think and think.rstrip().endswith("assistant")
+    assert no_think.rstrip().endswith("</think>")  # SmolLM3's empty think block opens a no_think answer
+    assert build_prompt(tok, "What is 2 + 2?", "plain") == "Question: What is 2 + 2?\nAnswer:"
+
+
+def test_evaluate_writes_results_and_vibes(model, tok, tmp_path, stub_sampling):
+    def reply(prompt_text):
+        return "The answer is \\boxed{4}."
+
+    cfg = EvalConfig(
+        model_name_or_path="unused", output_dir=str(tmp_path / "ev"), stage="sft", loss_num_texts=4,
+        mc_sets=["tasks:4", "hellaswag:2", "truthfulqa:2"], gen_sets=["tasks:4", "gsm8k:2"], modes=["no_think", "plain"],
+        max_new_tokens=16, vibe_max_new_tokens=8,
+    )
+    res = evaluate(cfg, model=model, tokenizer=tok, engine=ScriptedEngine(tok, reply))
+    saved = json.loads((tmp_path / "ev" / "eval_results.json").read_text())
+    assert saved["metrics"] == pytest.approx(res["metrics"])
+    m = res["metrics"]
+    for key in ("loss/tasks", "ppl/tasks", "cf/tasks", "mcf/hellaswag", "cf/truthfulqa", "acc/tasks/no_think",
+                "format/gsm8k/plain", "len_mean/tasks/no_think", "truncated/gsm8k/no_think"):
+        assert key in m, key
+    assert m["format/tasks/no_think"] == 1.0 and m["ppl/tasks"] == pytest.approx(math.exp(m["loss/tasks"]))
+    vibes = (tmp_path / "ev" / "vibes.md").read_text()
+    assert "Name a fruit." in vibes and "## mode: no_think" in vibes and "\\boxed{4}" in vibes
+    assert saved["stage"] == "sft"
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="model_name_or_path"):
+        EvalConfig()
+    with pytest.raises(ValueError, match="suites: unknown"):
+        EvalConfig(model_name_or_path="m", suites=["los"])
+    with pytest.raises(ValueError, match="gen_sets: bad entry 'math:3'"):
+        EvalConfig(model_name_or_path="m", gen_sets=["math:3"])
+    assert set_spec("tasks:7", ("tasks",), "x") == ("tasks", 7)
