@@ -47,7 +47,7 @@ from functools import lru_cache
 # The bootstrap runs first inside the namespaces: it builds the new root, then forks the harness with
 # the limits applied and stays as the pid namespace's first process, reaping, until the harness exits.
 _BOOTSTRAP = r"""
-import ctypes, json, os, platform, resource, sys
+import ctypes, json, os, resource, sys
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
@@ -89,9 +89,9 @@ if cfg["isolate"]:
     if cfg["uid"] is not None:
         os.chown(root + "/work", cfg["uid"], cfg["uid"])
     os.mkdir(root + "/.old")
-    nr = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
+    nr = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
     if nr is None:
-        raise OSError(f"sandbox setup: pivot_root syscall number unknown on {platform.machine()}")
+        raise OSError(f"sandbox setup: pivot_root syscall number unknown on {os.uname().machine}")
     ok(libc.syscall(nr, root.encode(), (root + "/.old").encode()), "pivot_root")
     os.chdir("/")
     ok(libc.umount2(b"/.old", 2), "detach the old root")  # MNT_DETACH
