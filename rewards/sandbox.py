@@ -16,6 +16,7 @@ How (Linux namespaces, no extra package; FACTS.md "Sandboxing untrusted code"):
   CPU seconds, address space, processes, file size and open files.
 - The parent kills the whole process group at the wall-clock limit or when stdout/stderr exceed their
   cap; the end of the pid namespace's first process takes every process the candidate started with it.
+- The candidate runs ``python -I -S``: Python's standard library only (no site-packages, no user paths).
 - Passing needs exit status 0 *and* a random token printed by the harness after the tests: a candidate
   that calls ``sys.exit(0)`` or ``os._exit(0)`` before the tests run does not pass.
 
