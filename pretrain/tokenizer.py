@@ -1,0 +1,150 @@
+"""Our tokenizer: a byte-level BPE trained on the pretraining mixture, with SmolLM3's chat template.
+
+Why our own: the tiny models' embedding table dominates their parameter count, so a ~4k vocabulary
+trained on the text they will see beats a 49k/128k general-purpose one (fertility report below).
+Digits are split one by one (as in SmolLM2/Llama) so arithmetic is learnable by a tiny model.
+
+How to run: `python scripts/train_tokenizer.py recipes/tiny_tokenizer.yaml` (saves a HF tokenizer dir
+that loads with `AutoTokenizer.from_pretrained`), or in Python:
+
+    tok = train_tokenizer(texts, vocab_size=4096)
+    tok.save_pretrained("outputs/tiny/tokenizer")
+    print(format_report(fertility_report(tok, held_out_texts)))
+
+Chat format: ChatML (`<|im_start|>role\\n...<|im_end|>\\n`) with SmolLM3's two reasoning modes. The mode
+is "/think" unless the kwarg `enable_thinking=False` is passed; a "/think" or "/no_think" flag in the
+system message overrides both (and is removed from the shown system text). The system turn is always
+emitted but kept short (the mode flag plus any user system text) because tiny models have short contexts.
+In no_think mode an empty `<think>\\n\\n</think>\\n` block opens every assistant turn (and the generation
+prompt); assistant content plus its `<|im_end|>` sits inside `{% generation %}` so TRL's
+`assistant_only_loss` masks work; earlier assistant turns have their `<think>` blocks stripped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from transformers import PreTrainedTokenizerFast
+
+EOS = "<|endoftext|>"  # document separator in pretraining (also starts every packed document)
+IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
+THINK, END_THINK = "<think>", "</think>"
+SPECIAL_TOKENS = [EOS, IM_START, IM_END, PAD, THINK, END_THINK]
+
+CHAT_TEMPLATE = (
+    "{%- set ns = namespace(mode='/think', system='', last=-1) -%}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{%- set ns.mode = '/no_think' -%}{%- endif -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set sys = messages[0]['content'] -%}"
+    "{%- if '/no_think' in sys -%}{%- set ns.mode = '/no_think' -%}"
+    "{%- elif '/think' in sys -%}{%- set ns.mode = '/think' -%}{%- endif -%}"
+    "{%- set ns.system = sys.replace('/no_think', '').replace('/think', '').strip() -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for m in loop_messages -%}{%- if m['role'] == 'assistant' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{{- '<|im_start|>system\\n' + (ns.system + '\\n' if ns.system else '') + ns.mode + '<|im_end|>\\n' -}}"
+    "{%- for m in loop_messages -%}"
+    "{%- set content = m['content'] if m['content'] is string else '' -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{%- if loop.index0 != ns.last and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if ns.mode == '/no_think' and '<think>' not in content -%}{{- '<think>\\n\\n</think>\\n' -}}{%- endif -%}"
+    "{% generation %}{{- content + '<|im_end|>' -}}{% endgeneration %}{{- '\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if ns.mode == '/no_think' -%}{{- '<think>\\n\\n</think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `texts` and wrap it as a HF fast tokenizer with our chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size={vocab_size} is below the 256 byte symbols + {len(SPECIAL_TOKENS)} specials")
+    tok = Tokenizer(models.BPE())
+    # Single digits first (numbers become digit sequences), then GPT-2's byte-level regex split.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,  # ids 0..5, in this order
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return wrap_tokenizer(tok)
+
+
+def wrap_tokenizer(tok) -> PreTrainedTokenizerFast:
+    """A `tokenizers.Tokenizer` -> PreTrainedTokenizerFast with our special tokens and chat template."""
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,  # generation stops at the end of an assistant turn (SmolLM3 convention)
+        pad_token=PAD,
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=[EOS, IM_START, THINK, END_THINK],
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def special_ids(tokenizer) -> dict[str, int]:
+    """Ids of our special tokens; raises ValueError naming the missing ones (e.g. a foreign tokenizer)."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
+    if missing:
+        raise ValueError(f"tokenizer lacks special tokens {missing}; train one with scripts/train_tokenizer.py")
+    return ids
+
+
+_WORD = re.compile(r"\S+")
+
+
+def fertility_report(tokenizer, texts: list[str]) -> dict[str, float]:
+    """Tokens per word and the share of words split into several tokens ("continued words") on `texts`.
+
+    Words are whitespace-separated; each is encoded with a leading space as it would appear mid-text.
+    """
+    num_words = num_tokens = num_continued = 0
+    words = [w for t in texts for w in _WORD.findall(t)]
+    chars = sum(len(t) for t in texts)
+    for start in range(0, len(words), 4096):
+        batch = [" " + w for w in words[start : start + 4096]]
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            num_words += 1
+            num_tokens += len(ids)
+            num_continued += len(ids) > 1
+    if num_words == 0:
+        raise ValueError("fertility_report got no words: pass non-empty held-out texts")
+    text_tokens = sum(len(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    return {
+        "vocab_size": float(len(tokenizer)),
+        "fertility": num_tokens / num_words,
+        "continued_words": num_continued / num_words,
+        "chars_per_token": chars / max(text_tokens, 1),
+    }
+
+
+def format_report(reports: dict[str, dict[str, float]]) -> str:
+    """A markdown table: one row per tokenizer name."""
+    lines = ["| tokenizer | vocab | fertility (tok/word) | continued words | chars/token |", "|---|---|---|---|---|"]
+    for name, r in reports.items():
+        lines.append(
+            f"| {name} | {int(r['vocab_size'])} | {r['fertility']:.3f} | {r['continued_words']:.1%} "
+            f"| {r['chars_per_token']:.2f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,458 @@
+"""The pretraining loop: packed document-masked batches -> AdamW -> atomic checkpoints, in one readable file.
+
+What it does, in order (`train(model_args, config)`):
+  1. load our tokenizer; build a SmolLM3-style model (or continue from `init_from` for mid-training, with
+     optional new `rope_theta` / `max_position_embeddings` for a long-context stage);
+  2. build the staged, document-masked data stream (pretrain/data.py); this rank takes its slice;
+  3. AdamW with no weight decay on embeddings, norms and biases; WSD / cosine / multi-step / constant
+     learning rate computed from the step (so a WSD run can be extended mid-run by raising max_steps);
+  4. loop: grad accumulation (no DDP sync until the last micro-batch), clipping, optional z-loss, a NaN/inf
+     or loss-spike guard (`skip` the batch or `stop` with a checkpoint and a message naming the step),
+     held-out eval every `eval_steps`, atomic checkpoints every `save_steps` (keep the last
+     `save_total_limit`), tokens/s + MFU + loss to tqdm and wandb (offline) or tensorboard;
+  5. save an HF model dir (fp32 safetensors + tokenizer + chat template), metrics.json and loss_curve.png.
+
+Resume is exact: model, optimizer, step, RNG and the data stream's position are restored, so the losses
+after resuming equal those of an uninterrupted run. Distributed: accelerate (DDP, DeepSpeed ZeRO via
+`accelerate launch`). How to run: `accelerate launch scripts/pretrain.py recipes/tiny_pretrain.yaml`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from pretrain.model import ModelArguments, build_model, describe, flops_per_token
+
+SCHEDULES = ("wsd", "cosine", "multistep", "constant")
+GUARD_POLICIES = ("skip", "stop", "ignore")
+
+
+@dataclass
+class PretrainConfig:
+    """Everything the loop needs besides the architecture (recipe keys of the same names)."""
+
+    output_dir: str = field(default="outputs/tiny/pretrain", metadata={"help": "Final model, checkpoints, logs."})
+    tokenizer_path: str = field(default="outputs/tiny/tokenizer", metadata={"help": "Our trained tokenizer dir."})
+    init_from: str | None = field(
+        default=None, metadata={"help": "Continue from this model dir (mid-training): new data, fresh schedule."}
+    )
+    sources: dict | str = field(
+        default_factory=dict, metadata={"help": "{name: spec | {spec, text_column, **load_source args}} (JSON ok)."}
+    )
+    stages: list | str = field(
+        default_factory=list, metadata={"help": "[{name, num_tokens, weights: {source: share}}] (JSON ok)."}
+    )
+    seq_len: int = field(default=512, metadata={"help": "Tokens per packed row."})
+    micro_batch_size: int = field(default=8, metadata={"help": "Rows per forward pass per rank."})
+    grad_accum_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    max_steps: int = field(default=0, metadata={"help": "Optimizer steps; 0 = the stages' total token budget."})
+    learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate."})
+    min_lr_ratio: float = field(default=0.0, metadata={"help": "LR at the end of decay, as a fraction of peak."})
+    lr_scheduler: str = field(default="wsd", metadata={"help": f"One of {SCHEDULES}."})
+    warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps."})
+    decay_fraction: float = field(default=0.2, metadata={"help": "WSD: share of max_steps spent decaying to min."})
+    milestones: list[int] = field(default_factory=list, metadata={"help": "multistep: steps where LR *= gamma."})
+    gamma: float = field(default=0.1, metadata={"help": "multistep: LR factor at each milestone."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW decay on matmul weights only."})
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the global grad norm (0 = off)."})
+    z_loss: float = field(default=0.0, metadata={"help": "Coefficient of the z-loss (logsumexp^2); off as SmolLM3."})
+    mixed_precision: str = field(default="bf16", metadata={"help": "'bf16' (autocast) or 'no' (fp32)."})
+    seed: int = field(default=0, metadata={"help": "Seed of init and data order (same on every rank)."})
+    eval_steps: int = field(default=50, metadata={"help": "Held-out eval every N steps (0 = only at the end)."})
+    eval_rows: int = field(default=8, metadata={"help": "Held-out rows per source per eval."})
+    eval_docs: int = field(default=20, metadata={"help": "Documents held out per source (never trained on)."})
+    save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps (0 = none until the end)."})
+    save_total_limit: int = field(default=2, metadata={"help": "Keep the last K checkpoints."})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "A checkpoint dir, or 'auto' for the latest in output_dir/checkpoints."}
+    )
+    logging_steps: int = field(default=10, metadata={"help": "Log every N steps."})
+    report_to: str = field(default="wandb", metadata={"help": "'wandb' (offline by default), 'tensorboard', 'none'."})
+    run_name: str | None = None
+    nan_policy: str = field(default="stop", metadata={"help": f"On a NaN/inf loss or grad: one of {GUARD_POLICIES}."})
+    spike_policy: str = field(default="skip", metadata={"help": f"On a loss spike: one of {GUARD_POLICIES}."})
+    spike_factor: float = field(default=3.0, metadata={"help": "A spike is loss > factor * its running mean."})
+    peak_flops: float = field(default=0.0, metadata={"help": "Device peak FLOP/s for MFU; 0 = measure a matmul."})
+    stop_after_steps: int = field(default=0, metadata={"help": "Stop (checkpointed) after N steps: tests/preemption."})
+
+    def __post_init__(self):
+        if isinstance(self.sources, str):
+            self.sources = json.loads(self.sources) if self.sources else {}
+        if isinstance(self.stages, str):
+            self.stages = json.loads(self.stages) if self.stages else []
+        if self.lr_scheduler not in SCHEDULES:
+            raise ValueError(f"lr_scheduler={self.lr_scheduler!r}: choose one of {SCHEDULES}")
+        for name in ("nan_policy", "spike_policy"):
+            if getattr(self, name) not in GUARD_POLICIES:
+                raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {GUARD_POLICIES}")
+        if self.mixed_precision not in ("bf16", "no"):
+            raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose 'bf16' or 'no'")
+        if not 0 <= self.decay_fraction <= 1:
+            raise ValueError(f"decay_fraction={self.decay_fraction} must be in [0, 1]")
+
+
+def lr_at(step: int, cfg: PretrainConfig, total_steps: int) -> float:
+    """Learning rate of optimizer step `step` (0-based). Pure: the schedule's whole state is the step."""
+    peak, floor = cfg.learning_rate, cfg.learning_rate * cfg.min_lr_ratio
+    if step < cfg.warmup_steps:
+        return peak * (step + 1) / cfg.warmup_steps
+    if cfg.lr_scheduler == "constant":
+        return peak
+    if cfg.lr_scheduler == "multistep":
+        return peak * cfg.gamma ** sum(step >= m for m in cfg.milestones)
+    if cfg.lr_scheduler == "cosine":
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    # WSD: flat until the last decay_fraction of the run, then linear to the floor. Only the decay start
+    # depends on total_steps, so raising max_steps before it extends the run without a restart.
+    decay_steps = max(1, round(cfg.decay_fraction * total_steps))
+    decay_start = total_steps - decay_steps
+    if step < decay_start:
+        return peak
+    return peak + (floor - peak) * min(1.0, (step - decay_start + 1) / decay_steps)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on matmul weights; none on embeddings (tied head included), norms and biases."""
+    decay, no_decay = [], []
+    emb = model.get_input_embeddings().weight
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or p is emb or "embed" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lm_loss(model, batch: dict[str, torch.Tensor], z_loss: float = 0.0) -> torch.Tensor:
+    """Mean next-token cross-entropy (+ z-loss) of a packed batch; no attention mask so positions mask documents."""
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+    logits = logits.float().view(-1, logits.size(-1))  # (B*T, V)
+    loss = F.cross_entropy(logits, batch["targets"].view(-1))
+    if z_loss:
+        loss = loss + z_loss * torch.logsumexp(logits, dim=-1).pow(2).mean()
+    return loss
+
+
+def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5) -> float:
+    """Achievable matmul FLOP/s on this device (the MFU denominator on machines without a spec-sheet peak)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------------
+
+
+def _fsync_dir(path: str) -> None:
+    for root, _, files in os.walk(path):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def save_checkpoint(out_dir: str, step: int, model, optimizer, state: dict, tokenizer, keep: int) -> str:
+    """Write checkpoints/step_N atomically (tmp dir, fsync, rename); keep the last `keep`. Rank 0 only."""
+    root = os.path.join(out_dir, "checkpoints")
+    final, tmp = os.path.join(root, f"step_{step:07d}"), os.path.join(root, f".tmp_step_{step:07d}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    torch.save(rng, os.path.join(tmp, "rng.pt"))
+    with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+        json.dump(state, f)
+    _fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    for old in list_checkpoints(out_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(out_dir: str) -> list[str]:
+    root = os.path.join(out_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return []
+    return [os.path.join(root, d) for d in sorted(os.listdir(root)) if d.startswith("step_")]
+
+
+def load_checkpoint(path: str, model, optimizer) -> dict:
+    """Restore weights, optimizer and RNG in place; return the trainer state (step, data position, history)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(os.path.join(path, "model.safetensors"))
+    model.load_state_dict(weights, strict=False)  # tied head is absent from the file by design
+    model.tie_weights()
+    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
+    rng = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        return json.load(f)
+
+
+# ---- logging -----------------------------------------------------------------------------------------------
+
+
+class Logger:
+    """tqdm on rank 0 plus wandb (offline unless WANDB_MODE says otherwise) or tensorboard; no-op elsewhere."""
+
+    def __init__(self, cfg: PretrainConfig, enabled: bool, total: int, initial: int, config: dict):
+        from tqdm.auto import tqdm
+
+        self.enabled, self.backend, self.run = enabled, cfg.report_to if enabled else "none", None
+        self.bar = tqdm(total=total, initial=initial, disable=not enabled, desc="pretrain", dynamic_ncols=True)
+        if self.backend == "wandb":
+            os.environ.setdefault("WANDB_MODE", "offline")
+            import wandb
+
+            self.run = wandb.init(project="smolalign", name=cfg.run_name, dir=cfg.output_dir, config=config)
+        elif self.backend == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.run = SummaryWriter(os.path.join(cfg.output_dir, "runs"))
+        elif self.backend != "none":
+            raise ValueError(f"report_to={cfg.report_to!r}: choose 'wandb', 'tensorboard' or 'none'")
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self.backend == "wandb":
+            self.run.log(metrics, step=step)
+        elif self.backend == "tensorboard":
+            for k, v in metrics.items():
+                self.run.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.run is not None:
+            self.run.finish() if self.backend == "wandb" else self.run.close()
+
+
+def plot_losses(history: list[dict], evals: list[dict], path: str) -> None:
+    """Train loss (and its running mean) and held-out loss per source against tokens seen -> PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ok = [h for h in history if math.isfinite(h["loss"])]
+    ax.plot([h["tokens"] for h in ok], [h["loss"] for h in ok], lw=0.5, alpha=0.4, label="train")
+    for key in sorted({k for e in evals for k in e if k.startswith("eval_loss")}):
+        pts = [(e["tokens"], e[key]) for e in evals if key in e]
+        ax.plot(*zip(*pts), marker="o", ms=3, label=key.replace("eval_loss/", "held-out ").replace("_", " "))
+    ax.set(xlabel="tokens", ylabel="loss (nats/token)", title=os.path.basename(os.path.dirname(path) or "."))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---- the loop ----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(model, eval_batches: dict[str, dict], autocast) -> dict[str, float]:
+    """Held-out loss per source and their plain mean (`eval_loss`), plus perplexity."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    with autocast():
+        for name, batch in eval_batches.items():
+            out[f"eval_loss/{name}"] = lm_loss(model, batch).item()
+    model.train(was_training)
+    if out:
+        out["eval_loss"] = sum(out.values()) / len(out)
+        out["eval_ppl"] = math.exp(min(out["eval_loss"], 50))
+    return out
+
+
+def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer, special: dict[str, int]):
+    if not cfg.init_from:
+        return build_model(model_args, len(tokenizer), special, seed=cfg.seed)
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isdir(cfg.init_from):
+        raise FileNotFoundError(f"init_from={cfg.init_from!r} is not a model directory; pretrain it first")
+    model = AutoModelForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32, attn_implementation="sdpa")
+    # Long-context stage: a larger RoPE base (and advertised length) on the continued model.
+    if model_args.rope_theta:
+        model.config.rope_parameters["rope_theta"] = model_args.rope_theta
+        model.model.rotary_emb.__init__(model.config)  # recompute inv_freq for the new base
+    if model_args.max_position_embeddings:
+        model.config.max_position_embeddings = model_args.max_position_embeddings
+    if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
+        raise ValueError(f"init_from model has {model.config.vocab_size} tokens < tokenizer's {len(tokenizer)}")
+    return model
+
+
+def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
+    """Run (or resume) one pretraining/mid-training job; returns the final metrics (also in metrics.json)."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from pretrain.data import PackedStream
+    from pretrain.tokenizer import special_ids
+
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    tok_dir = cfg.tokenizer_path if cfg.tokenizer_path and os.path.isdir(cfg.tokenizer_path) else cfg.init_from
+    if not tok_dir or not os.path.isdir(tok_dir):
+        raise FileNotFoundError(f"tokenizer_path={cfg.tokenizer_path!r} not found: run scripts/train_tokenizer.py")
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    special = special_ids(tokenizer)
+    model = _load_or_build_model(model_args, cfg, tokenizer, special)
+    stream = PackedStream(
+        cfg.sources, cfg.stages, tokenizer, cfg.seq_len, cfg.seed, acc.process_index, acc.num_processes, cfg.eval_docs
+    )
+    tokens_per_step = cfg.micro_batch_size * cfg.grad_accum_steps * acc.num_processes * cfg.seq_len
+    total_steps = cfg.max_steps or math.ceil(stream.total_tokens / tokens_per_step)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+    )
+    model, optimizer = acc.prepare(model, optimizer)
+    raw = acc.unwrap_model(model)
+
+    step, history, evals, skipped = 0, [], [], []
+    resume = cfg.resume_from_checkpoint
+    if resume == "auto":
+        resume = (list_checkpoints(cfg.output_dir) or [None])[-1]
+    if resume:
+        state = load_checkpoint(resume, raw, optimizer)
+        stream.load_state_dict(state["data"])
+        step, history, evals, skipped = state["step"], state["history"], state["evals"], state["skipped"]
+        acc.print(f"resumed from {resume} at step {step}")
+    eval_batches = stream.eval_batches(cfg.eval_rows)
+    flops_tok = flops_per_token(raw.config, cfg.seq_len)
+    dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
+    peak = cfg.peak_flops or measure_matmul_flops(dtype)
+    run_config = {**asdict(model_args), **asdict(cfg), "total_steps": total_steps}
+    acc.print(f"model: {describe(raw, cfg.seq_len)}; {total_steps} steps x {tokens_per_step} tokens")
+    log = Logger(cfg, acc.is_main_process, total_steps, step, run_config)
+
+    def checkpoint() -> str | None:
+        acc.wait_for_everyone()
+        if not acc.is_main_process:
+            return None
+        state = {"step": step, "data": stream.state_dict(), "history": history, "evals": evals, "skipped": skipped}
+        return save_checkpoint(cfg.output_dir, step, raw, optimizer, state, tokenizer, cfg.save_total_limit)
+
+    running, t_interval, tokens_interval = None, time.perf_counter(), 0
+    model.train()
+    while step < total_steps:
+        lr = lr_at(step, cfg, total_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros(())
+        for micro in range(cfg.grad_accum_steps):
+            batch = stream.next_batch(cfg.micro_batch_size)
+            last = micro == cfg.grad_accum_steps - 1
+            with acc.no_sync(model) if not last else nullcontext():
+                loss = lm_loss(model, batch, cfg.z_loss) / cfg.grad_accum_steps
+                acc.backward(loss)
+            loss_sum += loss.detach()
+        loss_val = acc.reduce(loss_sum, "mean").item() if acc.num_processes > 1 else loss_sum.item()
+        grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
+        grad_norm = float(grad_norm)
+        bad = "non-finite loss/grad" if not (math.isfinite(loss_val) and math.isfinite(grad_norm)) else None
+        policy = cfg.nan_policy
+        if bad is None and running is not None and step >= cfg.warmup_steps and loss_val > cfg.spike_factor * running:
+            bad, policy = (
+                f"loss spike ({loss_val:.3f} > {cfg.spike_factor} x running mean {running:.3f})",
+                cfg.spike_policy,
+            )
+        if bad and policy == "stop":
+            optimizer.zero_grad(set_to_none=True)
+            step += 1  # the bad batch is consumed: a resume continues after it
+            path = checkpoint()
+            log.close()
+            raise RuntimeError(
+                f"{bad} at step {step - 1}; checkpoint saved at {path}. Resume with --resume_from_checkpoint auto "
+                "(the bad batch is skipped), or lower learning_rate / set nan_policy/spike_policy to 'skip'."
+            )
+        if bad and policy == "skip":
+            optimizer.zero_grad(set_to_none=True)
+            skipped.append({"step": step, "reason": bad})
+            acc.print(f"step {step}: {bad}; batch skipped")
+        else:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            running = loss_val if running is None else 0.9 * running + 0.1 * loss_val
+        step += 1
+        tokens_interval += tokens_per_step
+        history.append({"step": step, "tokens": step * tokens_per_step, "loss": loss_val, "lr": lr})
+        log.bar.update(1)
+        if step % cfg.logging_steps == 0 or step == total_steps:
+            dt = time.perf_counter() - t_interval
+            tps = tokens_interval / dt
+            metrics = {
+                "loss": loss_val,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": tps,
+                "mfu": flops_tok * tps / acc.num_processes / peak,
+                "stage": stream.stage_index,
+            }
+            history[-1].update(tokens_per_s=tps, mfu=metrics["mfu"])
+            log.bar.set_postfix(loss=f"{loss_val:.3f}", tok_s=f"{tps:.0f}", mfu=f"{metrics['mfu']:.1%}")
+            log.log(metrics, step)
+        pause = time.perf_counter()
+        if (cfg.eval_steps and step % cfg.eval_steps == 0) or step == total_steps:
+            evals.append(
+                {"step": step, "tokens": step * tokens_per_step, **evaluate(model, eval_batches, acc.autocast)}
+            )
+            log.log({k: v for k, v in evals[-1].items() if k.startswith("eval")}, step)
+        if cfg.save_steps and step % cfg.save_steps == 0 and step < total_steps:
+            checkpoint()
+        if cfg.stop_after_steps and step >= cfg.stop_after_steps and step < total_steps:
+            checkpoint()
+            log.close()
+            return {"step": step, "history": history, "stopped": True}
+        if step % cfg.logging_steps == 0:
+            t_interval, tokens_interval = time.perf_counter(), 0
+        else:
+            t_interval += time.perf_counter() - pause  # eval/checkpoint time does not count against tokens/s
+    log.close()
+
+    result = {
+        "step": step,
+        "total_tokens": step * tokens_per_step,
+        "history": history,
+        "evals": evals,
+        "skipped": skipped,
+        "final_eval": evals[-1] if evals else {},
+        "model": describe(raw, cfg.seq_len),
+    }
+    if cfg.save_steps:
+        checkpoint()
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        raw.save_pretrained(cfg.output_dir, safe_serialization=True, state_dict=acc.get_state_dict(model))
+        tokenizer.save_pretrained(cfg.output_dir)
+        with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
+            json.dump({**result, "config": run_config}, f, indent=1, default=str)
+        plot_losses(history, evals, os.path.join(cfg.output_dir, "loss_curve.png"))
+    return result
