@@ -1,0 +1,498 @@
+"""Chain every stage from one pipeline recipe: resumable, evaluated after each stage, with a lineage manifest.
+
+    python scripts/pipeline.py recipes/tiny_pipeline.yaml              # what `make demo` runs
+    python scripts/pipeline.py recipes/tiny_pipeline.yaml --report_only
+
+A pipeline recipe lists stages; each names a script (pretrain, midtrain, sft, generate_preferences, dpo, kto,
+orpo, apo, grpo, distill, train_tokenizer, or a path to a .py file), that stage's own recipe, overrides, and
+optionally an accelerate config. A value `${sft.output_dir}` is read from an earlier stage's resolved config
+(recipe + overrides), so each stage's model feeds the next; `${run_dir}` is the pipeline's run directory.
+
+How a stage runs: its resolved config is written to `<run_dir>/configs/<stage>.yaml` and launched as a
+subprocess (`accelerate launch [--config_file F] scripts/<x>.py <that yaml>`, or plain `python` with
+`launcher: python`), output to `<run_dir>/logs/<stage>.log`. Only after it exits 0 AND its output is there
+(a model dir has config.json) does the pipeline write a completion marker into the output dir
+(`.smolalign_stage.json`, with a hash of the config). On a re-run, a stage with a marker is skipped unless its
+config changed or a stage it references finished after it; a stage without one is re-run and, when its
+script supports it, resumes from its latest complete checkpoint (`--resume_from_checkpoint <dir>`:
+HF-Trainer `checkpoint-N` dirs or pretrain's `checkpoints/step_N`). Each model stage is then evaluated
+(scripts/evaluate.py as a subprocess, results under `<run_dir>/eval/<stage>/`). The manifest
+`<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
+git commit, data provenance, eval and training metrics, duration and outcome. Tracking: stages log to wandb
+(offline unless WANDB_MODE says otherwise) grouped by the pipeline run (WANDB_RUN_GROUP), or TensorBoard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = ".smolalign_stage.json"
+ALIASES = {"midtrain": "pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
+# Scripts that take --resume_from_checkpoint (generate_preferences resumes by itself: it skips done prompts).
+RESUMABLE = {"pretrain", "midtrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
+NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences"}  # stages whose output is not a model
+TRACKED = RESUMABLE  # scripts whose config has report_to
+TRACKING = ("wandb", "tensorboard", "none", "recipe")
+STAGE_KEYS = {
+    "name", "script", "recipe", "overrides", "accelerate_config", "num_processes", "launcher", "eval",
+    "eval_overrides", "env", "resume", "target",
+}
+REF = re.compile(r"\$\{([A-Za-z0-9_\-]+)(?:\.([A-Za-z0-9_]+))?\}")
+DATA_KEYS = re.compile(r"dataset|sources|^stages$|model_name_or_path|init_from|tokenizer_path|teacher|strong|weak|prompt")
+
+
+@dataclass
+class PipelineConfig:
+    """The pipeline recipe (keys of the same names); `stages` entries are described in the module doc."""
+
+    stages: list[dict] = field(default_factory=list, metadata={"help": "Ordered stages: {name, script, recipe, ...}."})
+    name: str = field(default="pipeline", metadata={"help": "Pipeline name (wandb group prefix, report title)."})
+    run_dir: str = field(default="outputs/tiny/pipeline", metadata={"help": "Manifest, logs, configs, eval, report."})
+    launcher: str = field(default="accelerate", metadata={"help": "'accelerate' (accelerate launch) or 'python'."})
+    eval_recipe: str | None = field(
+        default="recipes/tiny_eval.yaml", metadata={"help": "Eval recipe run after each model stage (null: none)."}
+    )
+    eval_overrides: dict | None = field(default=None, metadata={"help": "Keys overriding the eval recipe."})
+    eval_script: str = field(default="scripts/evaluate.py", metadata={"help": "The evaluation entry point."})
+    tracking: str = field(
+        default="wandb", metadata={"help": f"{TRACKING}: report_to set on every training stage ('recipe': untouched)."}
+    )
+    rerun: list[str] = field(default_factory=list, metadata={"help": "Stages to run again even if finished."})
+    until: str | None = field(default=None, metadata={"help": "Stop after this stage."})
+    report: bool = field(default=True, metadata={"help": "Write the markdown report + plots at the end."})
+    report_only: bool = field(default=False, metadata={"help": "Only (re)write the report from the manifest."})
+    dry_run: bool = field(default=False, metadata={"help": "Resolve and print the commands; run nothing."})
+
+    def __post_init__(self):
+        if self.launcher not in ("accelerate", "python"):
+            raise ValueError(f"launcher={self.launcher!r}: choose 'accelerate' or 'python'")
+        if self.tracking not in TRACKING:
+            raise ValueError(f"tracking={self.tracking!r}: choose one of {TRACKING}")
+        if not isinstance(self.stages, list):
+            raise ValueError("stages must be a list of {name, script, recipe, overrides, ...} mappings")
+
+
+@dataclass
+class Stage:
+    name: str
+    script: str
+    recipe: str | None
+    overrides: dict
+    accelerate_config: str | None = None
+    num_processes: int | None = None
+    launcher: str | None = None
+    eval: bool = True
+    eval_overrides: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    resume: bool = False
+    target: str | None = None
+    config: dict = field(default_factory=dict)  # resolved: recipe + overrides, references substituted
+    refs: set = field(default_factory=set)  # names of the earlier stages it reads
+
+    @property
+    def output_dir(self) -> str:
+        return str(self.config["output_dir"])
+
+    @property
+    def makes_model(self) -> bool:
+        return self.script not in NO_MODEL
+
+
+def script_path(script: str) -> Path:
+    if script.endswith(".py"):
+        return Path(script)
+    return ROOT / "scripts" / f"{ALIASES.get(script, script)}.py"
+
+
+def read_yaml(path: str | Path, what: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what}: recipe file '{path}' not found")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: recipe '{path}' must be a YAML mapping of key: value")
+    return data
+
+
+def resolve_refs(value, known: dict[str, dict], where: str, used: set | None = None):
+    """Substitute `${stage.key}` (and `${run_dir}`) in strings, recursively through dicts and lists.
+
+    A string that is exactly one reference takes the referenced value's type; otherwise it is text.
+    """
+    if isinstance(value, dict):
+        return {k: resolve_refs(v, known, where, used) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_refs(v, known, where, used) for v in value]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def lookup(m: re.Match):
+        stage, key = m.group(1), m.group(2)
+        if key is None:
+            if stage not in known.get("", {}):
+                raise ValueError(f"{where}: unknown reference '{m.group(0)}'; write ${{stage.key}} or ${{run_dir}}")
+            return known[""][stage]
+        if stage not in known:
+            earlier = [s for s in known if s]
+            raise ValueError(f"{where}: '{m.group(0)}' names no earlier stage; earlier stages: {earlier}")
+        if key not in known[stage]:
+            raise ValueError(f"{where}: stage '{stage}' has no key '{key}' in its resolved config")
+        if used is not None:
+            used.add(stage)
+        return known[stage][key]
+
+    whole = REF.fullmatch(value)
+    if whole:
+        return lookup(whole)
+    return REF.sub(lambda m: str(lookup(m)), value)
+
+
+def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
+    """Validate the stage list and resolve every stage's config, in order (references go backwards only)."""
+    if not cfg.stages:
+        raise ValueError("stages is empty: list at least one {name, script, recipe} in the pipeline recipe")
+    known: dict[str, dict] = {"": {"run_dir": cfg.run_dir}}
+    stages: list[Stage] = []
+    for i, raw in enumerate(cfg.stages):
+        if not isinstance(raw, dict) or "name" not in raw or "script" not in raw:
+            raise ValueError(f"stages[{i}] must be a mapping with at least 'name' and 'script', got {raw!r}")
+        name = str(raw["name"])
+        unknown = sorted(set(raw) - STAGE_KEYS)
+        if unknown:
+            raise ValueError(f"stage '{name}': unknown key(s) {unknown}; valid keys: {sorted(STAGE_KEYS)}")
+        if name in known or not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
+            raise ValueError(f"stage name '{name}' is repeated or not [A-Za-z0-9_-]+: names must be unique identifiers")
+        script = str(raw["script"])
+        if not script_path(script).is_file():
+            raise FileNotFoundError(f"stage '{name}': script '{script}' not found at {script_path(script)}")
+        used: set[str] = set()
+        recipe = resolve_refs(raw.get("recipe"), known, f"stage '{name}'.recipe", used)
+        base = read_yaml(recipe, f"stage '{name}'") if recipe else {}
+        overrides = raw.get("overrides") or {}
+        if not isinstance(overrides, dict):
+            raise ValueError(f"stage '{name}': overrides must be a mapping of key: value")
+        config = resolve_refs({**base, **overrides}, known, f"stage '{name}'", used)
+        if "output_dir" not in config:
+            raise ValueError(f"stage '{name}': no output_dir in its recipe or overrides; add overrides: {{output_dir: ...}}")
+        if cfg.tracking in ("wandb", "tensorboard") and script in TRACKED and "report_to" not in overrides:
+            config["report_to"] = cfg.tracking
+        stage = Stage(
+            name=name, script=script, recipe=recipe, overrides=overrides,
+            accelerate_config=resolve_refs(raw.get("accelerate_config"), known, name),
+            num_processes=raw.get("num_processes"), launcher=raw.get("launcher"),
+            eval_overrides=raw.get("eval_overrides") or {}, env={k: str(v) for k, v in (raw.get("env") or {}).items()},
+            resume=bool(raw.get("resume", script in RESUMABLE)), target=raw.get("target"), config=config, refs=used,
+        )
+        stage.eval = bool(raw.get("eval", stage.makes_model))
+        if stage.accelerate_config and not Path(stage.accelerate_config).is_file():
+            raise FileNotFoundError(f"stage '{name}': accelerate_config '{stage.accelerate_config}' not found")
+        known[name] = config
+        stages.append(stage)
+    for n in [*cfg.rerun, *([cfg.until] if cfg.until else [])]:
+        if n not in known:
+            raise ValueError(f"'{n}' (in rerun/until) is not a stage; stages: {[s.name for s in stages]}")
+    return stages
+
+
+# ----------------------------------------------------------------------------------------- state on disk
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_marker(output_dir: str) -> dict | None:
+    try:
+        return json.loads((Path(output_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)  # readers (and a crash) see the old or the new file, never half of one
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The newest complete checkpoint: HF `checkpoint-N` (with trainer_state.json) or pretrain `checkpoints/step_N`."""
+    try:  # the shared helper, when it exists, also skips checkpoints that were cut mid-write
+        from align.checkpoint import latest_checkpoint as shared
+
+        found = shared(output_dir)
+        if found:
+            return str(found)
+    except (ImportError, AttributeError):
+        pass
+    out = Path(output_dir)
+    found = []
+    for pattern in ("checkpoint-*", "checkpoints/step_*"):
+        for d in out.glob(pattern):
+            num = re.search(r"(\d+)$", d.name)
+            if d.is_dir() and num and (d / "trainer_state.json").is_file():
+                found.append((int(num.group(1)), str(d)))
+    return max(found)[1] if found else None
+
+
+def output_complete(stage: Stage) -> bool:
+    out = Path(stage.output_dir)
+    if stage.makes_model:
+        return (out / "config.json").is_file() or (out / "adapter_config.json").is_file()
+    return out.exists() and any(p.name != MARKER for p in out.iterdir()) if out.is_dir() else out.exists()
+
+
+def git_state() -> dict:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def provenance(config: dict) -> dict:
+    """The data a stage read: its dataset / source / model keys (ids and arguments)."""
+    return {k: v for k, v in config.items() if DATA_KEYS.search(k) and v not in (None, "", [], {})}
+
+
+def numbers(d: dict, prefix: str = "") -> dict[str, float]:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            out[prefix + k] = v
+    return out
+
+
+def train_metrics(output_dir: str) -> dict[str, float]:
+    """Scalars a stage left behind: HF `all_results.json`/`train_results.json`, pretrain `metrics.json`, ..."""
+    out: dict[str, float] = {}
+    root = Path(output_dir)
+    for name in ("all_results.json", "train_results.json", "preference_eval.json", "metrics.json"):
+        try:
+            data = json.loads((root / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out.update(numbers(data))
+            out.update(numbers(data.get("final_eval", {})))  # pretrain: held-out loss at the end
+            for key in ("before", "after"):  # stages that report a metric before/after training
+                if isinstance(data.get(key), dict):
+                    out.update(numbers(data[key], f"{key}/"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+
+def stage_command(stage: Stage, cfg: PipelineConfig, config_path: Path, resume_from: str | None) -> list[str]:
+    script = str(script_path(stage.script))
+    if (stage.launcher or cfg.launcher) == "accelerate":
+        cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+        if stage.accelerate_config:
+            cmd += ["--config_file", stage.accelerate_config]
+        if stage.num_processes:
+            cmd += ["--num_processes", str(stage.num_processes)]
+        cmd += [script]
+    else:
+        cmd = [sys.executable, script]
+    cmd.append(str(config_path))
+    if resume_from:
+        cmd += ["--resume_from_checkpoint", resume_from]
+    return cmd
+
+
+def stage_env(cfg: PipelineConfig, run_id: str, stage: Stage) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("WANDB_MODE", "offline")  # no account needed; `wandb sync` uploads later
+    env.setdefault("WANDB_PROJECT", "smolalign")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(WANDB_RUN_GROUP=run_id, WANDB_NAME=f"{run_id}/{stage.name}", WANDB_DIR=str(Path(cfg.run_dir).resolve()))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(stage.env)
+    return env
+
+
+def _last_line(log: Path) -> str:
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 2048))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [x.strip() for x in re.split(r"[\r\n]", tail) if x.strip()]
+    return lines[-1][:90] if lines else ""
+
+
+def run_logged(cmd: list[str], env: dict, log: Path, on_tick=None) -> int:
+    """Run `cmd` with its output appended to `log`; call on_tick(last log line) ~twice a second."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        f.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(cmd)}\n")
+        f.flush()
+        # own process group: on Ctrl-C / SIGTERM we stop the stage and everything it started
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if on_tick:
+                    on_tick(_last_line(log))
+                time.sleep(0.5)
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return proc.returncode
+
+
+class Manifest:
+    """manifest.json: the pipeline's lineage record, rewritten atomically after every change."""
+
+    def __init__(self, cfg: PipelineConfig, stages: list[Stage]):
+        self.path = Path(cfg.run_dir) / "manifest.json"
+        old = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        prev = {s["name"]: s for s in old.get("stages", [])}
+        self.data = {
+            "name": cfg.name,
+            "run_id": old.get("run_id") or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            "created": old.get("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
+            "argv": sys.argv,
+            "git": git_state(),
+            "pipeline": {k: v for k, v in asdict(cfg).items() if k != "stages"},
+            "stages": [prev.get(s.name, {"name": s.name, "status": "pending"}) for s in stages],
+        }
+        for rec, s in zip(self.data["stages"], stages):
+            rec.update(script=s.script, recipe=s.recipe, output_dir=s.output_dir, target=s.target, makes_model=s.makes_model)
+
+    def stage(self, name: str) -> dict:
+        return next(s for s in self.data["stages"] if s["name"] == name)
+
+    def save(self) -> None:
+        self.data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        write_json_atomic(self.path, self.data)
+
+
+def needs_run(stage: Stage, stages: dict[str, Stage], forced: set[str]) -> tuple[bool, str]:
+    marker = read_marker(stage.output_dir)
+    if stage.name in forced:
+        return True, "asked to rerun"
+    if marker is None:
+        return True, "not finished"
+    if marker.get("config_hash") != config_hash(stage.config):
+        return True, "its config changed since it finished"
+    for ref in stage.refs:
+        up = read_marker(stages[ref].output_dir)
+        if up and up.get("finished", 0) > marker.get("finished", 0):
+            return True, f"'{ref}' finished after it"
+    return False, "finished earlier"
+
+
+def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_tick=None) -> dict:
+    out_dir = Path(cfg.run_dir) / "eval" / stage.name
+    config = {**read_yaml(cfg.eval_recipe, "eval_recipe"), **(cfg.eval_overrides or {}), **stage.eval_overrides}
+    config.update(model_name_or_path=stage.output_dir, output_dir=str(out_dir), stage=stage.name)
+    path = Path(cfg.run_dir) / "configs" / f"eval_{stage.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [sys.executable, str(ROOT / cfg.eval_script), str(path)]
+    t = time.time()
+    rc = run_logged(cmd, env, log, on_tick)
+    rec = {"command": cmd, "returncode": rc, "duration_s": round(time.time() - t, 2), "results": str(out_dir / "eval_results.json")}
+    if rc == 0:
+        rec["metrics"] = json.loads((out_dir / "eval_results.json").read_text())["metrics"]
+    return rec
+
+
+def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
+    """Run (or resume) every stage in order; return the manifest. Raises RuntimeError on a failed stage."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console(soft_wrap=True)
+    stages = resolve_stages(cfg)
+    by_name = {s.name: s for s in stages}
+    if cfg.until:
+        stages = stages[: [s.name for s in stages].index(cfg.until) + 1]
+    run_dir = Path(cfg.run_dir)
+    manifest = Manifest(cfg, list(by_name.values()))
+    forced = set(cfg.rerun)
+    if cfg.dry_run:
+        for s in stages:
+            path = run_dir / "configs" / f"{s.name}.yaml"
+            console.print(f"[bold]{s.name}[/]: {' '.join(stage_command(s, cfg, path, None))}  ({needs_run(s, by_name, forced)[1]})")
+        return manifest.data
+    manifest.save()
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("pipeline", total=len(stages))
+        for i, stage in enumerate(stages):
+            rec = manifest.stage(stage.name)
+            label = f"[{i + 1}/{len(stages)}] {stage.name}"
+            run, why = needs_run(stage, by_name, forced)
+            env = stage_env(cfg, manifest.data["run_id"], stage)
+            log = run_dir / "logs" / f"{stage.name}.log"
+            tick = lambda line, label=label: progress.update(bar, description=f"{label}: {line}")  # noqa: E731
+            if not run:
+                rec["status"] = "done"
+                rec["skipped_this_run"] = True
+                console.print(f"{label}: skipped ({why})")
+            else:
+                resume_from = latest_checkpoint(stage.output_dir) if stage.resume and why == "not finished" else None
+                config_path = run_dir / "configs" / f"{stage.name}.yaml"
+                config_path.parent.mkdir(parents=True, exist_ok=True)
+                config_path.write_text(f"# {stage.name}: {stage.script} {stage.recipe or ''} + overrides\n" + yaml.safe_dump(stage.config, sort_keys=False))
+                cmd = stage_command(stage, cfg, config_path, resume_from)
+                console.print(f"{label}: running ({why}{', resuming from ' + resume_from if resume_from else ''}); log {log}")
+                (Path(stage.output_dir) / MARKER).unlink(missing_ok=True)
+                start = time.time()
+                rec.update(
+                    status="running", command=cmd, config=stage.config, config_path=str(config_path), git=git_state(),
+                    data=provenance(stage.config), resumed_from=resume_from, log=str(log), started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    attempts=rec.get("attempts", 0) + 1, skipped_this_run=False,
+                )
+                rec.pop("eval", None)
+                manifest.save()
+                try:
+                    rc = run_logged(cmd, env, log, tick)
+                except BaseException:
+                    rec.update(status="interrupted", duration_s=round(time.time() - start, 2))
+                    manifest.save()
+                    raise
+                rec.update(returncode=rc, duration_s=round(time.time() - start, 2))
+                if rc != 0 or not output_complete(stage):
+                    why = f"exit code {rc}" if rc != 0 else f"exit 0 but no finished output in {stage.output_dir}"
+                    rec.update(status="failed", error=why)
+                    manifest.save()
+                    raise RuntimeError(f"stage '{stage.name}' failed ({why}); see its log {log}. Re-run the pipeline to resume it.")
+                finished = time.time()
+                write_json_atomic(Path(stage.output_dir) / MARKER, {"stage": stage.name, "config_hash": config_hash(stage.config), "finished": finished, "run_id": manifest.data["run_id"]})
+                rec.update(status="done", finished=time.strftime("%Y-%m-%dT%H:%M:%S"), train_metrics=train_metrics(stage.output_dir))
+                console.print(f"{label}: done in {rec['duration_s']:.1f} s")
+            manifest.save()
+            if stage.eval and cfg.eval_recipe and (run or "metrics" not in (rec.get("eval") or {})):
+                progress.update(bar, description=f"{label}: evaluating")
+                rec["eval"] = evaluate_stage(stage, cfg, env, run_dir / "logs" / f"eval_{stage.name}.log", tick)
+                manifest.save()
+                if rec["eval"]["returncode"] != 0:
+                    console.print(f"[red]{label}: evaluation failed[/] (log {run_dir / 'logs' / f'eval_{stage.name}.log'})")
+            rec["metrics"] = (rec.get("eval") or {}).get("metrics", {})
+            manifest.save()
+            progress.update(bar, advance=1, description=label)
+    return manifest.data

@@ -1,0 +1,227 @@
+"""The pipeline report: one markdown file with every stage's eval metrics side by side, plus PNG plots.
+
+    python scripts/pipeline.py recipes/tiny_pipeline.yaml --report_only     # rewrite it from the manifest
+
+Why: the SmolLM3 paper's table (base -> mid -> SFT -> APO -> GRPO) is how one sees whether each stage moved
+the metric it targets. Input: `<run_dir>/manifest.json` (align/pipeline.py). Output: `<run_dir>/report.md`
+and `<run_dir>/plots/`: `loss_curves.png` (the training loss of each stage over its steps, read from the
+HF Trainer's `trainer_state.json` log_history or pretrain's `metrics.json` history), `grpo.png` (reward and
+mean completion length over GRPO steps), `metrics_per_stage.png` (headline metrics across stages).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+# Headline metrics plotted across stages (when present) and whether higher is better.
+HEADLINE = {
+    "loss/tasks": False,
+    "cf/tasks": True,
+    "mcf/tasks": True,
+    "acc/tasks/plain": True,
+    "acc/tasks/think": True,
+    "acc/tasks/no_think": True,
+    "format/tasks/think": True,
+    "format/tasks/no_think": True,
+}
+LOWER_IS_BETTER = ("loss/", "ppl/", "truncated/", "len_")
+
+
+def higher_is_better(metric: str) -> bool:
+    return not metric.startswith(LOWER_IS_BETTER)
+
+
+def log_history(output_dir: str | Path) -> list[dict]:
+    """Training log entries of a stage: HF trainer_state.json (final or newest checkpoint) or pretrain history."""
+    out = Path(output_dir)
+    candidates = [out / "trainer_state.json"]
+    checkpoints = sorted(out.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[-1]))
+    candidates += checkpoints[::-1]
+    for path in candidates:
+        try:
+            return json.loads(path.read_text()).get("log_history", [])
+        except (OSError, ValueError):
+            continue
+    try:
+        return json.loads((out / "metrics.json").read_text()).get("history", [])  # pretrain/train.py
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _series(history: list[dict], key: str) -> list[tuple[float, float]]:
+    return [(h["step"], h[key]) for h in history if key in h and "step" in h and _finite(h[key])]
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _fmt(x) -> str:
+    if not _finite(x):
+        return "–"
+    return f"{x:.3g}" if abs(x) >= 100 else f"{x:.3f}"
+
+
+def metric_table(stages: list[dict]) -> list[str]:
+    """Markdown rows: one per metric, one column per evaluated stage, in pipeline order."""
+    cols = [s for s in stages if s.get("metrics")]
+    if not cols:
+        return ["(no stage has eval metrics yet)"]
+    names = sorted({k for s in cols for k in s["metrics"]}, key=lambda k: (k.split("/")[1:], k))
+    lines = ["| metric | " + " | ".join(s["name"] for s in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name in names:
+        vals = [s["metrics"].get(name) for s in cols]
+        finite = [v for v in vals if _finite(v)]
+        best = (max if higher_is_better(name) else min)(finite) if len(finite) > 1 else None
+        cells = [f"**{_fmt(v)}**" if best is not None and v == best else _fmt(v) for v in vals]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def target_lines(stages: list[dict]) -> list[str]:
+    """Did each stage move the metric it targets (stage key `target`) relative to the previous evaluated stage?"""
+    lines, prev = [], None
+    for s in stages:
+        if not s.get("metrics"):
+            continue
+        t = s.get("target")
+        if t and prev is not None and t in s["metrics"] and t in prev["metrics"]:
+            before, after = prev["metrics"][t], s["metrics"][t]
+            better = after > before if higher_is_better(t) else after < before
+            mark = "improved" if better else ("unchanged" if after == before else "got worse")
+            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(before)} ({prev['name']}) -> {_fmt(after)}: {mark}")
+        elif t:
+            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(s['metrics'].get(t))} (no earlier stage to compare)")
+        prev = s
+    return lines
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_losses(stages: list[dict], path: Path) -> bool:
+    curves = {s["name"]: _series(log_history(s["output_dir"]), "loss") for s in stages if s.get("output_dir")}
+    curves = {k: v for k, v in curves.items() if v}
+    if not curves:
+        return False
+    plt = _plt()
+    n = len(curves)
+    cols = min(n, 3)
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((n + cols - 1) // cols)), squeeze=False)
+    for ax, (name, pts) in zip(axes.flat, curves.items()):
+        ax.plot(*zip(*pts), lw=1)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def plot_grpo(stages: list[dict], path: Path) -> bool:
+    runs = []
+    for s in stages:
+        if s.get("script") != "grpo":
+            continue
+        hist = log_history(s["output_dir"])
+        reward = _series(hist, "reward")
+        length = _series(hist, "completions/mean_length")
+        if reward or length:
+            runs.append((s["name"], reward, length))
+    if not runs:
+        return False
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for name, reward, length in runs:
+        if reward:
+            a.plot(*zip(*reward), label=name)
+        if length:
+            b.plot(*zip(*length), label=name)
+    a.set(title="GRPO reward", xlabel="step", ylabel="mean reward")
+    b.set(title="GRPO completion length", xlabel="step", ylabel="mean tokens")
+    a.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def plot_metrics(stages: list[dict], path: Path) -> bool:
+    cols = [s for s in stages if s.get("metrics")]
+    keys = [k for k in HEADLINE if any(k in s["metrics"] for s in cols)]
+    if not cols or not keys:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(cols) + 3), 3.6))
+    x = list(range(len(cols)))
+    for k in keys:
+        ys = [s["metrics"].get(k, float("nan")) for s in cols]
+        ax.plot(x, ys, marker="o", label=k + ("" if HEADLINE[k] else " (lower is better)"))
+    ax.set_xticks(x, [s["name"] for s in cols], rotation=20)
+    ax.set_title("eval metrics per stage")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write <run_dir>/report.md and plots/*.png from the manifest; return the report's path."""
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"no manifest at {manifest_path}: run the pipeline first (without --report_only)")
+    manifest = json.loads(manifest_path.read_text())
+    stages = manifest.get("stages", [])
+    plots = run_dir / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    made = {
+        "loss_curves.png": plot_losses(stages, plots / "loss_curves.png"),
+        "grpo.png": plot_grpo(stages, plots / "grpo.png"),
+        "metrics_per_stage.png": plot_metrics(stages, plots / "metrics_per_stage.png"),
+    }
+    git = manifest.get("git", {})
+    lines = [
+        f"# Pipeline report: {manifest.get('name', '')}",
+        "",
+        f"Run `{manifest.get('run_id')}`, git `{(git.get('commit') or '?')[:10]}`{' (dirty tree)' if git.get('dirty') else ''}, "
+        f"updated {manifest.get('updated', '?')}.",
+        "",
+        "## Eval metrics per stage",
+        "",
+        "Best value per row in bold (loss, perplexity, lengths and truncation: lower is better). "
+        "`cf` = cloze (log-likelihood per character), `mcf` = letter multiple choice.",
+        "",
+        *metric_table(stages),
+        "",
+    ]
+    targets = target_lines(stages)
+    if targets:
+        lines += ["## Did each stage move its target?", "", *targets, ""]
+    lines += ["## Stages", "", "| stage | script | outcome | duration (s) | attempts | resumed from |", "|---|---|---|---:|---:|---|"]
+    for s in stages:
+        outcome = s.get("status", "?") + (" (skipped this run)" if s.get("skipped_this_run") else "")
+        lines.append(
+            f"| {s['name']} | {s.get('script', '')} | {outcome} | {_fmt(s.get('duration_s'))} | {s.get('attempts', 0)} | "
+            f"{s.get('resumed_from') or ''} |"
+        )
+    lines += ["", "## Plots", ""]
+    lines += [f"![{name}](plots/{name})" for name, ok in made.items() if ok] or ["(no training logs found)"]
+    vibes = [s["name"] for s in stages if (run_dir / "eval" / s["name"] / "vibes.md").is_file()]
+    if vibes:
+        lines += ["", "## Vibe checks", ""] + [f"- [{n}](eval/{n}/vibes.md)" for n in vibes]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,252 @@
+"""align/pipeline.py + align/report.py: references, skip/resume, manifest, report; the micro pipeline end to end.
+
+Most tests run fake stage scripts (a few lines of Python that write checkpoints and a "model"), so the
+pipeline's own logic is tested in seconds; the slow test runs recipes/micro_pipeline.yaml for real.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from align.cli import parse
+from align.pipeline import MARKER, PipelineConfig, resolve_refs, resolve_stages, run_pipeline
+from align.report import metric_table, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_STAGE = """
+import json, os, sys, yaml
+args = sys.argv[1:]
+cfg = yaml.safe_load(open(args[0]))
+resume = args[args.index("--resume_from_checkpoint") + 1] if "--resume_from_checkpoint" in args else None
+out = cfg["output_dir"]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "calls.jsonl"), "a") as f:
+    f.write(json.dumps({"resume": resume, "model": cfg.get("model_name_or_path")}) + "\\n")
+start = int(resume.rsplit("-", 1)[1]) if resume else 0
+for step in range(start + 1, cfg["steps"] + 1):
+    ck = os.path.join(out, f"checkpoint-{step}")
+    os.makedirs(ck, exist_ok=True)
+    hist = [{"step": s, "loss": 2.0 / s, "reward": s / 10, "completions/mean_length": 10 + s} for s in range(1, step + 1)]
+    json.dump({"log_history": hist}, open(os.path.join(ck, "trainer_state.json"), "w"))
+    print(f"step {step}", flush=True)
+    if cfg.get("crash_at") == step and resume is None:
+        sys.exit(3)  # dies mid-stage, after checkpoint-<step>
+json.dump({"quality": cfg["quality"]}, open(os.path.join(out, "config.json"), "w"))
+"""
+
+FAKE_EVAL = """
+import json, os, sys, yaml
+cfg = yaml.safe_load(open(sys.argv[1]))
+q = json.load(open(os.path.join(cfg["model_name_or_path"], "config.json")))["quality"]
+os.makedirs(cfg["output_dir"], exist_ok=True)
+metrics = {"acc/tasks/think": q, "loss/tasks": 1 - q}
+json.dump({"metrics": metrics, "stage": cfg["stage"]}, open(os.path.join(cfg["output_dir"], "eval_results.json"), "w"))
+"""
+
+
+@pytest.fixture
+def fake(tmp_path):
+    (tmp_path / "stage.py").write_text(FAKE_STAGE)
+    (tmp_path / "fake_eval.py").write_text(FAKE_EVAL)
+    (tmp_path / "eval.yaml").write_text("suites: [loss]\n")
+    (tmp_path / "base.yaml").write_text("steps: 3\nquality: 0.1\n")
+    stage = str(tmp_path / "stage.py")
+
+    def config(**kw) -> PipelineConfig:
+        stages = [
+            {"name": "base", "script": stage, "recipe": str(tmp_path / "base.yaml"), "resume": True,
+             "overrides": {"output_dir": "${run_dir}/base"}, "target": "loss/tasks"},
+            {"name": "sft", "script": stage, "recipe": str(tmp_path / "base.yaml"), "resume": True, "target": "acc/tasks/think",
+             "overrides": {"output_dir": "${run_dir}/sft", "model_name_or_path": "${base.output_dir}", "quality": 0.6,
+                           "crash_at": 2}},
+        ]
+        args = dict(stages=stages, run_dir=str(tmp_path / "run"), launcher="python", eval_recipe=str(tmp_path / "eval.yaml"),
+                    eval_script=str(tmp_path / "fake_eval.py"), tracking="none")
+        return PipelineConfig(**{**args, **kw})
+
+    return config
+
+
+def _calls(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "calls.jsonl").read_text().splitlines()]
+
+
+def test_references_resolve_with_types_text_and_nesting():
+    known = {"": {"run_dir": "/r"}, "sft": {"output_dir": "/o/sft", "max_steps": 7}}
+    used = set()
+    value = {"a": "${sft.output_dir}", "b": "${sft.max_steps}", "c": "from ${sft.output_dir}/x", "d": ["${run_dir}/y"]}
+    assert resolve_refs(value, known, "s", used) == {"a": "/o/sft", "b": 7, "c": "from /o/sft/x", "d": ["/r/y"]}
+    assert used == {"sft"}
+    with pytest.raises(ValueError, match="'\\$\\{grpo.output_dir\\}' names no earlier stage; earlier stages: \\['sft'\\]"):
+        resolve_refs("${grpo.output_dir}", known, "s")
+    with pytest.raises(ValueError, match="stage 'sft' has no key 'lr'"):
+        resolve_refs("${sft.lr}", known, "s")
+
+
+def test_stage_resolution_merges_recipe_and_overrides_and_checks_input(fake, tmp_path):
+    cfg = fake(tracking="wandb")
+    base, sft = resolve_stages(cfg)
+    assert sft.config == {"steps": 3, "quality": 0.6, "output_dir": f"{tmp_path}/run/sft",
+                          "model_name_or_path": f"{tmp_path}/run/base", "crash_at": 2}  # no report_to: not a TRL script
+    assert sft.refs == {"base"} and base.refs == set() and sft.eval and sft.resume
+    bad = fake()
+    bad.stages[1]["overrides"]["model_name_or_path"] = "${sft.output_dir}"  # itself: not earlier
+    with pytest.raises(ValueError, match="names no earlier stage"):
+        resolve_stages(bad)
+    bad = fake()
+    bad.stages[0]["overide"] = {}
+    with pytest.raises(ValueError, match="unknown key\\(s\\) \\['overide'\\]"):
+        resolve_stages(bad)
+    bad = fake()
+    bad.stages[1]["name"] = "base"
+    with pytest.raises(ValueError, match="repeated"):
+        resolve_stages(bad)
+    bad = fake()
+    bad.stages[0]["overrides"] = {}
+    with pytest.raises(ValueError, match="stage 'base': no output_dir"):
+        resolve_stages(bad)
+    bad = fake()
+    bad.stages[0]["script"] = "no_such_stage"
+    with pytest.raises(FileNotFoundError, match="script 'no_such_stage' not found"):
+        resolve_stages(bad)
+
+
+def test_interrupted_stage_resumes_finished_stage_is_skipped_and_manifest_records_it(fake, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="stage 'sft' failed \\(exit code 3\\)"):
+        run_pipeline(fake())
+    m = json.loads((run / "manifest.json").read_text())
+    base, sft = m["stages"]
+    assert base["status"] == "done" and base["metrics"] == {"acc/tasks/think": 0.1, "loss/tasks": 0.9}
+    assert sft["status"] == "failed" and sft["returncode"] == 3 and not (run / "sft" / MARKER).exists()
+    assert "step 2" in (run / "logs" / "sft.log").read_text()
+
+    m = run_pipeline(fake())  # re-run: base skipped, sft resumes after its last checkpoint
+    assert len(_calls(run / "base")) == 1
+    assert [c["resume"] for c in _calls(run / "sft")] == [None, f"{run}/sft/checkpoint-2"]
+    base, sft = m["stages"]
+    assert base["skipped_this_run"] and base["status"] == "done"
+    assert sft["status"] == "done" and sft["attempts"] == 2 and sft["resumed_from"].endswith("checkpoint-2")
+    assert sft["command"][-2:] == ["--resume_from_checkpoint", f"{run}/sft/checkpoint-2"]
+    assert sft["config"]["model_name_or_path"] == f"{run}/base"
+    assert sft["data"] == {"model_name_or_path": f"{run}/base"}
+    assert len(sft["git"]["commit"]) == 40 and sft["duration_s"] >= 0
+    assert sft["metrics"] == {"acc/tasks/think": 0.6, "loss/tasks": pytest.approx(0.4)}
+    assert json.loads((run / "manifest.json").read_text()) == json.loads(json.dumps(m, default=str))
+    assert yaml.safe_load((run / "configs" / "sft.yaml").read_text()) == sft["config"]
+
+    run_pipeline(fake())  # everything finished: nothing runs
+    assert len(_calls(run / "base")) == 1 and len(_calls(run / "sft")) == 2
+
+
+def test_changed_config_or_rerun_upstream_runs_dependents_again(fake, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        run_pipeline(fake())
+    run_pipeline(fake())
+    changed = fake()
+    changed.stages[1]["overrides"].update(quality=0.7, crash_at=None)
+    m = run_pipeline(changed)
+    assert len(_calls(run / "base")) == 1 and len(_calls(run / "sft")) == 3
+    assert _calls(run / "sft")[-1]["resume"] is None  # a changed config starts fresh
+    assert m["stages"][1]["metrics"]["acc/tasks/think"] == 0.7
+    changed.rerun = ["base"]
+    run_pipeline(changed)  # base runs again, so sft (which reads it) is stale too
+    assert len(_calls(run / "base")) == 2 and len(_calls(run / "sft")) == 4
+
+
+def test_exit_zero_without_a_model_is_a_failure(fake, tmp_path):
+    cfg = fake(until="base")
+    cfg.stages[0]["overrides"]["steps"] = 0
+    (tmp_path / "nomodel.py").write_text("import sys\nprint('stopped early')\n")
+    cfg.stages[0]["script"] = str(tmp_path / "nomodel.py")
+    with pytest.raises(RuntimeError, match="exit 0 but no finished output"):
+        run_pipeline(cfg)
+
+
+def test_report_table_targets_and_plots(fake, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        run_pipeline(fake())
+    run_pipeline(fake())
+    m = json.loads((run / "manifest.json").read_text())
+    m["stages"][1]["script"] = "grpo"  # the fake logs reward and length: plot them as GRPO would
+    (run / "manifest.json").write_text(json.dumps(m))
+    text = write_report(run).read_text()
+    assert "| metric | base | sft |" in text
+    assert "| acc/tasks/think | 0.100 | **0.600** |" in text
+    assert "| loss/tasks | 0.900 | **0.400** |" in text  # lower is better: sft is bold
+    assert "**sft** targets `acc/tasks/think`: 0.100 (base) -> 0.600: improved" in text
+    for png in ("loss_curves.png", "grpo.png", "metrics_per_stage.png"):
+        data = (run / "plots" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, png
+        assert f"plots/{png}" in text
+    assert metric_table([{"name": "x"}]) == ["(no stage has eval metrics yet)"]
+
+
+def test_script_runs_report_only_and_dry_run(fake, tmp_path):
+    cfg = fake()
+    recipe = tmp_path / "pipe.yaml"
+    recipe.write_text(yaml.safe_dump({k: v for k, v in vars(cfg).items()}))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/pipeline.py"), str(recipe), "--dry_run", "true"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "base: " in proc.stdout and "not finished" in proc.stdout and not (tmp_path / "run" / "base").exists()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/pipeline.py"), str(recipe), "--report_only", "true"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1 and "no manifest" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["tiny_pipeline.yaml", "micro_pipeline.yaml", "smollm3_pipeline.yaml"])
+def test_pipeline_recipes_parse_and_reference_real_stages(name):
+    (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / name)])
+    names = [s["name"] for s in cfg.stages]
+    assert len(names) == len(set(names)) >= 5
+    missing = [s["recipe"] for s in cfg.stages if s.get("recipe") and not (ROOT / s["recipe"]).is_file()]
+    if missing:
+        pytest.skip(f"stage recipes not written yet: {missing}")
+    stages = resolve_stages(cfg)
+    assert all(s.output_dir for s in stages)
+
+
+def _micro_stages_that_exist(cfg: PipelineConfig) -> list[dict]:
+    """The micro chain up to the first stage whose script or recipe has not landed yet."""
+    kept = []
+    for s in cfg.stages:
+        from align.pipeline import script_path
+
+        if not script_path(s["script"]).is_file() or (s.get("recipe") and not (ROOT / s["recipe"]).is_file()):
+            break
+        kept.append(s)
+    return kept
+
+
+@pytest.mark.slow
+def test_micro_pipeline_end_to_end(tmp_path):
+    (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / "micro_pipeline.yaml")])
+    stages = _micro_stages_that_exist(cfg)
+    if len(stages) < 2:
+        pytest.skip("fewer than two stages of the micro chain exist yet")
+    recipe = tmp_path / "micro.yaml"
+    data = yaml.safe_load((ROOT / "recipes" / "micro_pipeline.yaml").read_text())
+    data.update(stages=stages, run_dir=str(tmp_path / "run"))
+    recipe.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([sys.executable, "scripts/pipeline.py", str(recipe)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    run = tmp_path / "run"
+    logs = {p.name: p.read_text()[-1500:] for p in (run / "logs").glob("*.log")} if (run / "logs").exists() else {}
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], logs)
+    m = json.loads((run / "manifest.json").read_text())
+    assert [s["status"] for s in m["stages"]] == ["done"] * len(stages)
+    evaluated = [s for s in m["stages"] if s.get("makes_model")]
+    assert evaluated and all("loss/tasks" in s["metrics"] for s in evaluated)
+    assert (run / "report.md").read_text().count("|") > 10
+    again = subprocess.run([sys.executable, "scripts/pipeline.py", str(recipe)], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)
+    assert again.returncode == 0 and again.stdout.count("skipped (finished earlier)") == len(stages)
+
