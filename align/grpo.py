@@ -439,15 +439,18 @@ def build_rewards(args: GRPOConfig) -> list:
     return [checked(f) for f in funcs]
 
 
-def check_completion_budget(dataset, tokenizer, max_completion_length: int) -> dict | None:
-    """Token lengths of the gold answers (think mode when the rows have a `think` trace) against the budget.
-    Raises ValueError when the median does not fit (every reward would be 0); warns when the p95 does not."""
+def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode: str | None = None) -> dict | None:
+    """Token lengths of the gold answers in `mode` (default: think when the rows have a `think` trace, and some
+    prompts ask for it) against the budget. Raises ValueError when the median does not fit (every reward would
+    be 0); warns when the p95 does not."""
     if "answer" not in dataset.column_names or len(dataset) == 0:
         return None
     from data_gen.tasks import assistant_text
 
     rows = dataset.select(range(min(len(dataset), 256)))
-    mode = "think" if "think" in rows.column_names else "no_think"
+    if mode is None:
+        asks_think = "mode" not in rows.column_names or "think" in rows["mode"]
+        mode = "think" if "think" in rows.column_names and asks_think else "no_think"
     texts = [assistant_text({"think": r.get("think", ""), "answer": r["answer"]}, mode) for r in rows]
     lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)  # +1: stop token
     stats = {"mode": mode, "median": lengths[len(lengths) // 2], "p95": lengths[int(0.95 * (len(lengths) - 1))],
@@ -528,7 +531,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
     needed = sorted({c for f in reward_funcs for c in required_reward_columns(f)})
     require_columns(train, ["prompt", *needed], "grpo")
-    budget = check_completion_budget(data["train"], tokenizer, training_args.max_completion_length)
+    budget = check_completion_budget(train, tokenizer, training_args.max_completion_length)
     if budget:
         logger.info("gold answer lengths (tokens): %s", budget)
 
