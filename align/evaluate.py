@@ -420,7 +420,7 @@ def _loss_texts(cfg: EvalConfig) -> dict[str, list[str]]:
 
 def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     """Run the configured suites on one checkpoint; write eval_results.json (and vibes.md); return results."""
-    from align.models import load_model, load_tokenizer
+    from align.models import load_model, load_tokenizer, resolve_model_path
 
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -452,8 +452,9 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     if own_engine:
         from align.rollout import get_engine
 
-        # hf shares the model already loaded; vllm loads the directory itself
-        engine = get_engine(model if cfg.backend in ("auto", "hf") else cfg.model_name_or_path, backend=cfg.backend, tokenizer=tokenizer)
+        # hf shares the model already loaded; vllm (and auto, which may pick it) loads the directory itself
+        source = model if cfg.backend == "hf" else resolve_model_path(cfg.model_name_or_path)
+        engine = get_engine(source, backend=cfg.backend, tokenizer=tokenizer)
     try:
         if "generative" in cfg.suites:
             t = time.perf_counter()

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +39,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = ".smolalign_stage.json"
+MARKER = ".smolalign_stage.json"  # written into a stage's output dir only after it finished
+STARTED = ".smolalign_stage_started.json"  # the config a (possibly interrupted) attempt ran with
 ALIASES = {"midtrain": "pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
 # Scripts that take --resume_from_checkpoint (generate_preferences resumes by itself: it skips done prompts).
 RESUMABLE = {"pretrain", "midtrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
@@ -213,9 +215,9 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def read_marker(output_dir: str) -> dict | None:
+def read_marker(output_dir: str, name: str = MARKER) -> dict | None:
     try:
-        return json.loads((Path(output_dir) / MARKER).read_text())
+        return json.loads((Path(output_dir) / name).read_text())
     except (OSError, ValueError):
         return None
 
@@ -251,7 +253,7 @@ def output_complete(stage: Stage) -> bool:
     out = Path(stage.output_dir)
     if stage.makes_model:
         return (out / "config.json").is_file() or (out / "adapter_config.json").is_file()
-    return out.exists() and any(p.name != MARKER for p in out.iterdir()) if out.is_dir() else out.exists()
+    return out.exists() and any(p.name not in (MARKER, STARTED) for p in out.iterdir()) if out.is_dir() else out.exists()
 
 
 def git_state() -> dict:
@@ -390,10 +392,14 @@ class Manifest:
 
 
 def needs_run(stage: Stage, stages: dict[str, Stage], forced: set[str]) -> tuple[bool, str]:
+    """(run it?, why). "not finished" is the one reason to resume; any other reason starts the stage fresh."""
     marker = read_marker(stage.output_dir)
     if stage.name in forced:
         return True, "asked to rerun"
     if marker is None:
+        started = read_marker(stage.output_dir, STARTED)
+        if started and started.get("config_hash") != config_hash(stage.config):
+            return True, "its config changed since it was interrupted"
         return True, "not finished"
     if marker.get("config_hash") != config_hash(stage.config):
         return True, "its config changed since it finished"
@@ -460,7 +466,16 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                 config_path.write_text(f"# {stage.name}: {stage.script} {stage.recipe or ''} + overrides\n" + yaml.safe_dump(stage.config, sort_keys=False))
                 cmd = stage_command(stage, cfg, config_path, resume_from)
                 console.print(f"{label}: running ({why}{', resuming from ' + resume_from if resume_from else ''}); log {log}")
-                (Path(stage.output_dir) / MARKER).unlink(missing_ok=True)
+                out = Path(stage.output_dir)
+                (out / MARKER).unlink(missing_ok=True)
+                if why != "not finished" and out.exists():
+                    # A fresh start must not pick up the old run's checkpoints (stages auto-resume): keep the
+                    # old output one level aside instead of deleting it.
+                    aside = out.with_name(out.name + ".previous")
+                    shutil.rmtree(aside, ignore_errors=True)
+                    out.rename(aside)
+                    console.print(f"{label}: previous output moved to {aside}")
+                write_json_atomic(out / STARTED, {"stage": stage.name, "config_hash": config_hash(stage.config)})
                 start = time.time()
                 rec.update(
                     status="running", command=cmd, config=stage.config, config_path=str(config_path), git=git_state(),

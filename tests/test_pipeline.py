@@ -148,16 +148,36 @@ def test_changed_config_or_rerun_upstream_runs_dependents_again(fake, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(RuntimeError):
         run_pipeline(fake())
-    run_pipeline(fake())
     changed = fake()
     changed.stages[1]["overrides"].update(quality=0.7, crash_at=None)
-    m = run_pipeline(changed)
-    assert len(_calls(run / "base")) == 1 and len(_calls(run / "sft")) == 3
-    assert _calls(run / "sft")[-1]["resume"] is None  # a changed config starts fresh
+    m = run_pipeline(changed)  # sft was interrupted with another config: its checkpoints must not be resumed
+    assert _calls(run / "sft") == [{"resume": None, "model": f"{run}/base"}]
+    assert (run / "sft.previous" / "checkpoint-2").is_dir()  # the old attempt is kept aside, not deleted
     assert m["stages"][1]["metrics"]["acc/tasks/think"] == 0.7
+    changed.stages[1]["overrides"]["quality"] = 0.8
+    run_pipeline(changed)  # a finished stage whose config changed runs again, fresh
+    assert len(_calls(run / "base")) == 1 and _calls(run / "sft")[-1]["resume"] is None
     changed.rerun = ["base"]
     run_pipeline(changed)  # base runs again, so sft (which reads it) is stale too
-    assert len(_calls(run / "base")) == 2 and len(_calls(run / "sft")) == 4
+    assert len(_calls(run / "base")) == 1 and len(_calls(run / "base.previous")) == 1
+    assert len(_calls(run / "sft")) == 1 and (run / "sft" / MARKER).exists()
+    changed.rerun = []
+    run_pipeline(changed)
+    assert len(_calls(run / "base")) == 1 and len(_calls(run / "sft")) == 1  # all finished: nothing ran
+
+
+def test_latest_checkpoint_skips_partial_ones(tmp_path):
+    from align.pipeline import latest_checkpoint
+
+    for d in ("checkpoint-2", "checkpoint-10", "checkpoint-7"):
+        (tmp_path / "hf" / d).mkdir(parents=True)
+    for d in ("checkpoint-2", "checkpoint-7"):
+        (tmp_path / "hf" / d / "trainer_state.json").write_text("{}")
+    assert latest_checkpoint(str(tmp_path / "hf")) == str(tmp_path / "hf" / "checkpoint-7")  # 10 was cut mid-write
+    (tmp_path / "pt" / "checkpoints" / "step_0000004").mkdir(parents=True)
+    (tmp_path / "pt" / "checkpoints" / "step_0000004" / "trainer_state.json").write_text("{}")
+    assert latest_checkpoint(str(tmp_path / "pt")).endswith("checkpoints/step_0000004")
+    assert latest_checkpoint(str(tmp_path / "none")) is None
 
 
 def test_exit_zero_without_a_model_is_a_failure(fake, tmp_path):
