@@ -1,0 +1,360 @@
+"""Preference optimisation: DPO (every TRL loss, APO included), KTO and ORPO behind one `main()`.
+
+Why: SmolLM3's largest post-training gain came from APO (`loss_type: apo_zero`) on strong-vs-weak pairs.
+This stage configures TRL's trainers rather than forking them; what we add is what TRL leaves to the user:
+clear errors for data in the wrong shape (a missing `chosen` column, nothing left after filtering), paired
+data for KTO converted to unpaired automatically, LoRA adapters merged so the next stage loads a plain HF
+model, and the metric that says whether it worked: held-out preference accuracy, before and after.
+
+Held-out preference accuracy: over the test split's pairs, the share where the implicit reward of chosen
+beats rejected, r(y) = log pi(y|x) - log pi_start(y|x) (ties count one half, so the start model scores 0.5).
+`logp_accuracy` (pi(chosen) > pi(rejected), reference-free) is reported beside it. Both land in
+`<output_dir>/preference_eval.json` and the log.
+
+How to run:
+    python scripts/dpo.py recipes/tiny_apo.yaml          # DPO / APO / IPO / weighted loss lists
+    python scripts/kto.py recipes/tiny_kto.yaml          # paired data is unpaired automatically
+    python scripts/orpo.py recipes/tiny_orpo.yaml        # no reference model, no SFT stage needed
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+import trl
+
+from align.configs import apply_device_defaults
+
+logger = logging.getLogger(__name__)
+
+DPO_LOSS_TYPES = (
+    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+)
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+
+
+@dataclass
+class PreferenceArgs:
+    """Fields every preference config adds to TRL's."""
+
+    chat_template_path: str | None = field(
+        default=None, metadata={"help": "A .jinja chat template to use instead of the tokenizer's own."}
+    )
+    preference_eval: bool = field(
+        default=True,
+        metadata={"help": "Measure held-out preference accuracy (implicit reward chosen > rejected) before and after."},
+    )
+    preference_eval_batch_size: int = field(
+        default=8, metadata={"help": "Pairs per forward pass when measuring held-out preference accuracy."}
+    )
+    merge_adapter: bool = field(
+        default=True,
+        metadata={"help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter)."},
+    )
+    drop_identical: bool = field(
+        default=True, metadata={"help": "Drop pairs whose chosen equals rejected (they carry no preference)."}
+    )
+
+
+def _finish_post_init(args) -> None:
+    apply_device_defaults(args)
+    if args.preference_eval_batch_size < 1:
+        raise ValueError(f"preference_eval_batch_size must be >= 1, got {args.preference_eval_batch_size}")
+
+
+@dataclass
+class DPOConfig(PreferenceArgs, trl.DPOConfig):
+    """TRL's DPOConfig (loss_type may be one name or a list, weighted by loss_weights) + our fields."""
+
+    def __post_init__(self):
+        _finish_post_init(self)
+        losses = [self.loss_type] if isinstance(self.loss_type, str) else list(self.loss_type)
+        bad = [name for name in losses if name not in DPO_LOSS_TYPES]
+        if bad:
+            raise ValueError(f"loss_type {bad} is not a DPO loss; choose from {list(DPO_LOSS_TYPES)}")
+        super().__post_init__()
+
+
+@dataclass
+class KTOConfig(PreferenceArgs, trl.KTOConfig):
+    """TRL's KTOConfig + our fields. Paired {prompt, chosen, rejected} data is unpaired before training."""
+
+    def __post_init__(self):
+        _finish_post_init(self)
+        if self.loss_type not in KTO_LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type!r} is not a KTO loss; choose from {list(KTO_LOSS_TYPES)}")
+        super().__post_init__()
+
+
+def _orpo_base():
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental in TRL 1.x
+    from trl.experimental.orpo import ORPOConfig as TrlORPOConfig
+
+    return TrlORPOConfig
+
+
+@dataclass
+class ORPOConfig(PreferenceArgs, _orpo_base()):
+    """TRL's ORPOConfig (odds-ratio loss added to NLL; no reference model) + our fields."""
+
+    def __post_init__(self):
+        _finish_post_init(self)
+        super().__post_init__()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _is_empty(value) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, list):  # conversational: every message empty
+        return all(_is_empty(m.get("content") if isinstance(m, dict) else m) for m in value)
+    return False
+
+
+def to_unpaired(dataset, seed: int | None = 0):
+    """{prompt, chosen, rejected} -> {prompt, completion, label}: each pair gives a desirable and an undesirable row.
+
+    The rows are shuffled under `seed` (None keeps TRL's order): TRL's KTO samples sequentially and estimates its KL
+    term from each batch's neighbours, and unpairing writes a block of desirable rows then a block of undesirable
+    ones, so unshuffled batches hold one label only and the KL term cancels the reward (the loss sits at 0.5)."""
+    from trl.data_utils import unpair_preference_dataset
+
+    out = unpair_preference_dataset(dataset)
+    return out if seed is None else out.shuffle(seed=seed).flatten_indices()
+
+
+def prepare_preference_data(dataset, kind: str, name: str = "train", drop_identical: bool = True, seed: int = 0):
+    """Check columns, drop rows that carry no preference, unpair for KTO. Raises ValueError naming the cause."""
+    columns = set(dataset.column_names)
+    paired = {"chosen", "rejected"} <= columns
+    unpaired = {"prompt", "completion", "label"} <= columns
+    if not paired and not (kind == "kto" and unpaired):
+        missing = sorted({"chosen", "rejected"} - columns)
+        accepted = "{prompt, chosen, rejected}" + (" or {prompt, completion, label}" if kind == "kto" else "")
+        raise ValueError(
+            f"{name} dataset for {kind} lacks column(s) {missing}; it has {sorted(columns)}. {kind} needs "
+            f"{accepted}: make pairs with scripts/generate_preferences.py or rename the columns"
+        )
+    num_rows = len(dataset)
+    if num_rows == 0:
+        raise ValueError(f"{name} dataset for {kind} is empty (0 rows): check dataset_name / max_train_samples")
+    if paired:
+        empty = dataset.filter(lambda r: not (_is_empty(r["chosen"]) or _is_empty(r["rejected"])))
+        num_empty = num_rows - len(empty)
+        kept = empty.filter(lambda r: r["chosen"] != r["rejected"]) if drop_identical else empty
+        num_identical = len(empty) - len(kept)
+        if len(kept) == 0:
+            raise ValueError(
+                f"{name} dataset for {kind} is empty after filtering: {num_rows} rows, {num_empty} with an empty "
+                f"chosen/rejected, {num_identical} with chosen == rejected (drop_identical=True)"
+            )
+        if num_empty or num_identical:
+            logger.warning("%s: dropped %d empty and %d identical pairs of %d", name, num_empty, num_identical, num_rows)
+        return to_unpaired(kept, seed) if kind == "kto" else kept
+    kept = dataset.filter(lambda r: not _is_empty(r["completion"]))
+    if len(kept) == 0:
+        raise ValueError(f"{name} dataset for kto is empty after filtering: all {num_rows} completions are empty")
+    return kept
+
+
+# ----------------------------------------------------------------------------- held-out preference accuracy
+
+
+def _render_ids(tokenizer, messages, add_generation_prompt: bool, template_kwargs: dict) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def pair_token_ids(tokenizer, row: dict) -> tuple[list[int], list[int], list[int]]:
+    """(prompt_ids, chosen_ids, rejected_ids) as TRL's DPO tokenizes a pair: chat template for conversational rows,
+    plain text + eos otherwise; the completion starts where prompt and prompt+completion tokens diverge."""
+    from trl.data_utils import extract_prompt, is_conversational
+
+    if "prompt" not in row:
+        row = {**row, **extract_prompt(row)}
+    kwargs = dict(row.get("chat_template_kwargs") or {})
+    if is_conversational(row):
+        prompt = _render_ids(tokenizer, row["prompt"], True, kwargs)
+        full = [_render_ids(tokenizer, row["prompt"] + row[k], False, kwargs) for k in ("chosen", "rejected")]
+    else:
+        eos = tokenizer.eos_token or ""
+        prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        full = [
+            tokenizer(row["prompt"] + (row[k] if row[k].endswith(eos) else row[k] + eos), add_special_tokens=False)[
+                "input_ids"
+            ]
+            for k in ("chosen", "rejected")
+        ]
+    n = min(len(prompt), *(next((i for i, (a, b) in enumerate(zip(prompt, f)) if a != b), len(f)) for f in full))
+    return prompt[:n], full[0][n:], full[1][n:]
+
+
+@torch.no_grad()
+def completion_logps(model, sequences: list[tuple[list[int], list[int]]], batch_size: int = 8) -> torch.Tensor:
+    """Summed log-prob of each completion given its prompt: (N,) float32."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        width = max(len(p) + len(c) for p, c in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)  # right-padded; pad positions are masked out
+        attn = torch.zeros_like(ids)
+        target = torch.zeros_like(ids, dtype=torch.bool)
+        for i, (p, c) in enumerate(chunk):
+            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+            attn[i, : len(p) + len(c)] = 1
+            target[i, len(p) : len(p) + len(c)] = True
+        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()  # (B, T, V)
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None].to(device)).squeeze(-1)
+        out.append((logp * target[:, 1:].to(device)).sum(-1).cpu())
+    if was_training:
+        model.train()
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def pair_logps(model, tokenizer, dataset, batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen_logps, rejected_logps) of `model` on the paired `dataset`."""
+    ids = [pair_token_ids(tokenizer, row) for row in dataset]
+    chosen = completion_logps(model, [(p, c) for p, c, _ in ids], batch_size)
+    rejected = completion_logps(model, [(p, r) for p, _, r in ids], batch_size)
+    return chosen, rejected
+
+
+def _share(margin: torch.Tensor) -> float:
+    return float(((margin > 0).float() + 0.5 * (margin == 0).float()).mean()) if len(margin) else float("nan")
+
+
+def preference_accuracy(
+    chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor
+) -> dict[str, float]:
+    """Implicit-reward accuracy against the reference, the reference-free log-prob accuracy, and the mean margin."""
+    margin = (chosen - ref_chosen) - (rejected - ref_rejected)
+    return {
+        "preference_accuracy": _share(margin),
+        "logp_accuracy": _share(chosen - rejected),
+        "mean_margin": float(margin.mean()) if len(margin) else float("nan"),
+        "num_pairs": len(margin),
+    }
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def trainer_kind(training_args) -> str:
+    if isinstance(training_args, KTOConfig):
+        return "kto"
+    if isinstance(training_args, ORPOConfig):
+        return "orpo"
+    if isinstance(training_args, DPOConfig):
+        return "dpo"
+    raise ValueError(f"training_args must be align.preference DPOConfig, KTOConfig or ORPOConfig, got "
+                     f"{type(training_args).__name__}")
+
+
+def _trainer_class(kind: str):
+    if kind == "dpo":
+        return trl.DPOTrainer
+    if kind == "kto":
+        return trl.KTOTrainer
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.orpo import ORPOTrainer
+
+    return ORPOTrainer
+
+
+def _save(trainer, tokenizer, training_args, use_peft: bool) -> None:
+    out = training_args.output_dir
+    if use_peft and training_args.merge_adapter:
+        trainer.model.save_pretrained(os.path.join(out, "adapter"))
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(out)
+    else:
+        trainer.save_model(out)
+    tokenizer.save_pretrained(out)
+
+
+def main(script_args, training_args, model_args) -> dict:
+    """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics."""
+    from transformers import set_seed
+
+    from align.chat import load_chat_template
+    from align.data import get_dataset
+    from align.models import load_model, load_tokenizer
+
+    kind = trainer_kind(training_args)
+    set_seed(training_args.seed)
+    if training_args.process_index == 0:
+        logger.info("%s stage: script=%s\nmodel=%s\ntraining=%s", kind, script_args, model_args, training_args)
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is not set; point it at the SFT model (e.g. outputs/tiny/sft)")
+
+    data = get_dataset(script_args)
+    train = prepare_preference_data(data["train"], kind, "train", training_args.drop_identical, training_args.seed)
+    raw_test = data["test"] if "test" in data else None
+    test_pairs, test = None, None
+    if raw_test is not None and len(raw_test):
+        test = prepare_preference_data(raw_test, kind, "test", training_args.drop_identical, training_args.seed)
+        if {"chosen", "rejected"} <= set(raw_test.column_names):
+            test_pairs = prepare_preference_data(raw_test, "dpo", "test", training_args.drop_identical)
+
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
+    if training_args.chat_template_path:
+        tokenizer.chat_template = load_chat_template(training_args.chat_template_path)
+    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
+    model = load_model(model_args.model_name_or_path, dtype=dtype,
+                       attn_implementation=model_args.attn_implementation)
+    peft_config = trl.get_peft_config(model_args)
+
+    metrics: dict = {"trainer": kind, "loss_type": getattr(training_args, "loss_type", None)}
+    ref = None
+    if training_args.preference_eval and test_pairs is not None:
+        ref = pair_logps(model, tokenizer, test_pairs, training_args.preference_eval_batch_size)
+        metrics["before"] = preference_accuracy(*ref, *ref)
+        logger.info("held-out preference before: %s", metrics["before"])
+    elif training_args.preference_eval:
+        logger.warning("no paired test split: held-out preference accuracy is not measured (set test_split_size)")
+
+    trainer = _trainer_class(kind)(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=test,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    metrics["train"] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    log_losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    if log_losses:
+        metrics["train"]["first_logged_loss"], metrics["train"]["last_logged_loss"] = log_losses[0], log_losses[-1]
+
+    if ref is not None:
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        metrics["after"] = preference_accuracy(
+            *pair_logps(policy, tokenizer, test_pairs, training_args.preference_eval_batch_size), *ref
+        )
+        b, a = metrics["before"], metrics["after"]
+        logger.info(
+            "held-out preference accuracy %.3f -> %.3f (logp accuracy %.3f -> %.3f, n=%d)",
+            b["preference_accuracy"], a["preference_accuracy"], b["logp_accuracy"], a["logp_accuracy"], a["num_pairs"],
+        )
+
+    if training_args.process_index == 0:
+        _save(trainer, tokenizer, training_args, peft_config is not None)
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        with open(os.path.join(training_args.output_dir, "preference_eval.json"), "w") as f:
+            json.dump(metrics, f, indent=2)
+    return metrics

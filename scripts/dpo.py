@@ -1,0 +1,17 @@
+"""DPO / APO / IPO preference training: any TRL DPO loss or a weighted list (loss_type + loss_weights).
+
+    python scripts/dpo.py recipes/tiny_apo.yaml [--key value ...]
+    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/dpo.py recipes/smollm3_apo.yaml
+
+All the work is in align/preference.py (main); this file wires the recipe to it.
+"""
+
+import logging
+
+from align.cli import run
+from align.configs import ModelConfig, ScriptArguments
+from align.preference import DPOConfig, main
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(main, ScriptArguments, DPOConfig, ModelConfig)

@@ -1,0 +1,16 @@
+"""ORPO preference training: odds-ratio loss plus NLL, no reference model (needs no SFT stage first).
+
+    python scripts/orpo.py recipes/tiny_orpo.yaml [--key value ...]
+
+All the work is in align/preference.py (main); this file wires the recipe to it.
+"""
+
+import logging
+
+from align.cli import run
+from align.configs import ModelConfig, ScriptArguments
+from align.preference import ORPOConfig, main
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(main, ScriptArguments, ORPOConfig, ModelConfig)

@@ -1,0 +1,217 @@
+"""align/preference.py: APO/DPO, KTO and ORPO train a tiny random model on task pairs; data errors are clear."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+import torch
+
+from align.configs import ModelConfig, ScriptArguments
+from align.preference import (
+    DPOConfig,
+    KTOConfig,
+    ORPOConfig,
+    main,
+    pair_token_ids,
+    preference_accuracy,
+    prepare_preference_data,
+    to_unpaired,
+)
+from data_gen.tasks import assistant_text, make_tasks, prompt_messages
+
+FAMILIES = ["arithmetic", "compare", "count_items"]
+
+
+def _pairs(split: str, num: int) -> list[dict]:
+    """Chosen: the right answer in the boxed format; rejected: a wrong one, unboxed (as a weak model writes it).
+
+    The format difference is what a tiny random model can learn in a few steps and carry to held-out pairs."""
+    rows = []
+    for r in make_tasks(FAMILIES, num=num, split=split, seed=0):
+        rows.append({
+            "prompt": prompt_messages(r, "no_think"),
+            "chosen": [{"role": "assistant", "content": assistant_text(r, "no_think")}],
+            "rejected": [{"role": "assistant", "content": f"I think it is {int(r['answer']) + 1}."}],
+        })
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Llama + our tokenizer saved to a dir, and a dir of train/test pair files."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pretrain.tokenizer import train_tokenizer
+
+    # 1 thread: on a shared, loaded 2-core machine a 2-thread OpenMP pool spins and runs tiny ops ~50x slower
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("pref")
+    train, test = _pairs("train", 64), _pairs("test", 24)
+    texts = [m["content"] for row in train for m in row["prompt"] + row["chosen"] + row["rejected"]]
+    tok = train_tokenizer(texts * 4, vocab_size=400)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    data = root / "pairs"
+    data.mkdir()
+    for name, rows in (("train", train), ("test", test)):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"model": str(root / "model"), "data": str(data), "root": root, "tokenizer": tok}
+
+
+def _args(cls, out, **kw):
+    base = dict(output_dir=str(out), max_steps=10, per_device_train_batch_size=8, learning_rate=5e-3,
+                logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", seed=0,
+                lr_scheduler_type="constant", max_length=128, bf16=False)
+    base.update(kw)
+    return cls(**base)
+
+
+def _run(tiny, cls, name, script_kw=None, model_kw=None, **kw):
+    from transformers import AutoModelForCausalLM
+
+    out = tiny["root"] / name
+    metrics = main(ScriptArguments(dataset_name=tiny["data"], **(script_kw or {})), _args(cls, out, **kw),
+                   ModelConfig(model_name_or_path=tiny["model"], **(model_kw or {})))
+    start = AutoModelForCausalLM.from_pretrained(tiny["model"]).state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    changed = [k for k in start if not torch.equal(start[k], trained[k])]
+    return metrics, changed, start
+
+
+def _assert_learned(metrics, changed, start, every_param=True):
+    train = metrics["train"]
+    assert train["last_logged_loss"] < train["first_logged_loss"], train
+    if every_param:  # full fine-tuning: every weight moved (tied embeddings share one tensor)
+        assert sorted(changed) == sorted(start), set(start) - set(changed)
+    else:
+        assert changed
+
+
+def test_apo_zero_raises_held_out_preference_accuracy(tiny):
+    metrics, changed, start = _run(tiny, DPOConfig, "apo", loss_type="apo_zero", beta=0.1)
+    _assert_learned(metrics, changed, start)
+    before, after = metrics["before"], metrics["after"]
+    assert before["preference_accuracy"] == 0.5 and before["num_pairs"] == 24  # start model == reference: ties
+    assert after["preference_accuracy"] >= 0.75 and after["mean_margin"] > 0, after
+    saved = json.loads((tiny["root"] / "apo" / "preference_eval.json").read_text())
+    assert saved["after"] == after and saved["loss_type"] == ["apo_zero"]
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("weighted", {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]}),
+        ("ipo", {"loss_type": "ipo"}),
+        ("apo_down_precomputed", {"loss_type": "apo_down", "precompute_ref_log_probs": True}),
+    ],
+)
+def test_dpo_loss_variants_learn_the_preference(tiny, name, kw):
+    metrics, changed, start = _run(tiny, DPOConfig, name, max_steps=6, **kw)
+    _assert_learned(metrics, changed, start)
+    assert metrics["after"]["preference_accuracy"] > 0.6, metrics["after"]
+
+
+def test_dpo_with_lora_saves_a_merged_model(tiny):
+    model_kw = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"]}
+    metrics, changed, _ = _run(tiny, DPOConfig, "lora", model_kw=model_kw, loss_type="apo_zero", max_steps=6,
+                               learning_rate=2e-2)
+    assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed), changed  # only the adapted layers
+    assert (tiny["root"] / "lora" / "adapter" / "adapter_config.json").is_file()
+    assert not (tiny["root"] / "lora" / "adapter_config.json").exists()  # the top dir is a plain HF model
+    assert metrics["after"]["preference_accuracy"] > 0.5
+
+
+def test_kto_trains_on_paired_data(tiny):
+    metrics, changed, start = _run(tiny, KTOConfig, "kto", per_device_train_batch_size=16)
+    _assert_learned(metrics, changed, start)
+    assert metrics["after"]["preference_accuracy"] > 0.6, metrics["after"]
+
+
+def test_orpo_trains_without_reference(tiny):
+    metrics, changed, start = _run(tiny, ORPOConfig, "orpo", beta=0.5)
+    _assert_learned(metrics, changed, start)
+    assert metrics["after"]["logp_accuracy"] > metrics["before"]["logp_accuracy"] or \
+        metrics["after"]["logp_accuracy"] >= 0.9, metrics
+
+
+def test_paired_to_unpaired_conversion():
+    ds = datasets.Dataset.from_list([
+        {"prompt": "Q1", "chosen": "good", "rejected": "bad", "id": 1},
+        {"prompt": "Q2", "chosen": "yes", "rejected": "no", "id": 2},
+    ])
+    out = to_unpaired(ds)
+    rows = sorted(out, key=lambda r: (r["id"], not r["label"]))
+    assert [(r["prompt"], r["completion"], r["label"], r["id"]) for r in rows] == [
+        ("Q1", "good", True, 1), ("Q1", "bad", False, 1), ("Q2", "yes", True, 2), ("Q2", "no", False, 2)]
+    # prepare_preference_data unpairs for KTO only, and keeps already-unpaired data as is
+    assert set(prepare_preference_data(ds, "kto").column_names) >= {"prompt", "completion", "label"}
+    assert set(prepare_preference_data(ds, "dpo").column_names) >= {"prompt", "chosen", "rejected"}
+    # KTO samples sequentially and takes its KL term from batch neighbours: every batch must mix both labels
+    many = datasets.Dataset.from_list([{"prompt": f"Q{i}", "chosen": "good", "rejected": "bad"} for i in range(32)])
+    labels = to_unpaired(many, seed=0)["label"]
+    assert sorted(labels) == [False] * 32 + [True] * 32
+    assert all(0 < sum(labels[i : i + 8]) < 8 for i in range(0, 64, 8))
+    assert to_unpaired(many, seed=None)["label"][:32] == [True] * 32  # TRL's own order: one label per block
+    unpaired = datasets.Dataset.from_list([{"prompt": "Q", "completion": "A", "label": True}])
+    assert len(prepare_preference_data(unpaired, "kto")) == 1
+
+
+@pytest.mark.parametrize(
+    "rows, kind, match",
+    [
+        ([{"prompt": "Q", "completion": "A"}], "dpo", r"lacks column\(s\) \['chosen', 'rejected'\]; it has \['completion', 'prompt'\]"),
+        ([{"prompt": "Q", "answer": "A", "rejected": "B"}], "orpo", r"lacks column\(s\) \['chosen'\]"),
+        ([{"prompt": "Q", "chosen": "same", "rejected": "same"}] * 3, "dpo",
+         r"empty after filtering: 3 rows, 0 with an empty chosen/rejected, 3 with chosen == rejected"),
+        ([{"prompt": "Q", "chosen": " ", "rejected": "x"}], "kto", r"empty after filtering: 1 rows, 1 with an empty"),
+        ([{"prompt": "Q", "completion": "", "label": True}], "kto", r"all 1 completions are empty"),
+    ],
+)
+def test_bad_data_errors_name_the_cause(rows, kind, match):
+    with pytest.raises(ValueError, match=match):
+        prepare_preference_data(datasets.Dataset.from_list(rows), kind)
+
+
+def test_config_errors_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"loss_type \['apo_zer'\] is not a DPO loss"):
+        DPOConfig(output_dir=str(tmp_path), loss_type="apo_zer")
+    with pytest.raises(ValueError, match=r"loss_type 'sigmoid' is not a KTO loss"):
+        KTOConfig(output_dir=str(tmp_path), loss_type="sigmoid")
+
+
+def test_pair_token_ids_split_at_the_assistant_turn(tiny):
+    tok = tiny["tokenizer"]
+    row = _pairs("test", 1)[0]
+    prompt, chosen, rejected = pair_token_ids(tok, row)
+    assert tok.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n")
+    assert tok.decode(chosen).startswith("The answer is \\boxed{") and tok.decode(chosen).endswith("<|im_end|>\n")
+    assert chosen != rejected
+    plain = pair_token_ids(tok, {"prompt": "Q: 1+1?", "chosen": " 2", "rejected": " 3"})
+    assert tok.decode(plain[1]) == " 2<|im_end|>"  # plain text gets the eos appended, as TRL does
+
+
+def test_preference_accuracy_counts_ties_as_half():
+    t = torch.tensor
+    m = preference_accuracy(t([0.0, 1.0, 2.0, 0.0]), t([0.0, 0.0, 3.0, 1.0]), t([0.0] * 4), t([0.0] * 4))
+    assert m["preference_accuracy"] == pytest.approx((0.5 + 1 + 0 + 0) / 4)
+    assert m["logp_accuracy"] == m["preference_accuracy"] and m["num_pairs"] == 4
+
+
+def test_cli_missing_chosen_column_is_one_line(tiny, tmp_path, capsys):
+    """The script's path (align.cli.run -> main) ends a bad dataset in one line and exit code 1."""
+    from align.cli import run
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "Q", "completion": "A"}) + "\n")
+    args = ["--dataset_name", str(bad), "--model_name_or_path", tiny["model"], "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        run(main, ScriptArguments, DPOConfig, ModelConfig, args=args)
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "lacks column(s) ['chosen', 'rejected']" in err[-1] and "generate_preferences" in err[-1]
