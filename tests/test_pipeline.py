@@ -166,6 +166,22 @@ def test_changed_config_or_rerun_upstream_runs_dependents_again(fake, tmp_path):
     assert len(_calls(run / "base")) == 1 and len(_calls(run / "sft")) == 1  # all finished: nothing ran
 
 
+def test_launch_commands(fake, tmp_path):
+    from align.pipeline import stage_command
+
+    cfg = fake(launcher="auto")
+    base, sft = resolve_stages(cfg)
+    path = tmp_path / "c.yaml"
+    assert stage_command(base, cfg, path, None) == [sys.executable, base.script, str(path)]
+    (tmp_path / "z3.yaml").write_text("distributed_type: DEEPSPEED\n")
+    sft.accelerate_config, sft.num_processes = str(tmp_path / "z3.yaml"), 2
+    cmd = stage_command(sft, cfg, path, "ck/checkpoint-4")
+    assert cmd == [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "z3.yaml"),
+                   "--num_processes", "2", sft.script, str(path), "--resume_from_checkpoint", "ck/checkpoint-4"]
+    base.launcher = "accelerate"
+    assert stage_command(base, cfg, path, None)[1:3] == ["-m", "accelerate.commands.launch"]
+
+
 def test_latest_checkpoint_skips_partial_ones(tmp_path):
     from align.pipeline import latest_checkpoint
 
