@@ -315,7 +315,7 @@ def decode_completion(tokenizer, ids: list[int], mode: str) -> str:
         ids = ids[:-1]
     text = tokenizer.decode(ids, skip_special_tokens=False)  # keep <think> tags: the format check reads them
     if mode == "plain":
-        text = text.split("\nQuestion:")[0]  # a base model runs on into the next document
+        text = text.split("\n")[0]  # a base model runs on into the next line / document
     return text
 
 
@@ -340,11 +340,18 @@ def _reward_completion(row: dict, text: str) -> str:
     return f"```python\n{code}\n```"
 
 
-def generate(engine, tokenizer, prompts: list[str], max_new_tokens: int) -> list:
+def generate(engine, tokenizer, prompts: list[str], max_new_tokens: int, mode: str = "think") -> list:
     from align.rollout import SamplingParams
 
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop_ids(tokenizer), seed=0)
+    stops = stop_ids(tokenizer)
+    if mode == "plain":
+        # a pretraining document starts with the separator token, and a plain answer is one line
+        prefix = _prefix_id(tokenizer)
+        ids = [([prefix] if prefix is not None else []) + x for x in ids]
+        newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+        stops = sorted(set(stops) | set(newline[-1:] if len(newline) == 1 else []))
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=0)
     return [group[0] for group in engine.generate(ids, params)]
 
 
@@ -375,7 +382,7 @@ def score_generations(rows: list[dict], texts: list[str], lengths: list[int], fi
 
 def run_generative(engine, tokenizer, rows: list[dict], mode: str, max_new_tokens: int) -> tuple[dict, list[dict]]:
     prompts = [build_prompt(tokenizer, r["prompt"], mode) for r in rows]
-    rollouts = generate(engine, tokenizer, prompts, max_new_tokens)
+    rollouts = generate(engine, tokenizer, prompts, max_new_tokens, mode)
     texts = [decode_completion(tokenizer, list(r.completion_ids), mode) for r in rollouts]
     lengths = [len(r.completion_ids) for r in rollouts]
     stats = score_generations(rows, texts, lengths, [r.finish_reason for r in rollouts], mode)
@@ -391,7 +398,7 @@ def vibe_markdown(engine, tokenizer, modes: list[str], max_new_tokens: int, titl
         for messages in VIBE_PROMPTS:
             system = next((m["content"] for m in messages if m["role"] == "system"), None)
             prompts.append(build_prompt(tokenizer, messages[-1]["content"], mode, system))
-        rollouts = generate(engine, tokenizer, prompts, max_new_tokens)
+        rollouts = generate(engine, tokenizer, prompts, max_new_tokens, mode)
         lines += [f"## mode: {mode}", ""]
         for messages, r in zip(VIBE_PROMPTS, rollouts):
             text = decode_completion(tokenizer, list(r.completion_ids), mode)
