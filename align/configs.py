@@ -38,6 +38,14 @@ class ScriptArguments(trl.ScriptArguments):
     skip_preflight: bool = field(
         default=False, metadata={"help": "Skip the preflight checks (logged loudly; for debugging only)."}
     )
+    on_nonfinite: str = field(
+        default="stop",
+        metadata={"help": "On a NaN/inf loss or an exploding gradient: 'skip' the update, or 'stop' with a checkpoint."},
+    )
+    grad_explosion_factor: float = field(
+        default=100.0,
+        metadata={"help": "A gradient norm above this x the recent median counts as an explosion (0 = off)."},
+    )
     eval_after: bool = field(
         default=True, metadata={"help": "Run the stage's evaluation suite on the saved model after training."}
     )
@@ -52,6 +60,8 @@ class ScriptArguments(trl.ScriptArguments):
                     "dataset_mixture must be a mapping with a non-empty 'datasets' list, "
                     "e.g. {datasets: [{id: builtin:tasks, weight: 1.0}]}"
                 )
+        if self.on_nonfinite not in ("skip", "stop"):
+            raise ValueError(f"on_nonfinite={self.on_nonfinite!r}: choose 'skip' or 'stop'")
         if self.test_split_size is not None and self.test_split_size <= 0:
             raise ValueError(f"test_split_size must be > 0 (a fraction or a row count), got {self.test_split_size}")
 
