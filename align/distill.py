@@ -1,0 +1,565 @@
+"""Distillation: on-policy (same tokenizer) and GOLD cross-tokenizer, behind one `main()`.
+
+Why: for small models, on-policy distillation from a stronger teacher beats RL at a fraction of the cost
+(the student samples once, the teacher grades every token), and GOLD lifts the rule that teacher and
+student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.gold, a superset of GKD:
+`lmbda` on-policy share, `beta` generalised JSD, cross-tokenizer ULD) rather than forking it. What we add:
+
+- `loss`: reverse_kl (default; on-policy, beta=1), forward_kl (on-policy, beta=0), jsd (GKD with the
+  recipe's lmbda/beta), supervised (token-level forward KL on the dataset's completions, lmbda=0) and
+  sequence_kd (the teacher samples completions once through the rollout engine; the student then learns
+  them token by token, lmbda=0). In the cross-tokenizer path the per-token term is ULD's distance between
+  sorted probability vectors (direction-free), so `loss` picks only where the sequences come from.
+- student sampling through the shared rollout engine (`align.rollout.get_engine`): TRL's GOLD calls
+  `self.vllm_generation.generate(prompt_ids, ...)` / `.sync_weights()` when `use_vllm` is on, so an adapter
+  with those two methods (`EngineGeneration`) plugs our engine in without touching TRL's buffer logic.
+  `rollout_backend: trl` keeps TRL's own `model.generate` path instead.
+- tokenizer checks: `tokenizer_mode: same` with a teacher whose vocabulary differs raises (TRL would silently
+  resize the teacher's embeddings); `auto` picks GOLD/ULD when they differ. A teacher tokenizer that cannot
+  be loaded raises naming the path.
+- mismatched chat templates: in the cross path the teacher scores the prompt rendered with ITS OWN template
+  (TRL would feed it the student's rendering); `teacher_strip_mode_flags` drops our "/think" flags for
+  teachers that do not know them.
+- teacher placement: `teacher_device` (e.g. cuda:1) and `teacher_quantization` (8bit/4bit, bitsandbytes) on GPUs.
+- metrics before/after on held-out prompts: `divergence` (same tokenizer: exact per-token reverse and forward
+  KL on the student's greedy completions; cross: ULD sorted-probability L1 on byte-aligned spans, the GOLD
+  training distance) and `verifiable_accuracy` (greedy answers scored with `rewards.score`). Written to
+  `<output_dir>/distill_eval.json`.
+
+How to run:
+    python scripts/distill.py recipes/tiny_distill.yaml     # same tokenizer: sft_strong -> sft
+    python scripts/distill.py recipes/tiny_gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from align.configs import apply_device_defaults
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
+from trl.experimental.gold import GOLDConfig, GOLDTrainer  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+# loss -> (beta, lmbda); None keeps the recipe's value (jsd is GKD with the user's own lmbda/beta).
+LOSSES: dict[str, tuple[float | None, float | None]] = {
+    "reverse_kl": (1.0, 1.0),
+    "forward_kl": (0.0, 1.0),
+    "jsd": (None, None),
+    "supervised": (0.0, 0.0),
+    "sequence_kd": (0.0, 0.0),
+}
+TOKENIZER_MODES = ("auto", "same", "cross")
+ROLLOUT_BACKENDS = ("hf", "vllm", "vllm-server", "trl")
+MODE_FLAGS = ("/no_think", "/think")
+
+
+@dataclass
+class DistillConfig(GOLDConfig):
+    """TRL's GOLDConfig (GKD + ULD) + our fields. `teacher_model_name_or_path` may be `builtin:NAME`."""
+
+    loss: str = field(
+        default="reverse_kl",
+        metadata={"help": f"Distillation objective: one of {list(LOSSES)} (see align/distill.py)."},
+    )
+    tokenizer_mode: str = field(
+        default="auto",
+        metadata={"help": "same (shared vocabulary, exact token-level divergence), cross (GOLD/ULD) or auto."},
+    )
+    rollout_backend: str = field(
+        default="hf",
+        metadata={"help": f"Student sampling: {list(ROLLOUT_BACKENDS)}; trl = TRL's own model.generate."},
+    )
+    rollout_kwargs: dict | None = field(
+        default=None, metadata={"help": "Extra knobs for align.rollout.get_engine (e.g. {gpu_memory_utilization: 0.3})."}
+    )
+    teacher_device: str | None = field(
+        default=None, metadata={"help": "Put the teacher on its own device (e.g. cuda:1); GPU only."}
+    )
+    teacher_quantization: str | None = field(
+        default=None, metadata={"help": "Load the teacher in 8bit or 4bit (bitsandbytes) to save memory; GPU only."}
+    )
+    teacher_chat_template_kwargs: dict | None = field(
+        default=None, metadata={"help": "Template kwargs for the teacher's own chat template (cross path)."}
+    )
+    teacher_strip_mode_flags: bool = field(
+        default=False,
+        metadata={"help": "Remove /think and /no_think from the system turn the teacher sees (cross path)."},
+    )
+    distill_eval: bool = field(
+        default=True, metadata={"help": "Measure held-out divergence and verifiable accuracy before and after."}
+    )
+    distill_eval_max_new_tokens: int = field(
+        default=64, metadata={"help": "Greedy completion length for the held-out metrics."}
+    )
+
+    def __post_init__(self):
+        apply_device_defaults(self)
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r} is not known; choose from {list(LOSSES)}")
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(f"tokenizer_mode {self.tokenizer_mode!r}: choose from {list(TOKENIZER_MODES)}")
+        if self.rollout_backend not in ROLLOUT_BACKENDS:
+            raise ValueError(f"rollout_backend {self.rollout_backend!r}: choose from {list(ROLLOUT_BACKENDS)}")
+        if self.teacher_quantization not in (None, "8bit", "4bit"):
+            raise ValueError(f"teacher_quantization {self.teacher_quantization!r}: choose 8bit, 4bit or leave unset")
+        if (self.teacher_quantization or (self.teacher_device or "").startswith("cuda")) and not torch.cuda.is_available():
+            raise ValueError(
+                "teacher_device/teacher_quantization need a CUDA GPU (this machine has none): remove them from the recipe"
+            )
+        beta, lmbda = LOSSES[self.loss]
+        self.beta = self.beta if beta is None else beta
+        self.lmbda = self.lmbda if lmbda is None else lmbda
+        if self.tokenizer_mode == "cross":
+            self.use_uld_loss = True
+        super().__post_init__()
+
+
+# ----------------------------------------------------------------------------- teacher and tokenizers
+
+
+def load_teacher_tokenizer(name_or_path: str):
+    """The teacher's tokenizer, or a ValueError that names the path and what to do."""
+    from align.models import load_tokenizer
+
+    try:
+        return load_tokenizer(name_or_path)
+    except (OSError, ValueError, FileNotFoundError, TypeError) as e:
+        raise ValueError(
+            f"cannot load the teacher tokenizer from teacher_model_name_or_path={name_or_path!r} "
+            f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); point it at a model dir that has "
+            "tokenizer files, or set teacher_tokenizer_name_or_path"
+        ) from e
+
+
+def load_teacher(name_or_path: str, args: DistillConfig, dtype: str | torch.dtype = "auto"):
+    from align.models import load_model
+
+    kwargs = {}
+    if args.teacher_quantization:
+        from transformers import BitsAndBytesConfig
+
+        four = args.teacher_quantization == "4bit"
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=four, load_in_8bit=not four)
+        kwargs["device_map"] = {"": args.teacher_device or "cuda:0"}
+    model = load_model(name_or_path, dtype=dtype, **kwargs)
+    model.eval()
+    return model
+
+
+def same_vocabulary(student_tok, teacher_tok) -> bool:
+    return student_tok.get_vocab() == teacher_tok.get_vocab()
+
+
+def resolve_tokenizer_mode(mode: str, student_tok, teacher_tok, student, teacher) -> str:
+    """'same' or 'cross'. A same-tokenizer run with different vocabularies is a ValueError suggesting GOLD."""
+    s_size, t_size = student.config.get_text_config().vocab_size, teacher.config.get_text_config().vocab_size
+    shared = same_vocabulary(student_tok, teacher_tok)
+    if mode == "cross":
+        return "cross"
+    if mode == "same" and not (shared and s_size == t_size):
+        what = (
+            f"the tokenizers differ ({len(student_tok)} vs {len(teacher_tok)} tokens)"
+            if not shared
+            else f"the models' vocab_size differ ({s_size} vs {t_size})"
+        )
+        raise ValueError(
+            f"tokenizer_mode=same but student and teacher vocabularies do not match: {what}. Token-level "
+            "distillation needs one vocabulary; use the GOLD cross-tokenizer path instead: tokenizer_mode: cross "
+            "(or auto)"
+        )
+    return "same" if shared and s_size == t_size else "cross"
+
+
+def teacher_messages(messages: Sequence[dict], strip_mode_flags: bool) -> list[dict]:
+    out = []
+    for m in messages:
+        if strip_mode_flags and m["role"] == "system":
+            content = m["content"]
+            for flag in MODE_FLAGS:
+                content = content.replace(flag, "")
+            if not content.strip():
+                continue
+            m = {**m, "content": content.strip()}
+        out.append(dict(m))
+    return out
+
+
+def _prompt_part(messages: Sequence[dict]) -> list[dict]:
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
+    return list(messages[:last])
+
+
+def _roundtrip(tokenizer, text: str) -> str:
+    """The text as the student's token ids decode it (the form TRL hands the teacher)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillConfig) -> dict[str, str]:
+    """Student-rendered prompt text -> the same prompt rendered with the teacher's own chat template."""
+    out: dict[str, str] = {}
+    kwargs = dict(args.teacher_chat_template_kwargs or {})
+    for messages in conversations:
+        prompt = _prompt_part(messages)
+        student_text = student_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        teacher_text = teacher_tok.apply_chat_template(
+            teacher_messages(prompt, args.teacher_strip_mode_flags), add_generation_prompt=True, tokenize=False,
+            **kwargs,
+        )
+        out[_roundtrip(student_tok, student_text)] = teacher_text
+    return out
+
+
+class TeacherOnDevice(torch.nn.Module):
+    """The teacher on its own device: inputs go there, logits come back to the student's device."""
+
+    def __init__(self, teacher, device: str, home: torch.device):
+        super().__init__()
+        self.teacher, self.device_, self.home = teacher, torch.device(device), home
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        move = {k: v.to(self.device_) if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        mask = attention_mask.to(self.device_) if attention_mask is not None else None
+        out = self.teacher(input_ids=input_ids.to(self.device_), attention_mask=mask, **move)
+        out.logits = out.logits.to(self.home)
+        return out
+
+
+# ----------------------------------------------------------------------------- rollout engine adapter
+
+
+def sampling_params(**wanted):
+    """Our SamplingParams from generic names, passing only the fields it has (its field names are its own)."""
+    import inspect
+
+    from align.rollout import SamplingParams
+
+    names = set(inspect.signature(SamplingParams).parameters)
+    aliases = {"max_tokens": ("max_tokens", "max_new_tokens"), "n": ("n", "num_samples")}
+    kwargs = {}
+    for key, value in wanted.items():
+        for name in aliases.get(key, (key,)):
+            if name in names:
+                kwargs[name] = value
+                break
+    return SamplingParams(**kwargs)
+
+
+class EngineGeneration:
+    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our rollout engine."""
+
+    def __init__(self, engine, model, args: DistillConfig, stop_token_ids: list[int]):
+        self.engine, self.model = engine, model
+        self.params = dict(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k if args.top_k > 0 else None,
+            max_tokens=args.max_completion_length, stop_token_ids=stop_token_ids,
+        )
+        self.num_syncs = 0
+
+    def sync_weights(self) -> None:
+        self.engine.update_weights(self.model.named_parameters())
+        self.num_syncs += 1
+
+    def generate(self, prompts: list[list[int]], images=None, num_generations: int = 1, profiler=None):
+        # GOLD repeats each prompt num_generations times in the batch: sample n per unique prompt
+        unique = prompts[::num_generations]
+        params = {k: v for k, v in self.params.items() if v is not None}
+        groups = self.engine.generate(unique, sampling_params(n=num_generations, **params))
+        completions = [list(r.completion_ids) for group in groups for r in group]
+        assert len(completions) == len(prompts), (len(completions), len(prompts))
+        return prompts, completions, None, None
+
+
+def build_engine(model, args: DistillConfig):
+    if args.rollout_backend == "trl":
+        return None
+    try:
+        from align.rollout import get_engine
+    except ImportError as e:
+        raise ImportError(
+            f"rollout_backend={args.rollout_backend} needs align.rollout ({e}); set rollout_backend: trl to use "
+            "TRL's own generate"
+        ) from e
+    return get_engine(model, backend=args.rollout_backend, **(args.rollout_kwargs or {}))
+
+
+# ----------------------------------------------------------------------------- trainer
+
+
+class DistillTrainer(GOLDTrainer):
+    """GOLDTrainer + our rollout engine for student sampling + the teacher's own chat template (cross path)."""
+
+    def __init__(self, *args, engine=None, teacher_prompts: dict[str, str] | None = None,
+                 teacher_device: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.teacher_prompts = teacher_prompts or {}
+        self.teacher_prompt_misses = 0
+        if engine is not None:
+            stop = [i for i in {self._tokenizer.eos_token_id, self.pad_token_id} if i is not None]
+            self.vllm_generation = EngineGeneration(engine, self.accelerator.unwrap_model(self.model), self.args, stop)
+            self.use_vllm, self.vllm_sync_frequency, self._last_vllm_sync_step = True, 1, -1
+        if teacher_device:
+            teacher = self.accelerator.unwrap_model(self.teacher_model).to(teacher_device)
+            self.teacher_model = TeacherOnDevice(teacher, teacher_device, self.accelerator.device)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.use_uld_loss and self.teacher_prompts and "original_prompt_text" in inputs:
+            texts = []
+            for text in inputs["original_prompt_text"]:
+                mapped = self.teacher_prompts.get(text)
+                if mapped is None:
+                    self.teacher_prompt_misses += 1
+                    if self.teacher_prompt_misses == 1:
+                        logger.warning("a prompt has no teacher rendering; the teacher sees the student's: %r", text)
+                texts.append(text if mapped is None else mapped)
+            inputs = {**inputs, "original_prompt_text": texts}
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+@torch.no_grad()
+def greedy_completions(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
+                       template_kwargs: dict | None = None) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt_ids, completion_ids up to and including the first eos) per prompt, greedy."""
+    device = next(model.parameters()).device
+    prompt_ids = [
+        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+        for p in prompts
+    ]
+    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_ids]
+    completions: list[list[int]] = []
+    was_training = model.training
+    model.eval()
+    for i in range(0, len(prompt_ids), batch_size):
+        ids, mask = _left_pad(prompt_ids[i : i + batch_size], tokenizer.pad_token_id)
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        for row in out[:, ids.shape[1] :].tolist():
+            cut = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+            completions.append(row[:cut])
+    model.train(was_training)
+    return prompt_ids, completions
+
+
+@torch.no_grad()
+def _same_vocab_divergence(student, teacher, prompt_ids, completions) -> dict[str, float]:
+    rev = fwd = 0.0
+    count = 0
+    for p, c in zip(prompt_ids, completions, strict=True):
+        if not c:
+            continue
+        ids = torch.tensor([p + c], device=next(student.parameters()).device)
+        # logits at positions len(p)-1 .. end-1 predict the completion tokens: (C, V)
+        s = torch.log_softmax(student(input_ids=ids).logits[0, len(p) - 1 : -1].float(), -1)
+        t = teacher(input_ids=ids.to(next(teacher.parameters()).device)).logits[0, len(p) - 1 : -1]
+        t = torch.log_softmax(t.float().to(s.device), -1)
+        rev += (s.exp() * (s - t)).sum().item()
+        fwd += (t.exp() * (t - s)).sum().item()
+        count += len(c)
+    n = max(count, 1)
+    return {"divergence": rev / n, "reverse_kl": rev / n, "forward_kl": fwd / n, "num_tokens": count}
+
+
+@torch.no_grad()
+def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completions, teacher_prompts,
+                    args) -> dict[str, float]:
+    from trl.experimental.gold.gold_trainer import ULDLoss, build_teacher_inputs_from_texts
+    from trl.experimental.utils import encode_with_byte_offsets
+
+    # The pure distance: no cross-entropy term, unit weight; "bayesian" so the logits at t-1 are compared for the
+    # token at t (chain rule), and the end-of-turn position counts, so an empty answer still has a distance.
+    metric_args = copy.copy(args)
+    metric_args.uld_crossentropy_weight, metric_args.uld_distillation_weight = 0.0, 1.0
+    metric_args.uld_token_merge_strategy = "bayesian"
+    metric_args.uld_skip_student_eos = metric_args.uld_skip_teacher_eos = False
+    uld = ULDLoss(metric_args, student_tokenizer=student_tok, teacher_tokenizer=teacher_tok)
+    total, count, num_tokens = 0.0, 0, 0
+    s_dev, t_dev = next(student.parameters()).device, next(teacher.parameters()).device
+    for p, c in zip(prompt_ids, completions, strict=True):
+        eos = student_tok.eos_token_id
+        text = student_tok.decode([i for i in c if i != eos], skip_special_tokens=False,
+                                  clean_up_tokenization_spaces=False)
+        prompt_text = student_tok.decode(p, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        [(c_ids, c_offs)] = encode_with_byte_offsets(student_tok.backend_tokenizer, [text], add_special_tokens=False)
+        c_ids, c_offs = list(c_ids) + [eos], list(c_offs) + [(len(text.encode()), len(text.encode()))]
+        s_ids = torch.tensor([p + c_ids], device=s_dev)
+        s_labels = s_ids.clone()
+        s_labels[0, : len(p)] = -100
+        s_offs = torch.tensor([[(0, 0)] * len(p) + c_offs])
+        t_ids, t_labels, t_mask, t_offs = build_teacher_inputs_from_texts(
+            teacher_tok, [teacher_prompts.get(prompt_text, prompt_text)], [text], use_extended_uld=args.use_extended_uld
+        )
+        s_logits = student(input_ids=s_ids).logits.float()
+        t_logits = teacher(input_ids=t_ids.to(t_dev), attention_mask=t_mask.to(t_dev)).logits.float().to(s_dev)
+        loss = uld(s_logits, t_logits, s_labels, t_labels.to(s_dev), s_ids, t_ids.to(s_dev), s_offs, t_offs)
+        total += float(loss)
+        count += 1
+        num_tokens += len(c_ids)
+    return {"divergence": total / max(count, 1), "uld_distance": total / max(count, 1), "num_tokens": num_tokens}
+
+
+def divergence(student, teacher, student_tok, teacher_tok, prompts: list[list[dict]], *, mode: str,
+               args: DistillConfig, teacher_prompts: dict[str, str] | None = None,
+               completions: tuple[list, list] | None = None) -> dict[str, float]:
+    """Teacher-student divergence on the student's greedy completions of `prompts` (on-policy, as trained).
+
+    same: mean per-token reverse KL(student || teacher) (`divergence`) and forward KL over completion tokens.
+    cross: mean ULD distance, the L1 between sorted next-token probability vectors on byte-aligned spans of
+    the completion text (TRL's extended ULD alignment), in [0, 2]; the teacher sees its own chat template.
+    """
+    if completions is None:
+        completions = greedy_completions(student, student_tok, prompts, args.distill_eval_max_new_tokens)
+    prompt_ids, completion_ids = completions
+    if mode == "same":
+        return _same_vocab_divergence(student, teacher, prompt_ids, completion_ids)
+    return _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completion_ids,
+                           teacher_prompts or {}, args)
+
+
+def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[int]]) -> float:
+    """Share of rows whose completion its own `reward` (registry key) scores > 0 (rewards.score)."""
+    from rewards import score
+
+    texts = [tokenizer.decode([i for i in c if i != tokenizer.eos_token_id], skip_special_tokens=False)
+             for c in completion_ids]
+    correct = 0
+    for name in sorted({r["reward"] for r in rows}):
+        idx = [i for i, r in enumerate(rows) if r["reward"] == name]
+        scores = score([name], [texts[i] for i in idx], answer=[rows[i]["answer"] for i in idx])
+        correct += sum(1 for s in scores.total if s is not None and s > 0)
+    return correct / max(len(rows), 1)
+
+
+def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
+             teacher_prompts: dict[str, str]) -> dict[str, float]:
+    """Divergence and (when rows carry answer/reward) verifiable accuracy, from one greedy pass."""
+    prompts = [r["prompt_messages"] for r in rows]
+    gen = greedy_completions(student, student_tok, prompts, args.distill_eval_max_new_tokens)
+    out = divergence(student, teacher, student_tok, teacher_tok, prompts, mode=mode, args=args,
+                     teacher_prompts=teacher_prompts, completions=gen)
+    if rows and {"answer", "reward"} <= set(rows[0]):
+        out["accuracy"] = verifiable_accuracy(student_tok, rows, gen[1])
+    return out
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def to_conversations(dataset, name: str = "train"):
+    """{messages} rows (last turn assistant) for GOLD; task rows' prompt_messages + assistant text also work."""
+    cols = set(dataset.column_names)
+    if "messages" in cols:
+        return dataset.select_columns(["messages"])
+    if {"prompt_messages", "answer"} <= cols:
+        from data_gen.tasks import assistant_text
+
+        def conv(row):
+            mode = "no_think" if "/no_think" in row["prompt_messages"][0]["content"] else "think"
+            text = assistant_text({**row, "think": row.get("think", "")}, mode)
+            return {"messages": row["prompt_messages"] + [{"role": "assistant", "content": text}]}
+
+        return dataset.map(conv, remove_columns=sorted(cols))
+    raise ValueError(
+        f"{name} dataset for distillation needs a 'messages' column (a conversation ending with an assistant turn) "
+        f"or 'prompt_messages' + 'answer'; it has {sorted(cols)}"
+    )
+
+
+def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args: DistillConfig) -> list[str]:
+    """sequence_kd: the teacher's sampled answer to each prompt (its own template), sampled once."""
+    prompts = [teacher_messages(_prompt_part(m), args.teacher_strip_mode_flags) for m in conversations]
+    _, completion_ids = greedy_completions(teacher, teacher_tok, prompts, args.max_completion_length,
+                                           template_kwargs=args.teacher_chat_template_kwargs)
+    eos = teacher_tok.eos_token_id
+    return [teacher_tok.decode([i for i in c if i != eos], skip_special_tokens=True) for c in completion_ids]
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(script_args, training_args: DistillConfig, model_args) -> dict:
+    """Load student and teacher, measure, distil, save, measure again; returns the before/after metrics."""
+    from transformers import set_seed
+
+    from align.data import get_dataset
+    from align.models import load_model, load_tokenizer
+
+    args = training_args
+    if not args.teacher_model_name_or_path:
+        raise ValueError("teacher_model_name_or_path is required (a local model dir, hub id or builtin:NAME)")
+    set_seed(args.seed)
+    torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
+    student_tok = load_tokenizer(model_args.model_name_or_path)
+    teacher_tok = load_teacher_tokenizer(args.teacher_tokenizer_name_or_path or args.teacher_model_name_or_path)
+    student = load_model(model_args.model_name_or_path, dtype=model_args.dtype or "auto")
+    teacher = load_teacher(args.teacher_model_name_or_path, args, dtype=model_args.dtype or "auto")
+    mode = resolve_tokenizer_mode(args.tokenizer_mode, student_tok, teacher_tok, student, teacher)
+    from align.models import resolve_model_path
+
+    args.use_uld_loss = mode == "cross"
+    if mode == "cross" and not args.teacher_tokenizer_name_or_path:
+        args.teacher_tokenizer_name_or_path = resolve_model_path(args.teacher_model_name_or_path)
+    logger.info("distillation: loss=%s mode=%s beta=%s lmbda=%s backend=%s", args.loss, mode, args.beta, args.lmbda,
+                args.rollout_backend)
+
+    dd = get_dataset(script_args)
+    train = to_conversations(dd["train"])
+    if args.loss == "sequence_kd":
+        convs = train["messages"]
+        answers = teacher_samples(teacher, teacher_tok, convs, args)
+        train = train.map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
+            {"role": "assistant", "content": answers[i]}]}, with_indices=True)
+    eval_rows = []
+    if "test" in dd and "prompt_messages" in dd["test"].column_names:
+        eval_rows = dd["test"].select(range(min(script_args.eval_num_prompts, len(dd["test"])))).to_list()
+    convs = list(train["messages"]) + [r["prompt_messages"] for r in eval_rows]
+    teacher_prompts = teacher_prompt_map(convs, student_tok, teacher_tok, args) if mode == "cross" else {}
+
+    metrics: dict = {"loss": args.loss, "tokenizer_mode": mode}
+    if args.distill_eval and eval_rows:
+        metrics["before"] = evaluate(student, teacher, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
+                                     teacher_prompts=teacher_prompts)
+        logger.info("held-out before: %s", metrics["before"])
+    engine = build_engine(student, args)
+    trainer = DistillTrainer(
+        model=student, teacher_model=teacher, args=args, train_dataset=train, processing_class=student_tok,
+        engine=engine, teacher_prompts=teacher_prompts, teacher_device=args.teacher_device,
+    )
+    trainer.train()
+    metrics["teacher_prompt_misses"] = trainer.teacher_prompt_misses
+    metrics["engine_syncs"] = trainer.vllm_generation.num_syncs if engine is not None else 0
+    trainer.save_model(args.output_dir)
+    student_tok.save_pretrained(args.output_dir)
+    if engine is not None:
+        engine.close()
+    student = trainer.accelerator.unwrap_model(trainer.model)
+    if args.distill_eval and eval_rows:
+        metrics["after"] = evaluate(student, teacher, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
+                                    teacher_prompts=teacher_prompts)
+        logger.info("held-out after: %s", metrics["after"])
+        b, a = metrics["before"], metrics["after"]
+        logger.info("distill: held-out divergence %.4f -> %.4f, accuracy %.3f -> %.3f", b["divergence"],
+                    a["divergence"], b.get("accuracy", float("nan")), a.get("accuracy", float("nan")))
+    if trainer.accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "distill_eval.json").write_text(json.dumps(metrics, indent=2))
+    return metrics

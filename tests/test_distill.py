@@ -1,0 +1,174 @@
+"""align/distill.py: on-policy distillation (same tokenizer) and GOLD/ULD (two tokenizers) learn the teacher;
+the teacher sees its own chat template; a bad teacher tokenizer and mismatched vocabularies are clear errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from align.configs import ModelConfig, ScriptArguments
+from align.distill import (
+    LOSSES,
+    DistillConfig,
+    EngineGeneration,
+    main,
+    resolve_tokenizer_mode,
+    teacher_messages,
+    teacher_prompt_map,
+)
+from data_gen.tasks import make_tasks, to_messages
+
+FAMILIES = ["arithmetic", "compare"]
+# A SmolLM2-style ChatML template: default system prompt, no think modes, no generation markers.
+TEACHER_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a teacher.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+HAS_ENGINE = importlib.util.find_spec("align.rollout.hf") is not None
+
+
+def _save_model(path, tok, seed: int, hidden: int = 32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Student + same-tokenizer teacher (our template), and a cross teacher with another vocabulary and template."""
+    from pretrain.tokenizer import train_tokenizer
+
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("distill")
+    texts = [m["content"] for r in make_tasks(FAMILIES, num=64, seed=0) for m in to_messages(r, "no_think")]
+    ours = train_tokenizer(texts * 4, vocab_size=400)
+    other = train_tokenizer(texts[::2] * 4, vocab_size=300)
+    other.chat_template = TEACHER_TEMPLATE
+    _save_model(root / "student", ours, seed=0)
+    _save_model(root / "teacher", ours, seed=1, hidden=48)
+    _save_model(root / "cross_teacher", other, seed=2, hidden=48)
+    (root / "no_tokenizer").mkdir()
+    (root / "no_tokenizer" / "config.json").write_text((root / "teacher" / "config.json").read_text())
+    return {"root": root, "ours": ours, "other": other, **{k: str(root / k) for k in (
+        "student", "teacher", "cross_teacher", "no_tokenizer")}}
+
+
+def _configs(tiny, out, teacher, **kw):
+    script = ScriptArguments(dataset_name="builtin:tasks", eval_num_prompts=6,
+                             dataset_args={"families": FAMILIES, "num": 32, "mode": "no_think"})
+    base = dict(output_dir=str(out), teacher_model_name_or_path=teacher, max_steps=5, per_device_train_batch_size=4,
+                learning_rate=5e-3, lr_scheduler_type="constant", temperature=1.0, max_completion_length=12,
+                max_length=128, distill_eval_max_new_tokens=12, logging_steps=1, save_strategy="no",
+                report_to="none", seed=0, bf16=False, rollout_backend="hf" if HAS_ENGINE else "trl")
+    base.update(kw)
+    return script, DistillConfig(**base), ModelConfig(model_name_or_path=tiny["student"], dtype="float32")
+
+
+def _changed(before: str, after: str) -> float:
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(before).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(after).state_dict()
+    return sum(1 for k in a if not torch.equal(a[k], b[k])) / len(a)
+
+
+def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
+    metrics = main(*_configs(tiny, tmp_path / "out", tiny["teacher"]))
+    assert metrics["tokenizer_mode"] == "same"
+    before, after = metrics["before"], metrics["after"]
+    assert after["reverse_kl"] < 0.8 * before["reverse_kl"], (before, after)
+    assert 0.0 <= after["accuracy"] <= 1.0 and after["num_tokens"] > 0
+    assert _changed(tiny["student"], str(tmp_path / "out")) == 1.0  # every parameter tensor learned
+    assert json.loads((tmp_path / "out" / "distill_eval.json").read_text())["after"] == after
+    if HAS_ENGINE:  # student sampled through our engine, which got the new weights each step
+        assert metrics["engine_syncs"] >= 5
+
+
+def test_gold_cross_tokenizer_lowers_uld_distance_with_teacher_template(tiny, tmp_path):
+    metrics = main(*_configs(tiny, tmp_path / "gold", tiny["cross_teacher"], teacher_strip_mode_flags=True))
+    assert metrics["tokenizer_mode"] == "cross"
+    before, after = metrics["before"], metrics["after"]
+    assert after["uld_distance"] < before["uld_distance"], (before, after)
+    assert metrics["teacher_prompt_misses"] == 0  # every prompt the teacher scored was in its own template
+    assert _changed(tiny["student"], str(tmp_path / "gold")) > 0.9
+
+
+def test_teacher_prompts_use_the_teacher_template(tiny):
+    args = DistillConfig(output_dir="/tmp/unused", teacher_strip_mode_flags=True)
+    row = make_tasks(FAMILIES, num=1, seed=3)[0]
+    convs = [to_messages(row, "no_think")]
+    mapping = teacher_prompt_map(convs, tiny["ours"], tiny["other"], args)
+    [(student_text, teacher_text)] = mapping.items()
+    assert "/no_think" in student_text and "<think>" in student_text  # our template: mode flag + empty think
+    assert teacher_text == (
+        f"<|im_start|>system\nYou are a teacher.<|im_end|>\n<|im_start|>user\n{row['prompt']}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    kept = teacher_messages(convs[0][:2], strip_mode_flags=False)
+    assert kept[0] == {"role": "system", "content": "/no_think"}
+
+
+def test_unloadable_teacher_tokenizer_is_a_clear_error(tiny, tmp_path):
+    with pytest.raises(ValueError, match="cannot load the teacher tokenizer.*no_tokenizer"):
+        main(*_configs(tiny, tmp_path / "x", tiny["no_tokenizer"]))
+
+
+def test_same_mode_with_mismatched_vocabularies_suggests_gold(tiny):
+    from transformers import AutoModelForCausalLM
+
+    student = AutoModelForCausalLM.from_pretrained(tiny["student"])
+    teacher = AutoModelForCausalLM.from_pretrained(tiny["cross_teacher"])
+    with pytest.raises(ValueError, match="tokenizer_mode: cross"):
+        resolve_tokenizer_mode("same", tiny["ours"], tiny["other"], student, teacher)
+    assert resolve_tokenizer_mode("auto", tiny["ours"], tiny["other"], student, teacher) == "cross"
+    assert resolve_tokenizer_mode("auto", tiny["ours"], tiny["ours"], student, student) == "same"
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_loss_sets_beta_and_lmbda(loss):
+    args = DistillConfig(output_dir="/tmp/unused", loss=loss, beta=0.3, lmbda=0.7)
+    beta, lmbda = LOSSES[loss]
+    assert (args.beta, args.lmbda) == (0.3 if beta is None else beta, 0.7 if lmbda is None else lmbda)
+
+
+def test_bad_config_values_name_the_field():
+    with pytest.raises(ValueError, match="loss 'kl'"):
+        DistillConfig(output_dir="/tmp/unused", loss="kl")
+    with pytest.raises(ValueError, match="tokenizer_mode"):
+        DistillConfig(output_dir="/tmp/unused", tokenizer_mode="other")
+
+
+def test_engine_adapter_samples_per_unique_prompt_and_syncs(monkeypatch):
+    import align.distill as distill
+
+    class Rollout:
+        def __init__(self, ids):
+            self.completion_ids = ids
+
+    class FakeEngine:
+        synced = None
+
+        def generate(self, prompts, params):
+            return [[Rollout([p[0], k]) for k in range(params["n"])] for p in prompts]
+
+        def update_weights(self, named):
+            self.synced = dict(named)
+
+    monkeypatch.setattr(distill, "sampling_params", lambda **kw: kw)
+    model = torch.nn.Linear(2, 2)
+    engine = FakeEngine()
+    gen = EngineGeneration(engine, model, DistillConfig(output_dir="/tmp/unused"), stop_token_ids=[0])
+    prompts, completions, _, _ = gen.generate([[5], [5], [7], [7]], num_generations=2)
+    assert completions == [[5, 0], [5, 1], [7, 0], [7, 1]]
+    gen.sync_weights()
+    assert set(engine.synced) == {"weight", "bias"} and gen.num_syncs == 1
