@@ -1,0 +1,429 @@
+"""Preference pairs for DPO/APO/KTO/ORPO: strong-vs-weak, or verifier-graded samples of one model.
+
+Why: SmolLM3's APO pairs were strong-vs-weak (a large model's answer chosen, a small one's rejected). When a
+verifier exists, one model can also grade itself: sample n answers per prompt, score them with `rewards/`,
+best vs worst becomes a pair (on-policy data, no second model needed).
+
+How:
+- `method: strong_weak`: each model keeps its own tokenizer and chat template and generates through the
+  shared rollout engine (`align.rollout.get_engine`), in its own reasoning mode (`strong_mode`, `weak_mode`:
+  think / no_think / none). Filters, each counted in the card: `empty` (the strong answer is empty),
+  `identical` (chosen == rejected), `chosen_wrong` (the data has an answer and the row's verifier scores the
+  strong answer below 1).
+- `method: graded`: `policy_model` samples `num_samples` answers per prompt; the row's `reward` column (or
+  `rewards`, weighted by `reward_weights`) scores them; best = chosen, worst = rejected. Prompts whose
+  samples all score the same are dropped (`all_equal`), as are prompts with < 2 scored samples (`unscored`).
+- Output in `output_dir`: one file per split (`train.jsonl`, `test.jsonl`; or `.parquet`; or a
+  `save_to_disk` dataset), rows in TRL's conversational preference format {"prompt": [system flag, user],
+  "chosen": [assistant], "rejected": [assistant]} plus id, scores, models and the source's scalar columns
+  (answer, family, reward). `card.json` + `README.md` record models, sampling, counts kept/dropped per filter
+  and time. Work goes batch by batch into `output_dir/.work/` (pairs, then a progress line naming the batch's
+  prompt ids); a rerun skips finished batches and drops pairs of an unfinished one, so nothing is duplicated.
+
+    python scripts/generate_preferences.py recipes/tiny_preferences.yaml [--max_pairs 200]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("strong_weak", "graded")
+MODES = ("think", "no_think", "none")
+FORMATS = ("jsonl", "parquet", "disk")
+PROMPT_KEYS = ("prompt", "messages", "prompt_messages", "think", "chosen", "rejected", "completion")
+
+
+@dataclass
+class PreferenceDataConfig:
+    method: str = field(default="strong_weak", metadata={"help": f"How pairs are made: {' | '.join(METHODS)}."})
+    strong_model: str | None = field(default=None, metadata={"help": "strong_weak: model whose answers are chosen."})
+    weak_model: str | None = field(default=None, metadata={"help": "strong_weak: model whose answers are rejected."})
+    policy_model: str | None = field(default=None, metadata={"help": "graded: the model that samples and is graded."})
+    strong_mode: str = field(default="think", metadata={"help": "Reasoning mode of the strong model: " + "/".join(MODES)})
+    weak_mode: str = field(default="think", metadata={"help": "Reasoning mode of the weak model: " + "/".join(MODES)})
+    policy_mode: str = field(default="think", metadata={"help": "Reasoning mode of the graded policy."})
+    prompt_mode: str | None = field(
+        default=None,
+        metadata={"help": "Mode flag written into the pairs' prompt (default: strong_mode, or policy_mode)."},
+    )
+    num_samples: int = field(default=4, metadata={"help": "graded: answers sampled per prompt."})
+    rewards: list[str] | None = field(
+        default=None, metadata={"help": "graded: reward keys/paths; default the row's `reward` column."}
+    )
+    reward_weights: list[float] | None = field(default=None, metadata={"help": "Weights for `rewards`."})
+    default_reward: str = field(default="math_reward", metadata={"help": "Verifier for rows with no `reward`."})
+    temperature: float | None = field(
+        default=None, metadata={"help": "Sampling temperature (default: 0 = greedy for strong_weak, 0.8 graded)."}
+    )
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Completion budget per answer."})
+    drop_identical: bool = field(default=True, metadata={"help": "Drop pairs whose chosen equals rejected."})
+    verify_chosen: bool = field(
+        default=True, metadata={"help": "strong_weak: drop pairs whose chosen fails the verifier (rows with answer)."}
+    )
+    max_pairs: int | None = field(default=None, metadata={"help": "Stop a split after this many kept pairs."})
+    batch_size: int = field(default=32, metadata={"help": "Prompts per batch (the unit of resume)."})
+    seed: int = field(default=0, metadata={"help": "Sampling seed (batch k uses seed + k)."})
+    backend: str = field(default="auto", metadata={"help": "Rollout backend: auto | hf | vllm | vllm-server."})
+    engine_kwargs: dict | None = field(default=None, metadata={"help": "Extra knobs for align.rollout.get_engine."})
+    output_dir: str = field(default="outputs/tiny/preferences", metadata={"help": "Where pairs and card go."})
+    output_format: str = field(default="jsonl", metadata={"help": "Final files: " + " | ".join(FORMATS)})
+    splits: list[str] | None = field(default=None, metadata={"help": "Splits to make (default: all the data has)."})
+    overwrite: bool = field(default=False, metadata={"help": "Discard finished work in output_dir and start over."})
+
+    def __post_init__(self):
+        for name, value, valid in (("method", self.method, METHODS), ("output_format", self.output_format, FORMATS)):
+            if value not in valid:
+                raise ValueError(f"{name} must be one of {list(valid)}, got {value!r}")
+        for name in ("strong_mode", "weak_mode", "policy_mode"):
+            if getattr(self, name) not in MODES:
+                raise ValueError(f"{name} must be one of {list(MODES)}, got {getattr(self, name)!r}")
+        if self.method == "strong_weak" and not (self.strong_model and self.weak_model):
+            raise ValueError("method strong_weak needs strong_model and weak_model (paths, hub ids or builtin:NAME)")
+        if self.method == "graded":
+            if not self.policy_model:
+                raise ValueError("method graded needs policy_model")
+            if self.num_samples < 2:
+                raise ValueError(f"num_samples must be >= 2 to form best-vs-worst pairs, got {self.num_samples}")
+        if self.prompt_mode is None:
+            self.prompt_mode = self.strong_mode if self.method == "strong_weak" else self.policy_mode
+        if self.prompt_mode not in MODES:
+            raise ValueError(f"prompt_mode must be one of {list(MODES)}, got {self.prompt_mode!r}")
+        if self.temperature is None:
+            self.temperature = 0.0 if self.method == "strong_weak" else 0.8
+        if self.method == "graded" and self.temperature == 0.0:
+            raise ValueError("method graded with temperature 0 samples the same answer n times; set temperature > 0")
+        if self.batch_size < 1 or (self.max_pairs is not None and self.max_pairs < 1):
+            raise ValueError("batch_size and max_pairs must be >= 1")
+        if self.rewards and self.reward_weights and len(self.rewards) != len(self.reward_weights):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards")
+
+
+# ----------------------------------------------------------------------------- prompts and generation
+
+
+def chat_prompt(row: dict, mode: str) -> list[dict]:
+    """The conversational prompt of a row in `mode`: a system flag ("/think", "/no_think"; none for "none")."""
+    prompt = row["prompt"]
+    messages = [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if messages and messages[0]["role"] == "system":  # replace the row's own flag, keep its text
+        text = messages[0]["content"].replace("/no_think", "").replace("/think", "").strip()
+        messages = messages[1:]
+    else:
+        text = ""
+    if mode != "none":
+        text = f"{text}\n/{mode}" if text else f"/{mode}"
+    return ([{"role": "system", "content": text}] if text else []) + messages
+
+
+def row_id(row: dict) -> str:
+    if row.get("id") is not None:
+        return str(row["id"])
+    return hashlib.sha256(json.dumps(row["prompt"], sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Generator:
+    """One model behind the rollout engine, with its own tokenizer, chat template and reasoning mode."""
+
+    name: str
+    engine: Any
+    tokenizer: Any
+    mode: str
+
+    def prompt_ids(self, row: dict) -> list[int]:
+        kwargs = {} if self.mode == "none" else {"enable_thinking": self.mode == "think"}
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                chat_prompt(row, self.mode), tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        else:  # a base model without a template: the pretraining text form
+            text = f"Question: {row['prompt'] if isinstance(row['prompt'], str) else row['prompt'][-1]['content']}\nAnswer:"
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def stop_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return sorted(i for i in ids if i is not None)
+
+    def decode(self, ids: list[int]) -> str:
+        specials = set(self.stop_ids()) | {self.tokenizer.pad_token_id}
+        ids = list(ids)
+        while ids and ids[-1] in specials:
+            ids.pop()
+        # keep <think> tags (special tokens in our tokenizer): the pair must show the reasoning block
+        return self.tokenizer.decode(ids, skip_special_tokens=False).strip()
+
+    def generate(self, rows: list[dict], n: int, cfg: PreferenceDataConfig, seed: int) -> list[list[str]]:
+        from align.rollout import SamplingParams
+
+        knobs = dict(n=n, max_new_tokens=cfg.max_new_tokens, stop_token_ids=self.stop_ids(), seed=seed,
+                     temperature=cfg.temperature)
+        if cfg.temperature > 0:
+            knobs["top_p"] = cfg.top_p
+        groups = self.engine.generate([self.prompt_ids(r) for r in rows], SamplingParams(**knobs))
+        return [[self.decode(r.completion_ids) for r in group] for group in groups]
+
+
+def build_generator(name: str, model: str, mode: str, cfg: PreferenceDataConfig) -> Generator:
+    from align.models import load_tokenizer
+    from align.rollout import get_engine
+
+    tokenizer = load_tokenizer(model)
+    engine = get_engine(model, backend=cfg.backend, tokenizer=tokenizer, **(cfg.engine_kwargs or {}))
+    return Generator(name, engine, tokenizer, mode)
+
+
+# ----------------------------------------------------------------------------- grading and pairing
+
+
+def grade(rows: list[dict], texts: list[str], cfg: PreferenceDataConfig) -> list[float | None]:
+    """Score each text against its row: `cfg.rewards` when set, else the row's own `reward` column."""
+    from rewards import score
+
+    def columns(idx: list[int]) -> dict:
+        keys = {k for i in idx for k, v in rows[i].items() if k not in PROMPT_KEYS and v is not None}
+        return {k: [rows[i].get(k) for i in idx] for k in keys}
+
+    if cfg.rewards:
+        return score(cfg.rewards, texts, cfg.reward_weights, **columns(list(range(len(rows))))).total
+    out: list[float | None] = [None] * len(rows)
+    for reward in dict.fromkeys(r.get("reward") or cfg.default_reward for r in rows):
+        idx = [i for i, r in enumerate(rows) if (r.get("reward") or cfg.default_reward) == reward]
+        for i, s in zip(idx, score([reward], [texts[i] for i in idx], **columns(idx)).total):
+            out[i] = s
+    return out
+
+
+def _has_answer(row: dict) -> bool:
+    return row.get("answer") not in (None, "")
+
+
+def _meta(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in PROMPT_KEYS and k != "id" and isinstance(v, (str, int, float, bool))}
+
+
+def _pair(row: dict, cfg: PreferenceDataConfig, chosen: str, rejected: str, **extra) -> dict:
+    return {"id": row_id(row), "prompt": chat_prompt(row, cfg.prompt_mode),
+            "chosen": [{"role": "assistant", "content": chosen}],
+            "rejected": [{"role": "assistant", "content": rejected}], **_meta(row), **extra}
+
+
+def strong_weak_batch(rows, strong: Generator, weak: Generator, cfg, seed: int) -> tuple[list[dict], dict]:
+    chosen = [g[0] for g in strong.generate(rows, 1, cfg, seed)]
+    rejected = [g[0] for g in weak.generate(rows, 1, cfg, seed)]
+    counts = {"prompts": len(rows), "empty": 0, "identical": 0, "chosen_wrong": 0}
+    graded = [i for i, r in enumerate(rows) if _has_answer(r)]
+    scores: dict[int, tuple] = {}
+    if graded:
+        sc = grade([rows[i] for i in graded] * 2, [chosen[i] for i in graded] + [rejected[i] for i in graded], cfg)
+        scores = {i: (sc[k], sc[k + len(graded)]) for k, i in enumerate(graded)}
+    pairs = []
+    for i, row in enumerate(rows):
+        c_score, r_score = scores.get(i, (None, None))
+        if not chosen[i]:
+            counts["empty"] += 1
+        elif cfg.drop_identical and chosen[i] == rejected[i]:
+            counts["identical"] += 1
+        elif cfg.verify_chosen and i in scores and (c_score is None or c_score < 1.0):
+            counts["chosen_wrong"] += 1
+        else:
+            pairs.append(_pair(row, cfg, chosen[i], rejected[i], chosen_score=c_score, rejected_score=r_score,
+                               chosen_model=strong.name, rejected_model=weak.name))
+    return pairs, counts
+
+
+def graded_batch(rows, policy: Generator, cfg, seed: int) -> tuple[list[dict], dict]:
+    samples = policy.generate(rows, cfg.num_samples, cfg, seed)
+    flat_rows = [r for r, group in zip(rows, samples) for _ in group]
+    flat_scores = grade(flat_rows, [t for group in samples for t in group], cfg)
+    counts = {"prompts": len(rows), "unscored": 0, "all_equal": 0, "identical": 0}
+    pairs, k = [], 0
+    for row, group in zip(rows, samples):
+        scored = [(s, t) for s, t in zip(flat_scores[k : k + len(group)], group) if s is not None]
+        k += len(group)
+        if len(scored) < 2:
+            counts["unscored"] += 1
+            continue
+        best = max(scored, key=lambda st: st[0])  # first of the best, last of the worst: deterministic
+        worst = min(reversed(scored), key=lambda st: st[0])
+        if best[0] == worst[0]:
+            counts["all_equal"] += 1
+        elif cfg.drop_identical and best[1] == worst[1]:
+            counts["identical"] += 1
+        else:
+            pairs.append(_pair(row, cfg, best[1], worst[1], chosen_score=best[0], rejected_score=worst[0],
+                               chosen_model=policy.name, rejected_model=policy.name,
+                               mean_score=sum(s for s, _ in scored) / len(scored)))
+    return pairs, counts
+
+
+# ----------------------------------------------------------------------------- resumable driver
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by an interruption: its batch is redone
+            break
+    return out
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def generate_split(split: str, rows: list[dict], make_batch, cfg: PreferenceDataConfig) -> dict:
+    """Pairs for one split, batch by batch into output_dir/.work; finished batches are skipped on rerun."""
+    from tqdm.auto import tqdm
+
+    work = Path(cfg.output_dir) / ".work"
+    work.mkdir(parents=True, exist_ok=True)
+    pairs_path, progress_path = work / f"{split}.pairs.jsonl", work / f"{split}.progress.jsonl"
+    progress = _read_jsonl(progress_path)
+    done = {i for p in progress for i in p["ids"]}
+    # pairs written by a batch whose progress line never landed are dropped; that batch runs again
+    pairs = [p for p in _read_jsonl(pairs_path) if p["id"] in done]
+    pairs_path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    progress_path.write_text("".join(json.dumps(p) + "\n" for p in progress))
+    batches = [rows[i : i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
+    start = time.perf_counter()
+    bar = tqdm(total=len(batches), desc=f"pairs/{split}", unit="batch", initial=len(progress))
+    for k, batch in enumerate(batches):
+        if cfg.max_pairs is not None and len(pairs) >= cfg.max_pairs:
+            break
+        ids = [row_id(r) for r in batch]
+        if all(i in done for i in ids):
+            continue
+        new, counts = make_batch(batch, cfg.seed + k)
+        if cfg.max_pairs is not None:
+            counts["over_max_pairs"] = max(0, len(pairs) + len(new) - cfg.max_pairs)
+            new = new[: cfg.max_pairs - len(pairs)]
+        counts["kept"] = len(new)
+        _append(pairs_path, new)
+        _append(progress_path, [{"batch": k, "ids": ids, "counts": counts, "seconds": time.perf_counter() - start}])
+        start = time.perf_counter()
+        pairs += new
+        bar.update(1)
+        bar.set_postfix(kept=len(pairs))
+    bar.close()
+    totals: dict[str, float] = {}
+    for p in _read_jsonl(progress_path):
+        for key, v in p["counts"].items():
+            totals[key] = totals.get(key, 0) + v
+        totals["seconds"] = totals.get("seconds", 0.0) + p["seconds"]
+    totals["batches_resumed"] = len(progress)
+    return totals
+
+
+def _export(cfg: PreferenceDataConfig, splits: list[str]) -> dict[str, str]:
+    import datasets
+
+    out, work = Path(cfg.output_dir), Path(cfg.output_dir) / ".work"
+    files = {s: _read_jsonl(work / f"{s}.pairs.jsonl") for s in splits}
+    if cfg.output_format == "jsonl":
+        for s, rows in files.items():
+            (out / f"{s}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return {s: str(out / f"{s}.jsonl") for s in splits}
+    if cfg.output_format == "parquet":
+        for s, rows in files.items():
+            datasets.Dataset.from_list(rows).to_parquet(str(out / f"{s}.parquet"))
+        return {s: str(out / f"{s}.parquet") for s in splits}
+    datasets.DatasetDict({s: datasets.Dataset.from_list(rows) for s, rows in files.items()}).save_to_disk(str(out))
+    return {s: str(out) for s in splits}
+
+
+def _card_markdown(card: dict) -> str:
+    lines = [f"# Preference pairs ({card['method']})", "", f"Made by `{card['command']}` in {card['seconds']:.0f} s.",
+             "", "| split | prompts | kept | " + " | ".join(card["filters"]) + " |",
+             "|---|---|---|" + "---|" * len(card["filters"])]
+    for split, c in card["counts"].items():
+        cells = [str(int(c.get(k, 0))) for k in ("prompts", "kept", *card["filters"])]
+        lines.append(f"| {split} | " + " | ".join(cells) + " |")
+    lines += ["", "Models: " + ", ".join(f"{k}={v}" for k, v in card["models"].items()),
+              "", "Sampling: " + ", ".join(f"{k}={v}" for k, v in card["sampling"].items()), ""]
+    return "\n".join(lines)
+
+
+def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]], generators: dict[str, Generator],
+                         source: str = "") -> dict:
+    """Make pairs for every split of `data` with ready generators; write files and card; return the card."""
+    out = Path(cfg.output_dir)
+    if cfg.overwrite and (out / ".work").exists():
+        import shutil
+
+        shutil.rmtree(out / ".work")
+    if cfg.method == "strong_weak":
+        def make(batch, seed):
+            return strong_weak_batch(batch, generators["strong"], generators["weak"], cfg, seed)
+        filters = ["empty", "identical", "chosen_wrong", "over_max_pairs"]
+    else:
+        def make(batch, seed):
+            return graded_batch(batch, generators["policy"], cfg, seed)
+        filters = ["unscored", "all_equal", "identical", "over_max_pairs"]
+    start = time.perf_counter()
+    counts = {}
+    for split, rows in data.items():
+        counts[split] = generate_split(split, rows, make, cfg)
+        if counts[split].get("kept", 0) == 0:
+            logger.warning("split %s: no pairs kept (%s)", split, counts[split])
+    files = _export(cfg, list(data))
+    card = {
+        "method": cfg.method, "source": source, "files": files, "filters": filters, "counts": counts,
+        "models": {k: f"{g.name} (mode {g.mode})" for k, g in generators.items()},
+        "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
+                     "num_samples": cfg.num_samples if cfg.method == "graded" else 1, "seed": cfg.seed,
+                     "backend": cfg.backend, "prompt_mode": cfg.prompt_mode},
+        "config": asdict(cfg), "seconds": time.perf_counter() - start,
+        "command": "python scripts/generate_preferences.py",
+    }
+    (out / "card.json").write_text(json.dumps(card, indent=2, default=str))
+    (out / "README.md").write_text(_card_markdown(card))
+    return card
+
+
+def main(script_args, cfg: PreferenceDataConfig) -> dict:
+    """Load prompts (align.data), start the models' engines, make the pairs."""
+    from align.data import get_dataset
+
+    dd = get_dataset(script_args)
+    splits = cfg.splits or list(dd)
+    missing = [s for s in splits if s not in dd]
+    if missing:
+        raise ValueError(f"splits {missing} not in the data (it has {list(dd)}); fix splits or the dataset")
+    if "prompt" not in dd[splits[0]].column_names:
+        raise ValueError(f"the data needs a 'prompt' column (str or messages); it has {dd[splits[0]].column_names}")
+    data = {s: list(dd[s]) for s in splits}
+    if cfg.method == "strong_weak":
+        generators = {"strong": build_generator(cfg.strong_model, cfg.strong_model, cfg.strong_mode, cfg),
+                      "weak": build_generator(cfg.weak_model, cfg.weak_model, cfg.weak_mode, cfg)}
+    else:
+        generators = {"policy": build_generator(cfg.policy_model, cfg.policy_model, cfg.policy_mode, cfg)}
+    try:
+        card = generate_preferences(cfg, data, generators, source=str(script_args.dataset_name or "mixture"))
+    finally:
+        for g in generators.values():
+            g.engine.close()
+    for split, c in card["counts"].items():
+        logger.info("%s: %d prompts -> %d pairs (%s)", split, c.get("prompts", 0), c.get("kept", 0),
+                    ", ".join(f"{k} {int(c.get(k, 0))}" for k in card["filters"]))
+    return card

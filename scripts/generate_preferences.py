@@ -1,0 +1,17 @@
+"""Make preference pairs: strong-vs-weak answers, or verifier-graded samples of one model (data_gen/preferences.py).
+
+    python scripts/generate_preferences.py recipes/tiny_preferences.yaml [--max_pairs 200 --backend hf]
+
+Prompts come from dataset_name / dataset_mixture (any source align.data reads: builtin:tasks, a local jsonl, a hub
+id); every split the data has gets its own file. Rerun the same command to resume after an interruption.
+"""
+
+import logging
+
+from align.cli import run
+from align.configs import ScriptArguments
+from data_gen.preferences import PreferenceDataConfig, main
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(main, ScriptArguments, PreferenceDataConfig)
