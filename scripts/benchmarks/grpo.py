@@ -1,0 +1,133 @@
+"""GRPO seconds per step: our stack (align.grpo + the shared rollout engine) vs TRL's GRPOTrainer defaults.
+
+    python scripts/benchmark.py grpo [--quick]
+
+Same model, data, rewards and GRPOConfig on both sides; only generation differs: TRL's default path
+(`model.generate` on the whole padded batch) vs ours (`rollout_backend: auto`, each unique prompt once with
+n = num_generations). Repetitions alternate ours/TRL, each a fresh trainer timed over its steps after the
+first (warm-up); medians are compared. Also reported: the share of a step spent generating, and tokens
+generated per second. Models: the tiny one (outputs/tiny/{grpo,apo,sft} when present, else a random
+~3.4M-param Llama with a task-trained tokenizer) and the builtin SmolLM2-135M-Instruct.
+Summary: `grpo: ours/trl-default s-per-step ratio R (target >= T)`, R = TRL's seconds / ours (a speedup).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import alternate, summary_line
+
+TARGETS = {"tiny": 1.5, "smollm2-135m": 2.0}
+TINY_CANDIDATES = ("outputs/tiny/apo", "outputs/tiny/sft", "outputs/tiny/midtrain")
+
+
+def _tiny_model_dir() -> tuple[str, str]:
+    for path in TINY_CANDIDATES:
+        if (Path(path) / "config.json").exists():
+            return path, path
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from data_gen.tasks import make_tasks, to_messages
+    from pretrain.tokenizer import train_tokenizer
+
+    out = Path(tempfile.mkdtemp(prefix="grpo-bench-")) / "tiny"
+    rows = make_tasks(num=2000, split="train")
+    tok = train_tokenizer([m["content"] for r in rows for m in to_messages(r, "think")], vocab_size=2048)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=640, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out), "random tiny (no outputs/tiny model yet)"
+
+
+class _StepTimer:
+    """Trainer callback + generation wrapper: wall time of each optimizer step and of its generation."""
+
+    def __init__(self, trainer):
+        from transformers import TrainerCallback
+
+        self.steps, self.gens, self.tokens, self._gen = [], [], [], 0.0
+        timer = self
+
+        class CB(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                timer._t, timer._gen = time.perf_counter(), 0.0
+
+            def on_step_end(self, args, state, control, **kw):
+                timer.steps.append(time.perf_counter() - timer._t)
+                timer.gens.append(timer._gen)
+
+        trainer.add_callback(CB())
+        inner = trainer._generate_single_turn
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            out = inner(*args, **kwargs)
+            timer._gen += time.perf_counter() - t
+            timer.tokens.append(sum(len(c) for c in out[0]))
+            return out
+
+        trainer._generate_single_turn = timed
+
+
+def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
+    """Train `num_steps` steps with a fresh trainer; time the steps after the first."""
+    import trl
+
+    from align.grpo import GRPOConfig, GRPOTrainer, build_engine, build_rewards, prepare_prompts
+    from align.models import load_model, load_tokenizer
+    from data_gen.tasks import tasks_dataset
+
+    ours = kind == "ours"
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="grpo-bench-run-"), max_steps=num_steps, seed=0, report_to="none",
+        per_device_train_batch_size=shape["prompts"] * shape["generations"], num_generations=shape["generations"],
+        max_completion_length=shape["tokens"], learning_rate=1e-6, logging_steps=1, save_strategy="no",
+        bf16=True, reward_funcs=["math_reward"], rollout_backend="auto" if ours else "trl", disable_tqdm=True,
+    )
+    tokenizer = load_tokenizer(model_dir)
+    train = prepare_prompts(tasks_dataset(num=64, mode="think"), "think")
+    model = load_model(model_dir)
+    reward_funcs = build_rewards(args)
+    if ours:
+        engine = build_engine(args, model, model_dir, tokenizer)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                              processing_class=tokenizer, engine=engine)
+    else:  # TRL as it comes: its own GRPOTrainer, transformers generation
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                                  processing_class=tokenizer)
+    timer = _StepTimer(trainer)
+    trainer.train()
+    steps, gens, toks = timer.steps[1:], timer.gens[1:], timer.tokens[1:]
+    return {"s_per_step": statistics.median(steps), "gen_share": sum(gens) / sum(steps),
+            "gen_tok_per_s": sum(toks) / max(sum(gens), 1e-9)}
+
+
+def run(quick: bool = False) -> dict:
+    from align.models import resolve_model_path
+
+    torch.set_num_threads(2)
+    tiny_dir, tiny_name = _tiny_model_dir()
+    cases = [("tiny", tiny_dir, tiny_name, {"prompts": 8, "generations": 8, "tokens": 64})]
+    big = {"prompts": 4, "generations": 4, "tokens": 32} if quick else {"prompts": 8, "generations": 8, "tokens": 64}
+    cases.append(("smollm2-135m", resolve_model_path("builtin:smollm2-135m-instruct"), "builtin 135M", big))
+    reps, num_steps = (2, 2) if quick else (3, 3)
+    rows, summary = [], []
+    for name, model_dir, label, shape in cases:
+        results = alternate({k: (lambda k=k: _run(k, model_dir, shape, num_steps)) for k in ("ours", "trl")}, reps)
+        med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
+        for k in ("ours", "trl"):
+            rows.append({"model": name, "source": label, "stack": "ours" if k == "ours" else "trl-default",
+                         "shape": f"{shape['prompts']}x{shape['generations']}x{shape['tokens']}",
+                         "s_per_step": med[k]["s_per_step"], "gen_share": med[k]["gen_share"],
+                         "gen_tok_per_s": med[k]["gen_tok_per_s"]})
+        ratio = med["trl"]["s_per_step"] / med["ours"]["s_per_step"]
+        summary.append(summary_line("grpo", f"ours/trl-default[{name}]", "s-per-step", ratio, TARGETS[name]))
+    return {"rows": rows, "summary": summary}
