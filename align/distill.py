@@ -259,28 +259,46 @@ class EngineGeneration:
     """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our rollout engine."""
 
     def __init__(self, engine, model, args: DistillConfig, stop_token_ids: list[int]):
-        self.engine, self.model = engine, model
+        self.engine, self.model, self.stop = engine, model, list(stop_token_ids)
         self.params = dict(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k if args.top_k > 0 else None,
-            max_tokens=args.max_completion_length, stop_token_ids=stop_token_ids,
+            max_tokens=args.max_completion_length, stop_token_ids=self.stop,
         )
-        self.num_syncs = 0
+        self.seed, self.num_calls, self.num_syncs = args.seed, 0, 0
 
     def sync_weights(self) -> None:
+        if getattr(self.engine, "model", None) is self.model:
+            return  # the hf engine runs the trained model itself: nothing to copy
         self.engine.update_weights(self.model.named_parameters())
         self.num_syncs += 1
 
     def generate(self, prompts: list[list[int]], images=None, num_generations: int = 1, profiler=None):
         # GOLD repeats each prompt num_generations times in the batch: sample n per unique prompt
-        unique = prompts[::num_generations]
+        unique = [list(p) for p in prompts[::num_generations]]
         params = {k: v for k, v in self.params.items() if v is not None}
-        groups = self.engine.generate(unique, sampling_params(n=num_generations, **params))
-        completions = [list(r.completion_ids) for group in groups for r in group]
+        self.num_calls += 1
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling (the hf engine may run this very model)
+        try:
+            with torch.no_grad():
+                groups = self.engine.generate(
+                    unique, sampling_params(n=num_generations, seed=self.seed * 1_000_003 + self.num_calls, **params)
+                )
+        finally:
+            self.model.train(was_training)
+        completions = []
+        for group in groups:
+            for r in group:
+                ids = list(r.completion_ids)
+                # a stopped completion ends with its stop token, so the student learns to stop
+                if getattr(r, "finish_reason", None) == "stop" and (not ids or ids[-1] not in self.stop):
+                    ids.append(self.stop[0])
+                completions.append(ids or [self.stop[0]])
         assert len(completions) == len(prompts), (len(completions), len(prompts))
         return prompts, completions, None, None
 
 
-def build_engine(model, args: DistillConfig):
+def build_engine(model, tokenizer, args: DistillConfig):
     if args.rollout_backend == "trl":
         return None
     try:
@@ -290,7 +308,7 @@ def build_engine(model, args: DistillConfig):
             f"rollout_backend={args.rollout_backend} needs align.rollout ({e}); set rollout_backend: trl to use "
             "TRL's own generate"
         ) from e
-    return get_engine(model, backend=args.rollout_backend, **(args.rollout_kwargs or {}))
+    return get_engine(model, backend=args.rollout_backend, tokenizer=tokenizer, **(args.rollout_kwargs or {}))
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -539,14 +557,19 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         metrics["before"] = evaluate(student, teacher, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
                                      teacher_prompts=teacher_prompts)
         logger.info("held-out before: %s", metrics["before"])
-    engine = build_engine(student, args)
+    engine = build_engine(student, student_tok, args)
     trainer = DistillTrainer(
         model=student, teacher_model=teacher, args=args, train_dataset=train, processing_class=student_tok,
         engine=engine, teacher_prompts=teacher_prompts, teacher_device=args.teacher_device,
     )
-    trainer.train()
+    from align.checkpoint import install, resume_checkpoint
+    from align.preflight import preflight
+
+    preflight(trainer, script_args, stage="distill", raw_train=train)
+    install(trainer, script_args)  # atomic checkpoints, non-finite guard, engine resync after a resume
+    trainer.train(resume_from_checkpoint=resume_checkpoint(args))
     metrics["teacher_prompt_misses"] = trainer.teacher_prompt_misses
-    metrics["engine_syncs"] = trainer.vllm_generation.num_syncs if engine is not None else 0
+    metrics["engine_calls"] = trainer.vllm_generation.num_calls if engine is not None else 0
     trainer.save_model(args.output_dir)
     student_tok.save_pretrained(args.output_dir)
     if engine is not None:
