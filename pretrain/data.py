@@ -20,8 +20,9 @@ How to use:
     state = stream.state_dict(); ...; stream.load_state_dict(state)
     eval_batches = stream.eval_batches(num_rows=16)   # {source: batch} from held-out documents
 
-Sources in a recipe: `sources: {news: builtin:news, tasks: {spec: builtin:tasks, text_column: text, ...}}`
-(specs go to `align.data.load_source`); in Python a source may also be a plain list of strings.
+Sources in a recipe: `sources: {news: builtin:news, tasks: {spec: builtin:tasks, num: 20000,
+formatter: "data_gen.tasks:to_pretrain_text"}}` (specs and extra args go to `align.data.load_source`;
+see `load_documents`); in Python a source may also be a plain list of strings.
 """
 
 from __future__ import annotations
@@ -63,8 +64,14 @@ def parse_stages(stages: list[dict], source_names: list[str]) -> list[Stage]:
     return out
 
 
-def load_documents(source) -> list[str]:
-    """A source value -> its documents: list[str] as is, a spec string or {spec, text_column, **args} loaded."""
+def load_documents(source, tokenizer=None) -> list[str]:
+    """A source value -> its documents.
+
+    `source` is a list of strings (used as is), a spec string for `align.data.load_source`, or a dict
+    {spec, text_column="text", formatter=None, **load_source args}. `formatter` turns each row into text:
+    "chat" renders the `messages` column with the tokenizer's chat template (mid-training on the chat
+    format), "module:function" imports a row -> str function (e.g. data_gen.tasks:to_pretrain_text).
+    """
     if isinstance(source, list):
         return [str(t) for t in source]
     if isinstance(source, str):
@@ -74,8 +81,21 @@ def load_documents(source) -> list[str]:
     from align.data import load_source  # the shared loader (hub ids, local files, builtin:NAME)
 
     args = dict(source)
-    spec, column = args.pop("spec"), args.pop("text_column", "text")
+    spec, column, formatter = args.pop("spec"), args.pop("text_column", "text"), args.pop("formatter", None)
     ds = load_source(spec, **args)
+    if formatter == "chat":
+        if "messages" not in ds.column_names or tokenizer is None:
+            raise ValueError(f"source {spec!r}: formatter 'chat' needs a 'messages' column (has {ds.column_names})")
+        return [tokenizer.apply_chat_template(m, tokenize=False) for m in ds["messages"]]
+    if formatter:
+        import importlib
+
+        module, _, name = str(formatter).partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"source {spec!r}: formatter {formatter!r} is not an importable module:function") from e
+        return [fn(row) for row in ds]
     if column not in ds.column_names:
         raise ValueError(f"source {spec!r} has no column {column!r} (columns: {ds.column_names}); set text_column")
     return [t for t in ds[column] if t]
@@ -156,7 +176,8 @@ class PackedStream:
         used = sorted({name for s in self.stages for name in s.weights})
         # Only sources some stage uses are loaded (a recipe may list more).
         self.sources = {
-            n: DocumentSource(n, load_documents(sources[n]), tokenizer, seq_len, seed, eval_docs) for n in used
+            n: DocumentSource(n, load_documents(sources[n], tokenizer), tokenizer, seq_len, seed, eval_docs)
+            for n in used
         }
         self.seq_len, self.rank, self.world_size = seq_len, rank, world_size
         self.eos_id = tokenizer.convert_tokens_to_ids(EOS)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerFast
 
@@ -102,6 +103,13 @@ def wrap_tokenizer(tok) -> PreTrainedTokenizerFast:
     return fast
 
 
+def template_renderer() -> PreTrainedTokenizerFast:
+    """An untrained tokenizer that only renders our chat template to text (to train the BPE on chat text)."""
+    from tokenizers import Tokenizer, models
+
+    return wrap_tokenizer(Tokenizer(models.BPE()))
+
+
 def special_ids(tokenizer) -> dict[str, int]:
     """Ids of our special tokens; raises ValueError naming the missing ones (e.g. a foreign tokenizer)."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
@@ -148,3 +156,31 @@ def format_report(reports: dict[str, dict[str, float]]) -> str:
             f"| {r['chars_per_token']:.2f} |"
         )
     return "\n".join(lines)
+
+
+@dataclass
+class TokenizerConfig:
+    """Recipe keys of scripts/train_tokenizer.py."""
+
+    output_dir: str = field(default="outputs/tiny/tokenizer", metadata={"help": "Where the HF tokenizer is saved."})
+    vocab_size: int = field(default=4096, metadata={"help": "BPE vocabulary incl. 256 bytes and 6 specials."})
+    min_frequency: int = field(default=2, metadata={"help": "Merges need a pair seen at least this often."})
+    sources: dict = field(
+        default_factory=dict, metadata={"help": "{name: spec | {spec, formatter, ...}} as in pretrain recipes."}
+    )
+    max_chars: dict = field(
+        default_factory=dict, metadata={"help": "{name: characters of that source to train on} (default 2M)."}
+    )
+    report_docs: int = field(default=200, metadata={"help": "Held-out documents per source for the report."})
+    reference_tokenizer: str | None = field(
+        default="builtin:smollm2-135m-instruct", metadata={"help": "Compared in the report; '' to skip."}
+    )
+
+    def __post_init__(self):
+        import json
+
+        for name in ("sources", "max_chars"):
+            if isinstance(getattr(self, name), str) or getattr(self, name) is None:
+                setattr(self, name, json.loads(getattr(self, name) or "{}"))
+        if not self.sources:
+            raise ValueError("sources is empty: give {name: spec} of the texts to train the tokenizer on")

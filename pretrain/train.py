@@ -46,10 +46,10 @@ class PretrainConfig:
     init_from: str | None = field(
         default=None, metadata={"help": "Continue from this model dir (mid-training): new data, fresh schedule."}
     )
-    sources: dict | str = field(
+    sources: dict = field(
         default_factory=dict, metadata={"help": "{name: spec | {spec, text_column, **load_source args}} (JSON ok)."}
     )
-    stages: list | str = field(
+    stages: list[dict] = field(
         default_factory=list, metadata={"help": "[{name, num_tokens, weights: {source: share}}] (JSON ok)."}
     )
     seq_len: int = field(default=512, metadata={"help": "Tokens per packed row."})
@@ -89,9 +89,9 @@ class PretrainConfig:
     stop_after_steps: int = field(default=0, metadata={"help": "Stop (checkpointed) after N steps: tests/preemption."})
 
     def __post_init__(self):
-        if isinstance(self.sources, str):
+        if isinstance(self.sources, str) or self.sources is None:
             self.sources = json.loads(self.sources) if self.sources else {}
-        if isinstance(self.stages, str):
+        if isinstance(self.stages, str) or self.stages is None:
             self.stages = json.loads(self.stages) if self.stages else []
         if self.lr_scheduler not in SCHEDULES:
             raise ValueError(f"lr_scheduler={self.lr_scheduler!r}: choose one of {SCHEDULES}")
