@@ -244,7 +244,8 @@ class GRPOTrainer(trl.GRPOTrainer):
     def sampling_params(self, n: int, seed: int | None = None, greedy: bool = False):
         from align.rollout import SamplingParams
 
-        knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed)
+        knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed,
+                     logprobs=False)  # TRL recomputes the log-probs it trains on
         if greedy:
             knobs["temperature"] = 0.0
         else:
@@ -496,15 +497,20 @@ def heldout_accuracy(engine, tokenizer, dataset, params, default_reward: str, te
 
 
 def build_engine(args: GRPOConfig, model, model_path: str, tokenizer):
-    """The shared rollout engine for `rollout_backend` (None for `trl`): hf/auto share the trained model object."""
+    """The shared rollout engine for `rollout_backend` (None for `trl`). The hf engine gets the trained model object
+    (it samples with it: no weight sync); vLLM loads `model_path` and gets the weights pushed after each step."""
     if args.rollout_backend == "trl":
         return None
     from align.rollout import get_engine
+    from align.rollout.base import choose_backend, fix_vllm_patched_model
 
+    backend = choose_backend(model) if args.rollout_backend == "auto" else args.rollout_backend
     knobs = dict(args.rollout_kwargs or {})
-    if args.rollout_backend in ("hf", "auto"):
-        return get_engine(model, backend=args.rollout_backend, tokenizer=tokenizer, **knobs)
-    return get_engine(model_path, backend=args.rollout_backend, tokenizer=tokenizer, **knobs)
+    engine = get_engine(model if backend == "hf" else model_path, backend=backend, tokenizer=tokenizer, **knobs)
+    if backend == "vllm":
+        fix_vllm_patched_model(model)  # vLLM's Transformers backend patches shared classes (SmolLM3): undo for ours
+    logger.info("rollout engine: %s", backend)
+    return engine
 
 
 def main(script_args, training_args: GRPOConfig, model_args) -> dict:
@@ -538,9 +544,17 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     model_path = resolve_model_path(model_args.model_name_or_path)
     model = load_model(model_args.model_name_or_path, dtype=model_args.dtype or "auto",
                        attn_implementation=model_args.attn_implementation)
-    engine = build_engine(training_args, model, model_path, tokenizer)
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train,
-                          processing_class=tokenizer, peft_config=get_peft_config(model_args), engine=engine)
+                          processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
+    engine = trainer.engine = build_engine(training_args, trainer.accelerator.unwrap_model(trainer.model), model_path,
+                                           tokenizer)
+    from align.checkpoint import install, resume_checkpoint
+    from align.preflight import preflight
+
+    preflight(trainer, script_args, stage="grpo", raw_train=train, reward_funcs=reward_funcs,
+              chat_template=chat_template)
+    install(trainer, script_args)  # atomic checkpoints, non-finite guard, engine resync after a resume
 
     report: dict = {"rewards": trainer.reward_func_names, "completion_budget": budget}
     eval_rows = None
@@ -554,7 +568,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         report["before"] = evaluate()
         logger.info("held-out accuracy before GRPO: %.3f", report["before"]["accuracy"])
 
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
     trainer.save_model(training_args.output_dir)
     tokenizer.save_pretrained(training_args.output_dir)
 
