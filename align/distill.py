@@ -112,10 +112,6 @@ class DistillConfig(GOLDConfig):
             raise ValueError(f"rollout_backend {self.rollout_backend!r}: choose from {list(ROLLOUT_BACKENDS)}")
         if self.teacher_quantization not in (None, "8bit", "4bit"):
             raise ValueError(f"teacher_quantization {self.teacher_quantization!r}: choose 8bit, 4bit or leave unset")
-        if (self.teacher_quantization or (self.teacher_device or "").startswith("cuda")) and not torch.cuda.is_available():
-            raise ValueError(
-                "teacher_device/teacher_quantization need a CUDA GPU (this machine has none): remove them from the recipe"
-            )
         beta, lmbda = LOSSES[self.loss]
         self.beta = self.beta if beta is None else beta
         self.lmbda = self.lmbda if lmbda is None else lmbda
@@ -144,6 +140,11 @@ def load_teacher_tokenizer(name_or_path: str):
 def load_teacher(name_or_path: str, args: DistillConfig, dtype: str | torch.dtype = "auto"):
     from align.models import load_model
 
+    # checked here, not in __post_init__, so GPU recipes still parse (and are tested) on a CPU machine
+    if (args.teacher_quantization or (args.teacher_device or "").startswith("cuda")) and not torch.cuda.is_available():
+        raise ValueError(
+            "teacher_device/teacher_quantization need a CUDA GPU (this machine has none): remove them from the recipe"
+        )
     kwargs = {}
     if args.teacher_quantization:
         from transformers import BitsAndBytesConfig
