@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -215,3 +216,25 @@ def test_cli_missing_chosen_column_is_one_line(tiny, tmp_path, capsys):
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert "lacks column(s) ['chosen', 'rejected']" in err[-1] and "generate_preferences" in err[-1]
+
+
+@pytest.mark.parametrize(
+    "recipe, cls, expect",
+    [
+        ("tiny_apo", DPOConfig, {"loss_type": ["apo_zero"]}),
+        ("tiny_kto", KTOConfig, {"loss_type": "kto"}),
+        ("tiny_orpo", ORPOConfig, {}),
+        ("smollm3_apo", DPOConfig, {"loss_type": ["apo_zero"], "beta": 0.05, "learning_rate": 1e-6,
+                                    "num_train_epochs": 1, "precompute_ref_log_probs": True}),
+    ],
+)
+def test_recipes_parse_and_start_with_their_command(recipe, cls, expect):
+    from align.cli import parse
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}.yaml"
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and f"recipes/{recipe}.yaml" in first
+    script, training, model = parse(ScriptArguments, cls, ModelConfig, args=[str(path)])
+    assert script.dataset_name.endswith("preferences") and model.model_name_or_path.endswith("sft")
+    for key, value in expect.items():
+        assert getattr(training, key) == value, key
