@@ -278,31 +278,40 @@ def provenance(config: dict) -> dict:
     return {k: v for k, v in config.items() if DATA_KEYS.search(k) and v not in (None, "", [], {})}
 
 
-def numbers(d: dict, prefix: str = "") -> dict[str, float]:
-    out = {}
+def flatten(d: dict, prefix: str = "", depth: int = 3) -> dict[str, float]:
+    """Numeric leaves of nested dicts as {"a/b/c": x} (lists, strings and bools left out)."""
+    out: dict[str, float] = {}
     for k, v in (d or {}).items():
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, (int, float)):
-            out[prefix + k] = v
+        if isinstance(v, dict) and depth > 1:
+            out.update(flatten(v, f"{prefix}{k}/", depth - 1))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[prefix + str(k)] = v
     return out
 
 
+# What each stage leaves behind besides its model: HF save_metrics files, pretrain's held-out loss and skill,
+# the stages' own before/after evaluations, the preference data card.
+STAGE_RESULT_FILES = (
+    "all_results.json", "metrics.json", "skill.json", "sft_eval.json", "preference_eval.json", "grpo_eval.json",
+    "distill_eval.json", "card.json",
+)
+
+
 def train_metrics(output_dir: str) -> dict[str, float]:
-    """Scalars a stage left behind: HF `all_results.json`/`train_results.json`, pretrain `metrics.json`, ..."""
+    """Scalars from a stage's result files, prefixed by the file's name (`skill/accuracy`, `grpo_eval/after/...`)."""
     out: dict[str, float] = {}
-    root = Path(output_dir)
-    for name in ("all_results.json", "train_results.json", "preference_eval.json", "metrics.json"):
+    for name in STAGE_RESULT_FILES:
         try:
-            data = json.loads((root / name).read_text())
+            data = json.loads((Path(output_dir) / name).read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict):
-            out.update(numbers(data))
-            out.update(numbers(data.get("final_eval", {})))  # pretrain: held-out loss at the end
-            for key in ("before", "after"):  # stages that report a metric before/after training
-                if isinstance(data.get(key), dict):
-                    out.update(numbers(data[key], f"{key}/"))
+        if not isinstance(data, dict):
+            continue
+        if name == "metrics.json":  # pretrain: the whole history is in there; keep the end of it
+            data = {"step": data.get("step"), "total_tokens": data.get("total_tokens"), "final_eval": data.get("final_eval")}
+        if name == "card.json":
+            data = {"counts": data.get("counts"), "seconds": data.get("seconds")}
+        out.update(flatten(data, name.removesuffix(".json") + "/"))
     return out
 
 

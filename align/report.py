@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 # Headline metrics plotted across stages (when present) and whether higher is better.
@@ -27,6 +28,8 @@ HEADLINE = {
     "format/tasks/no_think": True,
 }
 LOWER_IS_BETTER = ("loss/", "ppl/", "truncated/", "len_")
+# Which of a stage's own result numbers the report lists (the rest stays in the manifest).
+OWN_RESULTS = re.compile(r"(accuracy|divergence|eval_loss|kept)$")
 
 
 def higher_is_better(metric: str) -> bool:
@@ -210,6 +213,11 @@ def write_report(run_dir: str | Path) -> Path:
     targets = target_lines(stages)
     if targets:
         lines += ["## Did each stage move its target?", "", *targets, ""]
+    own = [(s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)]
+    if own:
+        lines += ["## The stages' own results", "", "What each stage measured itself (before/after training, "
+                  "pretrain skill, preference pairs kept).", "", "| stage | result | value |", "|---|---|---:|"]
+        lines += [f"| {n} | {k} | {_fmt(v)} |" for n, k, v in own] + [""]
     lines += ["## Stages", "", "| stage | script | outcome | duration (s) | attempts | resumed from |", "|---|---|---|---:|---:|---|"]
     for s in stages:
         outcome = s.get("status", "?") + (" (skipped this run)" if s.get("skipped_this_run") else "")

@@ -37,6 +37,8 @@ for step in range(start + 1, cfg["steps"] + 1):
     if cfg.get("crash_at") == step and resume is None:
         sys.exit(3)  # dies mid-stage, after checkpoint-<step>
 json.dump({"quality": cfg["quality"]}, open(os.path.join(out, "config.json"), "w"))
+json.dump({"before": {"accuracy": 0.0}, "after": {"accuracy": cfg["quality"], "samples": ["x"]}, "mode": "think"},
+          open(os.path.join(out, "grpo_eval.json"), "w"))
 """
 
 FAKE_EVAL = """
@@ -137,6 +139,7 @@ def test_interrupted_stage_resumes_finished_stage_is_skipped_and_manifest_record
     assert sft["data"] == {"model_name_or_path": f"{run}/base"}
     assert len(sft["git"]["commit"]) == 40 and sft["duration_s"] >= 0
     assert sft["metrics"] == {"acc/tasks/think": 0.6, "loss/tasks": pytest.approx(0.4)}
+    assert sft["train_metrics"] == {"grpo_eval/before/accuracy": 0.0, "grpo_eval/after/accuracy": 0.6}
     assert json.loads((run / "manifest.json").read_text()) == json.loads(json.dumps(m, default=str))
     assert yaml.safe_load((run / "configs" / "sft.yaml").read_text()) == sft["config"]
 
@@ -218,6 +221,7 @@ def test_report_table_targets_and_plots(fake, tmp_path):
     assert "| acc/tasks/think | 0.100 | **0.600** |" in text
     assert "| loss/tasks | 0.900 | **0.400** |" in text  # lower is better: sft is bold
     assert "**sft** targets `acc/tasks/think`: 0.100 (base) -> 0.600: improved" in text
+    assert "| sft | grpo_eval/after/accuracy | 0.600 |" in text
     for png in ("loss_curves.png", "grpo.png", "metrics_per_stage.png"):
         data = (run / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, png
