@@ -180,7 +180,7 @@ def run(main: Callable[..., object], *dataclass_types: type, args: Sequence[str]
         fail(" ".join(str(e).split()) or type(e).__name__, code=2)
     try:
         return main(*configs)
-    except (ValueError, FileNotFoundError, ImportError) as e:
+    except (ValueError, OSError, ImportError) as e:  # OSError: FileNotFoundError, an output_dir that is a file
         if debug:
             raise
         fail(f"{type(e).__name__}: {' '.join(str(e).split())}")

@@ -293,6 +293,8 @@ def _load_local(spec: str, split: str | None, args: dict) -> datasets.Dataset:
     if not path.exists():
         raise FileNotFoundError(f"dataset file or directory not found: {path} (a hub id has no file suffix)")
     if path.is_file():
+        if path.stat().st_size == 0:
+            raise ValueError(f"dataset file {path} is empty (0 rows): regenerate it or point dataset_name elsewhere")
         builder = LOCAL_SUFFIXES.get(path.suffix.lower())
         if builder is None:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")

@@ -335,7 +335,12 @@ def main(script_args, training_args, model_args) -> dict:
         processing_class=tokenizer,
         peft_config=peft_config,
     )
-    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    from align.checkpoint import install, resume_checkpoint
+    from align.preflight import preflight
+
+    preflight(trainer, script_args, stage=kind, raw_train=train)
+    install(trainer, script_args)  # atomic checkpoints, non-finite guard
+    result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
     metrics["train"] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
     log_losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if log_losses:

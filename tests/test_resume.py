@@ -105,7 +105,7 @@ def _losses(out) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tiny, tmp_path):
-    max_steps = 16  # 40 rows / 4 per batch = 10 steps an epoch: the resumed run crosses an epoch boundary
+    max_steps = 12  # 40 rows / 4 per batch = 10 steps an epoch: the resumed run crosses an epoch boundary
     ref = _launch(tiny, tmp_path / "ref", max_steps)
     out_ref, _ = ref.communicate(timeout=300)
     assert ref.returncode == 0, out_ref[-3000:]
@@ -140,7 +140,7 @@ def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tin
         assert math.isclose(got[step], want[step], rel_tol=1e-5, abs_tol=1e-6), (step, got[step], want[step])
     # keep the last 2 complete checkpoints, no staging leftovers
     names = sorted(p.name for p in out.iterdir() if "checkpoint" in p.name)
-    assert names == [f"checkpoint-{s}" for s in (12, 15)], names
+    assert names == [f"checkpoint-{s}" for s in (9, 12)], names  # the final step is saved too
 
 
 # ----------------------------------------------------------------------------- in-process: the helpers
