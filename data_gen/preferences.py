@@ -173,6 +173,8 @@ class Generator:
                      temperature=cfg.temperature)
         if cfg.temperature > 0:
             knobs["top_p"] = cfg.top_p
+        if "logprobs" in getattr(SamplingParams, "__dataclass_fields__", {}):
+            knobs["logprobs"] = False  # pairs need text only
         groups = self.engine.generate([self.prompt_ids(r) for r in rows], SamplingParams(**knobs))
         return [[self.decode(r.completion_ids) for r in group] for group in groups]
 
