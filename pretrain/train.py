@@ -52,6 +52,10 @@ class PretrainConfig:
     stages: list[dict] = field(
         default_factory=list, metadata={"help": "[{name, num_tokens, weights: {source: share}}] (JSON ok)."}
     )
+    budget_scale: float = field(
+        default=1.0,
+        metadata={"help": "Multiply every stage's num_tokens (0.25 = a quarter-length run, same curriculum)."},
+    )
     seq_len: int = field(default=512, metadata={"help": "Tokens per packed row."})
     micro_batch_size: int = field(default=8, metadata={"help": "Rows per forward pass per rank."})
     grad_accum_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
@@ -100,6 +104,8 @@ class PretrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {GUARD_POLICIES}")
         if self.mixed_precision not in ("bf16", "no"):
             raise ValueError(f"mixed_precision={self.mixed_precision!r}: choose 'bf16' or 'no'")
+        if self.budget_scale <= 0:
+            raise ValueError(f"budget_scale={self.budget_scale} must be > 0")
         if not 0 <= self.decay_fraction <= 1:
             raise ValueError(f"decay_fraction={self.decay_fraction} must be in [0, 1]")
 
@@ -321,8 +327,9 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     special = special_ids(tokenizer)
     model = _load_or_build_model(model_args, cfg, tokenizer, special)
+    stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))} for s in cfg.stages]
     stream = PackedStream(
-        cfg.sources, cfg.stages, tokenizer, cfg.seq_len, cfg.seed, acc.process_index, acc.num_processes, cfg.eval_docs
+        cfg.sources, stages, tokenizer, cfg.seq_len, cfg.seed, acc.process_index, acc.num_processes, cfg.eval_docs
     )
     tokens_per_step = cfg.micro_batch_size * cfg.grad_accum_steps * acc.num_processes * cfg.seq_len
     total_steps = cfg.max_steps or math.ceil(stream.total_tokens / tokens_per_step)
