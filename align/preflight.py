@@ -177,12 +177,15 @@ def check_data_order(
     dataset_size: int,
     multiplicity: int = 1,
     capped: bool = False,
+    batch_size: int = 1,
 ) -> str | None:
     """One epoch of sampler indices per rank: no index more than `multiplicity` times over all ranks (beyond the
-    wrap-around padding that evens out the last batches), i.e. ranks read disjoint shards and nothing repeats."""
+    wrap-around padding, under one global batch, that evens out the last batches), i.e. ranks read disjoint
+    shards and nothing repeats."""
     counts = Counter(i for order in orders for i in order)
     extra = sum(c - multiplicity for c in counts.values() if c > multiplicity)
-    padding = 0 if capped else max(0, sum(map(len, orders)) - dataset_size * multiplicity)
+    overflow = max(0, sum(map(len, orders)) - dataset_size * multiplicity)
+    padding = 0 if capped else min(overflow, len(orders) * batch_size * multiplicity)
     if extra <= padding:
         return None
     index, times = counts.most_common(1)[0]
@@ -424,8 +427,9 @@ def _row_length(row: dict) -> float:
     return float(sum(len(t) for t in _texts([row])))
 
 
-def _rank_order(trainer) -> tuple[list[int], int, bool] | None:
-    """(this rank's sampler indices for epoch 0, expected repeats per index, capped) from the real dataloader."""
+def _rank_order(trainer) -> tuple[list[int], int, bool, int] | None:
+    """(this rank's sampler indices for epoch 0, expected repeats per index, capped, batch size) from the real
+    dataloader."""
     with preserved_rng():
         known = list(getattr(trainer.accelerator, "_dataloaders", []))
         dl = trainer.get_train_dataloader()
@@ -438,11 +442,13 @@ def _rank_order(trainer) -> tuple[list[int], int, bool] | None:
         sampler = getattr(inner, "sampler", None)
         repeats = getattr(sampler, "mini_repeat_count", 1) * getattr(sampler, "repeat_count", 1)
         order: list[int] = []
+        batch_size = 1
         for batch in batch_sampler:
             order.extend(int(i) for i in batch)
+            batch_size = max(batch_size, len(batch))
             if len(order) >= MAX_ORDER:
-                return order[:MAX_ORDER], repeats, True
-    return order, repeats, False
+                return order[:MAX_ORDER], repeats, True, batch_size
+    return order, repeats, False, batch_size
 
 
 def _first_seen(order: Sequence[int]) -> list[int]:
@@ -557,7 +563,7 @@ def preflight(
         source_ds = raw_train if raw_train is not None and len(raw_train) == num_rows else train
         col = next((c for c in SOURCE_COLUMNS if c in getattr(source_ds, "column_names", [])), None)
         sources = [source_ds[i][col] for i in head] if col else None
-        checks.append(_run("data_order", lambda: check_data_order([o[0] for o in orders], num_rows, order[1], order[2])
+        checks.append(_run("data_order", lambda: check_data_order([o[0] for o in orders], num_rows, *order[1:])
                            or check_shuffled(lengths, sources)))
     digests = gather(weights_digest(model))
     checks.append(_run("weights", lambda: check_same_weights(digests)))

@@ -106,8 +106,8 @@ def _checkpoint(out: Path, world, complete: bool, optimizer: bytes | None = None
 
 
 def _sorted_pairs(world, d: Path, out: Path):
-    rows = [_pair(f"What is {i} + {i}?", "The answer is \\boxed{%d}." % (2 * i) + " Indeed so." * k, "No.")
-            for k in range(40) for i in [k]]
+    rows = [_pair(f"What is {k} + {k}?", f"The answer is \\boxed{{{2 * k}}}." + " Indeed so." * k, "No.")
+            for k in range(40)]
     return _jsonl(d / "sorted.jsonl", rows)  # the k-th row is k phrases long: ordered by length
 
 
