@@ -345,6 +345,8 @@ def stage_env(cfg: PipelineConfig, run_id: str, stage: Stage) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(WANDB_RUN_GROUP=run_id, WANDB_NAME=f"{run_id}/{stage.name}", WANDB_DIR=str(Path(cfg.run_dir).resolve()))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # scripts/pretrain.py is named like the `pretrain` package: keep the script's folder off sys.path (3.11+)
+    env.setdefault("PYTHONSAFEPATH", "1")
     env.update(stage.env)
     return env
 
