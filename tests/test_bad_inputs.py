@@ -207,6 +207,7 @@ def test_bad_input_in_process(name, world, tmp_path, capsys, monkeypatch):
     _check(meta, exc.value.code, capsys.readouterr().err, out, name)
 
 
+@pytest.mark.slow  # a fresh interpreter per case: ~10 s of imports each on an idle 2-core machine
 @pytest.mark.parametrize("name", [c for c in CASES if _meta(c)["subprocess"] == "true"])
 def test_bad_input_through_the_script(name, world, tmp_path):
     meta, recipe, out = _materialize(name, world, tmp_path)
@@ -226,19 +227,42 @@ def test_the_corpus_is_big_and_covers_every_kind():
     assert all(m["setup"] in SETUPS for m in metas if m["setup"])
 
 
-@pytest.mark.parametrize("stage", ["dpo", "grpo"])
-def test_valid_recipes_pass_the_preflight(stage, world, tmp_path):
-    """The corpus' base recipe without a defect passes every check through scripts/preflight.py (and trains
-    nothing), so each bad case above fails for its own reason."""
+def _valid_recipe(stage: str, world, tmp_path: Path) -> tuple[str, Path]:
+    """The corpus' base recipe for `stage` without a defect."""
     name = {"dpo": "unknown_key", "grpo": "misspelled_dataset_key"}[stage]
-    meta, recipe, out = _materialize(name, world, tmp_path)
+    _, recipe, out = _materialize(name, world, tmp_path)
     text = Path(recipe).read_text()
     Path(recipe).write_text("\n".join(line for line in text.splitlines()
                                       if not line.startswith(("learnin_rate", "datset_name"))) + "\n")
+    return recipe, out
+
+
+PASSED = (r"preflight passed for stage '{}': output_dir, resume, tokenizer, chat_template, known_answer, data_order, "
+          r"weights, seeds \(1 rank")
+
+
+@pytest.mark.parametrize("stage", ["dpo", "grpo"])
+def test_valid_recipes_pass_the_preflight(stage, world, tmp_path, capsys, monkeypatch):
+    """Without its defect the base recipe passes every check and stops before training (exit 0, nothing saved),
+    so each bad case above fails for its own reason."""
+    from align.cli import run
+
+    recipe, out = _valid_recipe(stage, world, tmp_path)
+    monkeypatch.setenv("SMOLALIGN_PREFLIGHT_ONLY", "1")
+    main, types = _types(stage)
+    with pytest.raises(SystemExit) as exc:
+        run(main, *types, args=[recipe])
+    assert exc.value.code == 0
+    assert re.search(PASSED.format(stage), capsys.readouterr().out)
+    assert not (out / "model.safetensors").exists() and latest_checkpoint(out) is None
+
+
+@pytest.mark.slow
+def test_scripts_preflight_runs_the_stage_named_in_the_header(world, tmp_path):
+    recipe, out = _valid_recipe("dpo", world, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, "scripts/preflight.py", recipe], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(rf"preflight passed for stage '{stage}': output_dir, resume, tokenizer, chat_template, "
-                     r"known_answer, data_order, weights, seeds \(1 rank", proc.stdout)
+    assert re.search(PASSED.format("dpo"), proc.stdout)
     assert not (out / "model.safetensors").exists() and latest_checkpoint(out) is None
