@@ -128,17 +128,19 @@ def sequence_logprobs(model, seqs: list[tuple[list[int], int]], pad_id: int = 0,
     max_len = getattr(model.config, "max_position_embeddings", 2048)
     device = next(model.parameters()).device
     seqs = [(ids[-max_len:], min(n, len(ids[-max_len:]) - 1)) for ids, n in seqs]  # the first token has no prediction
-    out: list[tuple[float, int]] = []
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # similar lengths together: little padding
+    out: list[tuple[float, int]] = [(0.0, 0)] * len(seqs)
     for start in range(0, len(seqs), batch_size):
-        chunk = seqs[start : start + batch_size]
+        idx = order[start : start + batch_size]
+        chunk = [seqs[i] for i in idx]
         width = max(len(ids) for ids, _ in chunk)
         input_ids = torch.tensor([ids + [pad_id] * (width - len(ids)) for ids, _ in chunk], device=device)
         mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in chunk], device=device)
         logits = model(input_ids=input_ids, attention_mask=mask).logits.float()  # (B, T, V)
         logps = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]  # (B, T-1)
-        for row, (ids, n) in enumerate(chunk):
+        for row, (i, (ids, n)) in enumerate(zip(idx, chunk)):
             # token t is predicted at position t-1: the last n real tokens sit at logps[len-1-n : len-1]
-            out.append((logps[row, len(ids) - 1 - n : len(ids) - 1].sum().item(), n))
+            out[i] = (logps[row, len(ids) - 1 - n : len(ids) - 1].sum().item(), n)
     return out
 
 
@@ -153,6 +155,29 @@ def continuation_logprobs(model, tokenizer, pairs: list[tuple[str, str]], batch_
             raise ValueError(f"continuation {continuation!r} has no tokens: a choice cannot be empty")
         seqs.append((([prefix] if prefix is not None else []) + ctx + cont, len(cont)))
     return sequence_logprobs(model, seqs, _pad_id(tokenizer), batch_size)
+
+
+@torch.no_grad()
+def next_token_logprobs(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 16) -> list[torch.Tensor]:
+    """log p(next token | context) over the vocabulary after each context (the continuation is a placeholder)."""
+    prefix = _prefix_id(tokenizer)
+    rows = []
+    for context, _ in pairs:
+        ids = ([prefix] if prefix is not None else []) + tokenizer(context, add_special_tokens=False)["input_ids"]
+        rows.append(ids[-getattr(model.config, "max_position_embeddings", 2048) :])
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    for start in range(0, len(rows), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(rows[i]) for i in idx)
+        pad = _pad_id(tokenizer)
+        input_ids = torch.tensor([rows[i] + [pad] * (width - len(rows[i])) for i in idx], device=device)
+        mask = torch.tensor([[1] * len(rows[i]) + [0] * (width - len(rows[i])) for i in idx], device=device)
+        logits = model(input_ids=input_ids, attention_mask=mask).logits.float()  # (B, T, V)
+        for row, i in enumerate(idx):
+            out[i] = torch.log_softmax(logits[row, len(rows[i]) - 1], dim=-1).cpu()
+    return out
 
 
 def _pad_id(tokenizer) -> int:
@@ -190,9 +215,16 @@ def mc_prompt(question: str, choices: list[str]) -> str:
 def score_mc(model, tokenizer, items: list[dict], batch_size: int = 16) -> dict:
     """CF and MCF accuracy of items {"context", "choices", "label"}; also each item's picks."""
     cf_pairs = [(it["context"], " " + c.strip()) for it in items for c in it["choices"]]
-    mcf_pairs = [(mc_prompt(it["context"], it["choices"]), f" {LETTERS[i]}") for it in items for i in range(len(it["choices"]))]
     cf_scores = continuation_logprobs(model, tokenizer, cf_pairs, batch_size)
-    mcf_scores = continuation_logprobs(model, tokenizer, mcf_pairs, batch_size)
+    letters = [tokenizer(f" {L}", add_special_tokens=False)["input_ids"] for L in LETTERS]
+    if all(len(t) == 1 for t in letters):
+        # every letter is one token: one forward pass per item scores all of them (the prompt is shared)
+        prompts = [(mc_prompt(it["context"], it["choices"]), " A") for it in items]
+        firsts = next_token_logprobs(model, tokenizer, prompts, batch_size)
+        mcf_scores = [(row[letters[i][0]].item(), 1) for it, row in zip(items, firsts) for i in range(len(it["choices"]))]
+    else:
+        mcf_pairs = [(mc_prompt(it["context"], it["choices"]), f" {LETTERS[i]}") for it in items for i in range(len(it["choices"]))]
+        mcf_scores = continuation_logprobs(model, tokenizer, mcf_pairs, batch_size)
     picks, k = [], 0
     for it in items:
         n = len(it["choices"])
