@@ -339,6 +339,28 @@ def test_stop_without_stop_token_is_not_called_truncated(tiny, tmp_path, monkeyp
     assert (out["completion_mask"].sum(dim=1) > 0).all()
 
 
+def test_overlong_penalty_pushes_long_completions_down(tiny, tmp_path, monkeypatch):
+    """soft_overlong_reward sees token lengths (TRL's completion_ids): completions past the budget get negative
+    advantages, those within it positive; the `mode` column from prompt_mode picks the budget."""
+    mod = _rollout_module(monkeypatch)
+    engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
+    args = _args(tmp_path, prompt_mode="no_think", max_completion_length=12, reward_funcs=["soft_overlong_reward"],
+                 reward_kwargs={"soft_overlong_reward": {"max_completion_len": 6, "soft_punish_cache": 2,
+                                                         "think_max_completion_len": 100, "think_soft_punish_cache": 2}})
+    trainer = _trainer(tiny, args, build_rewards(args), engine)
+    trainer.model.train()
+    out = trainer._generate_and_score_completions([dict(trainer.train_dataset[i // 4 * 4]) for i in range(8)])
+    lengths = out["completion_mask"].sum(dim=1)
+    adv = out["advantages"]
+    rewards = trainer._weighted_rewards()
+    assert torch.equal(rewards <= -1.0, lengths >= 6) and torch.equal(rewards == 0.0, lengths <= 4)
+    for g in range(2):  # within each group with signal: every over-budget completion is below every short one
+        grp = slice(4 * g, 4 * g + 4)
+        long, short = adv[grp][lengths[grp] >= 6], adv[grp][lengths[grp] <= 4]
+        if len(long) and len(short):
+            assert long.max() < 0 < short.min()
+
+
 # ----------------------------------------------------------------------------------------------- end to end
 
 
