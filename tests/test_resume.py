@@ -139,8 +139,9 @@ def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tin
     for step in want:
         assert math.isclose(got[step], want[step], rel_tol=1e-5, abs_tol=1e-6), (step, got[step], want[step])
     # keep the last 2 complete checkpoints, no staging leftovers
-    names = sorted(p.name for p in out.iterdir() if "checkpoint" in p.name)
+    names = [p.name for p in list_checkpoints(out, complete_only=False)]
     assert names == [f"checkpoint-{s}" for s in (9, 12)], names  # the final step is saved too
+    assert not list(out.glob(".tmp-*"))
 
 
 # ----------------------------------------------------------------------------- in-process: the helpers
