@@ -274,11 +274,13 @@ def tokenize_sft_dataset(
     chat_template: str | None = None,
     num_proc: int | None = None,
     name: str = "train",
+    method: str = "auto",
 ) -> Any:
     """Pre-tokenize a {"messages"} or {"prompt", "completion"} dataset for TRL's SFTTrainer.
 
     messages -> {"input_ids", "assistant_masks"} ({"input_ids"} only when assistant_only_loss is False);
     prompt/completion -> {"input_ids", "completion_mask"} (set SFTConfig.completion_only_loss=True to apply it).
+    method: how assistant masks are found (see `assistant_masks`).
     A per-row "chat_template_kwargs" column (e.g. {"enable_thinking": False}) and "tools" column are honoured.
     """
     columns = set(dataset.column_names)
@@ -299,7 +301,13 @@ def tokenize_sft_dataset(
                 text = render(tokenizer, row["messages"], chat_template=chat_template, tools=tools, **kwargs)
                 return {"input_ids": tokenizer(text, add_special_tokens=False)["input_ids"]}
             return assistant_masks(
-                tokenizer, row["messages"], chat_template=chat_template, tools=tools, example_index=idx, **kwargs
+                tokenizer,
+                row["messages"],
+                chat_template=chat_template,
+                tools=tools,
+                example_index=idx,
+                method=method,
+                **kwargs,
             )
         return completion_mask(
             tokenizer,

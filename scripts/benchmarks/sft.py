@@ -1,0 +1,164 @@
+"""SFT throughput: our SFT stage vs TRL's SFTTrainer with its default settings, same model, same data.
+
+    python scripts/benchmark.py sft [--quick]
+
+Model: the tiny world's default base shape (pretrain.model.ModelArguments(), ~3.4M params) with a 4k BPE
+trained on the task text; data: `builtin:tasks` conversations (think and no_think mixed), tokenized ONCE
+with align.chat's assistant masks, so both trainers see identical token ids and labels.
+
+- trl-default: trl.SFTTrainer + trl.SFTConfig() defaults, except what a CPU needs to start at all
+  (bf16=False: TRL's default bf16 refuses to start on a CPU; gradient_checkpointing=False, which only
+  makes the baseline faster): padded batches of 8 in random order, fp32.
+- ours: align.sft.SFTTrainer + align.sft.SFTConfig defaults (bf16 autocast on CPU) with the layout under test:
+  `rows` = bfd packing into [8, max_length] rows with per-document attention (RowPackedCollator), or
+  `bucket` = length-bucketed batches of 8.
+
+Reported: non-padding tokens/s (timed optimizer steps after the first), the padding share of the batches,
+peak RSS growth during training, and the loss: held-out eval loss of the SAME initial weights under each
+trainer (identical data; the gap is bf16 rounding), and after the timed steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+import torch
+
+from benchmarks.common import alternate, current_rss_mb, summary_line
+
+TARGET = 2.0
+LAYOUTS = {"rows": dict(packing=True, packing_layout="rows", max_length=512), "bucket": dict(length_bucketing=True)}
+
+
+def _pretrain_modules():
+    """pretrain.model / pretrain.tokenizer, even when scripts/ (whose pretrain.py shadows the package) is first on
+    sys.path, as it is under `python scripts/benchmark.py`."""
+    import importlib
+    import os
+    import sys
+
+    scripts = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not hasattr(sys.modules.get("pretrain"), "__path__"):
+        sys.modules.pop("pretrain", None)  # the script module, imported by mistake
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != scripts]
+    try:
+        return importlib.import_module("pretrain.model"), importlib.import_module("pretrain.tokenizer")
+    finally:
+        sys.path[:] = saved
+
+
+def _setup(num_rows: int) -> dict:
+    from align.chat import tokenize_sft_dataset
+    from data_gen.tasks import tasks_dataset
+
+    model_mod, tok_mod = _pretrain_modules()
+    ModelArguments, build_model, train_tokenizer = model_mod.ModelArguments, model_mod.build_model, tok_mod.train_tokenizer
+
+    train_raw = tasks_dataset(split="train", num=num_rows, mode="mixed", seed=0)
+    test_raw = tasks_dataset(split="test", num=64, mode="mixed", seed=0)
+    texts = [m["content"] for r in train_raw for m in r["messages"]]
+    tokenizer = train_tokenizer(texts, vocab_size=4096)
+    out = tempfile.mkdtemp(prefix="sft-bench-")
+    build_model(ModelArguments(), vocab_size=len(tokenizer)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {
+        "model_dir": out,
+        "tokenizer": tokenizer,
+        "train": tokenize_sft_dataset(train_raw, tokenizer),
+        "test": tokenize_sft_dataset(test_raw, tokenizer, name="test"),
+    }
+
+
+class _Meter:
+    """Counts real vs padded positions of every batch the collator builds, and times optimizer steps."""
+
+    def __init__(self, trainer):
+        from transformers import TrainerCallback
+
+        self.steps, self.tokens, self.positions, self.rss = [], [], [], []
+        inner, meter = trainer.data_collator, self
+
+        def collate(examples):
+            batch = inner(examples)
+            meter.tokens.append(sum(len(e["input_ids"]) for e in examples))
+            meter.positions.append(batch["input_ids"].numel())
+            return batch
+
+        trainer.data_collator = collate
+
+        class Timer(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                meter._t = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):
+                meter.steps.append(time.perf_counter() - meter._t)
+                meter.rss.append(current_rss_mb())
+
+        trainer.add_callback(Timer())
+
+
+def _trainer(kind: str, data: dict, num_steps: int, layout: str):
+    import trl
+
+    from align.models import load_model
+    from align.sft import SFTConfig, SFTTrainer
+
+    common = dict(output_dir=tempfile.mkdtemp(prefix="sft-bench-run-"), max_steps=num_steps, seed=0, report_to="none",
+                  logging_steps=10_000, save_strategy="no", disable_tqdm=True, dataloader_drop_last=True)
+    model = load_model(data["model_dir"], dtype="float32")
+    if kind == "trl":
+        args = trl.SFTConfig(**common, bf16=False, use_cpu=True, gradient_checkpointing=False)
+        cls = trl.SFTTrainer
+    else:
+        args = SFTConfig(**common, **LAYOUTS[layout])
+        cls = SFTTrainer
+    return cls(model=model, args=args, train_dataset=data["train"], eval_dataset=data["test"],
+               processing_class=data["tokenizer"])
+
+
+def _run(kind: str, data: dict, num_steps: int, layout: str) -> dict:
+    trainer = _trainer(kind, data, num_steps, layout)
+    initial_loss = trainer.evaluate()["eval_loss"]
+    meter = _Meter(trainer)
+    rss0 = current_rss_mb()
+    trainer.train()
+    n = len(meter.steps)
+    # the dataloader may prefetch a batch beyond the last step: count the batches the timed steps consumed
+    tokens, positions = meter.tokens[:n], meter.positions[:n]
+    return {
+        "tok_per_s": sum(tokens[1:]) / sum(meter.steps[1:]),
+        "padding": 1 - sum(tokens) / sum(positions),
+        "tokens_per_step": statistics.mean(tokens),
+        "rss_growth_mb": max(meter.rss) - rss0,
+        "initial_eval_loss": initial_loss,
+        "final_eval_loss": trainer.evaluate()["eval_loss"],
+    }
+
+
+def run(quick: bool = False, layout: str = "rows") -> dict:
+    torch.set_num_threads(2)
+    data = _setup(num_rows=600 if quick else 2000)
+    reps, num_steps = (2, 8) if quick else (3, 20)
+    results = alternate({k: (lambda k=k: _run(k, data, num_steps, layout)) for k in ("ours", "trl")}, reps)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
+    rows = [{"stack": f"ours[{layout}]" if k == "ours" else "trl-default", **med[k]} for k in ("ours", "trl")]
+    ratio = med["ours"]["tok_per_s"] / med["trl"]["tok_per_s"]
+    gap = abs(med["ours"]["initial_eval_loss"] - med["trl"]["initial_eval_loss"]) / med["trl"]["initial_eval_loss"]
+    summary = [
+        summary_line("sft", "ours/trl-default", "non-pad-tokens-per-s", ratio, TARGET),
+        f"sft: padding ours {med['ours']['padding']:.1%} vs trl-default {med['trl']['padding']:.1%} (target < 5%)",
+        f"sft: same-weights eval loss ours {med['ours']['initial_eval_loss']:.4f} vs trl-default "
+        f"{med['trl']['initial_eval_loss']:.4f} (relative gap {gap:.2%}); after {num_steps} steps "
+        f"{med['ours']['final_eval_loss']:.4f} vs {med['trl']['final_eval_loss']:.4f}",
+    ]
+    return {"rows": rows, "summary": summary}
+
+
+if __name__ == "__main__":  # exploring layouts: PYTHONPATH=scripts python scripts/benchmarks/sft.py [rows|bucket]
+    import sys
+
+    out = run(quick="--quick" in sys.argv, layout=next((a for a in sys.argv[1:] if a in LAYOUTS), "rows"))
+    print(*out["rows"], *out["summary"], sep="\n")
