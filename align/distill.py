@@ -526,7 +526,6 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     if not args.teacher_model_name_or_path:
         raise ValueError("teacher_model_name_or_path is required (a local model dir, hub id or builtin:NAME)")
     set_seed(args.seed)
-    torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
     student_tok = load_tokenizer(model_args.model_name_or_path)
     teacher_tok = load_teacher_tokenizer(args.teacher_tokenizer_name_or_path or args.teacher_model_name_or_path)
     student = load_model(model_args.model_name_or_path, dtype=model_args.dtype or "auto")

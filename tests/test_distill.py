@@ -48,7 +48,7 @@ def tiny(tmp_path_factory):
     """Student + same-tokenizer teacher (our template), and a cross teacher with another vocabulary and template."""
     from pretrain.tokenizer import train_tokenizer
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # 2 threads on a shared 2-core machine spin-wait: 1 is faster under load
     root = tmp_path_factory.mktemp("distill")
     texts = [m["content"] for r in make_tasks(FAMILIES, num=64, seed=0) for m in to_messages(r, "no_think")]
     ours = train_tokenizer(texts * 4, vocab_size=400)
