@@ -104,11 +104,13 @@ def load_documents(source, tokenizer=None) -> list[str]:
 class DocumentSource:
     """One source's documents in a per-epoch shuffled order, tokenized on demand, as `seq_len`-token chunks."""
 
-    def __init__(self, name: str, texts: list[str], tokenizer, seq_len: int, seed: int, eval_docs: int = 0):
+    def __init__(
+        self, name: str, texts: list[str], tokenizer, seq_len: int, seed: int, eval_docs: int = 0, eos: str = EOS
+    ):
         if not texts:
             raise ValueError(f"source {name!r} has no documents")
         self.name, self.tokenizer, self.seq_len, self.seed = name, tokenizer, seq_len, seed
-        self.eos_id = tokenizer.convert_tokens_to_ids(EOS)
+        self.eos_id = document_separator_id(tokenizer, eos)
         # Held-out documents are chosen by a fixed shuffle that does not depend on the training seed.
         order = list(range(len(texts)))
         random.Random(f"heldout-{name}").shuffle(order)
@@ -146,6 +148,14 @@ class DocumentSource:
         self.epoch, self.cursor, self.pending = state["epoch"], state["cursor"], [list(c) for c in state["pending"]]
 
 
+def document_separator_id(tokenizer, token: str = EOS) -> int:
+    """Id of the token that starts every packed document; ValueError if the tokenizer lacks it."""
+    tid = tokenizer.convert_tokens_to_ids(token)
+    if tid is None or tid == tokenizer.unk_token_id:
+        raise ValueError(f"document_separator {token!r} is not a token of this tokenizer; name one it has")
+    return tid
+
+
 def position_ids_for(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     """Positions restarting at 0 at every `<|endoftext|>` and at the row start. (B, T) -> (B, T)."""
     B, T = input_ids.shape
@@ -169,6 +179,7 @@ class PackedStream:
         rank: int = 0,
         world_size: int = 1,
         eval_docs: int = 0,
+        document_separator: str = EOS,
     ):
         if seq_len < 2:
             raise ValueError(f"seq_len={seq_len} must be >= 2")
@@ -180,7 +191,7 @@ class PackedStream:
             for n in used
         }
         self.seq_len, self.rank, self.world_size = seq_len, rank, world_size
-        self.eos_id = tokenizer.convert_tokens_to_ids(EOS)
+        self.eos_id = document_separator_id(tokenizer, document_separator)
         self.buffer: list[int] = []
         self.tokens_emitted = 0  # global, over all ranks
         self.stage_consumed: dict[str, int] = {}  # tokens taken per source in the current stage

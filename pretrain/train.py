@@ -56,6 +56,9 @@ class PretrainConfig:
         default=1.0,
         metadata={"help": "Multiply every stage's num_tokens (0.25 = a quarter-length run, same curriculum)."},
     )
+    document_separator: str = field(
+        default="<|endoftext|>", metadata={"help": "Token that starts every packed document (and resets positions)."}
+    )
     seq_len: int = field(default=512, metadata={"help": "Tokens per packed row."})
     micro_batch_size: int = field(default=8, metadata={"help": "Rows per forward pass per rank."})
     grad_accum_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
@@ -89,6 +92,9 @@ class PretrainConfig:
     nan_policy: str = field(default="stop", metadata={"help": f"On a NaN/inf loss or grad: one of {GUARD_POLICIES}."})
     spike_policy: str = field(default="skip", metadata={"help": f"On a loss spike: one of {GUARD_POLICIES}."})
     spike_factor: float = field(default=3.0, metadata={"help": "A spike is loss > factor * its running mean."})
+    num_threads: int = field(
+        default=0, metadata={"help": "torch CPU threads (0 = torch's default); 1 is faster on an oversubscribed CPU."}
+    )
     peak_flops: float = field(default=0.0, metadata={"help": "Device peak FLOP/s for MFU; 0 = measure a matmul."})
     stop_after_steps: int = field(default=0, metadata={"help": "Stop (checkpointed) after N steps: tests/preemption."})
 
@@ -316,20 +322,35 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     from transformers import AutoTokenizer
 
     from pretrain.data import PackedStream
-    from pretrain.tokenizer import special_ids
+    from pretrain.tokenizer import SPECIAL_TOKENS
 
     acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    tok_dir = cfg.tokenizer_path if cfg.tokenizer_path and os.path.isdir(cfg.tokenizer_path) else cfg.init_from
-    if not tok_dir or not os.path.isdir(tok_dir):
-        raise FileNotFoundError(f"tokenizer_path={cfg.tokenizer_path!r} not found: run scripts/train_tokenizer.py")
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    special = special_ids(tokenizer)
+    tok_path = cfg.tokenizer_path or cfg.init_from  # mid-training reuses the model's own tokenizer by default
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    except (OSError, TypeError, ValueError) as e:
+        raise FileNotFoundError(
+            f"tokenizer_path={tok_path!r} is not a tokenizer dir or hub id ({e}); run scripts/train_tokenizer.py"
+        ) from e
+    # Our specials when present (a hub tokenizer may lack some: they are simply not set in the config).
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    special = {t: i for t, i in ids.items() if i is not None and i != tokenizer.unk_token_id}
     model = _load_or_build_model(model_args, cfg, tokenizer, special)
     stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))} for s in cfg.stages]
     stream = PackedStream(
-        cfg.sources, stages, tokenizer, cfg.seq_len, cfg.seed, acc.process_index, acc.num_processes, cfg.eval_docs
+        cfg.sources,
+        stages,
+        tokenizer,
+        cfg.seq_len,
+        cfg.seed,
+        acc.process_index,
+        acc.num_processes,
+        cfg.eval_docs,
+        cfg.document_separator,
     )
     tokens_per_step = cfg.micro_batch_size * cfg.grad_accum_steps * acc.num_processes * cfg.seq_len
     total_steps = cfg.max_steps or math.ceil(stream.total_tokens / tokens_per_step)

@@ -66,5 +66,6 @@ def tiny_config(output_dir: str, **overrides):
         logging_steps=5,
         report_to="none",
         peak_flops=1e11,
+        num_threads=1,  # tiny ops: one thread avoids OpenMP spin-waits on a busy 2-core machine
     )
     return PretrainConfig(**{**kw, **overrides})
