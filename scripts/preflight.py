@@ -21,6 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 _SCRIPT_RE = re.compile(r"scripts/(\w+)\.py")
+# Scripts whose loop is not an HF Trainer (nothing would stop them before training): refused, not run.
+NO_PREFLIGHT = {"pretrain", "train_tokenizer", "pipeline", "evaluate", "benchmark", "generate_preferences"}
 
 
 def stage_script(recipe: str) -> Path:
@@ -32,6 +34,8 @@ def stage_script(recipe: str) -> Path:
         if line.strip() and not line.lstrip().startswith("#"):
             break  # the header is the leading comment block
         for name in _SCRIPT_RE.findall(line):
+            if name in NO_PREFLIGHT:
+                raise ValueError(f"recipe '{recipe}' runs scripts/{name}.py, which has no preflight checks yet")
             if name != "preflight":
                 script = REPO / "scripts" / f"{name}.py"
                 if not script.is_file():
