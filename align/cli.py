@@ -93,6 +93,8 @@ def _coerce(key: str, value, field: dataclasses.Field, path: str):
 
     if any(fits(t) for t in allowed):
         return value
+    if list in allowed and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return [value]  # `loss_type: apo_zero` means the one-element list, as on the command line
     if isinstance(value, str):
         for t in allowed:
             if t in (int, float):
