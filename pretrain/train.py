@@ -430,7 +430,9 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
             running = loss_val if running is None else 0.9 * running + 0.1 * loss_val
         step += 1
         tokens_interval += tokens_per_step
-        history.append({"step": step, "tokens": step * tokens_per_step, "loss": loss_val, "lr": lr})
+        history.append(
+            {"step": step, "tokens": step * tokens_per_step, "loss": loss_val, "lr": lr, "time": time.perf_counter()}
+        )
         log.bar.update(1)
         if step % cfg.logging_steps == 0 or step == total_steps:
             dt = time.perf_counter() - t_interval
