@@ -90,6 +90,9 @@ class EvalConfig:
     batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype for scoring: float32 or bfloat16."})
     seed: int = field(default=0, metadata={"help": "Seed of item sampling and distractors."})
+    num_threads: int = field(
+        default=0, metadata={"help": "torch CPU threads (0 = torch's default). Tiny models run best on 1."}
+    )
 
     def __post_init__(self):
         if not self.model_name_or_path:
@@ -463,6 +466,8 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
 
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
     tokenizer = tokenizer or load_tokenizer(cfg.model_name_or_path)
     model = model or load_model(cfg.model_name_or_path, dtype=cfg.dtype)
     model.eval()

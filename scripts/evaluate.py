@@ -17,9 +17,6 @@ CONFIG_TYPES = (EvalConfig,)
 
 
 def main(cfg: EvalConfig) -> dict:
-    import torch
-
-    torch.set_num_threads(min(torch.get_num_threads(), 16))
     results = evaluate(cfg)
     print(format_metrics(results["metrics"]))
     print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
