@@ -241,3 +241,23 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="gen_sets: bad entry 'math:3'"):
         EvalConfig(model_name_or_path="m", gen_sets=["math:3"])
     assert set_spec("tasks:7", ("tasks",), "x") == ("tasks", 7)
+
+
+def test_real_engine_answers_are_the_models_greedy_answers(model, tok):
+    from align.evaluate import decode_completion, stop_ids
+    from align.rollout import get_engine
+    from data_gen.tasks import make_tasks
+
+    rows = make_tasks(["arithmetic"], num=2, split="test", seed=5)
+    engine = get_engine(model, backend="hf", tokenizer=tok)
+    try:
+        stats, samples = run_generative(engine, tok, rows, "no_think", max_new_tokens=8)
+    finally:
+        engine.close()
+    for row, sample in zip(rows, samples):
+        ids = tok(build_prompt(tok, row["prompt"], "no_think"), add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=stop_ids(tok),
+                                 pad_token_id=tok.pad_token_id)
+        assert sample["completion"] == decode_completion(tok, out[0, len(ids):].tolist(), "no_think")
+    assert 0 < stats["len_mean"] <= 8
