@@ -501,13 +501,14 @@ def build_engine(args: GRPOConfig, model, model_path: str, tokenizer):
     (it samples with it: no weight sync); vLLM loads `model_path` and gets the weights pushed after each step."""
     if args.rollout_backend == "trl":
         return None
-    from align.rollout import get_engine
-    from align.rollout.base import choose_backend, fix_vllm_patched_model
+    from align.rollout import choose_backend, get_engine
 
     backend = choose_backend(model) if args.rollout_backend == "auto" else args.rollout_backend
     knobs = dict(args.rollout_kwargs or {})
     engine = get_engine(model if backend == "hf" else model_path, backend=backend, tokenizer=tokenizer, **knobs)
     if backend == "vllm":
+        from align.rollout import fix_vllm_patched_model
+
         fix_vllm_patched_model(model)  # vLLM's Transformers backend patches shared classes (SmolLM3): undo for ours
     logger.info("rollout engine: %s", backend)
     return engine
