@@ -279,7 +279,8 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     install(trainer, script_args)
     preflight(trainer, script_args, stage="sft", raw_train=raw_train, chat_template=chat_template)
 
-    report: dict = {}
+    report: dict = {"world_size": trainer.accelerator.num_processes,
+                     "distributed_type": str(trainer.accelerator.distributed_type)}
     rows = _eval_rows(raw_test, script_args.eval_num_prompts) if script_args.eval_after else []
     if rows and _is_zero3(training_args):
         logger.info("eval_after: skipped under DeepSpeed ZeRO-3 (sharded weights); run scripts/evaluate.py on "
