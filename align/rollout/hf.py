@@ -1,0 +1,250 @@
+"""The transformers rollout backend: always available, and the fastest one on a CPU for small models.
+
+A lean decode loop over the model's forward with a KV cache (transformers `DynamicCache`), not
+`model.generate`: per decode step, generate() spends most of a small model's time in Python
+(logits processors, stopping criteria, input preparation); this loop does only what rollouts need.
+It keeps generate()'s numerics (left padding, position ids from the attention mask, the same
+forward), so greedy ids equal `model.generate(..., do_sample=False)` (tests/test_rollout.py).
+
+Batching: prompts are sorted by length (less padding) and decoded `batch_size` rows at a time.
+With n > 1 the prompt is prefilled once and its cache copied n times. Rows that finished are
+dropped from the batch, so one long completion does not keep every short one computing.
+
+    engine = HFEngine("outputs/tiny/sft")              # or HFEngine(trainer.model): shares its weights
+    out = engine.generate([[1, 5, 6]], SamplingParams(temperature=0))
+
+A live model passed in is used in place (no copy): generation sees the trainer's current weights,
+and `update_weights` with that model's own parameters costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from align.rollout.base import (
+    Rollout,
+    SamplingParams,
+    check_prompts,
+    default_stop_ids,
+    normalize_param_name,
+    release,
+)
+from align.rollout.vllm import fix_vllm_patched_model
+
+logger = logging.getLogger(__name__)
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens (B,) and their RAW log-probs (B,) from fp32 logits (B, V)."""
+    raw = torch.log_softmax(logits, dim=-1)
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        scores = logits / params.temperature
+        if 0 < params.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if params.top_p < 1.0:
+            sorted_scores, idx = torch.sort(scores, dim=-1, descending=True)
+            cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+            # drop a token when the mass BEFORE it already reaches top_p (the top token always stays)
+            drop = (cum - sorted_scores.softmax(dim=-1)) >= params.top_p
+            scores = scores.scatter(-1, idx, sorted_scores.masked_fill(drop, float("-inf")))
+        tokens = torch.multinomial(scores.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    return tokens, raw.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFEngine:
+    backend = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        dtype: str = "auto",
+        batch_size: int = 64,
+        pad_token_id: int | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"hf rollout batch_size={batch_size} must be >= 1")
+        if isinstance(model, str):
+            from align.models import load_model
+
+            self.model = load_model(model, dtype=dtype)
+            self.owns_model = True
+        else:
+            self.model = model
+            self.owns_model = False
+        self.model.eval()
+        self.batch_size = batch_size
+        self.tokenizer = tokenizer
+        config = self.model.config
+        self.vocab_size = config.vocab_size
+        if pad_token_id is None:
+            pad_token_id = getattr(config, "pad_token_id", None)
+        # Any id works as padding (it is masked out); 0 keeps the embedding lookup in range.
+        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
+        stop = default_stop_ids(config, getattr(self.model, "generation_config", None))
+        if not stop and tokenizer is not None and tokenizer.eos_token_id is not None:
+            stop = [tokenizer.eos_token_id]
+        self.default_stop = stop
+
+    # ------------------------------------------------------------------ generate
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
+        check_prompts(prompts, self.vocab_size)
+        fix_vllm_patched_model(self.model)  # a vLLM engine in this process may have patched its classes
+        stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
+        # Greedy copies are identical: decode once, hand out n copies.
+        copies = 1 if params.greedy else params.n
+        generator = None
+        if params.seed is not None and not params.greedy:
+            generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        per_batch = max(1, self.batch_size // copies)
+        results: dict[int, list[Rollout]] = {}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(order), per_batch):
+                chunk = order[start : start + per_batch]
+                rows = self._decode([list(prompts[i]) for i in chunk], copies, params, stop, generator)
+                for j, i in enumerate(chunk):
+                    results[i] = rows[j * copies : (j + 1) * copies]
+        finally:
+            self.model.train(was_training)
+        out = []
+        for i in range(len(prompts)):
+            rollouts = results[i]
+            if copies != params.n:
+                rollouts = [_copy(rollouts[0]) for _ in range(params.n)]
+            out.append(rollouts)
+        return out
+
+    def _decode(
+        self,
+        prompts: list[list[int]],
+        copies: int,
+        params: SamplingParams,
+        stop: list[int],
+        generator: torch.Generator | None,
+    ) -> list[Rollout]:
+        from transformers import DynamicCache
+
+        device = self.model.device
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)  # (B, T)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        cache = DynamicCache(config=self.model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(ids, mask, positions, cache)  # (B, V)
+        if copies > 1:  # prefill once, then copy the prompt's cache for each rollout
+            cache.batch_repeat_interleave(copies)
+            logits = logits.repeat_interleave(copies, dim=0)
+            mask = mask.repeat_interleave(copies, dim=0)
+            positions = positions.repeat_interleave(copies, dim=0)
+        num_rows = logits.shape[0]
+        stop_t = torch.tensor(stop or [-1], device=device)
+        tokens = torch.full((num_rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long)
+        logps = torch.zeros(num_rows, params.max_new_tokens)
+        lengths = torch.full((num_rows,), params.max_new_tokens, dtype=torch.long)
+        stopped = torch.zeros(num_rows, dtype=torch.bool)
+        alive = torch.arange(num_rows, device=device)  # original row of each row still in the batch
+        last_pos = positions[:, -1:]
+        for step in range(params.max_new_tokens):
+            nxt, lp = sample_next(logits, params, generator)
+            tokens[alive.cpu(), step] = nxt.cpu()
+            logps[alive.cpu(), step] = lp.float().cpu()
+            hit = torch.isin(nxt, stop_t)
+            if hit.any():
+                done = alive[hit].cpu()
+                lengths[done] = step + 1
+                stopped[done] = True
+                keep = ~hit
+                if not keep.any():
+                    break
+                # drop finished rows: the rest decode a smaller batch
+                alive, nxt, mask, last_pos = alive[keep], nxt[keep], mask[keep], last_pos[keep]
+                cache.batch_select_indices(keep.nonzero().squeeze(-1))
+            if step == params.max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            last_pos = last_pos + 1
+            logits = self._forward(nxt[:, None], mask, last_pos, cache)
+        prompt_rows = [p for p in prompts for _ in range(copies)]
+        out = []
+        for r in range(num_rows):
+            n = int(lengths[r])
+            out.append(
+                Rollout(
+                    prompt_ids=list(prompt_rows[r]),
+                    completion_ids=tokens[r, :n].tolist(),
+                    logprobs=logps[r, :n].tolist() if params.logprobs else None,
+                    finish_reason="stop" if stopped[r] else "length",
+                )
+            )
+        return out
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()  # (B, V)
+
+    # ------------------------------------------------------------------ weights
+
+    @torch.no_grad()
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        own = dict(self.model.named_parameters())
+        head = self.model.get_output_embeddings()
+        tied = head is not None and head.weight is self.model.get_input_embeddings().weight
+        head_name = next((n for n, p in own.items() if head is not None and p is head.weight), None)
+        unknown = []
+        for name, tensor in named_params:
+            name = normalize_param_name(name)
+            if name not in own:
+                if tied and name.endswith("lm_head.weight"):
+                    continue  # the tied head IS the embedding, which is pushed under its own name
+                unknown.append(name)
+                continue
+            param = own[name]
+            if param.data_ptr() == tensor.data_ptr():
+                continue  # the live model's own tensor: nothing to copy
+            if param.shape != tensor.shape:
+                raise ValueError(
+                    f"update_weights: '{name}' has shape {tuple(tensor.shape)}, model has {tuple(param.shape)}"
+                )
+            param.copy_(tensor.detach())
+        if unknown:
+            raise ValueError(
+                f"update_weights: {len(unknown)} names are not parameters of this model, e.g. {unknown[:3]}; "
+                f"expected names like {list(own)[:2]} (head: {head_name})"
+            )
+
+    def close(self) -> None:
+        release(self)
+        if self.owns_model:
+            self.model = None
+            with contextlib.suppress(Exception):
+                import gc
+
+                gc.collect()
+
+
+def _copy(r: Rollout) -> Rollout:
+    return Rollout(
+        list(r.prompt_ids), list(r.completion_ids), None if r.logprobs is None else list(r.logprobs), r.finish_reason
+    )

