@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from align.cli import parse
-from align.pipeline import MARKER, PipelineConfig, resolve_refs, resolve_stages, run_pipeline
+from align.pipeline import MARKER, NO_MODEL, PipelineConfig, resolve_refs, resolve_stages, run_pipeline
 from align.report import metric_table, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,8 +283,10 @@ def test_micro_pipeline_end_to_end(tmp_path):
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], logs)
     m = json.loads((run / "manifest.json").read_text())
     assert [s["status"] for s in m["stages"]] == ["done"] * len(stages)
-    evaluated = [s for s in m["stages"] if s.get("makes_model")]
-    assert evaluated and all("loss/tasks" in s["metrics"] for s in evaluated)
+    wanted = {s["name"] for s in stages if s.get("eval", True) and s["script"] not in NO_MODEL}
+    evaluated = [s for s in m["stages"] if s["name"] in wanted]
+    assert evaluated and all("loss/tasks" in s["metrics"] and "acc/tasks/think" in s["metrics"] for s in evaluated)
+    assert all(s["git"]["commit"] and s["duration_s"] > 0 and s["command"] for s in m["stages"])
     assert (run / "report.md").read_text().count("|") > 10
     again = subprocess.run([sys.executable, "scripts/pipeline.py", str(recipe)], capture_output=True, text=True,
                            timeout=300, cwd=ROOT)
