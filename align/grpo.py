@@ -218,7 +218,9 @@ class GRPOTrainer(trl.GRPOTrainer):
     def __init__(self, *args, engine=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.engine = engine
-        self._engine_step = self.state.global_step  # the engine starts from the same weights as the model
+        # None: push once before the first generation too. A cached engine (one per model per process) may hold
+        # weights another run left in it.
+        self._engine_step: int | None = None
         self._generation_calls = 0
         self._refill_order: list[int] = []
         self._refill_rng = random.Random(self.args.seed)

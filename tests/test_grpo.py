@@ -268,10 +268,12 @@ def test_grpo_steps_rewards_columns_params_and_sync(tiny, tmp_path, monkeypatch)
     # one engine call per step, each unique prompt once with n = num_generations (prefill shared)
     assert [(num, p.n, p.max_new_tokens) for num, p in engine.calls] == [(2, 4, 12)] * 3
     assert engine.calls[0][1].stop_token_ids[0] == tiny["tokenizer"].eos_token_id
-    # the engine holds its own weights: synced before steps 2 and 3, with the model's weights of that moment
-    assert len(engine.pushed) == 2
+    # the engine holds its own weights: pushed before every step (the first too: a cached engine may be stale),
+    # with the model's weights of that moment
+    assert len(engine.pushed) == 3
     after = dict(trainer.model.named_parameters())
     assert set(engine.pushed[-1]) == set(after)
+    assert all(torch.equal(engine.pushed[0][n], before[n]) for n in before)
     changed = [n for n, p in after.items() if not torch.equal(p.detach(), before[n])]
     assert len(changed) == len(before), f"unchanged: {set(before) - set(changed)}"
     logs = trainer.state.log_history

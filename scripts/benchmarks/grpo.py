@@ -26,6 +26,23 @@ TARGETS = {"tiny": 1.5, "smollm2-135m": 2.0}
 TINY_CANDIDATES = ("outputs/tiny/apo", "outputs/tiny/sft", "outputs/tiny/midtrain")
 
 
+def _package_module(name: str):
+    """Import `name` from our packages even though scripts/ (on sys.path for the suites) has a pretrain.py."""
+    import importlib
+    import sys
+
+    top = name.split(".")[0]
+    if top in sys.modules and not hasattr(sys.modules[top], "__path__"):
+        del sys.modules[top]  # scripts/pretrain.py was imported as `pretrain`
+    scripts = str(Path(__file__).resolve().parents[1])
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != scripts]
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
+
+
 def _tiny_model_dir() -> tuple[str, str]:
     for path in TINY_CANDIDATES:
         if (Path(path) / "config.json").exists():
@@ -33,7 +50,8 @@ def _tiny_model_dir() -> tuple[str, str]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from data_gen.tasks import make_tasks, to_messages
-    from pretrain.tokenizer import train_tokenizer
+
+    train_tokenizer = _package_module("pretrain.tokenizer").train_tokenizer
 
     out = Path(tempfile.mkdtemp(prefix="grpo-bench-")) / "tiny"
     rows = make_tasks(num=2000, split="train")
@@ -121,7 +139,8 @@ def run(quick: bool = False) -> dict:
     reps, num_steps = (2, 2) if quick else (3, 3)
     rows, summary = [], []
     for name, model_dir, label, shape in cases:
-        results = alternate({k: (lambda k=k: _run(k, model_dir, shape, num_steps)) for k in ("ours", "trl")}, reps)
+        results = alternate(
+            {k: (lambda k=k, d=model_dir, s=shape: _run(k, d, s, num_steps)) for k in ("ours", "trl")}, reps)
         med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
         for k in ("ours", "trl"):
             rows.append({"model": name, "source": label, "stack": "ours" if k == "ours" else "trl-default",
