@@ -82,6 +82,9 @@ def _ours(setup: dict, out: str, precision: str, steps: int) -> dict:
         warmup_steps=2,
         learning_rate=3e-3,
     )
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)  # one process runs both precisions; accelerate's state is a singleton
     hist = train_mod.train(model_mod.ModelArguments(), cfg)["history"]
     return {"tps": steps * SEQ_LEN * ROWS / (hist[-1]["time"] - hist[0]["time"]), "loss": hist[-1]["loss"]}
 
