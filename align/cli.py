@@ -40,12 +40,18 @@ class RecipeError(ValueError):
     """A problem with the recipe or the command line: reported as one line."""
 
 
-def _fields(dataclass_types: Sequence[type]) -> dict[str, dataclasses.Field]:
-    out: dict[str, dataclasses.Field] = {}
+def _fields(dataclass_types: Sequence[type]) -> dict[str, object]:
+    """Field name -> declared type. From `get_type_hints`, because the argument parser rewrites
+    `dataclasses.Field.type` in place (`dict | str | None` becomes `str`) once it has seen a class."""
+    out: dict[str, object] = {}
     for dc in dataclass_types:
+        try:
+            hints = typing.get_type_hints(dc)
+        except Exception:  # an annotation we cannot resolve: fall back to what the field says
+            hints = {}
         for f in dataclasses.fields(dc):
             if f.init:
-                out.setdefault(f.name, f)
+                out.setdefault(f.name, hints.get(f.name, f.type))
     return out
 
 
@@ -69,11 +75,11 @@ def _base_types(annotation) -> list:
     return [origin or annotation]
 
 
-def _coerce(key: str, value, field: dataclasses.Field, path: str):
+def _coerce(key: str, value, annotation, path: str):
     """Check a YAML value against the field's type; convert what YAML leaves as a string ('1e-5')."""
     if value is None:
         return value
-    allowed = _base_types(field.type)
+    allowed = _base_types(annotation)
     if not allowed:
         return value
     import enum
