@@ -127,8 +127,9 @@ def default_stop_ids(config: Any, generation_config: Any = None) -> list[int]:
 
 def normalize_param_name(name: str) -> str:
     """A trainer's parameter name -> the plain HF name (DDP, torch.compile, activation checkpointing wrappers)."""
-    for prefix in ("module.", "_orig_mod.", "_checkpoint_wrapped_module."):
-        name = name.replace(prefix, "")
+    name = name.replace("_checkpoint_wrapped_module.", "")  # anywhere: it wraps inner modules
+    while name.startswith(("module.", "_orig_mod.")):  # only as prefixes: "module." may end an inner name
+        name = name.split(".", 1)[1]
     if "lora_" in name or name.startswith("base_model.model."):
         raise ValueError(
             f"update_weights got a PEFT adapter parameter '{name}': merge the adapter first "

@@ -53,7 +53,7 @@ class VLLMServerEngine:
             self.client = VLLMClient(
                 base_url=base_url, host=host, server_port=port, group_port=group_port, connection_timeout=timeout
             )
-        except ConnectionError as e:
+        except OSError as e:  # requests' ConnectionError is an OSError, not the builtin one
             raise ConnectionError(
                 f"no vLLM server answers at {url} (waited {timeout:g} s): start one with "
                 "`trl vllm-serve --model <model>` on the generation GPUs, or fix the host/port/base_url knobs"
