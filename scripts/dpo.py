@@ -12,6 +12,9 @@ from align.cli import run
 from align.configs import ModelConfig, ScriptArguments
 from align.preference import DPOConfig, main
 
+CONFIG_TYPES = (ScriptArguments, DPOConfig, ModelConfig)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(main, ScriptArguments, DPOConfig, ModelConfig)
+    run(main, *CONFIG_TYPES)

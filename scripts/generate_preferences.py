@@ -12,6 +12,9 @@ from align.cli import run
 from align.configs import ScriptArguments
 from data_gen.preferences import PreferenceDataConfig, main
 
+CONFIG_TYPES = (ScriptArguments, PreferenceDataConfig)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(main, ScriptArguments, PreferenceDataConfig)
+    run(main, *CONFIG_TYPES)

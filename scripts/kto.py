@@ -11,6 +11,9 @@ from align.cli import run
 from align.configs import ModelConfig, ScriptArguments
 from align.preference import KTOConfig, main
 
+CONFIG_TYPES = (ScriptArguments, KTOConfig, ModelConfig)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(main, ScriptArguments, KTOConfig, ModelConfig)
+    run(main, *CONFIG_TYPES)

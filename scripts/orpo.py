@@ -11,6 +11,9 @@ from align.cli import run
 from align.configs import ModelConfig, ScriptArguments
 from align.preference import ORPOConfig, main
 
+CONFIG_TYPES = (ScriptArguments, ORPOConfig, ModelConfig)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(main, ScriptArguments, ORPOConfig, ModelConfig)
+    run(main, *CONFIG_TYPES)

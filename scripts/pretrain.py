@@ -97,5 +97,8 @@ def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments)
     return {**result, "skill": acc}
 
 
+CONFIG_TYPES = (ModelArguments, PretrainConfig, SkillArguments)
+
+
 if __name__ == "__main__":
-    run(main, ModelArguments, PretrainConfig, SkillArguments)
+    run(main, *CONFIG_TYPES)

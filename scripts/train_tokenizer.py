@@ -66,5 +66,8 @@ def main(cfg: TokenizerConfig) -> dict:
     return {"seconds": seconds, "vocab_size": len(tokenizer)}
 
 
+CONFIG_TYPES = (TokenizerConfig,)
+
+
 if __name__ == "__main__":
-    run(main, TokenizerConfig)
+    run(main, *CONFIG_TYPES)

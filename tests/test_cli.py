@@ -100,6 +100,7 @@ def test_every_recipe_parses(path, tmp_path):
     assert script.exists(), f"{path.name} names {script.name}, which does not exist"
     spec = importlib.util.spec_from_file_location(f"_script_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses with postponed annotations look their module up here
     spec.loader.exec_module(module)
     assert hasattr(module, "CONFIG_TYPES"), f"{script.name} must define CONFIG_TYPES (the dataclasses it parses)"
     configs = parse(*module.CONFIG_TYPES, args=[str(path)])
