@@ -131,7 +131,7 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
 def run(quick: bool = False) -> dict:
     from align.models import resolve_model_path
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # OMP_NUM_THREADS=1 wins on a busy machine
     tiny_dir, tiny_name = _tiny_model_dir()
     cases = [("tiny", tiny_dir, tiny_name, {"prompts": 8, "generations": 8, "tokens": 64})]
     big = {"prompts": 4, "generations": 4, "tokens": 32} if quick else {"prompts": 8, "generations": 8, "tokens": 64}
