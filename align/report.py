@@ -77,7 +77,8 @@ def metric_table(stages: list[dict]) -> list[str]:
     for name in names:
         vals = [s["metrics"].get(name) for s in cols]
         finite = [v for v in vals if _finite(v)]
-        best = (max if higher_is_better(name) else min)(finite) if len(finite) > 1 else None
+        # bold the best only where the stages differ: a row of equal values has no winner
+        best = (max if higher_is_better(name) else min)(finite) if len(set(finite)) > 1 else None
         cells = [f"**{_fmt(v)}**" if best is not None and v == best else _fmt(v) for v in vals]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
