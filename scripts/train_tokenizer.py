@@ -10,11 +10,21 @@ side by side with `reference_tokenizer` (the builtin SmolLM2 one by default).
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-from align.cli import run
-from pretrain.data import load_documents
-from pretrain.tokenizer import TokenizerConfig, fertility_report, format_report, template_renderer, train_tokenizer
+# scripts/pretrain.py sits beside this file and would shadow the `pretrain` package: drop this folder.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+from align.cli import run  # noqa: E402
+from pretrain.data import load_documents  # noqa: E402
+from pretrain.tokenizer import (  # noqa: E402
+    TokenizerConfig,
+    fertility_report,
+    format_report,
+    template_renderer,
+    train_tokenizer,
+)
 
 DEFAULT_MAX_CHARS = 2_000_000
 
