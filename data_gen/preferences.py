@@ -428,4 +428,11 @@ def main(script_args, cfg: PreferenceDataConfig) -> dict:
     for split, c in card["counts"].items():
         logger.info("%s: %d prompts -> %d pairs (%s)", split, c.get("prompts", 0), c.get("kept", 0),
                     ", ".join(f"{k} {int(c.get(k, 0))}" for k in card["filters"]))
+    if sum(c.get("kept", 0) for c in card["counts"].values()) == 0:
+        # A stage downstream would die on an empty file with an unexplained error; stop here with the counts.
+        dropped = {s: {k: int(c.get(k, 0)) for k in card["filters"] if c.get(k)} for s, c in card["counts"].items()}
+        raise ValueError(
+            f"no preference pairs kept (dropped per filter: {dropped}); see {cfg.output_dir}/card.json — "
+            "use stronger/weaker models, more prompts, or relax the filters (verify_chosen: false, drop_identical: false)"
+        )
     return card
