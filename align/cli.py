@@ -169,7 +169,33 @@ def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
             os.environ[key] = str(value)
         parser.set_defaults_with_config(**config)
         args = args[:i] + args[i + 2 :]
+    args = _structured_cli_values(args, dataclass_types, parser)
     return tuple(parser.parse_args_into_dataclasses(args=args))
+
+
+def _structured_cli_values(args: list[str], dataclass_types: Sequence[type], parser) -> list[str]:
+    """`--dataset_args '{num: 10}'`: argparse cannot build a dict (or a list of dicts) from a string, so we
+    read such values as YAML and hand them over as defaults, which the command line may set last."""
+    fields = _fields(dataclass_types)
+    structured = {k for k, t in fields.items() if dict in _base_types(t) or typing.get_origin(t) is dict}
+    rest, values, i = [], {}, 0
+    while i < len(args):
+        key = args[i][2:].split("=", 1)[0].replace("-", "_") if args[i].startswith("--") else None
+        if key in structured:
+            raw = args[i].split("=", 1)[1] if "=" in args[i] else (args[i + 1] if i + 1 < len(args) else None)
+            if raw is None:
+                raise RecipeError(f"--{key} needs a value, e.g. --{key} '{{name: value}}'")
+            try:
+                values[key] = _coerce(key, yaml.safe_load(raw), fields[key], "the command line")
+            except yaml.YAMLError:
+                raise RecipeError(f"--{key} {raw!r} is not valid YAML/JSON") from None
+            i += 1 if "=" in args[i] else 2
+            continue
+        rest.append(args[i])
+        i += 1
+    if values:
+        parser.set_defaults_with_config(**values)
+    return rest
 
 
 def fail(message: str, code: int = 1) -> typing.NoReturn:

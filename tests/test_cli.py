@@ -105,3 +105,12 @@ def test_every_recipe_parses(path, tmp_path):
     assert hasattr(module, "CONFIG_TYPES"), f"{script.name} must define CONFIG_TYPES (the dataclasses it parses)"
     configs = parse(*module.CONFIG_TYPES, args=[str(path)])
     assert len(configs) == len(module.CONFIG_TYPES)
+
+
+def test_dict_fields_from_the_command_line(recipe, tmp_path):
+    path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\ndataset_args: {{num: 3}}\n")
+    s, t, _ = parse(*TYPES, args=[path, "--dataset_args", "{num: 10, mode: think}", "--lr_scheduler_kwargs={a: 2}"])
+    assert s.dataset_args == {"num": 10, "mode": "think"}  # the command line beats YAML for dicts too
+    assert t.lr_scheduler_kwargs == {"a": 2}
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        parse(*TYPES, args=[path, "--dataset_args", "{num: [1"])
