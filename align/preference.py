@@ -132,6 +132,22 @@ def to_unpaired(dataset, seed: int | None = 0):
     return out if seed is None else out.shuffle(seed=seed).flatten_indices()
 
 
+def _is_text_or_messages(value) -> bool:
+    if isinstance(value, str):
+        return True
+    return isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value)
+
+
+def _check_text_column(dataset, column: str, name: str, kind: str) -> None:
+    """A number or a list of ids in `chosen` would reach TRL's tokenizer and die there with a TypeError."""
+    for i, value in enumerate(dataset[column][:1000]):
+        if value is not None and not _is_text_or_messages(value):
+            raise ValueError(
+                f"{name} dataset for {kind}: column '{column}' must hold text or a list of chat messages "
+                f"({{role, content}}), but row {i} holds {type(value).__name__} {str(value)[:40]!r}"
+            )
+
+
 def prepare_preference_data(dataset, kind: str, name: str = "train", drop_identical: bool = True, seed: int = 0):
     """Check columns, drop rows that carry no preference, unpair for KTO. Raises ValueError naming the cause."""
     columns = set(dataset.column_names)
@@ -147,6 +163,10 @@ def prepare_preference_data(dataset, kind: str, name: str = "train", drop_identi
     num_rows = len(dataset)
     if num_rows == 0:
         raise ValueError(f"{name} dataset for {kind} is empty (0 rows): check dataset_name / max_train_samples")
+    text_columns = ["prompt", "chosen", "rejected"] if paired else ["prompt", "completion"]
+    for column in text_columns:
+        if column in columns:
+            _check_text_column(dataset, column, name, kind)
     if paired:
         empty = dataset.filter(lambda r: not (_is_empty(r["chosen"]) or _is_empty(r["rejected"])))
         num_empty = num_rows - len(empty)
