@@ -97,6 +97,7 @@ class PretrainConfig:
     )
     peak_flops: float = field(default=0.0, metadata={"help": "Device peak FLOP/s for MFU; 0 = measure a matmul."})
     stop_after_steps: int = field(default=0, metadata={"help": "Stop (checkpointed) after N steps: tests/preemption."})
+    skip_preflight: bool = field(default=False, metadata={"help": "Skip the preflight checks (logged loudly)."})
 
     def __post_init__(self):
         if isinstance(self.sources, str) or self.sources is None:
@@ -114,6 +115,14 @@ class PretrainConfig:
             raise ValueError(f"budget_scale={self.budget_scale} must be > 0")
         if not 0 <= self.decay_fraction <= 1:
             raise ValueError(f"decay_fraction={self.decay_fraction} must be in [0, 1]")
+
+
+# Text the tokenizer must round-trip exactly (digits, LaTeX, think tags, non-ASCII), checked before training.
+PREFLIGHT_TEXTS = [
+    "Question: What is 12 + 30?\nAnswer: The answer is \\boxed{42}.",
+    "<think>\n2 + 3 = 5\n</think>\nThe answer is \\boxed{5}.",
+    "Shall I compare thee to a summer's day? Café, naïve, “quoted”.",
+]
 
 
 def lr_at(step: int, cfg: PretrainConfig, total_steps: int) -> float:
@@ -373,6 +382,13 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         step, history, evals, skipped = state["step"], state["history"], state["evals"], state["skipped"]
         acc.print(f"resumed from {resume} at step {step}")
     eval_batches = stream.eval_batches(cfg.eval_rows)
+    from align.preflight import preflight_pretrain
+
+    held_out = [tokenizer.decode(b["input_ids"][0][:128]) for b in eval_batches.values()]
+    preflight_pretrain(
+        raw, tokenizer, output_dir=cfg.output_dir, num_checkpoints=cfg.save_total_limit if cfg.save_steps else 0,
+        texts=[*PREFLIGHT_TEXTS, *held_out], resumed_from=resume, skip=cfg.skip_preflight,
+    )
     flops_tok = flops_per_token(raw.config, cfg.seq_len)
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
     peak = cfg.peak_flops or measure_matmul_flops(dtype)

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 _SCRIPT_RE = re.compile(r"scripts/(\w+)\.py")
 # Scripts whose loop is not an HF Trainer (nothing would stop them before training): refused, not run.
-NO_PREFLIGHT = {"pretrain", "train_tokenizer", "pipeline", "evaluate", "benchmark", "generate_preferences"}
+NO_PREFLIGHT = {"train_tokenizer", "pipeline", "evaluate", "benchmark", "generate_preferences"}
 
 
 def stage_script(recipe: str) -> Path:

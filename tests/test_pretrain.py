@@ -310,3 +310,16 @@ def test_loss_is_next_token_cross_entropy(tok):
         want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
         assert lm_loss(m, batch).item() == pytest.approx(want.item(), rel=1e-5)
         assert lm_loss(m, batch, z_loss=1e-2).item() > want.item()
+
+
+def test_pretrain_runs_the_preflight_and_stops_on_a_bad_output_dir(tmp_path, monkeypatch):
+    from align.preflight import PREFLIGHT_ONLY_ENV, PreflightError, PreflightPassed
+
+    bad = tmp_path / "a_file"
+    bad.write_text("not a directory")
+    with pytest.raises(PreflightError, match="output_dir .* exists and is a file"):
+        train(tiny_model_args(), tiny_config(bad))
+    monkeypatch.setenv(PREFLIGHT_ONLY_ENV, "1")  # what scripts/preflight.py sets: stop once the checks pass
+    with pytest.raises(PreflightPassed):
+        train(tiny_model_args(), tiny_config(tmp_path / "ok"))
+    assert not (tmp_path / "ok" / "model.safetensors").exists()  # nothing was trained
