@@ -507,6 +507,23 @@ def _run(name: str, fn: Callable[[], str | None]) -> Check:
     return Check(name, ok=problem is None, message=problem or "")
 
 
+def _conclude(checks: list[Check], stage: str) -> list[Check]:
+    """Gather every rank's failures into one PreflightError; log success; stop here in preflight-only mode."""
+    rank, size = world()
+    failures = [f"[rank {r}] {c.name}: {c.message}" if size > 1 else f"{c.name}: {c.message}"
+                for r, rank_checks in enumerate(gather([c for c in checks if not c.ok])) for c in rank_checks]
+    if failures:
+        raise PreflightError(f"preflight failed for stage '{stage}' ({len(failures)} check(s)): " + " | ".join(failures))
+    if rank == 0:
+        logger.info("preflight passed for stage '%s': %s", stage, ", ".join(c.name for c in checks))
+    if os.environ.get(PREFLIGHT_ONLY_ENV, "") not in ("", "0"):
+        if rank == 0:
+            print(f"preflight passed for stage '{stage}': {', '.join(c.name for c in checks)} ({size} rank(s))",
+                  flush=True)
+        raise PreflightPassed(0)
+    return checks
+
+
 def preflight(
     trainer,
     script_args=None,
@@ -571,50 +588,25 @@ def preflight(
     samples = stage in SAMPLING_STAGES
     checks.append(_run("seeds", lambda: check_seeds(fingerprints, samples, _dropout(model))))
 
-    failures = [f"[rank {r}] {c.name}: {c.message}" if size > 1 else f"{c.name}: {c.message}"
-                for r, rank_checks in enumerate(gather([c for c in checks if not c.ok])) for c in rank_checks]
-    if failures:
-        raise PreflightError(f"preflight failed for stage '{stage}' ({len(failures)} check(s)): " + " | ".join(failures))
-    if rank == 0:
-        logger.info("preflight passed for stage '%s': %s", stage, ", ".join(c.name for c in checks))
-    if os.environ.get(PREFLIGHT_ONLY_ENV, "") not in ("", "0"):
-        if rank == 0:
-            print(f"preflight passed for stage '{stage}': {', '.join(c.name for c in checks)} ({size} rank(s))",
-                  flush=True)
-        raise PreflightPassed(0)
-    return checks
+    return _conclude(checks, stage)
 
 
 def preflight_pretrain(model, tokenizer, *, output_dir: str, num_checkpoints: int, texts: Sequence[str],
-                       resumed_from: str | None = None, skip: bool = False) -> list[Check]:
+                       skip: bool = False) -> list[Check]:
     """The checks that apply to the pretraining loop (pretrain/train.py), which has no HF Trainer: ranks hold
     identical weights, the tokenizer round-trips the training text, its chat template (when it has one) gives
-    non-empty assistant masks, the output dir takes the checkpoints, and the checkpoint resumed from loaded.
+    non-empty assistant masks, and the output dir takes the checkpoints (a resumed checkpoint has loaded by then).
     Disjoint data across ranks holds by construction there (every rank builds the global batch, keeps its
     slice) and is tested in tests/test_pretrain_ddp.py."""
     if skip:
         _skip_loudly("pretrain")
         return []
-    rank, size = world()
     checks = [_run("output_dir", lambda: check_output_dir(output_dir, estimate_checkpoint_bytes(model, num_checkpoints)))]
     checks.append(_run("tokenizer", lambda: check_roundtrip(tokenizer, list(texts)[:NUM_EXAMPLES])))
     if getattr(tokenizer, "chat_template", None):
         row = {"messages": [{"role": "user", "content": "What is 2 + 3?"},
                             {"role": "assistant", "content": "The answer is \\boxed{5}."}]}
         checks.append(_run("chat_template", lambda: check_masks(tokenizer, [row])))
-    if resumed_from:
-        checks.append(Check("resume", ok=True, message=""))  # it loaded: model, optimizer and data state
     digests = gather(weights_digest(model))
     checks.append(_run("weights", lambda: check_same_weights(digests)))
-    failures = [f"[rank {r}] {c.name}: {c.message}" if size > 1 else f"{c.name}: {c.message}"
-                for r, rank_checks in enumerate(gather([c for c in checks if not c.ok])) for c in rank_checks]
-    if failures:
-        raise PreflightError(f"preflight failed for stage 'pretrain' ({len(failures)} check(s)): " + " | ".join(failures))
-    if rank == 0:
-        logger.info("preflight passed for stage 'pretrain': %s", ", ".join(c.name for c in checks))
-    if os.environ.get(PREFLIGHT_ONLY_ENV, "") not in ("", "0"):
-        if rank == 0:
-            print(f"preflight passed for stage 'pretrain': {', '.join(c.name for c in checks)} ({size} rank(s))",
-                  flush=True)
-        raise PreflightPassed(0)
-    return checks
+    return _conclude(checks, "pretrain")

@@ -387,7 +387,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     held_out = [tokenizer.decode(b["input_ids"][0][:128]) for b in eval_batches.values()]
     preflight_pretrain(
         raw, tokenizer, output_dir=cfg.output_dir, num_checkpoints=cfg.save_total_limit if cfg.save_steps else 0,
-        texts=[*PREFLIGHT_TEXTS, *held_out], resumed_from=resume, skip=cfg.skip_preflight,
+        texts=[*PREFLIGHT_TEXTS, *held_out], skip=cfg.skip_preflight,
     )
     flops_tok = flops_per_token(raw.config, cfg.seq_len)
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
