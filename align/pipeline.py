@@ -107,6 +107,7 @@ class Stage:
     target: str | None = None
     config: dict = field(default_factory=dict)  # resolved: recipe + overrides, references substituted
     refs: set = field(default_factory=set)  # names of the earlier stages it reads
+    parent: str | None = None  # the earlier stage whose output model this stage starts from (its "before")
 
     @property
     def output_dir(self) -> str:
@@ -203,6 +204,8 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
             resume=bool(raw.get("resume", script in RESUMABLE)), target=raw.get("target"), config=config, refs=used,
         )
         stage.eval = bool(raw.get("eval", stage.makes_model))
+        start = config.get("model_name_or_path") or config.get("init_from")
+        stage.parent = next((s.name for s in stages if start and s.output_dir == str(start)), None)
         if stage.launcher not in (None, *LAUNCHERS):
             raise ValueError(f"stage '{name}': launcher={stage.launcher!r}; choose one of {LAUNCHERS}")
         if stage.accelerate_config and not Path(stage.accelerate_config).is_file():
@@ -402,7 +405,8 @@ class Manifest:
             "stages": [prev.get(s.name, {"name": s.name, "status": "pending"}) for s in stages],
         }
         for rec, s in zip(self.data["stages"], stages):
-            rec.update(script=s.script, recipe=s.recipe, output_dir=s.output_dir, target=s.target, makes_model=s.makes_model)
+            rec.update(script=s.script, recipe=s.recipe, output_dir=s.output_dir, target=s.target, makes_model=s.makes_model,
+                       parent=s.parent)
 
     def stage(self, name: str) -> dict:
         return next(s for s in self.data["stages"] if s["name"] == name)

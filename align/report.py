@@ -85,17 +85,22 @@ def metric_table(stages: list[dict]) -> list[str]:
 
 
 def target_lines(stages: list[dict]) -> list[str]:
-    """Did each stage move the metric it targets (stage key `target`) relative to the previous evaluated stage?"""
-    lines, prev = [], None
+    """Did each stage move the metric it targets (stage key `target`)?
+
+    "Before" is the stage's parent (the stage whose output model it starts from, recorded by the pipeline),
+    else the previous evaluated stage, so a side branch (the strong model) is not compared with the main line.
+    """
+    lines, prev, by_name = [], None, {s["name"]: s for s in stages}
     for s in stages:
         if not s.get("metrics"):
             continue
-        t = s.get("target")
-        if t and prev is not None and t in s["metrics"] and t in prev["metrics"]:
-            before, after = prev["metrics"][t], s["metrics"][t]
+        t, parent = s.get("target"), by_name.get(s.get("parent") or "")
+        before_stage = parent if parent and parent.get("metrics") else prev
+        if t and before_stage is not None and t in s["metrics"] and t in before_stage["metrics"]:
+            before, after = before_stage["metrics"][t], s["metrics"][t]
             better = after > before if higher_is_better(t) else after < before
             mark = "improved" if better else ("unchanged" if after == before else "got worse")
-            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(before)} ({prev['name']}) -> {_fmt(after)}: {mark}")
+            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(before)} ({before_stage['name']}) -> {_fmt(after)}: {mark}")
         elif t:
             lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(s['metrics'].get(t))} (no earlier stage to compare)")
         prev = s

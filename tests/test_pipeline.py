@@ -14,7 +14,7 @@ import yaml
 
 from align.cli import parse
 from align.pipeline import MARKER, NO_MODEL, PipelineConfig, resolve_refs, resolve_stages, run_pipeline
-from align.report import metric_table, write_report
+from align.report import metric_table, target_lines, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,6 +214,7 @@ def test_report_table_targets_and_plots(fake, tmp_path):
         run_pipeline(fake())
     run_pipeline(fake())
     m = json.loads((run / "manifest.json").read_text())
+    assert [s["parent"] for s in m["stages"]] == [None, "base"]  # sft starts from base's output model
     m["stages"][1]["script"] = "grpo"  # the fake logs reward and length: plot them as GRPO would
     (run / "manifest.json").write_text(json.dumps(m))
     text = write_report(run).read_text()
@@ -227,6 +228,18 @@ def test_report_table_targets_and_plots(fake, tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, png
         assert f"plots/{png}" in text
     assert metric_table([{"name": "x"}]) == ["(no stage has eval metrics yet)"]
+
+
+def test_targets_compare_with_the_parent_stage_not_a_side_branch():
+    stages = [
+        {"name": "sft", "metrics": {"acc": 0.2}, "target": "acc"},
+        {"name": "sft_strong", "metrics": {"acc": 0.5}, "target": "acc"},  # a side branch evaluated in between
+        {"name": "apo", "metrics": {"acc": 0.3}, "target": "acc", "parent": "sft"},
+        {"name": "grpo", "metrics": {"acc": 0.25}, "target": "acc"},  # no parent recorded: the previous stage
+    ]
+    lines = target_lines(stages)
+    assert "**apo** targets `acc`: 0.200 (sft) -> 0.300: improved" in lines[2]
+    assert "**grpo** targets `acc`: 0.300 (apo) -> 0.250: got worse" in lines[3]
 
 
 def test_script_runs_report_only_and_dry_run(fake, tmp_path):
