@@ -1,0 +1,165 @@
+"""GRPO's data side: prompts in a reasoning mode, the rewards they need, the completion budget, held-out scoring.
+
+Why a module of its own: these are plain functions of a dataset and a tokenizer (no trainer), shared by
+`align/grpo.py`, the GRPO benchmark and the tests, and each is testable without building a GRPOTrainer.
+
+    from align.grpo_data import prepare_prompts, heldout_accuracy
+    train = prepare_prompts(dataset, prompt_mode="think")
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+logger = logging.getLogger(__name__)
+
+# Columns TRL passes to every reward itself; a reward's other required arguments must be dataset columns.
+_TRL_REWARD_ARGS = {"completions", "prompts", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+
+
+def _set_system(messages: list[dict], system_prompt: str | None, mode: str | None) -> list[dict]:
+    messages = [dict(m) for m in messages]
+    has_system = bool(messages) and messages[0].get("role") == "system"
+    current = messages[0]["content"] if has_system else ""
+    if mode is not None:  # replace the mode flag, keep the rest of the system message
+        current = " ".join(w for w in current.split() if w not in ("/think", "/no_think"))
+    content = system_prompt if system_prompt is not None else current
+    if mode is not None:
+        content = f"{content} /{mode}".strip()
+    if has_system:
+        messages[0]["content"] = content
+    elif content:
+        messages.insert(0, {"role": "system", "content": content})
+    return messages
+
+
+def _mode_of(messages: list[dict]) -> str | None:
+    if messages and messages[0].get("role") == "system":
+        words = messages[0]["content"].split()
+        if "/no_think" in words:
+            return "no_think"
+        if "/think" in words:
+            return "think"
+    return None
+
+
+def prepare_prompts(dataset, prompt_mode: str | None = None, system_prompt: str | None = None):
+    """Rows -> TRL's conversational `prompt` (+ a `mode` column when the prompts carry a mode flag).
+
+    The prompt comes from `prompt_messages` (builtin:tasks), a conversational `prompt`, or a plain-text `prompt` /
+    `question` (wrapped as one user message). The SFT `messages` column (it holds the gold answer) is dropped.
+    """
+    columns = dataset.column_names
+    if "prompt_messages" in columns:
+        source = "prompt_messages"
+    elif "prompt" in columns:
+        source = "prompt"
+    elif "question" in columns:
+        source = "question"
+    else:
+        raise ValueError(
+            f"GRPO needs a prompt: a 'prompt' (text or messages), 'prompt_messages' or 'question' column; the dataset "
+            f"has {columns}. Rename the column that holds the question."
+        )
+
+    def convert(row: dict) -> dict:
+        prompt = row[source]
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        prompt = _set_system(prompt, system_prompt, prompt_mode)
+        out = {"prompt": prompt}
+        if source == "prompt_messages" or (source == "prompt" and isinstance(row["prompt"], str)):
+            out["question"] = row["prompt"] if isinstance(row["prompt"], str) else row.get("question")
+        mode = _mode_of(prompt)
+        if mode is not None or "mode" in columns:
+            out["mode"] = mode
+        return out
+
+    drop = [c for c in ("messages", "prompt_messages") if c in columns]
+    return dataset.map(convert, remove_columns=drop)
+
+
+def required_reward_columns(func) -> list[str]:
+    """Dataset columns a reward needs: its arguments without a default, other than what TRL passes itself."""
+    bound = getattr(func, "kwargs", {})
+    while hasattr(func, "__wrapped__"):
+        bound = {**getattr(func, "kwargs", {}), **bound}
+        func = func.__wrapped__
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [
+        p.name for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in _TRL_REWARD_ARGS and p.name not in bound
+    ]
+
+
+def build_rewards(args) -> list:
+    """Resolve `reward_funcs` (+ `reward_kwargs`, `reward_weights`) and wrap each with `rewards.checked`."""
+    from rewards import checked, get_rewards
+
+    funcs, weights = get_rewards(args.reward_funcs, args.reward_kwargs, args.reward_weights)
+    args.reward_weights = weights
+    return [checked(f) for f in funcs]
+
+
+def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode: str | None = None) -> dict | None:
+    """Token lengths of the gold answers in `mode` (default: think when the rows have a `think` trace, and some
+    prompts ask for it) against the budget. Raises ValueError when the median does not fit (every reward would
+    be 0); warns when the p95 does not."""
+    if "answer" not in dataset.column_names or len(dataset) == 0:
+        return None
+    from data_gen.tasks import assistant_text
+
+    rows = dataset.select(range(min(len(dataset), 256)))
+    if mode is None:
+        asks_think = "mode" not in rows.column_names or "think" in rows["mode"]
+        mode = "think" if "think" in rows.column_names and asks_think else "no_think"
+    texts = [assistant_text({"think": r.get("think", ""), "answer": r["answer"]}, mode) for r in rows]
+    lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)  # +1: stop token
+    stats = {"mode": mode, "median": lengths[len(lengths) // 2], "p95": lengths[int(0.95 * (len(lengths) - 1))],
+             "max": lengths[-1], "max_completion_length": max_completion_length}
+    if stats["median"] > max_completion_length:
+        raise ValueError(
+            f"max_completion_length={max_completion_length} is below the median gold {mode}-mode answer "
+            f"({stats['median']} tokens, p95 {stats['p95']}): almost every completion would be cut and score 0. "
+            f"Raise max_completion_length to at least {stats['p95']}"
+        )
+    if stats["p95"] > max_completion_length:
+        logger.warning("max_completion_length=%d cuts over 5%% of gold %s-mode answers (p95 %d tokens)",
+                       max_completion_length, mode, stats["p95"])
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+
+
+def heldout_accuracy(engine, tokenizer, dataset, params, default_reward: str, template_kwargs: dict | None = None,
+                     chat_template: str | None = None) -> dict:
+    """Greedy accuracy on held-out rows: each row scored by its `reward` column (else `default_reward`)."""
+    from rewards import get_reward
+
+    prompts = [
+        tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
+                                      chat_template=chat_template, **(template_kwargs or {}))
+        for r in dataset
+    ]
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    outs = engine.generate(ids, params)
+    texts = tokenizer.batch_decode([o[0].completion_ids for o in outs], skip_special_tokens=True)
+    correct, lengths = [], [len(o[0].completion_ids) for o in outs]
+    for row, text in zip(dataset, texts):
+        reward = get_reward(row.get("reward") or default_reward)
+        score = reward([text], **{k: [v] for k, v in row.items() if k not in ("prompt", "completion")})[0]
+        correct.append(float(score is not None and score >= 1.0))
+    report = {"accuracy": sum(correct) / max(len(correct), 1), "num_prompts": len(correct),
+              "mean_completion_length": sum(lengths) / max(len(lengths), 1), "sample": texts[:3]}
+    if "family" in dataset.column_names:  # task rows: which families moved
+        by: dict[str, list[float]] = {}
+        for fam, ok in zip(dataset["family"], correct):
+            by.setdefault(fam, []).append(ok)
+        report["by_family"] = {f: sum(v) / len(v) for f, v in sorted(by.items())}
+    return report
