@@ -33,7 +33,6 @@ How to run:
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -44,6 +43,15 @@ from pathlib import Path
 import torch
 
 from align.configs import apply_device_defaults
+from align.distill_metrics import (  # noqa: F401  (re-exported: the metrics' public home stays align.distill)
+    _left_pad,
+    _same_vocab_divergence,
+    _uld_divergence,
+    divergence,
+    evaluate,
+    greedy_completions,
+    verifiable_accuracy,
+)
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
 from trl.experimental.gold import GOLDConfig, GOLDTrainer  # noqa: E402
@@ -343,141 +351,6 @@ class DistillTrainer(GOLDTrainer):
                 texts.append(text if mapped is None else mapped)
             inputs = {**inputs, "original_prompt_text": texts}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
-@torch.no_grad()
-def greedy_completions(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
-                       template_kwargs: dict | None = None) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt_ids, completion_ids up to and including the first eos) per prompt, greedy."""
-    device = next(model.parameters()).device
-    prompt_ids = [
-        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
-        for p in prompts
-    ]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_ids]
-    completions: list[list[int]] = []
-    was_training = model.training
-    model.eval()
-    for i in range(0, len(prompt_ids), batch_size):
-        ids, mask = _left_pad(prompt_ids[i : i + batch_size], tokenizer.pad_token_id)
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        for row in out[:, ids.shape[1] :].tolist():
-            cut = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
-            completions.append(row[:cut])
-    model.train(was_training)
-    return prompt_ids, completions
-
-
-@torch.no_grad()
-def _same_vocab_divergence(student, teacher, prompt_ids, completions) -> dict[str, float]:
-    rev = fwd = 0.0
-    count = 0
-    for p, c in zip(prompt_ids, completions, strict=True):
-        if not c:
-            continue
-        ids = torch.tensor([p + c], device=next(student.parameters()).device)
-        # logits at positions len(p)-1 .. end-1 predict the completion tokens: (C, V)
-        s = torch.log_softmax(student(input_ids=ids).logits[0, len(p) - 1 : -1].float(), -1)
-        t = teacher(input_ids=ids.to(next(teacher.parameters()).device)).logits[0, len(p) - 1 : -1]
-        t = torch.log_softmax(t.float().to(s.device), -1)
-        rev += (s.exp() * (s - t)).sum().item()
-        fwd += (t.exp() * (t - s)).sum().item()
-        count += len(c)
-    n = max(count, 1)
-    return {"divergence": rev / n, "reverse_kl": rev / n, "forward_kl": fwd / n, "num_tokens": count}
-
-
-@torch.no_grad()
-def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completions, teacher_prompts,
-                    args) -> dict[str, float]:
-    from trl.experimental.gold.gold_trainer import ULDLoss, build_teacher_inputs_from_texts
-    from trl.experimental.utils import encode_with_byte_offsets
-
-    # The pure distance: no cross-entropy term, unit weight; "bayesian" so the logits at t-1 are compared for the
-    # token at t (chain rule), and the end-of-turn position counts, so an empty answer still has a distance.
-    metric_args = copy.copy(args)
-    metric_args.uld_crossentropy_weight, metric_args.uld_distillation_weight = 0.0, 1.0
-    metric_args.uld_token_merge_strategy = "bayesian"
-    metric_args.uld_skip_student_eos = metric_args.uld_skip_teacher_eos = False
-    uld = ULDLoss(metric_args, student_tokenizer=student_tok, teacher_tokenizer=teacher_tok)
-    total, count, num_tokens = 0.0, 0, 0
-    s_dev, t_dev = next(student.parameters()).device, next(teacher.parameters()).device
-    for p, c in zip(prompt_ids, completions, strict=True):
-        eos = student_tok.eos_token_id
-        text = student_tok.decode([i for i in c if i != eos], skip_special_tokens=False,
-                                  clean_up_tokenization_spaces=False)
-        prompt_text = student_tok.decode(p, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        [(c_ids, c_offs)] = encode_with_byte_offsets(student_tok.backend_tokenizer, [text], add_special_tokens=False)
-        c_ids, c_offs = list(c_ids) + [eos], list(c_offs) + [(len(text.encode()), len(text.encode()))]
-        s_ids = torch.tensor([p + c_ids], device=s_dev)
-        s_labels = s_ids.clone()
-        s_labels[0, : len(p)] = -100
-        s_offs = torch.tensor([[(0, 0)] * len(p) + c_offs])
-        t_ids, t_labels, t_mask, t_offs = build_teacher_inputs_from_texts(
-            teacher_tok, [teacher_prompts.get(prompt_text, prompt_text)], [text], use_extended_uld=args.use_extended_uld
-        )
-        s_logits = student(input_ids=s_ids).logits.float()
-        t_logits = teacher(input_ids=t_ids.to(t_dev), attention_mask=t_mask.to(t_dev)).logits.float().to(s_dev)
-        loss = uld(s_logits, t_logits, s_labels, t_labels.to(s_dev), s_ids, t_ids.to(s_dev), s_offs, t_offs)
-        total += float(loss)
-        count += 1
-        num_tokens += len(c_ids)
-    return {"divergence": total / max(count, 1), "uld_distance": total / max(count, 1), "num_tokens": num_tokens}
-
-
-def divergence(student, teacher, student_tok, teacher_tok, prompts: list[list[dict]], *, mode: str,
-               args: DistillConfig, teacher_prompts: dict[str, str] | None = None,
-               completions: tuple[list, list] | None = None) -> dict[str, float]:
-    """Teacher-student divergence on the student's greedy completions of `prompts` (on-policy, as trained).
-
-    same: mean per-token reverse KL(student || teacher) (`divergence`) and forward KL over completion tokens.
-    cross: mean ULD distance, the L1 between sorted next-token probability vectors on byte-aligned spans of
-    the completion text (TRL's extended ULD alignment), in [0, 2]; the teacher sees its own chat template.
-    """
-    if completions is None:
-        completions = greedy_completions(student, student_tok, prompts, args.distill_eval_max_new_tokens)
-    prompt_ids, completion_ids = completions
-    if mode == "same":
-        return _same_vocab_divergence(student, teacher, prompt_ids, completion_ids)
-    return _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completion_ids,
-                           teacher_prompts or {}, args)
-
-
-def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[int]]) -> float:
-    """Share of rows whose completion its own `reward` (registry key) scores > 0 (rewards.score)."""
-    from rewards import score
-
-    texts = [tokenizer.decode([i for i in c if i != tokenizer.eos_token_id], skip_special_tokens=False)
-             for c in completion_ids]
-    correct = 0
-    for name in sorted({r["reward"] for r in rows}):
-        idx = [i for i, r in enumerate(rows) if r["reward"] == name]
-        scores = score([name], [texts[i] for i in idx], answer=[rows[i]["answer"] for i in idx])
-        correct += sum(1 for s in scores.total if s is not None and s > 0)
-    return correct / max(len(rows), 1)
-
-
-def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
-             teacher_prompts: dict[str, str]) -> dict[str, float]:
-    """Divergence and (when rows carry answer/reward) verifiable accuracy, from one greedy pass."""
-    prompts = [r["prompt_messages"] for r in rows]
-    gen = greedy_completions(student, student_tok, prompts, args.distill_eval_max_new_tokens)
-    out = divergence(student, teacher, student_tok, teacher_tok, prompts, mode=mode, args=args,
-                     teacher_prompts=teacher_prompts, completions=gen)
-    if rows and {"answer", "reward"} <= set(rows[0]):
-        out["accuracy"] = verifiable_accuracy(student_tok, rows, gen[1])
-    return out
 
 
 # ----------------------------------------------------------------------------- data
