@@ -32,8 +32,11 @@ LOWER_IS_BETTER = ("loss/", "ppl/", "truncated/", "len_")
 OWN_RESULTS = re.compile(r"(accuracy|divergence|eval_loss|kept)$")
 
 
+LOWER_IS_BETTER_NAMES = ("divergence", "loss", "eval_loss", "perplexity")
+
+
 def higher_is_better(metric: str) -> bool:
-    return not metric.startswith(LOWER_IS_BETTER)
+    return not (metric.startswith(LOWER_IS_BETTER) or metric.rsplit("/", 1)[-1] in LOWER_IS_BETTER_NAMES)
 
 
 def log_history(output_dir: str | Path) -> list[dict]:
@@ -84,11 +87,23 @@ def metric_table(stages: list[dict]) -> list[str]:
     return lines
 
 
+def _own_before_after(stage: dict, target: str) -> tuple[float, float] | None:
+    """`<file>/<metric>` -> (`<file>/before/<metric>`, `<file>/after/<metric>`) from the stage's result files."""
+    if "/" not in target or target in (stage.get("metrics") or {}):
+        return None
+    head, rest = target.split("/", 1)
+    own = stage.get("train_metrics") or {}
+    before, after = own.get(f"{head}/before/{rest}"), own.get(f"{head}/after/{rest}")
+    return (before, after) if _finite(before) and _finite(after) else None
+
+
 def target_lines(stages: list[dict]) -> list[str]:
     """Did each stage move the metric it targets (stage key `target`)?
 
     "Before" is the stage's parent (the stage whose output model it starts from, recorded by the pipeline),
     else the previous evaluated stage, so a side branch (the strong model) is not compared with the main line.
+    A target named after a stage-result file (`distill_eval/divergence`, `grpo_eval/accuracy`) compares that
+    stage's own before/after measurement instead.
     """
     lines, prev, by_name = [], None, {s["name"]: s for s in stages}
     for s in stages:
@@ -96,7 +111,13 @@ def target_lines(stages: list[dict]) -> list[str]:
             continue
         t, parent = s.get("target"), by_name.get(s.get("parent") or "")
         before_stage = parent if parent and parent.get("metrics") else prev
-        if t and before_stage is not None and t in s["metrics"] and t in before_stage["metrics"]:
+        own = _own_before_after(s, t) if t else None
+        if own is not None:  # a stage-result target, e.g. distill_eval/divergence: the stage's own before/after
+            before, after = own
+            better = after > before if higher_is_better(t) else after < before
+            mark = "improved" if better else ("unchanged" if after == before else "got worse")
+            lines.append(f"- **{s['name']}** targets `{t}` (its own held-out eval): {_fmt(before)} -> {_fmt(after)}: {mark}")
+        elif t and before_stage is not None and t in s["metrics"] and t in before_stage["metrics"]:
             before, after = before_stage["metrics"][t], s["metrics"][t]
             better = after > before if higher_is_better(t) else after < before
             mark = "improved" if better else ("unchanged" if after == before else "got worse")

@@ -236,8 +236,11 @@ def test_targets_compare_with_the_parent_stage_not_a_side_branch():
         {"name": "sft_strong", "metrics": {"acc": 0.5}, "target": "acc"},  # a side branch evaluated in between
         {"name": "apo", "metrics": {"acc": 0.3}, "target": "acc", "parent": "sft"},
         {"name": "grpo", "metrics": {"acc": 0.25}, "target": "acc"},  # no parent recorded: the previous stage
+        {"name": "gold", "metrics": {"acc": 0.2}, "target": "distill_eval/divergence",  # its own before/after
+         "train_metrics": {"distill_eval/before/divergence": 0.9, "distill_eval/after/divergence": 0.4}},
     ]
     lines = target_lines(stages)
+    assert "**gold** targets `distill_eval/divergence` (its own held-out eval): 0.900 -> 0.400: improved" in lines[4]
     assert "**apo** targets `acc`: 0.200 (sft) -> 0.300: improved" in lines[2]
     assert "**grpo** targets `acc`: 0.300 (apo) -> 0.250: got worse" in lines[3]
 
