@@ -110,7 +110,9 @@ def target_lines(stages: list[dict]) -> list[str]:
         if not s.get("metrics"):
             continue
         t, parent = s.get("target"), by_name.get(s.get("parent") or "")
-        before_stage = parent if parent and parent.get("metrics") else prev
+        # A recorded parent of None is a model trained from scratch: nothing earlier to compare with. Manifests
+        # written before parents were recorded fall back to the previous evaluated stage.
+        before_stage = parent if parent and parent.get("metrics") else (None if "parent" in s else prev)
         own = _own_before_after(s, t) if t else None
         if own is not None:  # a stage-result target, e.g. distill_eval/divergence: the stage's own before/after
             before, after = own
@@ -123,7 +125,7 @@ def target_lines(stages: list[dict]) -> list[str]:
             mark = "improved" if better else ("unchanged" if after == before else "got worse")
             lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(before)} ({before_stage['name']}) -> {_fmt(after)}: {mark}")
         elif t:
-            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(s['metrics'].get(t))} (no earlier stage to compare)")
+            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(s['metrics'].get(t))} (a new model: no earlier stage to compare)")
         prev = s
     return lines
 

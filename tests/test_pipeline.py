@@ -233,7 +233,7 @@ def test_report_table_targets_and_plots(fake, tmp_path):
 def test_targets_compare_with_the_parent_stage_not_a_side_branch():
     stages = [
         {"name": "sft", "metrics": {"acc": 0.2}, "target": "acc"},
-        {"name": "sft_strong", "metrics": {"acc": 0.5}, "target": "acc"},  # a side branch evaluated in between
+        {"name": "sft_strong", "metrics": {"acc": 0.5}, "target": "acc", "parent": None},  # from scratch, in between
         {"name": "apo", "metrics": {"acc": 0.3}, "target": "acc", "parent": "sft"},
         {"name": "grpo", "metrics": {"acc": 0.25}, "target": "acc"},  # no parent recorded: the previous stage
         {"name": "gold", "metrics": {"acc": 0.2}, "target": "distill_eval/divergence",  # its own before/after
