@@ -397,6 +397,8 @@ def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path, monkeypatch):
     assert saved["completion_budget"]["mode"] == "no_think"
     if _has_engine():
         assert 0.0 <= saved["after"]["accuracy"] <= 1.0 and saved["after"]["num_prompts"] == 4
+        by = saved["after"]["by_family"]  # task rows: accuracy per family, the overall one lies between them
+        assert set(by) <= {"arithmetic", "compare"} and min(by.values()) <= saved["after"]["accuracy"] <= max(by.values())
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
