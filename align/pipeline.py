@@ -371,8 +371,10 @@ def run_logged(cmd: list[str], env: dict, log: Path, on_tick=None) -> int:
     with log.open("a") as f:
         f.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(cmd)}\n")
         f.flush()
-        # own process group: on Ctrl-C / SIGTERM we stop the stage and everything it started
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        # own process group: on Ctrl-C / SIGTERM we stop the stage and everything it started. The stage runs in
+        # the pipeline's working directory, so a relative path in a recipe means the same file to both (the
+        # package's own directory is another place whenever smolalign is installed, not run from its checkout).
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd(), start_new_session=True)
         try:
             while proc.poll() is None:
                 if on_tick:

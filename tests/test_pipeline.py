@@ -230,6 +230,18 @@ def test_report_table_targets_and_plots(fake, tmp_path):
     assert metric_table([{"name": "x"}]) == ["(no stage has eval metrics yet)"]
 
 
+def test_relative_paths_mean_the_same_place_to_the_pipeline_and_its_stages(fake, tmp_path, monkeypatch):
+    """Stages run in the pipeline's working directory (not the package's), as a user running from their own
+    project directory with relative recipe paths expects."""
+    monkeypatch.chdir(tmp_path)
+    cfg = fake(run_dir="rel_run")
+    for s in cfg.stages:
+        s["overrides"].pop("crash_at", None)
+    run_pipeline(cfg)
+    assert (tmp_path / "rel_run" / "sft" / "config.json").is_file()
+    assert not (ROOT / "rel_run").exists()
+
+
 def test_targets_compare_with_the_parent_stage_not_a_side_branch():
     stages = [
         {"name": "sft", "metrics": {"acc": 0.2}, "target": "acc"},
