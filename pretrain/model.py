@@ -137,3 +137,43 @@ def describe(model: PreTrainedModel, seq_len: int) -> str:
     total, non_emb = count_params(model)
     flops = flops_per_token(model.config, seq_len)
     return f"{total / 1e6:.2f}M params ({non_emb / 1e6:.2f}M non-embedding), {flops / 1e6:.1f} MFLOPs/token"
+
+
+def grow_depth(model: PreTrainedModel, factor: int) -> PreTrainedModel:
+    """A model `factor` times deeper that computes exactly what `model` computes (depth up-scaling).
+
+    Each block is followed by `factor - 1` copies of itself whose output projections (attention `o_proj`,
+    MLP `down_proj`) start at zero: a zeroed copy adds nothing to the residual stream, so the grown model's
+    logits equal the original's, and training then grows the copies into new capacity. This is how the tiny
+    world gets a teacher that is stronger than the student without paying for a second pretraining run
+    (the idea of SOLAR's depth up-scaling and of function-preserving growth, e.g. Net2Net).
+    Per-layer config lists (`no_rope_layers`, `layer_types`) are repeated with their layers.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if factor < 1:
+        raise ValueError(f"grow_depth={factor} must be >= 1 (1 = keep the model as it is)")
+    if factor == 1:
+        return model
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    n = config.num_hidden_layers
+    config.num_hidden_layers = n * factor
+    for key in ("no_rope_layers", "layer_types"):
+        value = getattr(config, key, None)
+        if isinstance(value, list) and len(value) == n:
+            setattr(config, key, [v for v in value for _ in range(factor)])
+    grown = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    old_layers = model.model.layers
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("model.layers.")}
+    missing = grown.load_state_dict(state, strict=False)
+    if [k for k in missing.missing_keys if not k.startswith("model.layers.")] or missing.unexpected_keys:
+        raise ValueError(f"grow_depth: {type(model).__name__} does not map onto its grown copy: {missing}")
+    with torch.no_grad():
+        for j, layer in enumerate(grown.model.layers):
+            layer.load_state_dict(old_layers[j // factor].state_dict())
+            if j % factor:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    if model.generation_config is not None:
+        grown.generation_config = model.generation_config
+    return grown

