@@ -48,8 +48,10 @@ class PretrainConfig:
     )
     grow_depth: int = field(
         default=1,
-        metadata={"help": "With init_from: stack each of its layers this many times, the copies starting as identity "
-                  "(function-preserving depth up-scaling; pretrain.model.grow_depth). 1 = continue it as it is."},
+        metadata={
+            "help": "With init_from: stack each of its layers this many times, the copies starting as identity "
+            "(function-preserving depth up-scaling; pretrain.model.grow_depth). 1 = continue it as it is."
+        },
     )
     sources: dict = field(
         default_factory=dict, metadata={"help": "{name: spec | {spec, text_column, **load_source args}} (JSON ok)."}
@@ -395,8 +397,12 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
 
     held_out = [tokenizer.decode(b["input_ids"][0][:128]) for b in eval_batches.values()]
     preflight_pretrain(
-        raw, tokenizer, output_dir=cfg.output_dir, num_checkpoints=cfg.save_total_limit if cfg.save_steps else 0,
-        texts=[*PREFLIGHT_TEXTS, *held_out], skip=cfg.skip_preflight,
+        raw,
+        tokenizer,
+        output_dir=cfg.output_dir,
+        num_checkpoints=cfg.save_total_limit if cfg.save_steps else 0,
+        texts=[*PREFLIGHT_TEXTS, *held_out],
+        skip=cfg.skip_preflight,
     )
     flops_tok = flops_per_token(raw.config, cfg.seq_len)
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32

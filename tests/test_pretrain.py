@@ -305,8 +305,15 @@ def test_grow_depth_is_function_preserving_and_the_copies_then_train(tmp_path):
     # through the loop: init_from + grow_depth saves a model twice as deep
     cfg = tiny_config(tmp_path / "base", max_steps=2, eval_steps=0)
     train(tiny_model_args(), cfg)
-    grown_cfg = tiny_config(tmp_path / "grown", init_from=str(tmp_path / "base"), tokenizer_path="", grow_depth=2,
-                            max_steps=2, eval_steps=0, warmup_steps=1)
+    grown_cfg = tiny_config(
+        tmp_path / "grown",
+        init_from=str(tmp_path / "base"),
+        tokenizer_path="",
+        grow_depth=2,
+        max_steps=2,
+        eval_steps=0,
+        warmup_steps=1,
+    )
     train(tiny_model_args(), grown_cfg)
     saved = json.load(open(tmp_path / "grown" / "config.json"))
     assert saved["num_hidden_layers"] == 2 * json.load(open(tmp_path / "base" / "config.json"))["num_hidden_layers"]

@@ -85,8 +85,9 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
 
     b, h, q_len, d = query.shape
     if q_len != 1 or dropout or kwargs.get("output_attentions") or kwargs.get("sliding_window"):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     kv_heads, length = key.shape[1], key.shape[2]
     scale = scaling if scaling is not None else d**-0.5
     q = query.reshape(b, kv_heads, h // kv_heads, d)  # the query heads sharing each KV head, side by side

@@ -102,7 +102,7 @@ def _bench_model(
                 temperature=0 if greedy else 1.0, max_new_tokens=new, stop_token_ids=[], seed=0, logprobs=True
             )
 
-            def ours(params=params) -> float:
+            def ours(params=params, engine=engine) -> float:
                 t0 = time.perf_counter()
                 out = engine.generate(prompts, params)
                 return sum(len(r.completion_ids) for rs in out for r in rs) / (time.perf_counter() - t0)
