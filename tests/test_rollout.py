@@ -212,6 +212,37 @@ def test_hf_seeded_sampling_is_reproducible_and_gives_n_rollouts(model_dirs):
     engine.close()
 
 
+def test_hf_sampler_draws_from_the_softmax_and_never_a_masked_token():
+    from align.rollout.hf import sample_next
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).repeat(20000, 1)
+    g = torch.Generator().manual_seed(0)
+    tokens, logps = sample_next(logits, SamplingParams(temperature=1.0), g)
+    freq = torch.bincount(tokens, minlength=5).float() / len(tokens)
+    torch.testing.assert_close(freq, logits[0].softmax(-1), atol=0.012, rtol=0)  # ~4 sigma at 20k draws
+    torch.testing.assert_close(logps, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
+    top2, _ = sample_next(logits, SamplingParams(temperature=1.0, top_k=2), g)
+    assert set(top2.tolist()) == {0, 1}
+    hot, _ = sample_next(logits, SamplingParams(temperature=0.25), g)
+    assert (hot == 0).float().mean() > 0.95  # a low temperature sharpens toward the top token
+
+
+def test_hf_bf16_rollouts_of_a_live_fp32_model_use_a_synced_copy(model_dirs):
+    model = _load(model_dirs["untied"])
+    engine = get_engine(model, backend="hf", dtype="bfloat16")
+    assert engine.model is not model and engine.model.dtype == torch.bfloat16 and model.dtype == torch.float32
+    out = engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=MAX_NEW, stop_token_ids=[]))
+    assert all(len(rs[0].completion_ids) == MAX_NEW for rs in out)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1)  # the trainer's step; the bf16 copy only sees it through update_weights
+    assert not torch.equal(engine.model.lm_head.weight, model.lm_head.weight.bfloat16())
+    engine.update_weights(model.named_parameters())
+    assert torch.equal(engine.model.lm_head.weight, model.lm_head.weight.bfloat16())
+    engine.close()
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        get_engine(_load(model_dirs["tied"]), backend="hf", dtype="float8")
+
+
 def test_hf_top_k_1_and_tiny_top_p_are_greedy(model_dirs):
     engine = get_engine(_load(model_dirs["tied"]), backend="hf")
     greedy = _greedy(engine)
