@@ -84,25 +84,29 @@ def _bench_model(
     new: int,
     reps: int,
     peak: float,
-    dtypes: tuple[str, ...],
+    variants: tuple[tuple[str, str], ...],
     warm_baseline: bool = True,
 ) -> tuple[list[dict], dict[str, float]]:
-    """Plain generate (fp32, what a user writes) vs our engine at each dtype in `dtypes` ("auto" = the model's own,
-    fp32 here: token-exact with generate; "bfloat16": bf16 weights and KV cache, ~4% of greedy tokens differ)."""
+    """Plain generate (fp32, what a user writes) vs our engine for each (backend, dtype) in `variants`. Backend
+    "auto" is what `get_engine` picks; dtype "auto" = the model's own (fp32 here: token-exact with generate),
+    "bfloat16" = bf16 weights and KV cache (~4% of greedy tokens differ). Returns rows and the median ratio per
+    variant label."""
     from align.models import load_model
     from align.rollout import SamplingParams, choose_backend, get_engine
 
     model = load_model(path, dtype=torch.float32).eval()
     num_params = sum(p.numel() for p in model.parameters())
     prompts = _prompts(num, model.config.vocab_size)
-    backend = choose_backend(path)
-    rows, ratios = [], {d: [] for d in dtypes}
-    for dtype in dtypes:
+    auto = choose_backend(path)
+    rows, ratios = [], {}
+    for backend, dtype in variants:
+        chosen = auto if backend == "auto" else backend
+        label = f"ours ({'auto -> ' if backend == 'auto' else ''}{chosen}, {'fp32' if dtype == 'auto' else 'bf16'})"
+        ratios[label] = []
         t = time.perf_counter()
-        engine = get_engine(path, backend=backend, dtype=dtype)
+        engine = get_engine(path, backend=chosen, dtype=dtype)
         start_s = time.perf_counter() - t
         rss_engine = current_rss_mb()
-        label = f"ours ({backend}, {'fp32' if dtype == 'auto' else dtype})"
         for mode in ("greedy", "sampling"):
             greedy = mode == "greedy"
             params = SamplingParams(
@@ -124,7 +128,7 @@ def _bench_model(
             runs = alternate({"hf-generate": baseline, "ours": ours}, reps)
             med = {k: statistics.median(v) for k, v in runs.items()}
             ratio = med["ours"] / med["hf-generate"]
-            ratios[dtype].append(ratio)
+            ratios[label].append(ratio)
             for who in ("hf-generate", "ours"):
                 rows.append(
                     {
@@ -141,7 +145,7 @@ def _bench_model(
                     }
                 )
         engine.close()
-    return rows, {d: statistics.median(r) for d, r in ratios.items()}
+    return rows, {label: statistics.median(r) for label, r in ratios.items()}
 
 
 def run(quick: bool) -> dict:
@@ -154,14 +158,17 @@ def run(quick: bool) -> dict:
     models = {"tiny": _tiny_model_dir(), "135m": resolve_model_path("builtin:smollm2-135m-instruct")}
     # (reps, warm the baseline up first): one 64 x 128 generate of the 135M model takes ~70 s on 2 cores
     plan = {"tiny": (2, True) if quick else (3, True), "135m": (2, True) if quick else (1, False)}
+    # auto's pick in fp32 and bf16; for the tiny model also the backend auto did NOT pick, to show why
+    variants = {
+        "tiny": (("auto", "auto"), ("auto", "bfloat16"), ("vllm", "auto"), ("vllm", "bfloat16")),
+        "135m": (("auto", "auto"), ("auto", "bfloat16")),
+    }
     for name, path in models.items():
         reps, warm = plan[name]
-        model_rows, ratios = _bench_model(
-            name, path, num, new, reps, peak, dtypes=("auto", "bfloat16"), warm_baseline=warm
-        )
+        model_rows, ratios = _bench_model(name, path, num, new, reps, peak, variants[name], warm_baseline=warm)
         rows += model_rows
-        for dtype, ratio in ratios.items():
-            what = f"ours-{'fp32' if dtype == 'auto' else 'bf16'}/hf-generate" + ("-tiny" if name == "tiny" else "")
+        for label, ratio in ratios.items():
+            what = f"{label.replace(' ', '')}/hf-generate" + ("-tiny" if name == "tiny" else "")
             summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name]))
     rows.append(
         {"model": "(process)", "engine": f"peak RSS {peak_rss_mb():.0f} MB, fp32 matmul {peak / 1e9:.0f} GFLOP/s"}
