@@ -155,6 +155,15 @@ def grow_depth(model: PreTrainedModel, factor: int) -> PreTrainedModel:
         raise ValueError(f"grow_depth={factor} must be >= 1 (1 = keep the model as it is)")
     if factor == 1:
         return model
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or not all(
+        hasattr(x, "self_attn") and hasattr(x.self_attn, "o_proj") and hasattr(getattr(x, "mlp", None), "down_proj")
+        for x in layers
+    ):
+        raise ValueError(
+            f"grow_depth supports decoder models with model.layers[i].self_attn.o_proj and "
+            f".mlp.down_proj (SmolLM3, Qwen3, Llama); {type(model).__name__} has another layout"
+        )
     config = model.config.__class__.from_dict(model.config.to_dict())
     n = config.num_hidden_layers
     config.num_hidden_layers = n * factor
@@ -163,7 +172,7 @@ def grow_depth(model: PreTrainedModel, factor: int) -> PreTrainedModel:
         if isinstance(value, list) and len(value) == n:
             setattr(config, key, [v for v in value for _ in range(factor)])
     grown = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    old_layers = model.model.layers
+    old_layers = layers
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("model.layers.")}
     missing = grown.load_state_dict(state, strict=False)
     if [k for k in missing.missing_keys if not k.startswith("model.layers.")] or missing.unexpected_keys:

@@ -113,6 +113,10 @@ class PretrainConfig:
             self.stages = json.loads(self.stages) if self.stages else []
         if self.lr_scheduler not in SCHEDULES:
             raise ValueError(f"lr_scheduler={self.lr_scheduler!r}: choose one of {SCHEDULES}")
+        if self.grow_depth < 1:
+            raise ValueError(f"grow_depth={self.grow_depth} must be >= 1 (1 = continue init_from as it is)")
+        if self.grow_depth > 1 and not self.init_from:
+            raise ValueError(f"grow_depth={self.grow_depth} grows an existing model: set init_from to its directory")
         for name in ("nan_policy", "spike_policy"):
             if getattr(self, name) not in GUARD_POLICIES:
                 raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {GUARD_POLICIES}")

@@ -212,6 +212,32 @@ def test_hf_seeded_sampling_is_reproducible_and_gives_n_rollouts(model_dirs):
     engine.close()
 
 
+def test_one_token_gqa_attention_equals_sdpa_with_padding_and_is_swapped_in_only_while_generating(model_dirs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from align.rollout.hf_decode import ATTN_NAME, decode_attention, fast_decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    q = torch.randn(4, 6, 1, 32, generator=g)  # 6 query heads share 2 KV heads
+    k, v = torch.randn(4, 2, 9, 32, generator=g), torch.randn(4, 2, 9, 32, generator=g)
+    mask = torch.ones(4, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., :3] = False  # a left-padded row
+    ours, _ = decode_attention(module, q, k, v, mask, scaling=32**-0.5)
+    ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=32**-0.5)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    moved = k.clone()
+    moved[1, :, :3] += 100.0  # padded positions must not matter
+    torch.testing.assert_close(decode_attention(module, q, moved, v, mask, scaling=32**-0.5)[0][1], ours[1])
+
+    model = _load(model_dirs["tied"])
+    assert model.config._attn_implementation == "sdpa"
+    with fast_decode_attention(model) as active:
+        assert active and model.config._attn_implementation == ATTN_NAME
+    assert model.config._attn_implementation == "sdpa"  # restored: training forwards are untouched
+
+
 def test_hf_sampler_draws_from_the_softmax_and_never_a_masked_token():
     from align.rollout.hf import sample_next
 

@@ -71,10 +71,6 @@ class PreallocatedLayer(DynamicLayer):
 def preallocated_cache(config: Any, capacity: int) -> DynamicCache:
     """`DynamicCache(config)` with its plain full-attention layers preallocated (sliding ones stay as they are)."""
     cache = DynamicCache(config=config)
-    if not cache.layers:  # a config transformers cannot read layer types from: lazily built plain layers
-        cache.layer_class_to_replicate = None
-        cache.layers = [PreallocatedLayer(capacity) for _ in range(config.get_text_config().num_hidden_layers)]
-        return cache
     cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
