@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -103,6 +104,15 @@ class DistillConfig(GOLDConfig):
         default=False,
         metadata={"help": "Remove /think and /no_think from the system turn the teacher sees (cross path)."},
     )
+    teacher_few_shot: int = field(
+        default=0,
+        metadata={"help": "Context distillation (cross path): show the teacher this many solved training conversations "
+                  "before each prompt (same system turn, and same `teacher_few_shot_group` value when the data has "
+                  "that column), so a teacher that never saw the task format grades the student in it."},
+    )
+    teacher_few_shot_group: str = field(
+        default="family", metadata={"help": "Dataset column whose value the teacher's demonstrations must share."}
+    )
     distill_eval: bool = field(
         default=True, metadata={"help": "Measure held-out divergence and verifiable accuracy before and after."}
     )
@@ -118,6 +128,8 @@ class DistillConfig(GOLDConfig):
             raise ValueError(f"tokenizer_mode {self.tokenizer_mode!r}: choose from {list(TOKENIZER_MODES)}")
         if self.rollout_backend not in ROLLOUT_BACKENDS:
             raise ValueError(f"rollout_backend {self.rollout_backend!r}: choose from {list(ROLLOUT_BACKENDS)}")
+        if self.teacher_few_shot < 0:
+            raise ValueError(f"teacher_few_shot must be >= 0 (demonstrations per teacher prompt), got {self.teacher_few_shot}")
         if self.teacher_quantization not in (None, "8bit", "4bit"):
             raise ValueError(f"teacher_quantization {self.teacher_quantization!r}: choose 8bit, 4bit or leave unset")
         beta, lmbda = LOSSES[self.loss]
@@ -214,17 +226,48 @@ def _roundtrip(tokenizer, text: str) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillConfig) -> dict[str, str]:
-    """Student-rendered prompt text -> the same prompt rendered with the teacher's own chat template."""
+class FewShotPool:
+    """Solved training conversations for the teacher's context, keyed by (system turn, group)."""
+
+    def __init__(self, conversations: Sequence[Sequence[dict]], groups: Sequence | None, k: int, seed: int = 0):
+        self.k, self.seed = k, seed
+        self.pool: dict[tuple, list[list[dict]]] = {}
+        for i, messages in enumerate(conversations):
+            self.pool.setdefault(self._key(messages, groups[i] if groups is not None else None), []).append(
+                list(messages))
+
+    @staticmethod
+    def _key(messages: Sequence[dict], group) -> tuple:
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        return system, group
+
+    def demos(self, prompt: Sequence[dict], group=None) -> list[dict]:
+        """k user/assistant pairs to put before `prompt`'s last user turn; never the prompt's own conversation."""
+        if not self.k:
+            return []
+        question = prompt[-1]["content"]
+        candidates = [c for c in self.pool.get(self._key(prompt, group), []) if _prompt_part(c)[-1]["content"] != question]
+        rng = random.Random(f"{self.seed}:{question}")  # the same demonstrations for a prompt every time it comes
+        turns: list[dict] = []
+        for c in rng.sample(candidates, min(self.k, len(candidates))):
+            turns += [dict(m) for m in c if m["role"] != "system"]
+        return turns
+
+
+def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillConfig,
+                       pool: FewShotPool | None = None, groups: Sequence | None = None) -> dict[str, str]:
+    """Student-rendered prompt text -> the same prompt rendered with the teacher's own chat template.
+
+    With a `pool` (teacher_few_shot > 0) the teacher's rendering carries solved demonstrations first."""
     out: dict[str, str] = {}
     kwargs = dict(args.teacher_chat_template_kwargs or {})
-    for messages in conversations:
+    for i, messages in enumerate(conversations):
         prompt = _prompt_part(messages)
         student_text = student_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        teacher_text = teacher_tok.apply_chat_template(
-            teacher_messages(prompt, args.teacher_strip_mode_flags), add_generation_prompt=True, tokenize=False,
-            **kwargs,
-        )
+        shown = teacher_messages(prompt, args.teacher_strip_mode_flags)
+        if pool is not None:
+            shown = shown[:-1] + pool.demos(prompt, groups[i] if groups is not None else None) + shown[-1:]
+        teacher_text = teacher_tok.apply_chat_template(shown, add_generation_prompt=True, tokenize=False, **kwargs)
         out[_roundtrip(student_tok, student_text)] = teacher_text
     return out
 
@@ -376,9 +419,16 @@ def to_conversations(dataset, name: str = "train"):
     )
 
 
-def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args: DistillConfig) -> list[str]:
-    """sequence_kd: the teacher's sampled answer to each prompt (its own template), sampled once."""
-    prompts = [teacher_messages(_prompt_part(m), args.teacher_strip_mode_flags) for m in conversations]
+def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args: DistillConfig,
+                    pool: FewShotPool | None = None, groups: Sequence | None = None) -> list[str]:
+    """sequence_kd: the teacher's greedy answer to each prompt (its own template, after the pool's demonstrations)."""
+    prompts = []
+    for i, m in enumerate(conversations):
+        prompt = _prompt_part(m)
+        shown = teacher_messages(prompt, args.teacher_strip_mode_flags)
+        if pool is not None:
+            shown = shown[:-1] + pool.demos(prompt, groups[i] if groups is not None else None) + shown[-1:]
+        prompts.append(shown)
     _, completion_ids = greedy_completions(teacher, teacher_tok, prompts, args.max_completion_length,
                                            template_kwargs=args.teacher_chat_template_kwargs)
     eos = teacher_tok.eos_token_id
@@ -413,17 +463,27 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
                 args.rollout_backend)
 
     dd = get_dataset(script_args)
+    group_col = args.teacher_few_shot_group
+    train_groups = dd["train"][group_col] if group_col in dd["train"].column_names else None
     train = to_conversations(dd["train"])
+    pool = None
+    if args.teacher_few_shot:
+        pool = FewShotPool(train["messages"], train_groups, args.teacher_few_shot, args.seed)
     if args.loss == "sequence_kd":
         convs = train["messages"]
-        answers = teacher_samples(teacher, teacher_tok, convs, args)
+        answers = teacher_samples(teacher, teacher_tok, convs, args, pool, train_groups)
         train = train.map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
             {"role": "assistant", "content": answers[i]}]}, with_indices=True)
     eval_rows = []
     if "test" in dd and "prompt_messages" in dd["test"].column_names:
         eval_rows = dd["test"].select(range(min(script_args.eval_num_prompts, len(dd["test"])))).to_list()
     convs = list(train["messages"]) + [r["prompt_messages"] for r in eval_rows]
-    teacher_prompts = teacher_prompt_map(convs, student_tok, teacher_tok, args) if mode == "cross" else {}
+    groups = None
+    if train_groups is not None and all(group_col in r for r in eval_rows):
+        groups = list(train_groups) + [r[group_col] for r in eval_rows]
+    if args.teacher_few_shot and mode != "cross" and args.loss != "sequence_kd":
+        logger.warning("teacher_few_shot changes only the cross-tokenizer path and sequence_kd; ignored here")
+    teacher_prompts = teacher_prompt_map(convs, student_tok, teacher_tok, args, pool, groups) if mode == "cross" else {}
 
     metrics: dict = {"loss": args.loss, "tokenizer_mode": mode}
     if args.distill_eval and eval_rows:

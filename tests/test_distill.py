@@ -14,6 +14,7 @@ from align.distill import (
     LOSSES,
     DistillConfig,
     EngineGeneration,
+    FewShotPool,
     main,
     resolve_tokenizer_mode,
     teacher_messages,
@@ -116,6 +117,33 @@ def test_teacher_prompts_use_the_teacher_template(tiny):
     )
     kept = teacher_messages(convs[0][:2], strip_mode_flags=False)
     assert kept[0] == {"role": "system", "content": "/no_think"}
+
+
+def test_teacher_few_shot_shows_solved_conversations_of_the_same_family_and_mode(tiny):
+    rows = make_tasks(["arithmetic", "compare", "sort"], num=60, seed=4)
+    convs = [to_messages(r, "think" if i % 2 else "no_think") for i, r in enumerate(rows)]
+    groups = [r["family"] for r in rows]
+    pool = FewShotPool(convs, groups, k=2, seed=0)
+    for i, conv in enumerate(convs[:12]):
+        prompt = conv[:-1]
+        demos = pool.demos(prompt, groups[i])
+        assert [m["role"] for m in demos] == ["user", "assistant"] * 2
+        questions = [m["content"] for m in demos if m["role"] == "user"]
+        assert prompt[-1]["content"] not in questions  # never its own answer
+        for q in questions:  # same family, same /think or /no_think turn
+            j = next(j for j, c in enumerate(convs) if c[1]["content"] == q)
+            assert groups[j] == groups[i] and convs[j][0] == conv[0]
+        assert pool.demos(prompt, groups[i]) == demos  # the same demonstrations every time
+    assert FewShotPool(convs, groups, k=0).demos(convs[0][:-1], groups[0]) == []
+
+    args = DistillConfig(output_dir="/tmp/unused", teacher_strip_mode_flags=True)
+    [teacher_text] = teacher_prompt_map(convs[:1], tiny["ours"], tiny["other"], args, pool, groups[:1]).values()
+    demo_answer = pool.demos(convs[0][:-1], groups[0])[1]["content"]
+    # the demonstration comes before the question, and the teacher's turn starts after the question
+    assert teacher_text.index(demo_answer) < teacher_text.index(rows[0]["prompt"])
+    assert teacher_text.endswith(f"{rows[0]['prompt']}<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="teacher_few_shot"):
+        DistillConfig(output_dir="/tmp/unused", teacher_few_shot=-1)
 
 
 def test_unloadable_teacher_tokenizer_is_a_clear_error(tiny, tmp_path):
