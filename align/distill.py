@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import os
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
