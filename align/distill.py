@@ -227,31 +227,39 @@ def _roundtrip(tokenizer, text: str) -> str:
 
 
 class FewShotPool:
-    """Solved training conversations for the teacher's context, keyed by (system turn, group)."""
+    """Solved training conversations for the teacher's context, by system turn, each with its group (or None)."""
 
     def __init__(self, conversations: Sequence[Sequence[dict]], groups: Sequence | None, k: int, seed: int = 0):
         self.k, self.seed = k, seed
-        self.pool: dict[tuple, list[list[dict]]] = {}
+        self.pool: dict[str, list[tuple[object, list[dict]]]] = {}
         for i, messages in enumerate(conversations):
-            self.pool.setdefault(self._key(messages, groups[i] if groups is not None else None), []).append(
-                list(messages))
+            group = groups[i] if groups is not None else None
+            self.pool.setdefault(self._system(messages), []).append((group, list(messages)))
 
     @staticmethod
-    def _key(messages: Sequence[dict], group) -> tuple:
-        system = next((m["content"] for m in messages if m["role"] == "system"), "")
-        return system, group
+    def _system(messages: Sequence[dict]) -> str:
+        return next((m["content"] for m in messages if m["role"] == "system"), "")
 
     def demos(self, prompt: Sequence[dict], group=None) -> list[dict]:
-        """k user/assistant pairs to put before `prompt`'s last user turn; never the prompt's own conversation."""
+        """k user/assistant pairs with the prompt's system turn (and its group, when given), never its own."""
         if not self.k:
             return []
         question = prompt[-1]["content"]
-        candidates = [c for c in self.pool.get(self._key(prompt, group), []) if _prompt_part(c)[-1]["content"] != question]
+        candidates = [c for g, c in self.pool.get(self._system(prompt), [])
+                      if (group is None or g == group) and _prompt_part(c)[-1]["content"] != question]
         rng = random.Random(f"{self.seed}:{question}")  # the same demonstrations for a prompt every time it comes
         turns: list[dict] = []
         for c in rng.sample(candidates, min(self.k, len(candidates))):
             turns += [dict(m) for m in c if m["role"] != "system"]
         return turns
+
+
+def _teacher_view(prompt: Sequence[dict], args: DistillConfig, pool: FewShotPool | None, group=None) -> list[dict]:
+    """The messages the teacher sees for a prompt: mode flags stripped if asked, the pool's demonstrations first."""
+    shown = teacher_messages(prompt, args.teacher_strip_mode_flags)
+    if pool is None:
+        return shown
+    return shown[:-1] + pool.demos(prompt, group) + shown[-1:]
 
 
 def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillConfig,
@@ -264,9 +272,7 @@ def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillCon
     for i, messages in enumerate(conversations):
         prompt = _prompt_part(messages)
         student_text = student_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        shown = teacher_messages(prompt, args.teacher_strip_mode_flags)
-        if pool is not None:
-            shown = shown[:-1] + pool.demos(prompt, groups[i] if groups is not None else None) + shown[-1:]
+        shown = _teacher_view(prompt, args, pool, groups[i] if groups is not None else None)
         teacher_text = teacher_tok.apply_chat_template(shown, add_generation_prompt=True, tokenize=False, **kwargs)
         out[_roundtrip(student_tok, student_text)] = teacher_text
     return out
@@ -422,13 +428,8 @@ def to_conversations(dataset, name: str = "train"):
 def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args: DistillConfig,
                     pool: FewShotPool | None = None, groups: Sequence | None = None) -> list[str]:
     """sequence_kd: the teacher's greedy answer to each prompt (its own template, after the pool's demonstrations)."""
-    prompts = []
-    for i, m in enumerate(conversations):
-        prompt = _prompt_part(m)
-        shown = teacher_messages(prompt, args.teacher_strip_mode_flags)
-        if pool is not None:
-            shown = shown[:-1] + pool.demos(prompt, groups[i] if groups is not None else None) + shown[-1:]
-        prompts.append(shown)
+    prompts = [_teacher_view(_prompt_part(m), args, pool, groups[i] if groups is not None else None)
+               for i, m in enumerate(conversations)]
     _, completion_ids = greedy_completions(teacher, teacher_tok, prompts, args.max_completion_length,
                                            template_kwargs=args.teacher_chat_template_kwargs)
     eos = teacher_tok.eos_token_id
@@ -478,9 +479,10 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     if "test" in dd and "prompt_messages" in dd["test"].column_names:
         eval_rows = dd["test"].select(range(min(script_args.eval_num_prompts, len(dd["test"])))).to_list()
     convs = list(train["messages"]) + [r["prompt_messages"] for r in eval_rows]
-    groups = None
-    if train_groups is not None and all(group_col in r for r in eval_rows):
-        groups = list(train_groups) + [r[group_col] for r in eval_rows]
+    # a row without the group column gets demonstrations from any group (same system turn)
+    groups = None if train_groups is None else list(train_groups) + [r.get(group_col) for r in eval_rows]
+    if args.teacher_few_shot and train_groups is None:
+        logger.info("teacher_few_shot: the data has no %r column; demonstrations match the system turn only", group_col)
     if args.teacher_few_shot and mode != "cross" and args.loss != "sequence_kd":
         logger.warning("teacher_few_shot changes only the cross-tokenizer path and sequence_kd; ignored here")
     teacher_prompts = teacher_prompt_map(convs, student_tok, teacher_tok, args, pool, groups) if mode == "cross" else {}

@@ -135,6 +135,10 @@ def test_teacher_few_shot_shows_solved_conversations_of_the_same_family_and_mode
             assert groups[j] == groups[i] and convs[j][0] == conv[0]
         assert pool.demos(prompt, groups[i]) == demos  # the same demonstrations every time
     assert FewShotPool(convs, groups, k=0).demos(convs[0][:-1], groups[0]) == []
+    # a prompt with no group (an eval row without the column) still gets k demonstrations of its system turn
+    free = pool.demos(convs[0][:-1], None)
+    assert len(free) == 4 and all(
+        next(c for c in convs if c[1]["content"] == q["content"])[0] == convs[0][0] for q in free[::2])
 
     args = DistillConfig(output_dir="/tmp/unused", teacher_strip_mode_flags=True)
     [teacher_text] = teacher_prompt_map(convs[:1], tiny["ours"], tiny["other"], args, pool, groups[:1]).values()
