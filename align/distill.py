@@ -113,6 +113,12 @@ class DistillConfig(GOLDConfig):
     teacher_few_shot_group: str = field(
         default="family", metadata={"help": "Dataset column whose value the teacher's demonstrations must share."}
     )
+    teacher_hint: str | None = field(
+        default=None,
+        metadata={"help": "Privileged context (cross path and sequence_kd): a format string over the row's columns, "
+                  "e.g. ' (The correct final answer is {answer}.)', appended to the last user turn the teacher sees "
+                  "(and to its demonstrations'). The student never sees it."},
+    )
     distill_eval: bool = field(
         default=True, metadata={"help": "Measure held-out divergence and verifiable accuracy before and after."}
     )
@@ -229,12 +235,18 @@ def _roundtrip(tokenizer, text: str) -> str:
 class FewShotPool:
     """Solved training conversations for the teacher's context, by system turn, each with its group (or None)."""
 
-    def __init__(self, conversations: Sequence[Sequence[dict]], groups: Sequence | None, k: int, seed: int = 0):
+    def __init__(self, conversations: Sequence[Sequence[dict]], groups: Sequence | None, k: int, seed: int = 0,
+                 hints: Sequence[str] | None = None):
         self.k, self.seed = k, seed
-        self.pool: dict[str, list[tuple[object, list[dict]]]] = {}
+        self.pool: dict[str, list[tuple[object, str, list[dict]]]] = {}
         for i, messages in enumerate(conversations):
             group = groups[i] if groups is not None else None
-            self.pool.setdefault(self._system(messages), []).append((group, list(messages)))
+            messages = list(messages)
+            question = _prompt_part(messages)[-1]["content"]
+            if hints is not None:  # the hint goes on the demonstration's question, as on the prompt's
+                q = max(j for j, m in enumerate(messages) if m["role"] == "user")
+                messages[q] = {**messages[q], "content": messages[q]["content"] + hints[i]}
+            self.pool.setdefault(self._system(messages), []).append((group, question, messages))
 
     @staticmethod
     def _system(messages: Sequence[dict]) -> str:
@@ -245,8 +257,8 @@ class FewShotPool:
         if not self.k:
             return []
         question = prompt[-1]["content"]
-        candidates = [c for g, c in self.pool.get(self._system(prompt), [])
-                      if (group is None or g == group) and _prompt_part(c)[-1]["content"] != question]
+        candidates = [c for g, q, c in self.pool.get(self._system(prompt), [])
+                      if (group is None or g == group) and q != question]
         rng = random.Random(f"{self.seed}:{question}")  # the same demonstrations for a prompt every time it comes
         turns: list[dict] = []
         for c in rng.sample(candidates, min(self.k, len(candidates))):
@@ -254,25 +266,44 @@ class FewShotPool:
         return turns
 
 
-def _teacher_view(prompt: Sequence[dict], args: DistillConfig, pool: FewShotPool | None, group=None) -> list[dict]:
-    """The messages the teacher sees for a prompt: mode flags stripped if asked, the pool's demonstrations first."""
+def teacher_hints(rows: Sequence[dict], template: str | None) -> list[str] | None:
+    """`teacher_hint` filled from each row's columns (None when no hint is configured)."""
+    if not template:
+        return None
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(template.format(**row))
+        except KeyError as e:
+            raise ValueError(f"teacher_hint {template!r} names column {e.args[0]!r}, which row {i} of the data lacks "
+                             f"(it has {sorted(row)}); name one of those columns or unset teacher_hint") from None
+    return out
+
+
+def _teacher_view(prompt: Sequence[dict], args: DistillConfig, pool: FewShotPool | None, group=None,
+                  hint: str | None = None) -> list[dict]:
+    """The messages the teacher sees for a prompt: mode flags stripped if asked, the pool's demonstrations first,
+    the hint (privileged context) after the question."""
     shown = teacher_messages(prompt, args.teacher_strip_mode_flags)
-    if pool is None:
-        return shown
-    return shown[:-1] + pool.demos(prompt, group) + shown[-1:]
+    demos = pool.demos(prompt, group) if pool is not None else []
+    question = shown[-1] if not hint else {**shown[-1], "content": shown[-1]["content"] + hint}
+    return shown[:-1] + demos + [question]
 
 
 def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillConfig,
-                       pool: FewShotPool | None = None, groups: Sequence | None = None) -> dict[str, str]:
+                       pool: FewShotPool | None = None, groups: Sequence | None = None,
+                       hints: Sequence[str] | None = None) -> dict[str, str]:
     """Student-rendered prompt text -> the same prompt rendered with the teacher's own chat template.
 
-    With a `pool` (teacher_few_shot > 0) the teacher's rendering carries solved demonstrations first."""
+    With a `pool` (teacher_few_shot > 0) the teacher's rendering carries solved demonstrations first; with
+    `hints` (teacher_hint) each question carries its own."""
     out: dict[str, str] = {}
     kwargs = dict(args.teacher_chat_template_kwargs or {})
     for i, messages in enumerate(conversations):
         prompt = _prompt_part(messages)
         student_text = student_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        shown = _teacher_view(prompt, args, pool, groups[i] if groups is not None else None)
+        shown = _teacher_view(prompt, args, pool, groups[i] if groups is not None else None,
+                              hints[i] if hints is not None else None)
         teacher_text = teacher_tok.apply_chat_template(shown, add_generation_prompt=True, tokenize=False, **kwargs)
         out[_roundtrip(student_tok, student_text)] = teacher_text
     return out
@@ -426,9 +457,12 @@ def to_conversations(dataset, name: str = "train"):
 
 
 def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args: DistillConfig,
-                    pool: FewShotPool | None = None, groups: Sequence | None = None) -> list[str]:
-    """sequence_kd: the teacher's greedy answer to each prompt (its own template, after the pool's demonstrations)."""
-    prompts = [_teacher_view(_prompt_part(m), args, pool, groups[i] if groups is not None else None)
+                    pool: FewShotPool | None = None, groups: Sequence | None = None,
+                    hints: Sequence[str] | None = None) -> list[str]:
+    """sequence_kd: the teacher's greedy answer to each prompt (its own template, after the pool's demonstrations,
+    with its hint)."""
+    prompts = [_teacher_view(_prompt_part(m), args, pool, groups[i] if groups is not None else None,
+                             hints[i] if hints is not None else None)
                for i, m in enumerate(conversations)]
     _, completion_ids = greedy_completions(teacher, teacher_tok, prompts, args.max_completion_length,
                                            template_kwargs=args.teacher_chat_template_kwargs)
@@ -466,13 +500,14 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     dd = get_dataset(script_args)
     group_col = args.teacher_few_shot_group
     train_groups = dd["train"][group_col] if group_col in dd["train"].column_names else None
+    train_hints = teacher_hints(dd["train"].to_list(), args.teacher_hint)
     train = to_conversations(dd["train"])
     pool = None
     if args.teacher_few_shot:
-        pool = FewShotPool(train["messages"], train_groups, args.teacher_few_shot, args.seed)
+        pool = FewShotPool(train["messages"], train_groups, args.teacher_few_shot, args.seed, train_hints)
     if args.loss == "sequence_kd":
         convs = train["messages"]
-        answers = teacher_samples(teacher, teacher_tok, convs, args, pool, train_groups)
+        answers = teacher_samples(teacher, teacher_tok, convs, args, pool, train_groups, train_hints)
         train = train.map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
             {"role": "assistant", "content": answers[i]}]}, with_indices=True)
     eval_rows = []
@@ -481,11 +516,14 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     convs = list(train["messages"]) + [r["prompt_messages"] for r in eval_rows]
     # a row without the group column gets demonstrations from any group (same system turn)
     groups = None if train_groups is None else list(train_groups) + [r.get(group_col) for r in eval_rows]
+    hints = None if train_hints is None else train_hints + teacher_hints(eval_rows, args.teacher_hint)
     if args.teacher_few_shot and train_groups is None:
         logger.info("teacher_few_shot: the data has no %r column; demonstrations match the system turn only", group_col)
-    if args.teacher_few_shot and mode != "cross" and args.loss != "sequence_kd":
-        logger.warning("teacher_few_shot changes only the cross-tokenizer path and sequence_kd; ignored here")
-    teacher_prompts = teacher_prompt_map(convs, student_tok, teacher_tok, args, pool, groups) if mode == "cross" else {}
+    if (args.teacher_few_shot or args.teacher_hint) and mode != "cross" and args.loss != "sequence_kd":
+        logger.warning("teacher_few_shot / teacher_hint change only the cross-tokenizer path and sequence_kd; "
+                       "ignored here")
+    teacher_prompts = (teacher_prompt_map(convs, student_tok, teacher_tok, args, pool, groups, hints)
+                       if mode == "cross" else {})
 
     metrics: dict = {"loss": args.loss, "tokenizer_mode": mode}
     if args.distill_eval and eval_rows:

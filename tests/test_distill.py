@@ -17,6 +17,7 @@ from align.distill import (
     FewShotPool,
     main,
     resolve_tokenizer_mode,
+    teacher_hints,
     teacher_messages,
     teacher_prompt_map,
 )
@@ -148,6 +149,31 @@ def test_teacher_few_shot_shows_solved_conversations_of_the_same_family_and_mode
     assert teacher_text.endswith(f"{rows[0]['prompt']}<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="teacher_few_shot"):
         DistillConfig(output_dir="/tmp/unused", teacher_few_shot=-1)
+
+
+def test_teacher_hint_is_privileged_context_the_student_never_sees(tiny):
+    rows = make_tasks(["arithmetic", "compare"], num=40, seed=5)
+    convs = [to_messages(r, "no_think") for r in rows]
+    groups = [r["family"] for r in rows]
+    hint = " (The correct final answer is {answer}.)"
+    hints = teacher_hints(rows, hint)
+    assert hints[0] == f" (The correct final answer is {rows[0]['answer']}.)"
+    pool = FewShotPool(convs, groups, k=2, seed=0, hints=hints)
+    args = DistillConfig(output_dir="/tmp/unused", teacher_strip_mode_flags=True, teacher_hint=hint)
+    mapping = teacher_prompt_map(convs[:3], tiny["ours"], tiny["other"], args, pool, groups[:3], hints[:3])
+    for (student_text, teacher_text), row in zip(mapping.items(), rows[:3], strict=True):
+        assert "correct final answer" not in student_text  # the student's prompt is untouched
+        # the question carries its own answer, just before the teacher's turn; each demonstration carries its own
+        assert teacher_text.endswith(f"{row['prompt']}{hints[rows.index(row)]}<|im_end|>\n<|im_start|>assistant\n")
+        assert teacher_text.count("correct final answer") == 3
+    demos = pool.demos(convs[0][:-1], groups[0])
+    assert rows[0]["prompt"] not in [d["content"].split(" (The")[0] for d in demos]  # never its own, hint or not
+    for d in demos[::2]:
+        j = next(j for j, r in enumerate(rows) if d["content"] == r["prompt"] + hints[j])
+        assert groups[j] == groups[0]
+    assert teacher_hints(rows, None) is None
+    with pytest.raises(ValueError, match="teacher_hint .*'solution'"):
+        teacher_hints(rows, "{solution}")
 
 
 def test_unloadable_teacher_tokenizer_is_a_clear_error(tiny, tmp_path):
