@@ -277,6 +277,9 @@ def teacher_hints(rows: Sequence[dict], template: str | None) -> list[str] | Non
         except KeyError as e:
             raise ValueError(f"teacher_hint {template!r} names column {e.args[0]!r}, which row {i} of the data lacks "
                              f"(it has {sorted(row)}); name one of those columns or unset teacher_hint") from None
+        except (IndexError, ValueError, AttributeError) as e:
+            raise ValueError(f"teacher_hint {template!r} is not a usable format string ({e}); write columns by name "
+                             "in braces, e.g. ' (The correct final answer is {answer}.)'") from None
     return out
 
 
@@ -500,7 +503,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     dd = get_dataset(script_args)
     group_col = args.teacher_few_shot_group
     train_groups = dd["train"][group_col] if group_col in dd["train"].column_names else None
-    train_hints = teacher_hints(dd["train"].to_list(), args.teacher_hint)
+    train_hints = teacher_hints(dd["train"].to_list(), args.teacher_hint) if args.teacher_hint else None
     train = to_conversations(dd["train"])
     pool = None
     if args.teacher_few_shot:

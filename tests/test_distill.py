@@ -174,6 +174,9 @@ def test_teacher_hint_is_privileged_context_the_student_never_sees(tiny):
     assert teacher_hints(rows, None) is None
     with pytest.raises(ValueError, match="teacher_hint .*'solution'"):
         teacher_hints(rows, "{solution}")
+    for bad in ("{answer", "{0}"):  # not a format over named columns: a message, not a traceback
+        with pytest.raises(ValueError, match="not a usable format string"):
+            teacher_hints(rows, bad)
 
 
 def test_unloadable_teacher_tokenizer_is_a_clear_error(tiny, tmp_path):
