@@ -51,6 +51,7 @@ from align.distill_metrics import (  # noqa: F401  (re-exported: the metrics' pu
     divergence,
     evaluate,
     greedy_completions,
+    teacher_accuracy,
     verifiable_accuracy,
 )
 
@@ -533,6 +534,11 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         metrics["before"] = evaluate(student, teacher, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
                                      teacher_prompts=teacher_prompts)
         logger.info("held-out before: %s", metrics["before"])
+        if mode == "same" and "accuracy" in metrics["before"]:
+            metrics["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, eval_rows,
+                                                           args.distill_eval_max_new_tokens)
+            logger.info("held-out teacher accuracy %.3f (student before %.3f)", metrics["teacher_accuracy"],
+                        metrics["before"]["accuracy"])
     engine = build_engine(student, student_tok, args)
     trainer = DistillTrainer(
         model=student, teacher_model=teacher, args=args, train_dataset=train, processing_class=student_tok,

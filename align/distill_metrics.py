@@ -140,6 +140,13 @@ def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[i
     return correct / max(len(rows), 1)
 
 
+def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int) -> float:
+    """Same tokenizer: the teacher's own verifiable accuracy on the rows, greedy, on the student's rendering of
+    the prompts. The ceiling on-policy distillation pulls the student towards."""
+    _, completions = greedy_completions(teacher, tokenizer, [r["prompt_messages"] for r in rows], max_new_tokens)
+    return verifiable_accuracy(tokenizer, rows, completions)
+
+
 def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
              teacher_prompts: dict[str, str]) -> dict[str, float]:
     """Divergence and (when rows carry answer/reward) verifiable accuracy, from one greedy pass."""

@@ -91,7 +91,18 @@ def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
     assert after["reverse_kl"] < 0.8 * before["reverse_kl"], (before, after)
     assert 0.0 <= after["accuracy"] <= 1.0 and after["num_tokens"] > 0
     assert _changed(tiny["student"], str(tmp_path / "out")) == 1.0  # every parameter tensor learned
-    assert json.loads((tmp_path / "out" / "distill_eval.json").read_text())["after"] == after
+    saved = json.loads((tmp_path / "out" / "distill_eval.json").read_text())
+    assert saved["after"] == after
+    # the teacher's own accuracy, measured like the student's: evaluating the teacher as a student gives the same
+    from align.data import get_dataset
+    from align.distill_metrics import evaluate
+    from align.models import load_model, load_tokenizer
+
+    script, args, _ = _configs(tiny, tmp_path / "x", tiny["teacher"])
+    teacher, tok = load_model(tiny["teacher"], dtype="float32"), load_tokenizer(tiny["student"])
+    rows = get_dataset(script)["test"].select(range(6)).to_list()
+    as_student = evaluate(teacher, teacher, tok, tok, rows, mode="same", args=args, teacher_prompts={})
+    assert saved["teacher_accuracy"] == metrics["teacher_accuracy"] == as_student["accuracy"]
     if HAS_ENGINE:  # the student sampled through our engine, every step
         assert metrics["engine_calls"] == 5
 
