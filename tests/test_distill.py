@@ -190,6 +190,28 @@ def test_teacher_hint_is_privileged_context_the_student_never_sees(tiny):
             teacher_hints(rows, bad)
 
 
+def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypatch):
+    import align.distill_metrics as dm
+    from align.data import get_dataset
+    from align.models import load_tokenizer
+
+    script, _, _ = _configs(tiny, "unused", tiny["teacher"])
+    rows = get_dataset(script)["test"].select(range(4)).to_list()
+    tok = load_tokenizer(tiny["student"])
+    called = []
+
+    def fake_greedy(model, tokenizer, prompts, max_new_tokens, **kw):  # the teacher is right on rows 0 and 2
+        called.append((model, len(prompts), max_new_tokens))
+        texts = [f"\\boxed{{{r['answer']}}}" if i % 2 == 0 else "\\boxed{12345}" for i, r in enumerate(rows)]
+        return [[] for _ in prompts], [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                                       for t in texts]
+
+    monkeypatch.setattr(dm, "greedy_completions", fake_greedy)
+    assert all(r["answer"] != "12345" for r in rows)
+    assert dm.teacher_accuracy("the-teacher", tok, rows, 7) == 0.5
+    assert called == [("the-teacher", 4, 7)]
+
+
 def test_unloadable_teacher_tokenizer_is_a_clear_error(tiny, tmp_path):
     with pytest.raises(ValueError, match="cannot load the teacher tokenizer.*no_tokenizer"):
         main(*_configs(tiny, tmp_path / "x", tiny["no_tokenizer"]))
