@@ -313,6 +313,13 @@ def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillCon
     return out
 
 
+def _right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return ids, mask
+
+
 class TeacherOnDevice(torch.nn.Module):
     """The teacher on its own device: inputs go there, logits come back to the student's device."""
 
@@ -423,17 +430,51 @@ class DistillTrainer(GOLDTrainer):
             teacher = self.accelerator.unwrap_model(self.teacher_model).to(teacher_device)
             self.teacher_model = TeacherOnDevice(teacher, teacher_device, self.accelerator.device)
 
+    def _teacher_prompt_text(self, text: str) -> str:
+        mapped = self.teacher_prompts.get(text)
+        if mapped is None:
+            self.teacher_prompt_misses += 1
+            if self.teacher_prompt_misses == 1:
+                logger.warning("a prompt has no teacher rendering; the teacher sees the student's: %r", text)
+        return text if mapped is None else mapped
+
+    def _same_vocab_teacher_view_loss(self, model, inputs, num_items_in_batch=None):
+        """Same tokenizer, teacher with its own context (teacher_hint / teacher_few_shot): the student's completion
+        tokens follow the teacher's prompt in the teacher's forward pass; its logits for those tokens are put at the
+        student's completion positions and TRL's generalized JSD compares the two there."""
+        tok = self.processing_class
+        ids, mask, labels = inputs["input_ids"], inputs["attention_mask"], inputs["labels"]
+        outputs_student = model(input_ids=ids, attention_mask=mask, use_cache=False)
+        rows, spans = [], []
+        for b in range(ids.shape[0]):
+            done = (labels[b] != -100).nonzero().flatten().tolist()
+            first = done[0] if done else ids.shape[1]
+            prompt = [t for t, m in zip(ids[b, :first].tolist(), mask[b, :first].tolist()) if m]
+            text = tok.decode(prompt, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            t_prompt = tok(self._teacher_prompt_text(text), add_special_tokens=False)["input_ids"]
+            rows.append(t_prompt + ids[b, done].tolist())
+            spans.append((done, len(t_prompt)))
+        t_ids, t_mask = _right_pad(rows, self.pad_token_id or 0)
+        self.teacher_model.eval()
+        with torch.no_grad():
+            t_logits = self.teacher_model(input_ids=t_ids.to(ids.device), attention_mask=t_mask.to(ids.device)).logits
+        teacher_logits = torch.zeros_like(outputs_student.logits)
+        for b, (done, start) in enumerate(spans):
+            if done:  # the logits before each completion token predict it, in both sequences
+                pos = torch.tensor(done, device=ids.device)
+                teacher_logits[b, pos - 1] = t_logits[b, start - 1 : start - 1 + len(done)].to(teacher_logits.dtype)
+        loss = self.generalized_jsd_loss(
+            student_logits=outputs_student.logits[:, :-1, :], teacher_logits=teacher_logits[:, :-1, :],
+            labels=labels[:, 1:], beta=self.beta, temperature=self.temperature, num_items_in_batch=num_items_in_batch,
+        )
+        return loss, outputs_student
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self.use_uld_loss and self.teacher_prompts:
+            loss, outputs = self._same_vocab_teacher_view_loss(model, inputs, num_items_in_batch)
+            return (loss, outputs) if return_outputs else loss
         if self.use_uld_loss and self.teacher_prompts and "original_prompt_text" in inputs:
-            texts = []
-            for text in inputs["original_prompt_text"]:
-                mapped = self.teacher_prompts.get(text)
-                if mapped is None:
-                    self.teacher_prompt_misses += 1
-                    if self.teacher_prompt_misses == 1:
-                        logger.warning("a prompt has no teacher rendering; the teacher sees the student's: %r", text)
-                texts.append(text if mapped is None else mapped)
-            inputs = {**inputs, "original_prompt_text": texts}
+            inputs = {**inputs, "original_prompt_text": [self._teacher_prompt_text(t) for t in inputs["original_prompt_text"]]}
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
@@ -523,11 +564,11 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     hints = None if train_hints is None else train_hints + teacher_hints(eval_rows, args.teacher_hint)
     if args.teacher_few_shot and train_groups is None:
         logger.info("teacher_few_shot: the data has no %r column; demonstrations match the system turn only", group_col)
-    if (args.teacher_few_shot or args.teacher_hint) and mode != "cross" and args.loss != "sequence_kd":
-        logger.warning("teacher_few_shot / teacher_hint change only the cross-tokenizer path and sequence_kd; "
-                       "ignored here")
+    # cross: the teacher always reads its own template; same: the teacher reads its own view only when it has one
+    # (demonstrations, a hint, stripped flags), else exactly the student's tokens (TRL's GKD path, untouched).
+    teacher_view = bool(args.teacher_few_shot or args.teacher_hint or args.teacher_strip_mode_flags)
     teacher_prompts = (teacher_prompt_map(convs, student_tok, teacher_tok, args, pool, groups, hints)
-                       if mode == "cross" else {})
+                       if mode == "cross" or teacher_view else {})
 
     metrics: dict = {"loss": args.loss, "tokenizer_mode": mode}
     if args.distill_eval and eval_rows:
@@ -536,7 +577,8 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         logger.info("held-out before: %s", metrics["before"])
         if mode == "same" and "accuracy" in metrics["before"]:
             metrics["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, eval_rows,
-                                                           args.distill_eval_max_new_tokens)
+                                                           args.distill_eval_max_new_tokens,
+                                                           teacher_prompts=teacher_prompts)
             logger.info("held-out teacher accuracy %.3f (student before %.3f)", metrics["teacher_accuracy"],
                         metrics["before"]["accuracy"])
     engine = build_engine(student, student_tok, args)

@@ -27,16 +27,18 @@ def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
+def render_prompts(tokenizer, prompts: list[list[dict]], template_kwargs: dict | None = None) -> list[list[int]]:
+    """Each conversation rendered with the tokenizer's chat template and a generation prompt, as token ids."""
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+             for p in prompts]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
 @torch.no_grad()
-def greedy_completions(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
-                       template_kwargs: dict | None = None) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt_ids, completion_ids up to and including the first eos) per prompt, greedy."""
+def greedy_token_completions(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
+                             batch_size: int = 16) -> list[list[int]]:
+    """Greedy completion ids (up to and including the first eos) of already-tokenized prompts."""
     device = next(model.parameters()).device
-    prompt_ids = [
-        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
-        for p in prompts
-    ]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_ids]
     completions: list[list[int]] = []
     was_training = model.training
     model.eval()
@@ -48,20 +50,30 @@ def greedy_completions(model, tokenizer, prompts: list[list[dict]], max_new_toke
             cut = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
             completions.append(row[:cut])
     model.train(was_training)
-    return prompt_ids, completions
+    return completions
+
+
+def greedy_completions(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
+                       template_kwargs: dict | None = None) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt_ids, completion_ids up to and including the first eos) per prompt, greedy."""
+    prompt_ids = render_prompts(tokenizer, prompts, template_kwargs)
+    return prompt_ids, greedy_token_completions(model, tokenizer, prompt_ids, max_new_tokens, batch_size)
 
 
 @torch.no_grad()
-def _same_vocab_divergence(student, teacher, prompt_ids, completions) -> dict[str, float]:
+def _same_vocab_divergence(student, teacher, prompt_ids, completions,
+                           teacher_prompt_ids: list[list[int]] | None = None) -> dict[str, float]:
     rev = fwd = 0.0
     count = 0
-    for p, c in zip(prompt_ids, completions, strict=True):
+    for i, (p, c) in enumerate(zip(prompt_ids, completions, strict=True)):
         if not c:
             continue
         ids = torch.tensor([p + c], device=next(student.parameters()).device)
         # logits at positions len(p)-1 .. end-1 predict the completion tokens: (C, V)
         s = torch.log_softmax(student(input_ids=ids).logits[0, len(p) - 1 : -1].float(), -1)
-        t = teacher(input_ids=ids.to(next(teacher.parameters()).device)).logits[0, len(p) - 1 : -1]
+        tp = p if teacher_prompt_ids is None else teacher_prompt_ids[i]  # the teacher's own view of the prompt
+        t_ids = torch.tensor([tp + c], device=next(teacher.parameters()).device)
+        t = teacher(input_ids=t_ids).logits[0, len(tp) - 1 : -1]
         t = torch.log_softmax(t.float().to(s.device), -1)
         rev += (s.exp() * (s - t)).sum().item()
         fwd += (t.exp() * (t - s)).sum().item()
@@ -121,9 +133,20 @@ def divergence(student, teacher, student_tok, teacher_tok, prompts: list[list[di
         completions = greedy_completions(student, student_tok, prompts, args.distill_eval_max_new_tokens)
     prompt_ids, completion_ids = completions
     if mode == "same":
-        return _same_vocab_divergence(student, teacher, prompt_ids, completion_ids)
+        t_prompts = _teacher_prompt_ids(student_tok, prompt_ids, teacher_prompts) if teacher_prompts else None
+        return _same_vocab_divergence(student, teacher, prompt_ids, completion_ids, t_prompts)
     return _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completion_ids,
                            teacher_prompts or {}, args)
+
+
+def _teacher_prompt_ids(tokenizer, prompt_ids: list[list[int]], teacher_prompts: dict[str, str]) -> list[list[int]]:
+    """Same tokenizer: each prompt as the teacher sees it (its hint or demonstrations; the student's own if unmapped)."""
+    out = []
+    for p in prompt_ids:
+        text = tokenizer.decode(p, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        mapped = teacher_prompts.get(text)
+        out.append(p if mapped is None else tokenizer(mapped, add_special_tokens=False)["input_ids"])
+    return out
 
 
 def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[int]]) -> float:
@@ -140,10 +163,15 @@ def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[i
     return correct / max(len(rows), 1)
 
 
-def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int) -> float:
-    """Same tokenizer: the teacher's own verifiable accuracy on the rows, greedy, on the student's rendering of
-    the prompts. The ceiling on-policy distillation pulls the student towards."""
-    _, completions = greedy_completions(teacher, tokenizer, [r["prompt_messages"] for r in rows], max_new_tokens)
+def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,
+                     teacher_prompts: dict[str, str] | None = None) -> float:
+    """Same tokenizer: the teacher's own verifiable accuracy on the rows, greedy, on the prompts as it sees them
+    while it grades (the student's rendering, or its own view from `teacher_prompts`: hint, demonstrations).
+    The level on-policy distillation pulls the student towards."""
+    prompt_ids = render_prompts(tokenizer, [r["prompt_messages"] for r in rows])
+    if teacher_prompts:
+        prompt_ids = _teacher_prompt_ids(tokenizer, prompt_ids, teacher_prompts)
+    completions = greedy_token_completions(teacher, tokenizer, prompt_ids, max_new_tokens)
     return verifiable_accuracy(tokenizer, rows, completions)
 
 

@@ -190,6 +190,75 @@ def test_teacher_hint_is_privileged_context_the_student_never_sees(tiny):
             teacher_hints(rows, bad)
 
 
+def _on_policy_batch(tok, prompts: list[list[int]], completions: list[list[int]]):
+    """TRL's on-policy layout: prompts left-padded, completions right-padded, labels only on completion tokens."""
+    pw, cw = max(map(len, prompts)), max(map(len, completions))
+    pad = tok.pad_token_id
+    ids = [[pad] * (pw - len(p)) + p + c + [pad] * (cw - len(c)) for p, c in zip(prompts, completions, strict=True)]
+    mask = [[0] * (pw - len(p)) + [1] * (len(p) + len(c)) + [0] * (cw - len(c)) for p, c in zip(prompts, completions)]
+    labels = [[-100] * pw + c + [-100] * (cw - len(c)) for c in completions]
+    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(labels)}
+
+
+def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny):
+    """teacher_hint / teacher_few_shot with one tokenizer: the student's completion tokens follow the teacher's prompt
+    in the teacher's pass. With the teacher's view equal to the student's, the loss is TRL's own GKD loss; with a
+    hint it is the reverse KL to the teacher reading the hint, token for token."""
+    from types import SimpleNamespace
+
+    from trl.experimental.gold import GOLDTrainer
+
+    from align.distill import DistillTrainer
+    from align.distill_metrics import render_prompts
+    from align.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(tiny["student"])
+    student, teacher = load_model(tiny["student"], dtype="float32"), load_model(tiny["teacher"], dtype="float32")
+    rows = make_tasks(FAMILIES, num=3, seed=7)
+    convs = [to_messages(r, "no_think")[:-1] for r in rows]
+    prompts = render_prompts(tok, convs)
+    assert len({len(p) for p in prompts}) > 1  # prompts of different lengths: left padding is exercised
+    completions = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                   for t in ("The answer is \\boxed{4}.", "\\boxed{12}", "It is \\boxed{7}")]
+    batch = _on_policy_batch(tok, prompts, completions)
+    texts = [tok.decode(p, skip_special_tokens=False) for p in prompts]
+
+    def loss_with(view: dict[str, str]):
+        fake = SimpleNamespace(processing_class=tok, teacher_model=teacher, pad_token_id=tok.pad_token_id, beta=1.0,
+                               temperature=1.0, generalized_jsd_loss=GOLDTrainer.generalized_jsd_loss,
+                               teacher_prompts=view, teacher_prompt_misses=0)
+        fake._teacher_prompt_text = lambda text: DistillTrainer._teacher_prompt_text(fake, text)
+        with torch.no_grad():
+            loss, _ = DistillTrainer._same_vocab_teacher_view_loss(fake, student, batch)
+        return float(loss), fake.teacher_prompt_misses
+
+    with torch.no_grad():  # TRL's GKD path: the teacher reads exactly the student's tokens
+        s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        gkd = float(GOLDTrainer.generalized_jsd_loss(s_logits[:, :-1], t_logits[:, :-1], batch["labels"][:, 1:], beta=1.0))
+    same, misses = loss_with({t: t for t in texts})
+    assert misses == 0 and same == pytest.approx(gkd, rel=1e-4)
+
+    args = DistillConfig(output_dir="/tmp/unused", teacher_hint=" (answer: {answer})")
+    view = teacher_prompt_map([c + [{"role": "assistant", "content": "x"}] for c in convs], tok, tok, args,
+                              hints=teacher_hints(rows, args.teacher_hint))
+    assert set(view) == set(texts)
+    hinted, misses = loss_with(view)
+    total, count = 0.0, 0
+    with torch.no_grad():  # the reference: each row alone, the teacher on its hinted prompt
+        for p, c, text in zip(prompts, completions, texts, strict=True):
+            tp = tok(view[text], add_special_tokens=False)["input_ids"]
+            assert "(answer: " in tok.decode(tp) and len(tp) > len(p)
+            s = torch.log_softmax(student(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1 : -1], -1)
+            t = torch.log_softmax(teacher(input_ids=torch.tensor([tp + c])).logits[0, len(tp) - 1 : -1], -1)
+            total += float((s.exp() * (s - t)).sum())
+            count += len(c)
+    assert misses == 0 and hinted == pytest.approx(total / count, rel=1e-4)
+    assert hinted != pytest.approx(gkd, rel=5e-4)  # the hint changed what the (untrained) teacher says
+    _, misses = loss_with({})  # a prompt with no teacher rendering is counted, the teacher reads the student's
+    assert misses == 3
+
+
 def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypatch):
     import align.distill_metrics as dm
     from align.data import get_dataset
@@ -200,16 +269,24 @@ def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypat
     tok = load_tokenizer(tiny["student"])
     called = []
 
-    def fake_greedy(model, tokenizer, prompts, max_new_tokens, **kw):  # the teacher is right on rows 0 and 2
-        called.append((model, len(prompts), max_new_tokens))
+    def fake_greedy(model, tokenizer, prompt_ids, max_new_tokens, **kw):  # the teacher is right on rows 0 and 2
+        called.append((model, [tokenizer.decode(p) for p in prompt_ids], max_new_tokens))
         texts = [f"\\boxed{{{r['answer']}}}" if i % 2 == 0 else "\\boxed{12345}" for i, r in enumerate(rows)]
-        return [[] for _ in prompts], [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                                       for t in texts]
+        return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
 
-    monkeypatch.setattr(dm, "greedy_completions", fake_greedy)
+    monkeypatch.setattr(dm, "greedy_token_completions", fake_greedy)
     assert all(r["answer"] != "12345" for r in rows)
     assert dm.teacher_accuracy("the-teacher", tok, rows, 7) == 0.5
-    assert called == [("the-teacher", 4, 7)]
+    (model, prompts, max_new), = called
+    assert (model, len(prompts), max_new) == ("the-teacher", 4, 7)
+    assert all(r["prompt"] in p and "(answer:" not in p for p, r in zip(prompts, rows, strict=True))
+    # with its own view (teacher_prompts: student text -> teacher text) the teacher answers the prompts it grades
+    args = DistillConfig(output_dir="/tmp/unused", teacher_hint=" (answer: {answer})")
+    convs = [r["prompt_messages"] for r in rows]
+    view = teacher_prompt_map(convs, tok, tok, args, hints=teacher_hints(rows, args.teacher_hint))
+    dm.teacher_accuracy("the-teacher", tok, rows, 7, teacher_prompts=view)
+    hinted = called[-1][1]
+    assert all(f"(answer: {r['answer']})" in p for p, r in zip(hinted, rows, strict=True))
 
 
 def test_unloadable_teacher_tokenizer_is_a_clear_error(tiny, tmp_path):
