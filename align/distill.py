@@ -20,6 +20,9 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
 - mismatched chat templates: in the cross path the teacher scores the prompt rendered with ITS OWN template
   (TRL would feed it the student's rendering); `teacher_strip_mode_flags` drops our "/think" flags for
   teachers that do not know them.
+- the teacher's own view (`teacher_few_shot`, `teacher_hint`, `teacher_strip_mode_flags`) in either path: with
+  one tokenizer the teacher reads its own prompt followed by the student's completion tokens, and TRL's
+  generalized JSD compares the logits for those tokens (`DistillTrainer._same_vocab_teacher_view_loss`).
 - teacher placement: `teacher_device` (e.g. cuda:1) and `teacher_quantization` (8bit/4bit, bitsandbytes) on GPUs.
 - metrics before/after on held-out prompts: `divergence` (same tokenizer: exact per-token reverse and forward
   KL on the student's greedy completions; cross: ULD sorted-probability L1 on byte-aligned spans, the GOLD
@@ -103,11 +106,11 @@ class DistillConfig(GOLDConfig):
     )
     teacher_strip_mode_flags: bool = field(
         default=False,
-        metadata={"help": "Remove /think and /no_think from the system turn the teacher sees (cross path)."},
+        metadata={"help": "Remove /think and /no_think from the system turn the teacher sees."},
     )
     teacher_few_shot: int = field(
         default=0,
-        metadata={"help": "Context distillation (cross path): show the teacher this many solved training conversations "
+        metadata={"help": "Context distillation: show the teacher this many solved training conversations "
                   "before each prompt (same system turn, and same `teacher_few_shot_group` value when the data has "
                   "that column), so a teacher that never saw the task format grades the student in it."},
     )
@@ -116,7 +119,7 @@ class DistillConfig(GOLDConfig):
     )
     teacher_hint: str | None = field(
         default=None,
-        metadata={"help": "Privileged context (cross path and sequence_kd): a format string over the row's columns, "
+        metadata={"help": "Privileged context: a format string over the row's columns, "
                   "e.g. ' (The correct final answer is {answer}.)', appended to the last user turn the teacher sees "
                   "(and to its demonstrations'). The student never sees it."},
     )
