@@ -30,7 +30,7 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
   `<output_dir>/distill_eval.json`.
 
 How to run:
-    python scripts/distill.py recipes/tiny_distill.yaml     # same tokenizer: sft_strong -> sft
+    python scripts/distill.py recipes/tiny_distill.yaml     # same tokenizer: sft_strong -> midtrain
     python scripts/distill.py recipes/tiny_gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
 """
 
