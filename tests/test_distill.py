@@ -190,6 +190,18 @@ def test_teacher_hint_is_privileged_context_the_student_never_sees(tiny):
             teacher_hints(rows, bad)
 
 
+def test_same_tokenizer_run_with_a_hinted_teacher_uses_its_view_everywhere(tiny, tmp_path):
+    """main() with one tokenizer and teacher_hint: every training prompt and every eval prompt is found in the
+    teacher's view (no misses), and the divergence it reports and lowers is the one to the hinted teacher."""
+    metrics = main(*_configs(tiny, tmp_path / "out", tiny["teacher"], teacher_hint=" (answer: {answer})"))
+    assert metrics["tokenizer_mode"] == "same" and metrics["teacher_prompt_misses"] == 0
+    plain = main(*_configs(tiny, tmp_path / "plain", tiny["teacher"], max_steps=1, distill_eval=True))
+    # the same student, the same greedy answers: only the teacher's prompt differs, so its divergence does
+    assert metrics["before"]["num_tokens"] == plain["before"]["num_tokens"]
+    assert metrics["before"]["reverse_kl"] != pytest.approx(plain["before"]["reverse_kl"], rel=1e-4)
+    assert metrics["after"]["reverse_kl"] < metrics["before"]["reverse_kl"]
+
+
 def _on_policy_batch(tok, prompts: list[list[int]], completions: list[list[int]]):
     """TRL's on-policy layout: prompts left-padded, completions right-padded, labels only on completion tokens."""
     pw, cw = max(map(len, prompts)), max(map(len, completions))
