@@ -8,6 +8,7 @@ Every field has help text (`--help` prints it); a recipe key equals a field name
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import trl
@@ -66,6 +67,18 @@ class ScriptArguments(trl.ScriptArguments):
             raise ValueError(f"test_split_size must be > 0 (a fraction or a row count), got {self.test_split_size}")
 
 
+def check_launch() -> None:
+    """Refuse, in one line, a launch the stage cannot honour. FSDP on a CPU: accelerate silently turns it into
+    plain DDP (no sharding), so a run that would not fit on the GPUs it is meant for "works" here."""
+    import torch
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not torch.cuda.is_available():
+        raise ValueError(
+            "FSDP needs CUDA GPUs (on a CPU accelerate runs it as plain DDP): launch with "
+            "recipes/accelerate_configs/ddp.yaml, zero2.yaml or zero3.yaml on this machine"
+        )
+
+
 def apply_device_defaults(args) -> None:
     """Make a TRL/transformers training config run on the machine at hand. Call it at the top of a
     stage config's `__post_init__`, before `super().__post_init__()`.
@@ -77,6 +90,7 @@ def apply_device_defaults(args) -> None:
     """
     import torch
 
+    check_launch()
     if not torch.cuda.is_available():
         args.use_cpu = True
         if getattr(args, "gradient_checkpointing", False) and not getattr(args, "_user_set_gc", False):

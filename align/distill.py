@@ -57,6 +57,9 @@ from align.distill_metrics import (  # noqa: F401  (re-exported: the metrics' pu
     teacher_accuracy,
     verifiable_accuracy,
 )
+from align.distributed import full_model, gather_objects, gather_shards, is_zero3, shard
+from align.rollout import SamplingParams
+from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
 from trl.experimental.gold import GOLDConfig, GOLDTrainer  # noqa: E402
@@ -72,7 +75,6 @@ LOSSES: dict[str, tuple[float | None, float | None]] = {
     "sequence_kd": (0.0, 0.0),
 }
 TOKENIZER_MODES = ("auto", "same", "cross")
-ROLLOUT_BACKENDS = ("hf", "vllm", "vllm-server", "trl")
 MODE_FLAGS = ("/no_think", "/think")
 
 
@@ -326,6 +328,8 @@ def _right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.
 class TeacherOnDevice(torch.nn.Module):
     """The teacher on its own device: inputs go there, logits come back to the student's device."""
 
+    is_gradient_checkpointing = False
+
     def __init__(self, teacher, device: str, home: torch.device):
         super().__init__()
         self.teacher, self.device_, self.home = teacher, torch.device(device), home
@@ -341,54 +345,31 @@ class TeacherOnDevice(torch.nn.Module):
 # ----------------------------------------------------------------------------- rollout engine adapter
 
 
-def sampling_params(**wanted):
-    """Our SamplingParams from generic names, passing only the fields it has (its field names are its own)."""
-    import inspect
-
-    from align.rollout import SamplingParams
-
-    names = set(inspect.signature(SamplingParams).parameters)
-    aliases = {"max_tokens": ("max_tokens", "max_new_tokens"), "n": ("n", "num_samples")}
-    kwargs = {}
-    for key, value in wanted.items():
-        for name in aliases.get(key, (key,)):
-            if name in names:
-                kwargs[name] = value
-                break
-    return SamplingParams(**kwargs)
-
-
 class EngineGeneration:
-    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our rollout engine."""
+    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our sampler (align.sampler):
+    whole weights under ZeRO-3, weights pushed to an engine with its own copy, sampling seeded per rank."""
 
-    def __init__(self, engine, model, args: DistillConfig, stop_token_ids: list[int]):
-        self.engine, self.model, self.stop = engine, model, list(stop_token_ids)
-        self.params = dict(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k if args.top_k > 0 else None,
-            max_tokens=args.max_completion_length, stop_token_ids=self.stop,
-        )
-        self.seed, self.num_calls, self.num_syncs = args.seed, 0, 0
+    def __init__(self, sampler: Sampler, trainer, args: DistillConfig, stop_token_ids: list[int]):
+        self.sampler, self.trainer, self.stop = sampler, trainer, list(stop_token_ids)
+        self.params = dict(temperature=args.temperature, top_p=args.top_p, top_k=max(args.top_k or 0, 0),
+                           max_new_tokens=args.max_completion_length, stop_token_ids=self.stop, logprobs=False)
+
+    @property
+    def num_calls(self) -> int:
+        return self.sampler.num_calls
+
+    @property
+    def num_syncs(self) -> int:
+        return self.sampler.num_pushes
 
     def sync_weights(self) -> None:
-        if getattr(self.engine, "model", None) is self.model:
-            return  # the hf engine runs the trained model itself: nothing to copy
-        self.engine.update_weights(self.model.named_parameters())
-        self.num_syncs += 1
+        self.sampler.sync(self.trainer.model_wrapped, self.trainer.state.global_step)
 
     def generate(self, prompts: list[list[int]], images=None, num_generations: int = 1, profiler=None):
         # GOLD repeats each prompt num_generations times in the batch: sample n per unique prompt
         unique = [list(p) for p in prompts[::num_generations]]
-        params = {k: v for k, v in self.params.items() if v is not None}
-        self.num_calls += 1
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling (the hf engine may run this very model)
-        try:
-            with torch.no_grad():
-                groups = self.engine.generate(
-                    unique, sampling_params(n=num_generations, seed=self.seed * 1_000_003 + self.num_calls, **params)
-                )
-        finally:
-            self.model.train(was_training)
+        params = SamplingParams(n=num_generations, seed=self.sampler.next_seed(), **self.params)
+        groups = self.sampler.generate(self.trainer.model_wrapped, unique, params)
         completions = []
         for group in groups:
             for r in group:
@@ -401,37 +382,37 @@ class EngineGeneration:
         return prompts, completions, None, None
 
 
-def build_engine(model, tokenizer, args: DistillConfig):
-    if args.rollout_backend == "trl":
-        return None
-    try:
-        from align.rollout import get_engine
-    except ImportError as e:
-        raise ImportError(
-            f"rollout_backend={args.rollout_backend} needs align.rollout ({e}); set rollout_backend: trl to use "
-            "TRL's own generate"
-        ) from e
-    return get_engine(model, backend=args.rollout_backend, tokenizer=tokenizer, **(args.rollout_kwargs or {}))
-
-
 # ----------------------------------------------------------------------------- trainer
 
 
 class DistillTrainer(GOLDTrainer):
     """GOLDTrainer + our rollout engine for student sampling + the teacher's own chat template (cross path)."""
 
-    def __init__(self, *args, engine=None, teacher_prompts: dict[str, str] | None = None,
+    def __init__(self, *args, engine=None, sampler: Sampler | None = None, teacher_prompts: dict[str, str] | None = None,
                  teacher_device: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.teacher_prompts = teacher_prompts or {}
         self.teacher_prompt_misses = 0
-        if engine is not None:
-            stop = [i for i in {self._tokenizer.eos_token_id, self.pad_token_id} if i is not None]
-            self.vllm_generation = EngineGeneration(engine, self.accelerator.unwrap_model(self.model), self.args, stop)
-            self.use_vllm, self.vllm_sync_frequency, self._last_vllm_sync_step = True, 1, -1
+        self.sampler = None
+        if sampler is None and engine is not None:
+            sampler = Sampler(engine, self.accelerator, seed=self.args.seed)
+        self.attach_sampler(sampler)
         if teacher_device:
             teacher = self.accelerator.unwrap_model(self.teacher_model).to(teacher_device)
             self.teacher_model = TeacherOnDevice(teacher, teacher_device, self.accelerator.device)
+
+    def attach_sampler(self, sampler: Sampler | None) -> None:
+        """Student sampling through our sampler: GOLD calls it as its `vllm_generation` (None: TRL's generate)."""
+        self.sampler = sampler
+        if sampler is not None:
+            stop = [i for i in {self._tokenizer.eos_token_id, self.pad_token_id} if i is not None]
+            self.vllm_generation = EngineGeneration(sampler, self, self.args, stop)
+            self.use_vllm, self.vllm_sync_frequency, self._last_vllm_sync_step = True, 1, -1
+
+    def sync_engine(self) -> None:
+        """After a resume (align.checkpoint): the engine gets the restored weights before the first step."""
+        if self.sampler is not None:
+            self.sampler.sync(self.model_wrapped, self.state.global_step)
 
     def _teacher_prompt_text(self, text: str) -> str:
         mapped = self.teacher_prompts.get(text)
@@ -521,24 +502,54 @@ def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args:
 # ----------------------------------------------------------------------------- main
 
 
+def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
+                     teacher_prompts: dict[str, str], with_teacher_accuracy: bool = False) -> dict:
+    """`distill_metrics.evaluate` on whole weights, the rows split across ranks, the ranks' results combined
+    (per-token divergences weighted by tokens, per-prompt ones and accuracies by prompts). Collective."""
+    acc = trainer.accelerator
+    mine = shard(rows)
+    with full_model(trainer.model_wrapped, acc) as student, full_model(trainer.teacher_model, acc) as teacher:
+        part = evaluate(student, teacher, student_tok, teacher_tok, mine, mode=mode, args=args,
+                        teacher_prompts=teacher_prompts) if mine else {}
+        if with_teacher_accuracy and mine:
+            part["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, mine, args.distill_eval_max_new_tokens,
+                                                        teacher_prompts=teacher_prompts)
+    parts = [(n, p) for n, p in zip(gather_objects(len(mine)), gather_objects(part)) if n]
+    out: dict = {}
+    for key in parts[0][1] if parts else []:
+        if key == "num_tokens":
+            out[key] = sum(p[key] for _, p in parts)
+            continue
+        per_token = mode == "same" and key in ("divergence", "reverse_kl", "forward_kl")
+        weights = [p["num_tokens"] if per_token else n for n, p in parts]
+        out[key] = sum(w * p[key] for w, (_, p) in zip(weights, parts)) / max(sum(weights), 1)
+    return out
+
+
 def main(script_args, training_args: DistillConfig, model_args) -> dict:
     """Load student and teacher, measure, distil, save, measure again; returns the before/after metrics."""
+    from accelerate.utils import set_seed as set_rank_seed
     from transformers import set_seed
 
+    from align.checkpoint import install, resume_checkpoint
     from align.data import get_dataset
-    from align.models import load_model, load_tokenizer
+    from align.models import load_model, load_tokenizer, resolve_model_path
+    from align.preflight import preflight
+    from align.stage import save_trained_model
 
     args = training_args
     if not args.teacher_model_name_or_path:
         raise ValueError("teacher_model_name_or_path is required (a local model dir, hub id or builtin:NAME)")
-    set_seed(args.seed)
+    if is_zero3() and (args.teacher_device or args.teacher_quantization):
+        raise ValueError("teacher_device / teacher_quantization place the teacher on one device, which DeepSpeed "
+                         "ZeRO-3 (it shards the teacher like the student) cannot do: drop them, or launch with "
+                         "recipes/accelerate_configs/zero2.yaml or ddp.yaml")
+    set_seed(args.seed)  # the same on every rank while the models (and a LoRA adapter) are built
     student_tok = load_tokenizer(model_args.model_name_or_path)
     teacher_tok = load_teacher_tokenizer(args.teacher_tokenizer_name_or_path or args.teacher_model_name_or_path)
     student = load_model(model_args.model_name_or_path, dtype=model_args.dtype or "auto")
     teacher = load_teacher(args.teacher_model_name_or_path, args, dtype=model_args.dtype or "auto")
     mode = resolve_tokenizer_mode(args.tokenizer_mode, student_tok, teacher_tok, student, teacher)
-    from align.models import resolve_model_path
-
     args.use_uld_loss = mode == "cross"
     if mode == "cross" and not args.teacher_tokenizer_name_or_path:
         args.teacher_tokenizer_name_or_path = resolve_model_path(args.teacher_model_name_or_path)
@@ -553,9 +564,14 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     pool = None
     if args.teacher_few_shot:
         pool = FewShotPool(train["messages"], train_groups, args.teacher_few_shot, args.seed, train_hints)
-    if args.loss == "sequence_kd":
-        convs = train["messages"]
-        answers = teacher_samples(teacher, teacher_tok, convs, args, pool, train_groups, train_hints)
+    if args.loss == "sequence_kd":  # each rank answers its share of the prompts with the whole teacher
+        convs = list(train["messages"])
+        idx = shard(range(len(convs)))
+        with full_model(teacher, None) as whole:
+            mine = teacher_samples(whole, teacher_tok, [convs[i] for i in idx], args, pool,
+                                   [train_groups[i] for i in idx] if train_groups is not None else None,
+                                   [train_hints[i] for i in idx] if train_hints is not None else None)
+        answers = gather_shards(mine)
         train = train.map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
             {"role": "assistant", "content": answers[i]}]}, with_indices=True)
     eval_rows = []
@@ -573,42 +589,43 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     teacher_prompts = (teacher_prompt_map(convs, student_tok, teacher_tok, args, pool, groups, hints)
                        if mode == "cross" or teacher_view else {})
 
-    metrics: dict = {"loss": args.loss, "tokenizer_mode": mode}
-    if args.distill_eval and eval_rows:
-        metrics["before"] = evaluate(student, teacher, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
-                                     teacher_prompts=teacher_prompts)
-        logger.info("held-out before: %s", metrics["before"])
-        if mode == "same" and "accuracy" in metrics["before"]:
-            metrics["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, eval_rows,
-                                                           args.distill_eval_max_new_tokens,
-                                                           teacher_prompts=teacher_prompts)
-            logger.info("held-out teacher accuracy %.3f (student before %.3f)", metrics["teacher_accuracy"],
-                        metrics["before"]["accuracy"])
-    engine = build_engine(student, student_tok, args)
     trainer = DistillTrainer(
         model=student, teacher_model=teacher, args=args, train_dataset=train, processing_class=student_tok,
-        engine=engine, teacher_prompts=teacher_prompts, teacher_device=args.teacher_device,
+        teacher_prompts=teacher_prompts, teacher_device=args.teacher_device,
     )
-    from align.checkpoint import install, resume_checkpoint
-    from align.preflight import preflight
-
+    set_rank_seed(args.seed, device_specific=True)  # dropout and sampling: a stream of its own per rank
+    trainer.attach_sampler(build_sampler(
+        args.rollout_backend, args.rollout_kwargs, trainer.accelerator.unwrap_model(trainer.model),
+        resolve_model_path(model_args.model_name_or_path), student_tok, trainer.accelerator, seed=args.seed,
+        max_model_len=args.max_length))
     preflight(trainer, script_args, stage="distill", raw_train=train)
     install(trainer, script_args)  # atomic checkpoints, non-finite guard, engine resync after a resume
+
+    metrics: dict = {"loss": args.loss, "tokenizer_mode": mode, "world_size": trainer.accelerator.num_processes}
+    measure = args.distill_eval and bool(eval_rows)
+    if measure:
+        before = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
+                                  teacher_prompts=teacher_prompts, with_teacher_accuracy=mode == "same")
+        if "teacher_accuracy" in before and "accuracy" in before:
+            metrics["teacher_accuracy"] = before["teacher_accuracy"]
+            logger.info("held-out teacher accuracy %.3f (student before %.3f)", metrics["teacher_accuracy"],
+                        before["accuracy"])
+        before.pop("teacher_accuracy", None)
+        metrics["before"] = before
+        logger.info("held-out before: %s", metrics["before"])
     trainer.train(resume_from_checkpoint=resume_checkpoint(args))
     metrics["teacher_prompt_misses"] = trainer.teacher_prompt_misses
-    metrics["engine_calls"] = trainer.vllm_generation.num_calls if engine is not None else 0
-    trainer.save_model(args.output_dir)
-    student_tok.save_pretrained(args.output_dir)
-    if engine is not None:
-        engine.close()
-    student = trainer.accelerator.unwrap_model(trainer.model)
-    if args.distill_eval and eval_rows:
-        metrics["after"] = evaluate(student, teacher, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
-                                    teacher_prompts=teacher_prompts)
+    metrics["engine_calls"] = trainer.sampler.num_calls if trainer.sampler is not None else 0
+    save_trained_model(trainer, student_tok, args.output_dir, merge_lora=True)
+    if measure:
+        metrics["after"] = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
+                                            teacher_prompts=teacher_prompts)
         logger.info("held-out after: %s", metrics["after"])
         b, a = metrics["before"], metrics["after"]
         logger.info("distill: held-out divergence %.4f -> %.4f, accuracy %.3f -> %.3f", b["divergence"],
                     a["divergence"], b.get("accuracy", float("nan")), a.get("accuracy", float("nan")))
+    if trainer.sampler is not None:
+        trainer.sampler.close(trainer.model_wrapped)
     if trainer.accelerator.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "distill_eval.json").write_text(json.dumps(metrics, indent=2))

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from align.distributed import gather_objects, gather_shards, shard, world
+
 logger = logging.getLogger(__name__)
 
 SUITES = ("loss", "mc", "generative", "vibe")
@@ -235,6 +237,11 @@ def score_mc(model, tokenizer, items: list[dict], batch_size: int = 16) -> dict:
         mcf = max(range(n), key=lambda i: mcf_scores[k + i][0])
         picks.append({"cf": cf, "mcf": mcf, "label": it["label"]})
         k += n
+    return mc_summary(items, picks)
+
+
+def mc_summary(items: list[dict], picks: list[dict]) -> dict:
+    """CF and MCF accuracy, the chance level, and the picks, of items scored in order."""
     num = max(len(items), 1)
     return {
         "cf": sum(p["cf"] == p["label"] for p in picks) / num,
@@ -416,11 +423,15 @@ def score_generations(rows: list[dict], texts: list[str], lengths: list[int], fi
 
 
 def run_generative(engine, tokenizer, rows: list[dict], mode: str, max_new_tokens: int) -> tuple[dict, list[dict]]:
-    prompts = [build_prompt(tokenizer, r["prompt"], mode) for r in rows]
-    rollouts = generate(engine, tokenizer, prompts, max_new_tokens, mode)
-    texts = [decode_completion(tokenizer, list(r.completion_ids), mode) for r in rollouts]
-    lengths = [len(r.completion_ids) for r in rollouts]
-    stats = score_generations(rows, texts, lengths, [r.finish_reason for r in rollouts], mode)
+    """Greedy answers to `rows` in `mode`, scored. Collective when a process group exists: each rank generates its
+    share of the rows and every rank returns the stats over all of them (in the rows' order)."""
+    mine = shard(rows)
+    prompts = [build_prompt(tokenizer, r["prompt"], mode) for r in mine]
+    rollouts = generate(engine, tokenizer, prompts, max_new_tokens, mode) if mine else []
+    parts = gather_shards([(decode_completion(tokenizer, list(r.completion_ids), mode), len(r.completion_ids),
+                            r.finish_reason) for r in rollouts])
+    texts, lengths, finish = [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
+    stats = score_generations(rows, texts, lengths, finish, mode)
     samples = [{"prompt": r["prompt"][:300], "answer": r.get("answer"), "completion": t} for r, t in zip(rows, texts)]
     return stats, samples
 
@@ -465,6 +476,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     from align.models import load_model, load_tokenizer, resolve_model_path
 
     start = time.perf_counter()
+    is_main = world()[0] == 0  # under `accelerate launch` every rank scores its share; rank 0 writes
     torch.manual_seed(cfg.seed)
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
@@ -480,14 +492,18 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     if "loss" in cfg.suites:
         t = time.perf_counter()
         for name, texts in _loss_texts(cfg).items():
-            res = heldout_loss(model, tokenizer, texts, cfg.loss_max_tokens, cfg.batch_size)
-            metrics[f"loss/{name}"], metrics[f"ppl/{name}"] = res["loss"], res["ppl"]
+            parts = gather_objects(heldout_loss(model, tokenizer, shard(texts), cfg.loss_max_tokens, cfg.batch_size))
+            tokens = sum(p["tokens"] for p in parts)
+            loss = sum(p["loss"] * p["tokens"] for p in parts) / max(tokens, 1)
+            metrics[f"loss/{name}"], metrics[f"ppl/{name}"] = loss, math.exp(min(loss, 50.0))
         seconds["loss"] = time.perf_counter() - t
     if "mc" in cfg.suites:
         t = time.perf_counter()
         for spec in cfg.mc_sets:
             name, num = set_spec(spec, MC_SETS, "mc_sets")
-            res = score_mc(model, tokenizer, mc_items(name, num, cfg), cfg.batch_size)
+            items = mc_items(name, num, cfg)
+            picks = gather_shards(score_mc(model, tokenizer, shard(items), cfg.batch_size)["picks"])
+            res = mc_summary(items, picks)
             metrics[f"cf/{name}"], metrics[f"mcf/{name}"] = res["cf"], res["mcf"]
             details[f"mc/{name}"] = {"chance": res["chance"], "picks": res["picks"]}
         seconds["mc"] = time.perf_counter() - t
@@ -511,7 +527,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                         metrics[f"{key}/{name}/{mode}"] = stats[key]
                     details[f"gen/{name}/{mode}"] = {**stats, "samples": samples[:8]}
             seconds["generative"] = time.perf_counter() - t
-        if "vibe" in cfg.suites:
+        if "vibe" in cfg.suites and is_main:  # fixed prompts for a person to read: one rank writes them
             t = time.perf_counter()
             md = vibe_markdown(engine, tokenizer, cfg.modes, cfg.vibe_max_new_tokens, cfg.stage or cfg.model_name_or_path)
             (out_dir / "vibes.md").write_text(md)
@@ -528,9 +544,10 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         "seconds": seconds,
         "config": asdict(cfg),
     }
-    tmp = out_dir / "eval_results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1, default=str))
-    os.replace(tmp, out_dir / "eval_results.json")  # a reader never sees half a file
+    if is_main:
+        tmp = out_dir / "eval_results.json.tmp"
+        tmp.write_text(json.dumps(results, indent=1, default=str))
+        os.replace(tmp, out_dir / "eval_results.json")  # a reader never sees half a file
     return results
 
 

@@ -28,13 +28,14 @@ import logging
 import math
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import trl
 
 from align.configs import apply_device_defaults
+from align.distributed import all_max, rank_seed
 from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API lives in align.grpo)
     build_rewards,
     check_completion_budget,
@@ -42,10 +43,11 @@ from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API l
     prepare_prompts,
     required_reward_columns,
 )
+from align.rollout import SamplingParams
+from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_BACKENDS = ("auto", "hf", "vllm", "vllm-server", "trl")
 PROMPT_MODES = ("think", "no_think")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 _LOGGED_FIELDS = (
@@ -194,24 +196,6 @@ def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> 
 # ----------------------------------------------------------------------------------------------- the trainer
 
 
-def _policy_named_params(model) -> Iterable[tuple[str, torch.Tensor]]:
-    """The weights the engine must serve: plain names, LoRA merged in (the engine holds a plain model)."""
-    if hasattr(model, "peft_config"):
-        model.merge_adapter()
-        try:
-            prefix = "base_model.model."
-            for name, p in model.named_parameters():
-                if "lora_" in name or "original_module" in name:
-                    continue
-                name = name.removeprefix(prefix).replace(".base_layer", "").replace(".modules_to_save.default", "")
-                yield name, p.data
-        finally:
-            model.unmerge_adapter()
-    else:
-        for name, p in model.named_parameters():
-            yield name, p.data
-
-
 class GRPOTrainer(trl.GRPOTrainer):
     """TRL's GRPOTrainer with generation by a shared rollout engine and DAPO dynamic sampling.
 
@@ -221,35 +205,32 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def __init__(self, *args, engine=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.engine = engine
-        # None: push once before the first generation too. A cached engine (one per model per process) may hold
-        # weights another run left in it.
-        self._engine_step: int | None = None
-        self._generation_calls = 0
+        self.sampler = None if engine is None else Sampler(engine, self.accelerator, seed=self.args.seed,
+                                                           sleep=bool((self.args.rollout_kwargs or {}).get("enable_sleep_mode")))
         self._refill_order: list[int] = []
-        self._refill_rng = random.Random(self.args.seed)
+        # each rank refills from its own stream of prompts (seeded by rank), the same for the same seed and world size
+        self._refill_rng = random.Random(rank_seed(self.args.seed, rank=self.accelerator.process_index))
         self._last_rewards_per_func: torch.Tensor | None = None
+
+    @property
+    def engine(self):
+        return None if self.sampler is None else self.sampler.engine
 
     # -- generation ---------------------------------------------------------------------------------------------
 
     def engine_shares_model(self) -> bool:
-        model = self.accelerator.unwrap_model(self.model)
-        return getattr(self.engine, "model", None) is model
+        return self.sampler is not None and self.sampler.shares(self.model_wrapped)
 
     def sync_engine(self) -> None:
-        """Push the current weights to the engine when it holds its own copy and they changed."""
-        if self.engine is None or self._engine_step == self.state.global_step:
+        """Push the current weights to the engine when it holds its own copy and they changed (every rank)."""
+        if self.sampler is None:
             return
-        if not self.engine_shares_model():
-            from trl.extras.profiling import profiling_context
+        from trl.extras.profiling import profiling_context
 
-            with profiling_context(self, "sync_weights"):
-                self.engine.update_weights(_policy_named_params(self.accelerator.unwrap_model(self.model)))
-        self._engine_step = self.state.global_step
+        with profiling_context(self, "sync_weights"):
+            self.sampler.sync(self.model_wrapped, self.state.global_step)
 
     def sampling_params(self, n: int, seed: int | None = None, greedy: bool = False):
-        from align.rollout import SamplingParams
-
         knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed,
                      logprobs=False)  # TRL recomputes the log-probs it trains on
         if greedy:
@@ -261,7 +242,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         return SamplingParams(**knobs)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if self.engine is None:
+        if self.sampler is None:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         if images is not None or multimodal_fields:
             raise ValueError("the shared rollout engine generates text only; set rollout_backend: trl for images")
@@ -272,18 +253,11 @@ class GRPOTrainer(trl.GRPOTrainer):
         unique = [list(prompt_ids[i]) for i in range(0, len(prompt_ids), g)]
         if any(list(prompt_ids[i + j]) != unique[i // g] for i in range(0, len(prompt_ids), g) for j in range(g)):
             g, unique = 1, [list(p) for p in prompt_ids]
-        self._generation_calls += 1
-        seed = self.args.seed * 1_000_003 + self._generation_calls
         from trl.extras.profiling import profiling_context
 
-        model = self.accelerator.unwrap_model(self.model)
-        was_training = model.training
-        with profiling_context(self, "rollout.generate"), torch.no_grad():
-            model.eval()  # the hf engine may run the trained model itself: no dropout while sampling
-            try:
-                groups = self.engine.generate(unique, self.sampling_params(g, seed=seed))
-            finally:
-                model.train(was_training)
+        with profiling_context(self, "rollout.generate"):
+            groups = self.sampler.generate(self.model_wrapped, unique,
+                                           self.sampling_params(g, seed=self.sampler.next_seed()))
         completion_ids = []
         for group in groups:
             assert len(group) == g, f"engine returned {len(group)} rollouts for n={g}"
@@ -321,28 +295,38 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not (self.args.dynamic_sampling and self.model.training):
             return super()._generate_and_score_completions(inputs)
-        if self.accelerator.num_processes > 1:
-            raise ValueError("dynamic_sampling runs on one process only; set dynamic_sampling: false for multi-GPU runs")
         g = self.num_generations
+        if len(inputs) % g:
+            raise ValueError(
+                f"dynamic_sampling needs whole prompt groups on every rank: this rank's generation batch has "
+                f"{len(inputs)} rows, not a multiple of num_generations={g}; make per_device_train_batch_size * "
+                "steps_per_generation a multiple of num_generations"
+            )
+        rank = self.accelerator.process_index
         num_groups = len(inputs) // g
         kept: list[tuple[dict, torch.Tensor]] = []
         spare: list[tuple[dict, torch.Tensor]] = []
         have, rounds, batch = 0, 0, inputs
         while True:
             rounds += 1
+            # Collective: every rank generates and TRL gathers the rewards of all ranks' rows, so every rank runs the
+            # same rounds with batches of one size (a rank that is already full still generates, then discards).
             scored = super()._generate_and_score_completions(batch)
-            signal = group_has_signal(self._weighted_rewards().cpu(), g)
+            local = len(batch)
+            mine = self._weighted_rewards().cpu()[rank * local : (rank + 1) * local]
+            signal = group_has_signal(mine, g)
             rows = torch.arange(signal.numel() * g).view(-1, g)
             take = rows[signal][: num_groups - have].flatten()
             if take.numel():
                 kept.append((scored, take))
                 have += take.numel() // g
             spare.append((scored, rows[~signal].flatten()))
-            if have >= num_groups or rounds >= self.args.dynamic_sampling_max_rounds:
+            missing = all_max(num_groups - have)
+            if missing == 0 or rounds >= self.args.dynamic_sampling_max_rounds:
                 break
-            # Draw enough fresh prompts for the groups still missing at this round's keep rate.
+            # Enough fresh prompts for the groups the neediest rank still misses, at this round's keep rate.
             keep_rate = max(signal.float().mean().item(), 1.0 / num_groups)
-            batch = self._refill_rows(min(num_groups, math.ceil((num_groups - have) / keep_rate)))
+            batch = self._refill_rows(all_max(min(num_groups, math.ceil(missing / keep_rate))))
         self._metrics["train"]["dynamic_sampling/rounds"].append(float(rounds))
         self._metrics["train"]["dynamic_sampling/kept_ratio"].append(have / num_groups)
         for scored, idx in spare:  # still short: zero-variance groups fill up (zero advantage, as without the filter)
@@ -358,22 +342,16 @@ class GRPOTrainer(trl.GRPOTrainer):
 # ----------------------------------------------------------------------------------------------- main
 
 
-def build_engine(args: GRPOConfig, model, model_path: str, tokenizer):
-    """The shared rollout engine for `rollout_backend` (None for `trl`). The hf engine gets the trained model object
-    (it samples with it: no weight sync); vLLM loads `model_path` and gets the weights pushed after each step."""
-    if args.rollout_backend == "trl":
-        return None
-    from align.rollout import choose_backend, get_engine
-
-    backend = choose_backend(model) if args.rollout_backend == "auto" else args.rollout_backend
-    knobs = dict(args.rollout_kwargs or {})
-    engine = get_engine(model if backend == "hf" else model_path, backend=backend, tokenizer=tokenizer, **knobs)
-    if backend == "vllm":
-        from align.rollout import fix_vllm_patched_model
-
-        fix_vllm_patched_model(model)  # vLLM's Transformers backend patches shared classes (SmolLM3): undo for ours
-    logger.info("rollout engine: %s", backend)
-    return engine
+def engine_context_length(args: GRPOConfig, prompts, tokenizer, chat_template: str | None = None) -> int:
+    """The rollout engine's context: TRL's `vllm_max_model_length` when set, else the longest prompt (of the first
+    1,000, rendered) plus `max_completion_length`."""
+    if args.vllm_max_model_length:
+        return args.vllm_max_model_length
+    rows = prompts.select(range(min(len(prompts), 1000)))
+    longest = max((len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
+                                                     chat_template=chat_template, **(args.chat_template_kwargs or {})))
+                   for r in rows), default=0)
+    return longest + args.max_completion_length + 8  # a few spare tokens: a template may add a suffix
 
 
 def main(script_args, training_args: GRPOConfig, model_args) -> dict:
@@ -381,13 +359,15 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     from trl import get_peft_config
 
     from align.chat import load_chat_template
+    from align.checkpoint import install, resume_checkpoint
     from align.data import get_dataset, require_columns
     from align.models import load_model, load_tokenizer, resolve_model_path
+    from align.preflight import preflight
+    from align.rollout import get_engine
+    from align.stage import save_trained_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.info("GRPO config: %s", {k: getattr(training_args, k) for k in _LOGGED_FIELDS})
-    if training_args.dynamic_sampling and training_args.world_size > 1:
-        raise ValueError("dynamic_sampling runs on one process only; set dynamic_sampling: false for multi-GPU runs")
     reward_funcs = build_rewards(training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
@@ -410,33 +390,36 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train,
                           processing_class=tokenizer, peft_config=get_peft_config(model_args))
     # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
-    engine = trainer.engine = build_engine(training_args, trainer.accelerator.unwrap_model(trainer.model), model_path,
-                                           tokenizer)
-    from align.checkpoint import install, resume_checkpoint
-    from align.preflight import preflight
-
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    trainer.sampler = build_sampler(
+        training_args.rollout_backend, training_args.rollout_kwargs, policy, model_path, tokenizer, trainer.accelerator,
+        seed=training_args.seed, max_model_len=engine_context_length(training_args, train, tokenizer, chat_template))
     preflight(trainer, script_args, stage="grpo", raw_train=train, reward_funcs=reward_funcs,
               chat_template=chat_template)
     install(trainer, script_args)  # atomic checkpoints, non-finite guard, engine resync after a resume
 
-    report: dict = {"rewards": trainer.reward_func_names, "completion_budget": budget}
+    report: dict = {"rewards": trainer.reward_func_names, "completion_budget": budget,
+                    "world_size": trainer.accelerator.num_processes}
     eval_rows = None
     if script_args.eval_after and test is not None and len(test):
         eval_rows = test.select(range(min(script_args.eval_num_prompts, len(test))))
-        eval_engine = engine or _hf_engine(trainer, tokenizer)
-        params = trainer.sampling_params(1, seed=training_args.seed, greedy=True)
-        evaluate = lambda: heldout_accuracy(  # noqa: E731
-            eval_engine, tokenizer, eval_rows, params, training_args.reward_funcs[0],
-            training_args.chat_template_kwargs, chat_template)
+        # rollout_backend trl has no sampler of ours: evaluate with an hf engine on the trained model
+        sampler = trainer.sampler or Sampler(get_engine(policy, backend="hf", tokenizer=tokenizer), trainer.accelerator)
+        params = trainer.sampling_params(1, greedy=True)
+
+        def evaluate() -> dict:  # every rank: its share of the rows, then everyone's results
+            sampler.sync(trainer.model_wrapped, trainer.state.global_step)
+            return heldout_accuracy(lambda ids, p: sampler.generate(trainer.model_wrapped, ids, p), tokenizer,
+                                    eval_rows, params, training_args.reward_funcs[0],
+                                    training_args.chat_template_kwargs, chat_template)
+
         report["before"] = evaluate()
         logger.info("held-out accuracy before GRPO: %.3f", report["before"]["accuracy"])
 
     trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
-    trainer.save_model(training_args.output_dir)
-    tokenizer.save_pretrained(training_args.output_dir)
+    save_trained_model(trainer, tokenizer, training_args.output_dir, merge_lora=True)
 
     if eval_rows is not None:
-        trainer.sync_engine()
         report["after"] = evaluate()
         logger.info("held-out accuracy after GRPO: %.3f (before %.3f)", report["after"]["accuracy"],
                     report["before"]["accuracy"])
@@ -445,15 +428,9 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         os.makedirs(training_args.output_dir, exist_ok=True)
         with open(os.path.join(training_args.output_dir, "grpo_eval.json"), "w") as f:
             json.dump({k: v for k, v in report.items() if k != "log_history"}, f, indent=2, default=str)
-    if engine is not None and not trainer.engine_shares_model():
-        engine.close()
+    if trainer.sampler is not None:
+        trainer.sampler.close(trainer.model_wrapped)
     return report
-
-
-def _hf_engine(trainer: GRPOTrainer, tokenizer):
-    from align.rollout import get_engine
-
-    return get_engine(trainer.accelerator.unwrap_model(trainer.model), backend="hf", tokenizer=tokenizer)
 
 
 def mean_metric(log_history: Sequence[dict], key: str, last: int | None = None) -> float:

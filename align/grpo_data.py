@@ -137,29 +137,38 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
 # ----------------------------------------------------------------------------------------------- evaluation
 
 
-def heldout_accuracy(engine, tokenizer, dataset, params, default_reward: str, template_kwargs: dict | None = None,
+def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, template_kwargs: dict | None = None,
                      chat_template: str | None = None) -> dict:
-    """Greedy accuracy on held-out rows: each row scored by its `reward` column (else `default_reward`)."""
+    """Greedy accuracy on held-out rows: each row scored by its `reward` column (else `default_reward`).
+
+    `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective:
+    call it on every rank; each rank generates and scores its share of the rows, and every rank returns the report
+    over all of them."""
+    from align.distributed import gather_shards, shard
     from rewards import get_reward
 
+    rows = shard([dict(r) for r in dataset])
     prompts = [
         tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
                                       chat_template=chat_template, **(template_kwargs or {}))
-        for r in dataset
+        for r in rows
     ]
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    outs = engine.generate(ids, params)
+    outs = generate(ids, params)
     texts = tokenizer.batch_decode([o[0].completion_ids for o in outs], skip_special_tokens=True)
-    correct, lengths = [], [len(o[0].completion_ids) for o in outs]
-    for row, text in zip(dataset, texts):
+    mine = []
+    for row, text, out in zip(rows, texts, outs):
         reward = get_reward(row.get("reward") or default_reward)
         score = reward([text], **{k: [v] for k, v in row.items() if k not in ("prompt", "completion")})[0]
-        correct.append(float(score is not None and score >= 1.0))
+        mine.append((float(score is not None and score >= 1.0), len(out[0].completion_ids), text, row.get("family")))
+    results = gather_shards(mine)
+    correct = [c for c, _, _, _ in results]
+    lengths = [n for _, n, _, _ in results]
     report = {"accuracy": sum(correct) / max(len(correct), 1), "num_prompts": len(correct),
-              "mean_completion_length": sum(lengths) / max(len(lengths), 1), "sample": texts[:3]}
+              "mean_completion_length": sum(lengths) / max(len(lengths), 1), "sample": [t for _, _, t, _ in results][:3]}
     if "family" in dataset.column_names:  # task rows: which families moved
         by: dict[str, list[float]] = {}
-        for fam, ok in zip(dataset["family"], correct):
+        for ok, _, _, fam in results:
             by.setdefault(fam, []).append(ok)
         report["by_family"] = {f: sum(v) / len(v) for f, v in sorted(by.items())}
     return report

@@ -28,6 +28,8 @@ import torch
 import trl
 
 from align.configs import apply_device_defaults
+from align.distributed import full_model, gather_shards, shard
+from align.stage import save_trained_model
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class PreferenceArgs:
     preference_eval_batch_size: int = field(
         default=8, metadata={"help": "Pairs per forward pass when measuring held-out preference accuracy."}
     )
-    merge_adapter: bool = field(
+    merge_lora_on_save: bool = field(
         default=True,
         metadata={"help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter)."},
     )
@@ -245,9 +247,21 @@ def completion_logps(model, sequences: list[tuple[list[int], list[int]]], batch_
     return torch.cat(out) if out else torch.zeros(0)
 
 
-def pair_logps(model, tokenizer, dataset, batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen_logps, rejected_logps) of `model` on the paired `dataset`."""
-    ids = [pair_token_ids(tokenizer, row) for row in dataset]
+def pair_logps(model, tokenizer, dataset, batch_size: int = 8, accelerator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen_logps, rejected_logps) of `model` on the paired `dataset`.
+
+    With an `accelerator`, `model` is what the trainer trains (`trainer.model_wrapped`) and the call is collective:
+    every rank scores its share of the pairs on whole weights (gathered under ZeRO-3) and gets all the results."""
+    if accelerator is None:
+        return _pair_logps(model, tokenizer, list(dataset), batch_size)
+    with full_model(model, accelerator) as whole:
+        mine = _pair_logps(whole, tokenizer, shard(list(dataset)), batch_size)
+    pairs = gather_shards(list(zip(mine[0].tolist(), mine[1].tolist())))
+    return torch.tensor([c for c, _ in pairs]), torch.tensor([r for _, r in pairs])
+
+
+def _pair_logps(model, tokenizer, rows: list[dict], batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = [pair_token_ids(tokenizer, row) for row in rows]
     chosen = completion_logps(model, [(p, c) for p, c, _ in ids], batch_size)
     rejected = completion_logps(model, [(p, r) for p, _, r in ids], batch_size)
     return chosen, rejected
@@ -295,17 +309,6 @@ def _trainer_class(kind: str):
     return ORPOTrainer
 
 
-def _save(trainer, tokenizer, training_args, use_peft: bool) -> None:
-    out = training_args.output_dir
-    if use_peft and training_args.merge_adapter:
-        trainer.model.save_pretrained(os.path.join(out, "adapter"))
-        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
-        merged.save_pretrained(out)
-    else:
-        trainer.save_model(out)
-    tokenizer.save_pretrained(out)
-
-
 def main(script_args, training_args, model_args) -> dict:
     """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics."""
     from transformers import set_seed
@@ -338,15 +341,6 @@ def main(script_args, training_args, model_args) -> dict:
                        attn_implementation=model_args.attn_implementation)
     peft_config = trl.get_peft_config(model_args)
 
-    metrics: dict = {"trainer": kind, "loss_type": getattr(training_args, "loss_type", None)}
-    ref = None
-    if training_args.preference_eval and test_pairs is not None:
-        ref = pair_logps(model, tokenizer, test_pairs, training_args.preference_eval_batch_size)
-        metrics["before"] = preference_accuracy(*ref, *ref)
-        logger.info("held-out preference before: %s", metrics["before"])
-    elif training_args.preference_eval:
-        logger.warning("no paired test split: held-out preference accuracy is not measured (set test_split_size)")
-
     trainer = _trainer_class(kind)(
         model=model,
         args=training_args,
@@ -360,6 +354,18 @@ def main(script_args, training_args, model_args) -> dict:
 
     preflight(trainer, script_args, stage=kind, raw_train=train)
     install(trainer, script_args)  # atomic checkpoints, non-finite guard
+
+    metrics: dict = {"trainer": kind, "loss_type": getattr(training_args, "loss_type", None),
+                     "world_size": trainer.accelerator.num_processes}
+    ref = None
+    batch = training_args.preference_eval_batch_size
+    if training_args.preference_eval and test_pairs is not None:
+        ref = pair_logps(trainer.model_wrapped, tokenizer, test_pairs, batch, trainer.accelerator)
+        metrics["before"] = preference_accuracy(*ref, *ref)
+        logger.info("held-out preference before: %s", metrics["before"])
+    elif training_args.preference_eval:
+        logger.warning("no paired test split: held-out preference accuracy is not measured (set test_split_size)")
+
     result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
     metrics["train"] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
     log_losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -367,9 +373,8 @@ def main(script_args, training_args, model_args) -> dict:
         metrics["train"]["first_logged_loss"], metrics["train"]["last_logged_loss"] = log_losses[0], log_losses[-1]
 
     if ref is not None:
-        policy = trainer.accelerator.unwrap_model(trainer.model)
         metrics["after"] = preference_accuracy(
-            *pair_logps(policy, tokenizer, test_pairs, training_args.preference_eval_batch_size), *ref
+            *pair_logps(trainer.model_wrapped, tokenizer, test_pairs, batch, trainer.accelerator), *ref
         )
         b, a = metrics["before"], metrics["after"]
         logger.info(
@@ -377,9 +382,8 @@ def main(script_args, training_args, model_args) -> dict:
             b["preference_accuracy"], a["preference_accuracy"], b["logp_accuracy"], a["logp_accuracy"], a["num_pairs"],
         )
 
-    if training_args.process_index == 0:
-        _save(trainer, tokenizer, training_args, peft_config is not None)
-        os.makedirs(training_args.output_dir, exist_ok=True)
+    save_trained_model(trainer, tokenizer, training_args.output_dir, training_args.merge_lora_on_save)  # every rank
+    if trainer.accelerator.is_main_process:
         with open(os.path.join(training_args.output_dir, "preference_eval.json"), "w") as f:
             json.dump(metrics, f, indent=2)
     return metrics

@@ -39,6 +39,8 @@ from torch.utils.data import Sampler
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from align.configs import apply_device_defaults
+from align.distributed import full_model
+from align.stage import save_trained_model
 
 logger = logging.getLogger(__name__)
 
@@ -185,19 +187,20 @@ def prepare_sft_data(dataset, tokenizer, args: SFTConfig, chat_template: str | N
 # ----------------------------------------------------------------------------------------------- evaluation
 
 
-def heldout_chat_eval(model, tokenizer, rows: list[dict], modes: list[str], max_new_tokens: int) -> dict:
-    """Greedy answers to held-out task prompts per mode: accuracy, chat-format rate, lengths (align.evaluate)."""
+def heldout_chat_eval(model, accelerator, tokenizer, rows: list[dict], modes: list[str], max_new_tokens: int) -> dict:
+    """Greedy answers to held-out task prompts per mode: accuracy, chat-format rate, lengths (align.evaluate).
+
+    `model` is what the trainer trains (`trainer.model_wrapped`). Collective: every rank enters (ZeRO-3 gathers the
+    weights), answers its share of the rows, and gets the stats over all of them."""
     from align.evaluate import run_generative
     from align.rollout import get_engine
 
-    was_training = model.training
-    model.eval()
-    engine = get_engine(model, backend="hf", tokenizer=tokenizer)
-    try:
-        return {mode: run_generative(engine, tokenizer, rows, mode, max_new_tokens)[0] for mode in modes}
-    finally:
-        engine.close()
-        model.train(was_training)
+    with full_model(model, accelerator) as whole:
+        engine = get_engine(whole, backend="hf", tokenizer=tokenizer)
+        try:
+            return {mode: run_generative(engine, tokenizer, rows, mode, max_new_tokens)[0] for mode in modes}
+        finally:
+            engine.close()
 
 
 def _eval_rows(dataset, num: int) -> list[dict]:
@@ -208,21 +211,6 @@ def _eval_rows(dataset, num: int) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------- main
-
-
-def _save(trainer, tokenizer, args: SFTConfig, use_peft: bool) -> None:
-    """Every rank calls this (ZeRO-3 gathers the shards inside save_model); rank 0 writes."""
-    out = args.output_dir
-    if use_peft and args.merge_lora_on_save:
-        trainer.save_model(os.path.join(out, "adapter"))
-        if trainer.accelerator.is_main_process:
-            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
-            merged.save_pretrained(out)
-    else:
-        trainer.save_model(out)
-    if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(out)  # the chat template travels with the tokenizer (chat_template.jinja)
-    trainer.accelerator.wait_for_everyone()
 
 
 def _load(model_args, args: SFTConfig):
@@ -264,9 +252,10 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
 
     data = get_dataset(script_args)
     raw_train, raw_test = data["train"], data["test"] if "test" in data else None
-    train = prepare_sft_data(raw_train, tokenizer, training_args, chat_template, "train")
     use_eval = raw_test is not None and len(raw_test) and training_args.eval_strategy != "no"
-    test = prepare_sft_data(raw_test, tokenizer, training_args, chat_template, "test") if use_eval else None
+    with training_args.main_process_first(desc="tokenizing the SFT data"):  # rank 0 fills the cache, the rest read it
+        train = prepare_sft_data(raw_train, tokenizer, training_args, chat_template, "train")
+        test = prepare_sft_data(raw_test, tokenizer, training_args, chat_template, "test") if use_eval else None
     # The masks are in the data now: TRL builds labels from them (assistant_masks always, completion_mask when
     # completion_only_loss). Its own assistant_only_loss path needs {% generation %} markers, so it stays off.
     training_args.assistant_only_loss = False
@@ -276,20 +265,16 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     peft_config = trl.get_peft_config(model_args)
     trainer = SFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=test,
                          processing_class=tokenizer, peft_config=peft_config)
-    install(trainer, script_args)
     preflight(trainer, script_args, stage="sft", raw_train=raw_train, chat_template=chat_template)
+    install(trainer, script_args)  # atomic checkpoints, non-finite guard
 
     report: dict = {"world_size": trainer.accelerator.num_processes,
                      "distributed_type": str(trainer.accelerator.distributed_type)}
     rows = _eval_rows(raw_test, script_args.eval_num_prompts) if script_args.eval_after else []
-    if rows and _is_zero3(training_args):
-        logger.info("eval_after: skipped under DeepSpeed ZeRO-3 (sharded weights); run scripts/evaluate.py on "
-                    "the saved model instead")
-        rows = []
     modes = ["think", "no_think"]
-    if rows and trainer.accelerator.is_main_process:
-        report["before"] = heldout_chat_eval(trainer.model, tokenizer, rows, [*modes, "plain"],
-                                             training_args.sft_eval_max_new_tokens)
+    if rows:  # every rank: its share of the prompts, on whole weights
+        report["before"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows,
+                                             [*modes, "plain"], training_args.sft_eval_max_new_tokens)
         logger.info("held-out before SFT: %s", _summary(report["before"]))
 
     result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
@@ -297,24 +282,16 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if losses:
         report["train"]["first_logged_loss"], report["train"]["last_logged_loss"] = losses[0], losses[-1]
-    _save(trainer, tokenizer, training_args, peft_config is not None)
+    save_trained_model(trainer, tokenizer, training_args.output_dir, training_args.merge_lora_on_save)
 
+    if rows:
+        report["after"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows, modes,
+                                            training_args.sft_eval_max_new_tokens)
+        logger.info("held-out after SFT: %s", _summary(report["after"]))
     if trainer.accelerator.is_main_process:
-        if rows:  # the saved artifact, loaded back: what the next stage will get
-            from align.models import load_model, load_tokenizer
-
-            saved = load_model(training_args.output_dir, dtype="float32")
-            report["after"] = heldout_chat_eval(saved, load_tokenizer(training_args.output_dir), rows, modes,
-                                                training_args.sft_eval_max_new_tokens)
-            logger.info("held-out after SFT: %s", _summary(report["after"]))
         with open(os.path.join(training_args.output_dir, "sft_eval.json"), "w") as f:
             json.dump(report, f, indent=2, default=str)
     return report
-
-
-def _is_zero3(args) -> bool:
-    plugin = getattr(args, "deepspeed_plugin", None)
-    return plugin is not None and getattr(plugin, "zero_stage", 0) == 3
 
 
 def _summary(per_mode: dict) -> str:

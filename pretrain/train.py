@@ -25,12 +25,12 @@ import os
 import random
 import shutil
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from align.distributed import param_ndim, zero3_init_disabled
 from pretrain.model import ModelArguments, build_model, describe, flops_per_token
 
 SCHEDULES = ("wsd", "cosine", "multistep", "constant")
@@ -164,7 +164,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or p is emb or "embed" in name else decay).append(p)
+        (no_decay if param_ndim(p) < 2 or p is emb or "embed" in name else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -198,25 +198,65 @@ def _fsync_dir(path: str) -> None:
                 os.fsync(fh.fileno())
 
 
-def save_checkpoint(out_dir: str, step: int, model, optimizer, state: dict, tokenizer, keep: int) -> str:
-    """Write checkpoints/step_N atomically (tmp dir, fsync, rename); keep the last `keep`. Rank 0 only."""
+def save_checkpoint(out_dir: str, step: int, acc, model, optimizer, state: dict, tokenizer, keep: int) -> str:
+    """Write checkpoints/step_N atomically (tmp dir, fsync, rename); keep the last `keep`. Every rank calls it.
+
+    Plain / DDP: rank 0 writes the weights (model.safetensors, also a loadable HF model), optimizer and RNG.
+    DeepSpeed: the engine writes its sharded model and optimizer state from every rank (`ds/`), each rank its
+    RNG; rank 0 adds the gathered weights as model.safetensors. Only then is the directory renamed."""
     root = os.path.join(out_dir, "checkpoints")
     final, tmp = os.path.join(root, f"step_{step:07d}"), os.path.join(root, f".tmp_step_{step:07d}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    torch.save(rng, os.path.join(tmp, "rng.pt"))
-    with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-        json.dump(state, f)
-    _fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-    for old in list_checkpoints(out_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    deepspeed = _is_deepspeed(acc)
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    acc.wait_for_everyone()
+    raw = acc.unwrap_model(model)
+    weights = acc.get_state_dict(model) if deepspeed else None  # collective under ZeRO-3
+    if deepspeed:
+        model.save_checkpoint(tmp, tag=DS_TAG)  # collective: each rank its shards of weights and optimizer
+        torch.save(_rng_state(), os.path.join(tmp, f"rng_{acc.process_index}.pt"))
+    if acc.is_main_process:
+        raw.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
+        tokenizer.save_pretrained(tmp)
+        if not deepspeed:
+            torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+            torch.save(_rng_state(), os.path.join(tmp, "rng.pt"))
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump(state, f)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        _fsync_dir(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        for old in list_checkpoints(out_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
     return final
+
+
+DS_TAG = "ds"  # the DeepSpeed engine's own checkpoint inside step_N
+
+
+def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
+    """The DeepSpeed config's `auto` values, from the recipe: without an HF Trainer (or a dataloader handed to
+    prepare()) nothing else fills them, and DeepSpeed fails on the literal 'auto'."""
+    ds = acc.state.deepspeed_plugin.deepspeed_config
+    ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
+    ds["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum_steps * acc.num_processes
+    ds["gradient_clipping"] = cfg.max_grad_norm or 0.0
+    for key in ("bf16", "fp16"):
+        if isinstance(ds.get(key), dict) and ds[key].get("enabled") == "auto":
+            ds[key]["enabled"] = (cfg.mixed_precision == "bf16") if key == "bf16" else False
+
+
+def _is_deepspeed(acc) -> bool:
+    return getattr(acc.state, "deepspeed_plugin", None) is not None
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
 
 def list_checkpoints(out_dir: str) -> list[str]:
@@ -226,17 +266,27 @@ def list_checkpoints(out_dir: str) -> list[str]:
     return [os.path.join(root, d) for d in sorted(os.listdir(root)) if d.startswith("step_")]
 
 
-def load_checkpoint(path: str, model, optimizer) -> dict:
+def load_checkpoint(path: str, acc, model, optimizer) -> dict:
     """Restore weights, optimizer and RNG in place; return the trainer state (step, data position, history)."""
-    from safetensors.torch import load_file
+    if _is_deepspeed(acc):
+        if not os.path.isdir(os.path.join(path, DS_TAG)):
+            raise ValueError(f"checkpoint {path} has no DeepSpeed state ({DS_TAG}/): it was written without DeepSpeed; "
+                             "resume it with the same launch it was written with")
+        model.load_checkpoint(path, tag=DS_TAG)  # collective: module and optimizer shards
+        rng_file = os.path.join(path, f"rng_{acc.process_index}.pt")
+    else:
+        from safetensors.torch import load_file
 
-    weights = load_file(os.path.join(path, "model.safetensors"))
-    model.load_state_dict(weights, strict=False)  # tied head is absent from the file by design
-    model.tie_weights()
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
-    rng = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
+        raw = acc.unwrap_model(model)
+        weights = load_file(os.path.join(path, "model.safetensors"))
+        raw.load_state_dict(weights, strict=False)  # tied head is absent from the file by design
+        raw.tie_weights()
+        optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
+        rng_file = os.path.join(path, "rng.pt")
+    if os.path.isfile(rng_file):
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
     with open(os.path.join(path, "trainer_state.json")) as f:
         return json.load(f)
 
@@ -345,10 +395,13 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
+    from align.configs import check_launch
     from pretrain.data import PackedStream
     from pretrain.tokenizer import SPECIAL_TOKENS
 
-    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+    check_launch()  # FSDP on a CPU, a multi-node launch without its address: one clear line
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available(),
+                      gradient_accumulation_steps=cfg.grad_accum_steps)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
@@ -363,7 +416,8 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     # Our specials when present (a hub tokenizer may lack some: they are simply not set in the config).
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     special = {t: i for t, i in ids.items() if i is not None and i != tokenizer.unk_token_id}
-    model = _load_or_build_model(model_args, cfg, tokenizer, special)
+    with zero3_init_disabled():  # built whole (the same on every rank); DeepSpeed partitions it in prepare()
+        model = _load_or_build_model(model_args, cfg, tokenizer, special)
     stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))} for s in cfg.stages]
     stream = PackedStream(
         cfg.sources,
@@ -384,6 +438,9 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_epsilon,
     )
+    description = describe(model, cfg.seq_len)  # before prepare(): ZeRO-3 leaves each rank a shard
+    if _is_deepspeed(acc):
+        _fill_deepspeed_config(acc, cfg)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)
 
@@ -392,7 +449,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     if resume == "auto":
         resume = (list_checkpoints(cfg.output_dir) or [None])[-1]
     if resume:
-        state = load_checkpoint(resume, raw, optimizer)
+        state = load_checkpoint(resume, acc, model, optimizer)
         stream.load_state_dict(state["data"])
         step, history, evals, skipped = state["step"], state["history"], state["evals"], state["skipped"]
         acc.print(f"resumed from {resume} at step {step}")
@@ -412,15 +469,12 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
     peak = cfg.peak_flops or measure_matmul_flops(dtype)
     run_config = {**asdict(model_args), **asdict(cfg), "total_steps": total_steps}
-    acc.print(f"model: {describe(raw, cfg.seq_len)}; {total_steps} steps x {tokens_per_step} tokens")
+    acc.print(f"model: {description}; {total_steps} steps x {tokens_per_step} tokens")
     log = Logger(cfg, acc.is_main_process, total_steps, step, run_config)
 
-    def checkpoint() -> str | None:
-        acc.wait_for_everyone()
-        if not acc.is_main_process:
-            return None
+    def checkpoint() -> str:  # every rank (collective under DeepSpeed)
         state = {"step": step, "data": stream.state_dict(), "history": history, "evals": evals, "skipped": skipped}
-        return save_checkpoint(cfg.output_dir, step, raw, optimizer, state, tokenizer, cfg.save_total_limit)
+        return save_checkpoint(cfg.output_dir, step, acc, model, optimizer, state, tokenizer, cfg.save_total_limit)
 
     running, t_interval, tokens_interval = None, time.perf_counter(), 0
     model.train()
@@ -429,16 +483,17 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros(())
-        for micro in range(cfg.grad_accum_steps):
+        for _ in range(cfg.grad_accum_steps):
             batch = stream.next_batch(cfg.micro_batch_size)
-            last = micro == cfg.grad_accum_steps - 1
-            with acc.no_sync(model) if not last else nullcontext():
-                loss = lm_loss(model, batch, cfg.z_loss) / cfg.grad_accum_steps
+            # accumulate(): no DDP sync until the last micro-batch; backward() scales by 1/grad_accum_steps (DeepSpeed
+            # scales itself, and steps its engine inside the last backward: the guard below sees that step after it)
+            with acc.accumulate(model):
+                loss = lm_loss(model, batch, cfg.z_loss)
                 acc.backward(loss)
-            loss_sum += loss.detach()
+            loss_sum += loss.detach().float().cpu() / cfg.grad_accum_steps
         loss_val = acc.reduce(loss_sum, "mean").item() if acc.num_processes > 1 else loss_sum.item()
         grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-        grad_norm = float(grad_norm)
+        grad_norm = float("nan") if grad_norm is None else float(grad_norm)
         bad = "non-finite loss/grad" if not (math.isfinite(loss_val) and math.isfinite(grad_norm)) else None
         policy = cfg.nan_policy
         if bad is None and running is not None and step >= cfg.warmup_steps and loss_val > cfg.spike_factor * running:
@@ -508,14 +563,15 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         "evals": evals,
         "skipped": skipped,
         "final_eval": evals[-1] if evals else {},
-        "model": describe(raw, cfg.seq_len),
+        "model": description,
     }
     if cfg.save_steps:
         checkpoint()
     acc.wait_for_everyone()
+    weights = acc.get_state_dict(model)  # collective under ZeRO-3: every rank, whole on rank 0
     if acc.is_main_process:
         os.makedirs(cfg.output_dir, exist_ok=True)
-        raw.save_pretrained(cfg.output_dir, safe_serialization=True, state_dict=acc.get_state_dict(model))
+        raw.save_pretrained(cfg.output_dir, safe_serialization=True, state_dict=weights)
         tokenizer.save_pretrained(cfg.output_dir)
         with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
             json.dump({**result, "config": run_config}, f, indent=1, default=str)

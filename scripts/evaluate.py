@@ -11,15 +11,18 @@ metrics; the pipeline runs it after every stage.
 import logging
 
 from align.cli import run
+from align.distributed import init_from_launcher, world
 from align.evaluate import EvalConfig, evaluate, format_metrics
 
 CONFIG_TYPES = (EvalConfig,)
 
 
 def main(cfg: EvalConfig) -> dict:
+    init_from_launcher()  # under `accelerate launch --num_processes N` the ranks split the items
     results = evaluate(cfg)
-    print(format_metrics(results["metrics"]))
-    print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
+    if world()[0] == 0:
+        print(format_metrics(results["metrics"]))
+        print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
     return results
 
 

@@ -331,8 +331,10 @@ def test_bad_config_values_name_the_field():
         DistillConfig(output_dir="/tmp/unused", tokenizer_mode="other")
 
 
-def test_engine_adapter_samples_per_unique_prompt_and_syncs(monkeypatch):
-    import align.distill as distill
+def test_engine_adapter_samples_per_unique_prompt_and_syncs():
+    from types import SimpleNamespace
+
+    from align.sampler import Sampler
 
     class Rollout:
         def __init__(self, ids):
@@ -342,17 +344,19 @@ def test_engine_adapter_samples_per_unique_prompt_and_syncs(monkeypatch):
         synced = None
 
         def generate(self, prompts, params):
-            return [[Rollout([p[0], k]) for k in range(params["n"])] for p in prompts]
+            assert params.seed is not None and params.n == 2  # a fresh per-rank seed for every call
+            return [[Rollout([p[0], k]) for k in range(params.n)] for p in prompts]
 
         model = None  # holds its own copy: weights must be pushed
 
         def update_weights(self, named):
-            self.synced = dict(named)
+            self.synced = {n: t.clone() for n, t in named}
 
-    monkeypatch.setattr(distill, "sampling_params", lambda **kw: kw)
     model = torch.nn.Linear(2, 2)
     engine = FakeEngine()
-    gen = EngineGeneration(engine, model, DistillConfig(output_dir="/tmp/unused"), stop_token_ids=[0])
+    trainer = SimpleNamespace(model_wrapped=model, state=SimpleNamespace(global_step=0))
+    gen = EngineGeneration(Sampler(engine, None, seed=0), trainer, DistillConfig(output_dir="/tmp/unused"),
+                           stop_token_ids=[0])
     prompts, completions, _, _ = gen.generate([[5], [5], [7], [7]], num_generations=2)
     assert completions == [[5, 0], [5, 1, 0], [7, 0], [7, 1, 0]]  # stop token appended once
     gen.sync_weights()

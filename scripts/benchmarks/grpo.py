@@ -99,7 +99,7 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     """Train `num_steps` steps with a fresh trainer; time the steps after the first."""
     import trl
 
-    from align.grpo import GRPOConfig, GRPOTrainer, build_engine, build_rewards, prepare_prompts
+    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
     from align.models import load_model, load_tokenizer
     from data_gen.tasks import tasks_dataset
 
@@ -115,7 +115,9 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     model = load_model(model_dir)
     reward_funcs = build_rewards(args)
     if ours:
-        engine = build_engine(args, model, model_dir, tokenizer)
+        from align.sampler import build_sampler
+
+        engine = build_sampler(args.rollout_backend, args.rollout_kwargs, model, model_dir, tokenizer, None).engine
         trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
                               processing_class=tokenizer, engine=engine)
     else:  # TRL as it comes: its own GRPOTrainer, transformers generation
