@@ -244,7 +244,7 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
     ds = acc.state.deepspeed_plugin.deepspeed_config
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
-    ds["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum_steps * acc.num_processes
+    ds.pop("train_batch_size", None)  # DeepSpeed derives it: micro batch x accumulation x world size
     ds["gradient_clipping"] = cfg.max_grad_norm or 0.0
     for key in ("bf16", "fp16"):
         if isinstance(ds.get(key), dict) and ds[key].get("enabled") == "auto":
@@ -399,9 +399,19 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     from pretrain.data import PackedStream
     from pretrain.tokenizer import SPECIAL_TOKENS
 
-    check_launch()  # FSDP on a CPU, a multi-node launch without its address: one clear line
-    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available(),
-                      gradient_accumulation_steps=cfg.grad_accum_steps)
+    check_launch()  # FSDP on a CPU: one clear line
+    for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps), ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
+        if os.environ.get(f"ACCELERATE_{key}") == "auto":  # an accelerate DeepSpeed config's `auto`: the recipe's value
+            os.environ[f"ACCELERATE_{key}"] = str(value)
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        # As transformers' TrainingArguments does: the ranks join over gloo first, then the Accelerator takes DeepSpeed
+        # (cpu=True would drop DeepSpeed; neither would leave every rank believing it is rank 0 of 1).
+        from accelerate import PartialState
+
+        PartialState(cpu=True)
+        on_cpu = False
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=on_cpu, gradient_accumulation_steps=cfg.grad_accum_steps)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
