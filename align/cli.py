@@ -8,7 +8,8 @@ TRL sees anything we check the recipe ourselves, because a typo must not cost a 
 file, malformed YAML, an unknown key (with the closest valid key suggested) or a value of the
 wrong type each end in ONE line on stderr and exit code 2. `run(main, *types)` also turns the
 user errors a stage raises (ValueError, FileNotFoundError, ImportError) into one line and exit
-code 1; set `SMOLALIGN_DEBUG=1` to see the traceback instead.
+code 1; set `SMOLALIGN_DEBUG=1` to see the traceback instead. Under `accelerate launch` the line comes
+from rank 0 (another rank prints only an error of its own), and only rank 0 logs below WARNING.
 
 Every script follows one shape (tests/test_cli.py parses every recipe through it):
 
@@ -198,14 +199,36 @@ def _structured_cli_values(args: list[str], dataclass_types: Sequence[type], par
     return rest
 
 
+# A rank other than 0 waits this long before printing its own error: when every rank fails alike, rank 0 prints and
+# exits first and the launcher stops the others in the meantime, so the user reads the line once; an error of that
+# rank alone still gets printed (then the launcher stops the rest: no rank is left waiting in a collective).
+OTHER_RANK_ERROR_DELAY_S = 5.0
+
+
+def launch_rank() -> int:
+    """This process's rank as the launcher (accelerate launch, torchrun) announced it; 0 in a plain process."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
 def fail(message: str, code: int = 1) -> typing.NoReturn:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    rank = launch_rank()
+    if rank > 0:
+        import time
+
+        time.sleep(OTHER_RANK_ERROR_DELAY_S)
+        message = f"[rank {rank}] {message}"
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 
 def run(main: Callable[..., object], *dataclass_types: type, args: Sequence[str] | None = None) -> object:
-    """Parse the recipe, call `main(*configs)`, and turn user errors into one line (see module doc)."""
+    """Parse the recipe, call `main(*configs)`, and turn user errors into one line (see module doc). Under a
+    multi-process launch only rank 0 logs below WARNING and prints the error line (see OTHER_RANK_ERROR_DELAY_S)."""
     debug = os.environ.get("SMOLALIGN_DEBUG", "") not in ("", "0")
+    if launch_rank() > 0 and not debug:
+        import logging
+
+        logging.getLogger().setLevel(logging.WARNING)
     try:
         configs = parse(*dataclass_types, args=args)
     except (RecipeError, ValueError, TypeError) as e:

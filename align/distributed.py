@@ -213,3 +213,11 @@ def init_from_launcher() -> None:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op without a process group)."""
+    import torch.distributed as dist
+
+    if world()[1] > 1:
+        dist.barrier()

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from align.distributed import barrier, init_from_launcher, rank_seed, shard, world
+
 logger = logging.getLogger(__name__)
 
 METHODS = ("strong_weak", "graded")
@@ -294,32 +296,49 @@ def _append(path: Path, rows: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
+def _work_files(work: Path, split: str, rank: int, size: int) -> tuple[Path, Path]:
+    """This rank's pairs and progress files (one pair of files per rank under `accelerate launch`)."""
+    tag = split if size == 1 else f"{split}.rank{rank}-of-{size}"
+    return work / f"{tag}.pairs.jsonl", work / f"{tag}.progress.jsonl"
+
+
+def _merged(work: Path, split: str, size: int, kind: str) -> list[dict]:
+    """Every rank's pairs (kind 0) or progress lines (kind 1) of a split."""
+    return [r for rank in range(size) for r in _read_jsonl(_work_files(work, split, rank, size)[kind])]
+
+
 def generate_split(split: str, rows: list[dict], make_batch, cfg: PreferenceDataConfig) -> dict:
-    """Pairs for one split, batch by batch into output_dir/.work; finished batches are skipped on rerun."""
+    """Pairs for one split, batch by batch into output_dir/.work; finished batches are skipped on rerun.
+
+    Under `accelerate launch --num_processes N` each rank makes the pairs of every N-th row into files of its own
+    (sampling seeded per rank); every rank returns the counts over all ranks. Resume needs the same N."""
     from tqdm.auto import tqdm
 
+    rank, size = world()
     work = Path(cfg.output_dir) / ".work"
     work.mkdir(parents=True, exist_ok=True)
-    pairs_path, progress_path = work / f"{split}.pairs.jsonl", work / f"{split}.progress.jsonl"
+    pairs_path, progress_path = _work_files(work, split, rank, size)
     progress = _read_jsonl(progress_path)
     done = {i for p in progress for i in p["ids"]}
     # pairs written by a batch whose progress line never landed are dropped; that batch runs again
     pairs = [p for p in _read_jsonl(pairs_path) if p["id"] in done]
     pairs_path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     progress_path.write_text("".join(json.dumps(p) + "\n" for p in progress))
-    batches = [rows[i : i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
+    mine = shard(rows, rank, size)
+    batches = [mine[i : i + cfg.batch_size] for i in range(0, len(mine), cfg.batch_size)]
+    max_pairs = None if cfg.max_pairs is None else -(-cfg.max_pairs // size)  # each rank its share of the cap
     start = time.perf_counter()
-    bar = tqdm(total=len(batches), desc=f"pairs/{split}", unit="batch", initial=len(progress))
+    bar = tqdm(total=len(batches), desc=f"pairs/{split}", unit="batch", initial=len(progress), disable=rank != 0)
     for k, batch in enumerate(batches):
-        if cfg.max_pairs is not None and len(pairs) >= cfg.max_pairs:
+        if max_pairs is not None and len(pairs) >= max_pairs:
             break
         ids = [row_id(r) for r in batch]
         if all(i in done for i in ids):
             continue
-        new, counts = make_batch(batch, cfg.seed + k)
-        if cfg.max_pairs is not None:
-            counts["over_max_pairs"] = max(0, len(pairs) + len(new) - cfg.max_pairs)
-            new = new[: cfg.max_pairs - len(pairs)]
+        new, counts = make_batch(batch, cfg.seed + k if size == 1 else rank_seed(cfg.seed, k, rank=rank))
+        if max_pairs is not None:
+            counts["over_max_pairs"] = max(0, len(pairs) + len(new) - max_pairs)
+            new = new[: max_pairs - len(pairs)]
         counts["kept"] = len(new)
         _append(pairs_path, new)
         _append(progress_path, [{"batch": k, "ids": ids, "counts": counts, "seconds": time.perf_counter() - start}])
@@ -328,8 +347,10 @@ def generate_split(split: str, rows: list[dict], make_batch, cfg: PreferenceData
         bar.update(1)
         bar.set_postfix(kept=len(pairs))
     bar.close()
+    barrier()  # every rank's files are complete before anyone counts or exports them
     totals: dict[str, float] = {}
-    for p in _read_jsonl(progress_path):
+    lines = _merged(work, split, size, 1)
+    for p in lines:
         for key, v in p["counts"].items():
             totals[key] = totals.get(key, 0) + v
         totals["seconds"] = totals.get("seconds", 0.0) + p["seconds"]
@@ -337,11 +358,15 @@ def generate_split(split: str, rows: list[dict], make_batch, cfg: PreferenceData
     return totals
 
 
-def _export(cfg: PreferenceDataConfig, splits: list[str]) -> dict[str, str]:
+def _export(cfg: PreferenceDataConfig, data: dict[str, list[dict]]) -> dict[str, str]:
     import datasets
 
     out, work = Path(cfg.output_dir), Path(cfg.output_dir) / ".work"
-    files = {s: _read_jsonl(work / f"{s}.pairs.jsonl") for s in splits}
+    size, splits = world()[1], list(data)
+    files = {}
+    for s in splits:  # the ranks' pairs back in the prompts' order
+        order = {row_id(r): i for i, r in enumerate(data[s])}
+        files[s] = sorted(_merged(work, s, size, 0), key=lambda p: order.get(p["id"], len(order)))[: cfg.max_pairs]
     if cfg.output_format == "jsonl":
         for s, rows in files.items():
             (out / f"{s}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -388,7 +413,8 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
         counts[split] = generate_split(split, rows, make, cfg)
         if counts[split].get("kept", 0) == 0:
             logger.warning("split %s: no pairs kept (%s)", split, counts[split])
-    files = _export(cfg, list(data))
+    rank = world()[0]
+    files = _export(cfg, data) if rank == 0 else {}
     card = {
         "method": cfg.method, "source": source, "files": files, "filters": filters, "counts": counts,
         "models": {k: f"{g.name} (mode {g.mode})" for k, g in generators.items()},
@@ -398,8 +424,10 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
         "config": asdict(cfg), "seconds": time.perf_counter() - start,
         "command": "python scripts/generate_preferences.py",
     }
-    (out / "card.json").write_text(json.dumps(card, indent=2, default=str))
-    (out / "README.md").write_text(_card_markdown(card))
+    if rank == 0:
+        (out / "card.json").write_text(json.dumps(card, indent=2, default=str))
+        (out / "README.md").write_text(_card_markdown(card))
+    barrier()
     return card
 
 
@@ -407,6 +435,7 @@ def main(script_args, cfg: PreferenceDataConfig) -> dict:
     """Load prompts (align.data), start the models' engines, make the pairs."""
     from align.data import get_dataset
 
+    init_from_launcher()  # under `accelerate launch --num_processes N` the ranks split the prompts
     dd = get_dataset(script_args)
     splits = cfg.splits or list(dd)
     missing = [s for s in splits if s not in dd]
