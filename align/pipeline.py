@@ -45,6 +45,7 @@ ALIASES = {"midtrain": "pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
 # Scripts that take --resume_from_checkpoint (generate_preferences resumes by itself: it skips done prompts).
 RESUMABLE = {"pretrain", "midtrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
 NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences"}  # stages whose output is not a model
+DISTRIBUTED = RESUMABLE | {"generate_preferences"}  # scripts that run on many processes (accelerate launch)
 TRACKED = RESUMABLE  # scripts whose config has report_to
 TRACKING = ("wandb", "tensorboard", "none", "recipe")
 LAUNCHERS = ("auto", "accelerate", "python")
@@ -81,10 +82,41 @@ class PipelineConfig:
     report: bool = field(default=True, metadata={"help": "Write the markdown report + plots at the end."})
     report_only: bool = field(default=False, metadata={"help": "Only (re)write the report from the manifest."})
     dry_run: bool = field(default=False, metadata={"help": "Resolve and print the commands; run nothing."})
+    accelerate_config: str | None = field(
+        default=None, metadata={"help": "accelerate config for every stage that names none (e.g. "
+                                "recipes/accelerate_configs/zero3.yaml)."},
+    )
+    num_processes: int | None = field(
+        default=None, metadata={"help": "Processes per launch, over all machines, for every stage that names none."}
+    )
+    num_machines: int = field(
+        default=1, metadata={"help": "Machines in a multi-node run: run this pipeline on each, with its machine_rank."}
+    )
+    machine_rank: int = field(
+        default=0, metadata={"help": "This machine's rank (0 runs the single-process stages, evaluates and writes "
+                                     "the manifest, markers and report; the others launch the training stages)."},
+    )
+    main_process_ip: str | None = field(
+        default=None, metadata={"help": "Address of machine 0 that every machine reaches (multi-node only)."}
+    )
+    main_process_port: int = field(default=29500, metadata={"help": "Port on machine 0 for the ranks' rendezvous."})
+    wait_for_main_s: float = field(
+        default=3600.0, metadata={"help": "Machines other than 0: how long to wait for machine 0 to record a stage."}
+    )
 
     def __post_init__(self):
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher={self.launcher!r}: choose one of {LAUNCHERS}")
+        if self.num_machines < 1 or not 0 <= self.machine_rank < self.num_machines:
+            raise ValueError(f"machine_rank={self.machine_rank} must be in [0, num_machines={self.num_machines})")
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise ValueError(
+                f"num_machines={self.num_machines} needs main_process_ip: the address of machine 0 that every machine "
+                "reaches (e.g. --main_process_ip 10.0.0.1; 127.0.0.1 to rehearse on one host)"
+            )
+        if self.num_machines > 1 and self.launcher == "python":
+            raise ValueError("launcher=python runs each stage in one process on one machine: a multi-node run "
+                             "(num_machines > 1) needs launcher accelerate or auto")
         if self.tracking not in TRACKING:
             raise ValueError(f"tracking={self.tracking!r}: choose one of {TRACKING}")
         if not isinstance(self.stages, list):
@@ -210,6 +242,8 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
             raise ValueError(f"stage '{name}': launcher={stage.launcher!r}; choose one of {LAUNCHERS}")
         if stage.accelerate_config and not Path(stage.accelerate_config).is_file():
             raise FileNotFoundError(f"stage '{name}': accelerate_config '{stage.accelerate_config}' not found")
+        if cfg.accelerate_config and not Path(cfg.accelerate_config).is_file():
+            raise FileNotFoundError(f"accelerate_config '{cfg.accelerate_config}' not found")
         known[name] = config
         stages.append(stage)
     for n in [*cfg.rerun, *([cfg.until] if cfg.until else [])]:
@@ -321,17 +355,34 @@ def train_metrics(output_dir: str) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------------- running
 
 
+def distributed(stage: Stage) -> bool:
+    """The stage's script runs on many processes (the others, e.g. the tokenizer, run once, on machine 0)."""
+    return stage.script in DISTRIBUTED or stage.script.endswith(".py")
+
+
+def launcher_of(stage: Stage, cfg: PipelineConfig) -> str:
+    launcher = stage.launcher or cfg.launcher
+    if not distributed(stage):
+        return "python"
+    if launcher == "auto":
+        many = (stage.num_processes or cfg.num_processes or 1) > 1 or cfg.num_machines > 1
+        launcher = "accelerate" if stage.accelerate_config or cfg.accelerate_config or many else "python"
+    return launcher
+
+
 def stage_command(stage: Stage, cfg: PipelineConfig, config_path: Path, resume_from: str | None) -> list[str]:
     script = str(script_path(stage.script))
-    launcher = stage.launcher or cfg.launcher
-    if launcher == "auto":
-        launcher = "accelerate" if stage.accelerate_config or (stage.num_processes or 1) > 1 else "python"
-    if launcher == "accelerate":
+    if launcher_of(stage, cfg) == "accelerate":
         cmd = [sys.executable, "-m", "accelerate.commands.launch"]
-        if stage.accelerate_config:
-            cmd += ["--config_file", stage.accelerate_config]
-        if stage.num_processes:
-            cmd += ["--num_processes", str(stage.num_processes)]
+        config_file = stage.accelerate_config or cfg.accelerate_config
+        if config_file:
+            cmd += ["--config_file", config_file]
+        num_processes = stage.num_processes or cfg.num_processes
+        if num_processes:
+            cmd += ["--num_processes", str(num_processes)]
+        if cfg.num_machines > 1:
+            cmd += ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank),
+                    "--main_process_ip", str(cfg.main_process_ip), "--main_process_port", str(cfg.main_process_port)]
         cmd += [script]
     else:
         cmd = [sys.executable, script]
@@ -394,6 +445,7 @@ class Manifest:
     """manifest.json: the pipeline's lineage record, rewritten atomically after every change."""
 
     def __init__(self, cfg: PipelineConfig, stages: list[Stage]):
+        self.leader = cfg.machine_rank == 0
         self.path = Path(cfg.run_dir) / "manifest.json"
         old = json.loads(self.path.read_text()) if self.path.is_file() else {}
         prev = {s["name"]: s for s in old.get("stages", [])}
@@ -414,6 +466,8 @@ class Manifest:
         return next(s for s in self.data["stages"] if s["name"] == name)
 
     def save(self) -> None:
+        if not self.leader:  # machine 0 alone writes the record (machines share the run_dir)
+            return
         self.data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         write_json_atomic(self.path, self.data)
 
@@ -453,6 +507,34 @@ def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_t
     return rec
 
 
+def follow_stage(stage: Stage, cfg: PipelineConfig, run_dir: Path, env: dict, log: Path, tick, console,
+                 label: str, why: str) -> None:
+    """A machine other than 0 in a multi-node run: launch its ranks of a distributed stage (the launcher meets
+    machine 0's ranks at the rendezvous), then wait until machine 0 has recorded the stage as finished, so both
+    machines decide the next stage from the same markers. Single-process stages run on machine 0 only."""
+    start = time.time()
+    if distributed(stage):
+        resume_from = latest_checkpoint(stage.output_dir) if stage.resume and why == "not finished" else None
+        config_path = run_dir / "configs" / f"{stage.name}.machine{cfg.machine_rank}.yaml"
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(yaml.safe_dump(stage.config, sort_keys=False))
+        cmd = stage_command(stage, cfg, config_path, resume_from)
+        console.print(f"{label}: running on machine {cfg.machine_rank}; log {log}")
+        rc = run_logged(cmd, env, log.with_name(f"{log.stem}.machine{cfg.machine_rank}.log"), tick)
+        if rc != 0:
+            raise RuntimeError(f"stage '{stage.name}' failed on machine {cfg.machine_rank} (exit code {rc}); see "
+                               f"{log}. Re-run the pipeline on every machine to resume it.")
+    while read_marker(stage.output_dir) is None:
+        recorded = Path(cfg.run_dir) / "manifest.json"
+        status = next((s.get("status") for s in (json.loads(recorded.read_text()).get("stages", [])
+                                                  if recorded.is_file() else []) if s["name"] == stage.name), None)
+        if status == "failed" or time.time() - start > cfg.wait_for_main_s:
+            raise RuntimeError(f"machine 0 did not record stage '{stage.name}' as finished (status {status}, waited "
+                               f"{time.time() - start:.0f} s); see its log {log}")
+        time.sleep(1.0)
+    console.print(f"{label}: done (recorded by machine 0)")
+
+
 def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
     """Run (or resume) every stage in order; return the manifest. Raises RuntimeError on a failed stage."""
     from rich.console import Console
@@ -486,6 +568,10 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                 rec["status"] = "done"
                 rec["skipped_this_run"] = True
                 console.print(f"{label}: skipped ({why})")
+            elif not manifest.leader:
+                follow_stage(stage, cfg, run_dir, env, log, tick, console, label, why)
+                progress.update(bar, advance=1, description=label)
+                continue
             else:
                 resume_from = latest_checkpoint(stage.output_dir) if stage.resume and why == "not finished" else None
                 config_path = run_dir / "configs" / f"{stage.name}.yaml"
@@ -528,7 +614,7 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                 rec.update(status="done", finished=time.strftime("%Y-%m-%dT%H:%M:%S"), train_metrics=train_metrics(stage.output_dir))
                 console.print(f"{label}: done in {rec['duration_s']:.1f} s")
             manifest.save()
-            if stage.eval and cfg.eval_recipe and (run or "metrics" not in (rec.get("eval") or {})):
+            if manifest.leader and stage.eval and cfg.eval_recipe and (run or "metrics" not in (rec.get("eval") or {})):
                 progress.update(bar, description=f"{label}: evaluating")
                 rec["eval"] = evaluate_stage(stage, cfg, env, run_dir / "logs" / f"eval_{stage.name}.log", tick)
                 manifest.save()

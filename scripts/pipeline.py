@@ -4,6 +4,8 @@
     python scripts/pipeline.py recipes/tiny_pipeline.yaml --report_only    # rewrite report.md + plots
     python scripts/pipeline.py recipes/tiny_pipeline.yaml --rerun sft      # run sft (and what depends on it) again
     python scripts/pipeline.py recipes/tiny_pipeline.yaml --dry_run        # print each stage's command
+    python scripts/pipeline.py recipes/smollm3_pipeline.yaml --num_machines 2 --machine_rank 0 \
+        --main_process_ip 10.0.0.1 --num_processes 16                          # on each machine, its own rank
 
 Re-running after a crash or Ctrl-C skips finished stages and resumes the interrupted one. Everything lands in
 run_dir: manifest.json, configs/, logs/, eval/, report.md, plots/.
@@ -37,10 +39,10 @@ def main(cfg: PipelineConfig) -> int:
             return 130
         except RuntimeError as e:  # a failed stage: the manifest says which; the report shows how far we got
             console.print(f"[red]error[/]: {e}")
-            if cfg.report:
+            if cfg.report and cfg.machine_rank == 0:
                 console.print(f"partial report: {write_report(cfg.run_dir)}")
             return 1
-    if cfg.report or cfg.report_only:
+    if (cfg.report or cfg.report_only) and cfg.machine_rank == 0:
         if not cfg.dry_run:
             console.print(f"report: {write_report(cfg.run_dir)}")
     return 0
