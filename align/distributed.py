@@ -18,6 +18,7 @@ Without a process group every helper is the identity, so single-process code pat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -198,10 +199,10 @@ def rank_seed(seed: int, *salt: int, rank: int | None = None) -> int:
     """
     if rank is None:
         rank = world()[0]
-    value = seed
-    for s in (*salt, rank):
-        value = (value * 1_000_003 + int(s)) % (2**62)
-    return value
+    # hashed, not seed + rank: engines derive seed + 1, seed + 2, ... for the n samples of a prompt, so consecutive
+    # seeds on neighbouring ranks would hand two ranks the same samples
+    digest = hashlib.blake2b(repr((int(seed), *map(int, salt), int(rank))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**62)
 
 
 def init_from_launcher() -> None:

@@ -348,9 +348,10 @@ def engine_context_length(args: GRPOConfig, prompts, tokenizer, chat_template: s
     if args.vllm_max_model_length:
         return args.vllm_max_model_length
     rows = prompts.select(range(min(len(prompts), 1000)))
-    longest = max((len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
-                                                     chat_template=chat_template, **(args.chat_template_kwargs or {})))
-                   for r in rows), default=0)
+    texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
+                                           chat_template=chat_template, **(args.chat_template_kwargs or {}))
+             for r in rows]
+    longest = max((len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]), default=0)
     return longest + args.max_completion_length + 8  # a few spare tokens: a template may add a suffix
 
 

@@ -1,0 +1,91 @@
+"""Run under `accelerate launch` (tests/test_distributed.py): GRPO with the shared sampler on the launch it is given.
+
+After training it checks, on whole weights gathered from every rank:
+  1. after a weight push the engine's greedy completions equal the trained model's own (transformers) ones;
+  2. two ranks sampling the same prompt get different completions, and a fresh sampler with the same seed on the
+     same rank gets the same ones again;
+  3. the saved model loads with AutoModelForCausalLM and equals the gathered weights.
+Rank 0 writes what it saw to <out>/result.json.
+
+    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml --num_processes 2 \
+        tests/workers/grpo_sync.py OUT RECIPE [--key value ...]
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+
+def main() -> None:
+    out, argv = sys.argv[1], sys.argv[2:]
+    from trl import get_peft_config
+
+    from align.cli import parse
+    from align.configs import ModelConfig, ScriptArguments
+    from align.data import get_dataset
+    from align.distributed import full_model, gather_objects, iter_full_params
+    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, engine_context_length, prepare_prompts
+    from align.models import load_model, load_tokenizer, resolve_model_path
+    from align.rollout import SamplingParams
+    from align.rollout.hf import HFEngine
+    from align.sampler import Sampler, build_sampler
+    from align.stage import save_trained_model
+
+    script_args, args, model_args = parse(ScriptArguments, GRPOConfig, ModelConfig, args=argv)
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
+    train = prepare_prompts(get_dataset(script_args)["train"], args.prompt_mode)
+    model = load_model(model_args.model_name_or_path, dtype="float32")
+    trainer = GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
+                          processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    acc = trainer.accelerator
+    policy = acc.unwrap_model(trainer.model)
+    trainer.sampler = build_sampler(args.rollout_backend, args.rollout_kwargs, policy,
+                                    resolve_model_path(model_args.model_name_or_path), tokenizer, acc, seed=args.seed,
+                                    max_model_len=engine_context_length(args, train, tokenizer))
+    trainer.train()
+    sampler = trainer.sampler
+
+    texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in train]
+    prompts = tokenizer(texts[:4], add_special_tokens=False)["input_ids"]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16, stop_token_ids=[])
+    sampler.sync(trainer.model_wrapped, trainer.state.global_step)  # the trained weights reach the engine
+    engine_ids = [g[0].completion_ids for g in sampler.generate(trainer.model_wrapped, prompts, greedy)]
+    with full_model(trainer.model_wrapped, acc) as whole:
+        model_ids = [g[0].completion_ids for g in HFEngine(whole, tokenizer=tokenizer).generate(prompts, greedy)]
+
+    sampling = dict(n=4, temperature=1.0, max_new_tokens=16, stop_token_ids=[])
+    draws = []
+    for _ in range(2):  # two fresh samplers with one seed: the same draws on this rank
+        fresh = Sampler(sampler.engine, acc, seed=args.seed)
+        params = SamplingParams(seed=fresh.next_seed(), **sampling)
+        draws.append([r.completion_ids for r in fresh.generate(trainer.model_wrapped, prompts[:1], params)[0]])
+
+    model_dir = os.path.join(out, "model")
+    save_trained_model(trainer, tokenizer, model_dir, merge_lora=True)
+    gathered = {n: t.detach().float().cpu().clone() for n, t in iter_full_params(policy, acc)}  # every rank
+    ranks = gather_objects({"engine_ids": engine_ids, "model_ids": model_ids, "draws": draws,
+                            "backend": sampler.backend, "pushes": sampler.num_pushes})
+    if acc.is_main_process:
+        from transformers import AutoModelForCausalLM
+
+        from align.distributed import zero3_init_disabled
+
+        with zero3_init_disabled():  # one rank loads a whole model: no ZeRO-3 partitioning (it would wait for the rest)
+            saved = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        state = saved.state_dict()
+        diffs = {n: float((state[n] - t).abs().max()) for n, t in gathered.items() if n in state}
+        missing = sorted(set(gathered) - set(state))
+        result = {"ranks": ranks, "saved_max_abs_diff": max(diffs.values()), "missing_in_saved": missing,
+                  "num_params": len(gathered), "world_size": acc.num_processes,
+                  "distributed_type": str(acc.distributed_type)}
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump(result, f)
+    acc.wait_for_everyone()
+    if sampler.backend != "hf":
+        sampler.close()
+
+
+if __name__ == "__main__":
+    main()
