@@ -299,7 +299,8 @@ def test_math_reward_unparseable_gold_abstains_with_warning():
         ("\\boxed{9, 5, 2}", "2, 5, 9", 0.0),  # order matters for lists
         ("\\boxed{ Paris. }", "paris", 1.0),
         ("\\boxed{\\text{Yes}}", "yes", 1.0),
-        ("\\boxed{1} then \\boxed{2}", "2", 1.0),  # the last box counts
+        ("\\boxed{1} then \\boxed{2}", "2", 0.0),  # two different answers: none
+        ("\\boxed{2}, so \\boxed{2}", "2", 1.0),  # repeated, the same answer
         ("the answer is 2", "2", 0.0),
         ("\\boxed{x}", None, None),
     ],
