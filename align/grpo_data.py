@@ -98,12 +98,16 @@ def required_reward_columns(func) -> list[str]:
 
 
 def build_rewards(args) -> list:
-    """Resolve `reward_funcs` (+ `reward_kwargs`, `reward_weights`) and wrap each with `rewards.checked`."""
-    from rewards import checked, get_rewards
+    """Resolve `reward_funcs` (+ `reward_kwargs`, `reward_weights`) and wrap each with `rewards.checked`.
+
+    The accuracy verifier among them (math_reward, exact_match_reward or code_reward) routes each row by its
+    `reward` column (`rewards.route_accuracy`), as held-out evaluation scores it: the named verifier scores the
+    rows without one, and the per-verifier means are logged as `verifier/<name>/mean`."""
+    from rewards import checked, get_rewards, route_accuracy
 
     funcs, weights = get_rewards(args.reward_funcs, args.reward_kwargs, args.reward_weights)
     args.reward_weights = weights
-    return [checked(f) for f in funcs]
+    return [checked(f) for f in route_accuracy(funcs)]
 
 
 def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode: str | None = None) -> dict | None:
@@ -140,7 +144,7 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
 def heldout_accuracy(engine, tokenizer, dataset, params, default_reward: str, template_kwargs: dict | None = None,
                      chat_template: str | None = None) -> dict:
     """Greedy accuracy on held-out rows: each row scored by its `reward` column (else `default_reward`)."""
-    from rewards import get_reward
+    from rewards import verifier_reward
 
     prompts = [
         tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
@@ -150,11 +154,10 @@ def heldout_accuracy(engine, tokenizer, dataset, params, default_reward: str, te
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     outs = engine.generate(ids, params)
     texts = tokenizer.batch_decode([o[0].completion_ids for o in outs], skip_special_tokens=True)
-    correct, lengths = [], [len(o[0].completion_ids) for o in outs]
-    for row, text in zip(dataset, texts):
-        reward = get_reward(row.get("reward") or default_reward)
-        score = reward([text], **{k: [v] for k, v in row.items() if k not in ("prompt", "completion")})[0]
-        correct.append(float(score is not None and score >= 1.0))
+    lengths = [len(o[0].completion_ids) for o in outs]
+    columns = {k: dataset[k] for k in dataset.column_names if k not in ("prompt", "completion")}
+    scores = verifier_reward(texts, default_verifier=default_reward, **columns)  # each row by its `reward`
+    correct = [float(s is not None and s >= 1.0) for s in scores]
     report = {"accuracy": sum(correct) / max(len(correct), 1), "num_prompts": len(correct),
               "mean_completion_length": sum(lengths) / max(len(lengths), 1), "sample": texts[:3]}
     if "family" in dataset.column_names:  # task rows: which families moved
