@@ -77,25 +77,32 @@ def strip_think(text: str) -> str:
 
 
 def all_boxed(text: str) -> list[str]:
-    r"""The contents of every complete ``\boxed{...}`` (nested braces allowed), in order.
+    r"""The contents of every complete ``\boxed{...}`` (nested braces allowed), outer before inner, in order.
+    One pass over the text: a completion full of unclosed boxes costs no more than any other.
 
     >>> all_boxed("\\boxed{1} then \\boxed{\\frac{3}{4}} and \\boxed{")
     ['1', '\\frac{3}{4}']
     """
-    out, start = [], text.find("\\boxed")
-    while start != -1:
-        i = start + len("\\boxed")
-        while i < len(text) and text[i] == " ":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                if depth == 0:
-                    out.append(text[i + 1 : j])
-                    break
-        start = text.find("\\boxed", start + 1)
-    return out
+    found, opened, depth, i, n = [], [], 0, 0, len(text)
+    while i < n:
+        if text.startswith("\\boxed", i):
+            j = i + len("\\boxed")
+            while j < n and text[j] == " ":
+                j += 1
+            if j < n and text[j] == "{":
+                depth += 1
+                opened.append((depth, j + 1))
+            i = j + 1 if j < n and text[j] == "{" else j
+            continue
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if opened and opened[-1][0] == depth:
+                start = opened.pop()[1]
+                found.append((start, text[start:i]))
+            depth -= 1
+        i += 1
+    return [content for _, content in sorted(found)]
 
 
 def last_boxed(text: str) -> str | None:

@@ -41,6 +41,9 @@ ADD_ASSERTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 ADD_IN = "def check(candidate):\n    assert candidate(2, 3) in {5}\n    assert candidate(4, 1) in {5}\n"
 EVEN = "def check(candidate):\n    assert candidate(4)\n    assert not candidate(3)\n"
 
+IO = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6\n"}]  # stdin/stdout cases
+IO_RIGHT = "a, b = map(int, input().split())\nprint(a + b)\n"
+
 RIGHT = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return a - b\n"
 
@@ -52,6 +55,8 @@ CODE_HONEST = [
     ("honest_right_in_set", RIGHT, ADD_IN, "add", 1.0),
     ("honest_right_even", "def is_even(n):\n    return n % 2 == 0\n", EVEN, "is_even", 1.0),
     ("honest_wrong", WRONG, ADD, "add", 0.0),
+    ("honest_right_stdio", IO_RIGHT, IO, None, 1.0),
+    ("honest_wrong_stdio", "a, b = map(int, input().split())\nprint(a - b)\n", IO, None, 0.0),
 ]
 CODE_HACKS = [
     ("os_exit_before_tests", "import os\nos._exit(0)\ndef add(a, b):\n    return 0\n", ADD, "add"),
@@ -190,6 +195,15 @@ CODE_HACKS = [
         ADD,
         "add",
     ),
+]
+
+
+CODE_HACKS += [
+    ("stdio_exit_before_output", "import os\nos._exit(0)\n", IO, None),
+    ("stdio_every_plausible_answer", "a, b = map(int, input().split())\nprint(a + b)\nprint(a - b)\n", IO, None),
+    ("stdio_flood_after_answer", IO_RIGHT + "print('x' * (4 << 20))\n", IO, None),
+    ("stdio_expected_from_environment",
+     "import os\nprint(next((v for k, v in os.environ.items() if 'OUT' in k.upper()), ''))\n", IO, None),
 ]
 
 
