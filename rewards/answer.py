@@ -132,7 +132,7 @@ def normalize_answer(answer: str) -> str:
 
 
 # "The answer is 42." / "Final answer: 42" — up to the end of the sentence or line.
-_ANCHOR = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*(.+?)\s*(?:\.\s|\.?$|\n)", re.IGNORECASE | re.MULTILINE)
+_ANCHOR = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*((?:\.\d|[^\s.]).*?)\s*(?:\.\s|\.?$|\n)", re.IGNORECASE | re.MULTILINE)
 
 
 def final_answer(text: str, anchors: bool = False) -> str | None:

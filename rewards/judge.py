@@ -26,9 +26,10 @@ How (``execute(code, tests, entry_point)``):
 
 The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
 different uids as root (or sibling user namespaces as a user), no ``/proc``, and the judge marks itself
-non-dumpable. Without namespaces (``isolation="none"`` or the ``auto`` fallback) the two still differ in uid
-when run as root; as a plain user they share one uid and the verdict is only as safe as the machine's
-ptrace policy (Yama); the fallback warns.
+non-dumpable. Without namespaces (``isolation="none"`` or the ``auto`` fallback) the two still run under
+different throwaway uids when the trainer is root; as a plain user without namespaces the candidate runs
+under the trainer's own uid, can read the trainer's memory through ``/proc`` and so can forge anything:
+the fallback warns, and ``isolation="namespace"`` refuses to run that way.
 
 What the judge cannot do: pass arguments that are not plain data (a lambda, a custom object) to the
 candidate, or let the tests look inside objects the candidate returns (they arrive as plain data or fail);
