@@ -151,16 +151,14 @@ def _teacher_prompt_ids(tokenizer, prompt_ids: list[list[int]], teacher_prompts:
 
 def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[int]]) -> float:
     """Share of rows whose completion its own `reward` (registry key) scores > 0 (rewards.score)."""
-    from rewards import score
+    from rewards import verifier_reward
 
     texts = [tokenizer.decode([i for i in c if i != tokenizer.eos_token_id], skip_special_tokens=False)
              for c in completion_ids]
-    correct = 0
-    for name in sorted({r["reward"] for r in rows}):
-        idx = [i for i, r in enumerate(rows) if r["reward"] == name]
-        scores = score([name], [texts[i] for i in idx], answer=[rows[i]["answer"] for i in idx])
-        correct += sum(1 for s in scores.total if s is not None and s > 0)
-    return correct / max(len(rows), 1)
+    columns = {k: [r.get(k) for r in rows] for k in ("answer", "reward", "family", "tests", "entry_point")
+               if any(k in r for r in rows)}
+    scores = verifier_reward(texts, **columns)  # each row by the verifier its `reward` column names
+    return sum(1 for s in scores if s is not None and s > 0) / max(len(rows), 1)
 
 
 def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,

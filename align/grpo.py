@@ -342,6 +342,14 @@ class GRPOTrainer(trl.GRPOTrainer):
 # ----------------------------------------------------------------------------------------------- main
 
 
+def accuracy_verifier(reward_funcs: Sequence[str]) -> str:
+    """The verifier held-out accuracy falls back to for rows without a `reward` column: the recipe's accuracy
+    reward (not a length or format one), else math_reward."""
+    from rewards.verifier import ACCURACY_VERIFIERS
+
+    return next((name for name in reward_funcs if name in ACCURACY_VERIFIERS), "math_reward")
+
+
 def engine_context_length(args: GRPOConfig, prompts, tokenizer, chat_template: str | None = None) -> int:
     """The rollout engine's context: TRL's `vllm_max_model_length` when set, else the longest prompt (of the first
     1,000, rendered) plus `max_completion_length`."""
@@ -411,7 +419,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         def evaluate() -> dict:  # every rank: its share of the rows, then everyone's results
             sampler.sync(trainer.model_wrapped, trainer.state.global_step)
             return heldout_accuracy(lambda ids, p: sampler.generate(trainer.model_wrapped, ids, p), tokenizer,
-                                    eval_rows, params, training_args.reward_funcs[0],
+                                    eval_rows, params, accuracy_verifier(training_args.reward_funcs),
                                     training_args.chat_template_kwargs, chat_template)
 
         report["before"] = evaluate()

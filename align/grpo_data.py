@@ -98,12 +98,16 @@ def required_reward_columns(func) -> list[str]:
 
 
 def build_rewards(args) -> list:
-    """Resolve `reward_funcs` (+ `reward_kwargs`, `reward_weights`) and wrap each with `rewards.checked`."""
-    from rewards import checked, get_rewards
+    """Resolve `reward_funcs` (+ `reward_kwargs`, `reward_weights`) and wrap each with `rewards.checked`.
+
+    The accuracy verifier among them (math_reward, exact_match_reward or code_reward) routes each row by its
+    `reward` column (`rewards.route_accuracy`), as held-out evaluation scores it: the named verifier scores the
+    rows without one, and the per-verifier means are logged as `verifier/<name>/mean`."""
+    from rewards import checked, get_rewards, route_accuracy
 
     funcs, weights = get_rewards(args.reward_funcs, args.reward_kwargs, args.reward_weights)
     args.reward_weights = weights
-    return [checked(f) for f in funcs]
+    return [checked(f) for f in route_accuracy(funcs)]
 
 
 def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode: str | None = None) -> dict | None:
@@ -145,7 +149,7 @@ def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, 
     call it on every rank; each rank generates and scores its share of the rows, and every rank returns the report
     over all of them."""
     from align.distributed import gather_shards, shard
-    from rewards import get_reward
+    from rewards import verifier_reward
 
     rows = shard([dict(r) for r in dataset])
     prompts = [
@@ -156,11 +160,11 @@ def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, 
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     outs = generate(ids, params)
     texts = tokenizer.batch_decode([o[0].completion_ids for o in outs], skip_special_tokens=True)
-    mine = []
-    for row, text, out in zip(rows, texts, outs):
-        reward = get_reward(row.get("reward") or default_reward)
-        score = reward([text], **{k: [v] for k, v in row.items() if k not in ("prompt", "completion")})[0]
-        mine.append((float(score is not None and score >= 1.0), len(out[0].completion_ids), text, row.get("family")))
+    names = [k for k in (rows[0] if rows else {}) if k not in ("prompt", "completion")]
+    columns = {k: [r.get(k) for r in rows] for k in names}
+    scores = verifier_reward(texts, default_verifier=default_reward, **columns) if rows else []  # each row by its `reward`
+    mine = [(float(s is not None and s >= 1.0), len(o[0].completion_ids), t, r.get("family"))
+            for s, o, t, r in zip(scores, outs, texts, rows)]
     results = gather_shards(mine)
     correct = [c for c, _, _, _ in results]
     lengths = [n for _, n, _, _ in results]

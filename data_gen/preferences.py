@@ -194,21 +194,17 @@ def build_generator(name: str, model: str, mode: str, cfg: PreferenceDataConfig)
 
 
 def grade(rows: list[dict], texts: list[str], cfg: PreferenceDataConfig) -> list[float | None]:
-    """Score each text against its row: `cfg.rewards` when set, else the row's own `reward` column."""
-    from rewards import score
+    """Score each text against its row as GRPO trains and evaluation scores: `cfg.rewards` when set (their
+    accuracy verifier routes each row by its `reward` column, `rewards.route_accuracy`), else the verifier the
+    row's own `reward` column names (`cfg.default_reward` for rows without one)."""
+    from rewards import RoutedReward, get_rewards, route_accuracy, score
 
-    def columns(idx: list[int]) -> dict:
-        keys = {k for i in idx for k, v in rows[i].items() if k not in PROMPT_KEYS and v is not None}
-        return {k: [rows[i].get(k) for i in idx] for k in keys}
-
+    keys = {k for r in rows for k, v in r.items() if k not in PROMPT_KEYS and v is not None}
+    columns = {k: [r.get(k) for r in rows] for k in keys}
     if cfg.rewards:
-        return score(cfg.rewards, texts, cfg.reward_weights, **columns(list(range(len(rows))))).total
-    out: list[float | None] = [None] * len(rows)
-    for reward in dict.fromkeys(r.get("reward") or cfg.default_reward for r in rows):
-        idx = [i for i, r in enumerate(rows) if (r.get("reward") or cfg.default_reward) == reward]
-        for i, s in zip(idx, score([reward], [texts[i] for i in idx], **columns(idx)).total):
-            out[i] = s
-    return out
+        funcs, weights = get_rewards(cfg.rewards, None, cfg.reward_weights)
+        return score(route_accuracy(funcs), texts, weights, **columns).total
+    return score([RoutedReward(cfg.default_reward)], texts, **columns).total
 
 
 def _has_answer(row: dict) -> bool:

@@ -9,6 +9,9 @@ function name; ``get_reward`` also resolves a user's verifier without touching o
     get_reward("./my_verifiers.py:palindrome_reward")          # file path, relative to the cwd, or absolute
     get_reward("soft_overlong_reward", max_completion_len=512, soft_punish_cache=128)   # kwargs bound
 
+Each row may name its own verifier: ``verifier_reward`` scores a row with the verifier its ``reward`` column
+names (``rewards.verifier``), and ``route_accuracy`` makes a recipe's accuracy verifier route rows the same way.
+
 Bound rewards keep their ``__name__`` (TRL logs them as ``rewards/<name>``), stay async when the function
 is async, and pickle by name, so TRL's spawned rollout workers can rebuild them. ``checked(f)`` wraps a
 reward so that an exception names the reward and the failing example, and a wrong number of scores names
@@ -40,6 +43,7 @@ from rewards.length import cosine_length_reward, soft_overlong_reward
 from rewards.match import completion_text, exact_match_reward
 from rewards.math import math_reward
 from rewards.repetition import repetition_penalty_reward
+from rewards.verifier import RoutedReward, route_accuracy, verifier_reward
 
 RewardFunc = Callable[..., Any]
 
@@ -54,6 +58,7 @@ REWARDS: dict[str, RewardFunc] = {
         soft_overlong_reward,
         cosine_length_reward,
         repetition_penalty_reward,
+        verifier_reward,
     )
 }
 
@@ -61,11 +66,13 @@ __all__ = [
     "REWARDS",
     "BoundReward",
     "CheckedReward",
+    "RoutedReward",
     "Scores",
     "checked",
     "completion_text",
     "get_reward",
     "get_rewards",
+    "route_accuracy",
     "score",
     *REWARDS,
 ]

