@@ -522,8 +522,10 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
             )
         if bad and policy == "skip":
             optimizer.zero_grad(set_to_none=True)
-            skipped.append({"step": step, "reason": bad})
-            acc.print(f"step {step}: {bad}; batch skipped")
+            applied = _is_deepspeed(acc)  # DeepSpeed stepped inside the last backward: too late to skip
+            skipped.append({"step": step, "reason": bad, "applied": applied})
+            acc.print(f"step {step}: {bad}; " + ("DeepSpeed already applied this update (logged only)" if applied
+                                                 else "batch skipped"))
         else:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -277,8 +277,8 @@ class VLLMEngine:
         embed, sent_head = None, False
         for name, tensor in named_params:
             name = normalize_param_name(name)
-            if name.endswith("embed_tokens.weight"):
-                embed = tensor
+            if name.endswith("embed_tokens.weight") and self.tied:
+                embed = tensor.detach().clone()  # the trainer's view may be freed after it moves on (a ZeRO-3 gather)
             sent_head = sent_head or name == "lm_head.weight"
             yield name, tensor.detach()
         if self.tied and embed is not None and not sent_head:

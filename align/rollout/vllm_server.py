@@ -15,7 +15,9 @@ Limits, by construction:
   to the server to get raw ones. We return what the server sends.
 - Finish reasons are inferred (TRL's client does not return them): "stop" when the last token is
   a stop token, else "length".
-Only construction and error messages are tested here (no GPU, no server): tests/test_rollout.py.
+- Weight sync comes from the main process only (align.sampler); the other ranks take part in the gathers.
+Construction, error messages and the weight stream are tested here (no GPU, no server): tests/test_rollout.py,
+tests/test_sampler.py.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class VLLMServerEngine:
         if not self.default_stop and tokenizer is not None and tokenizer.eos_token_id is not None:
             self.default_stop = [tokenizer.eos_token_id]
         self.communicator_ready = False
+        self.metadata: list[tuple[str, str, list[int]]] | None = None  # what a weight push sends, learnt once
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
         check_prompts(prompts)
@@ -110,10 +113,21 @@ class VLLMServerEngine:
         if not self.communicator_ready:
             self.client.init_communicator(device=torch.cuda.current_device())
             self.communicator_ready = True
-        tensors = [(normalize_param_name(n), t.detach()) for n, t in named_params]
-        metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors]
-        self.client.update_named_params(metadata, iter(tensors))
+        metadata, stream = self.weight_stream(named_params)
+        self.client.update_named_params(metadata, stream)
         self.client.reset_prefix_cache()  # cached KV was computed with the old weights
+
+    def weight_stream(self, named_params: Iterable[tuple[str, torch.Tensor]]):
+        """(metadata, iterator) for TRL's client, which announces every tensor before broadcasting them in order.
+
+        The first push copies the tensors once to learn the metadata; later pushes stream the trainer's tensors
+        while its iterator holds them valid (a ZeRO-3 gather, a merged LoRA adapter): a list of views kept past
+        the iterator would send whatever the trainer put back after it (the unmerged base weights)."""
+        if self.metadata is None:
+            tensors = [(normalize_param_name(n), t.detach().clone()) for n, t in named_params]
+            self.metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors]
+            return self.metadata, iter(tensors)
+        return self.metadata, ((normalize_param_name(n), t.detach()) for n, t in named_params)
 
     def close(self) -> None:
         release(self)

@@ -18,6 +18,12 @@ import sys
 import torch
 
 
+def gathered_before_save(model, acc):
+    from align.distributed import iter_full_params
+
+    return [(n, t.detach().float().cpu().clone()) for n, t in iter_full_params(model, acc)]
+
+
 def main() -> None:
     out, argv = sys.argv[1], sys.argv[2:]
     from trl import get_peft_config
@@ -65,7 +71,13 @@ def main() -> None:
     model_dir = os.path.join(out, "model")
     save_trained_model(trainer, tokenizer, model_dir, merge_lora=True)
     gathered = {n: t.detach().float().cpu().clone() for n, t in iter_full_params(policy, acc)}  # every rank
-    ranks = gather_objects({"engine_ids": engine_ids, "model_ids": model_ids, "draws": draws,
+    engine_model = getattr(sampler.engine, "model", None)  # an hf engine's own copy (another dtype): compare weights
+    copy_diff = None
+    if engine_model is not None and engine_model is not policy:
+        own = dict(engine_model.named_parameters())
+        copy_diff = max(float((own[n].float().cpu() - t).abs().max()) for n, t in gathered_before_save(policy, acc)
+                        if n in own)
+    ranks = gather_objects({"engine_ids": engine_ids, "model_ids": model_ids, "draws": draws, "copy_diff": copy_diff,
                             "backend": sampler.backend, "pushes": sampler.num_pushes})
     if acc.is_main_process:
         from transformers import AutoModelForCausalLM

@@ -1,0 +1,390 @@
+"""The distributed tier: every stage launched the way users launch it, on 2 CPU ranks.
+
+Ranks talk over gloo (DDP) or through DeepSpeed's CPU accelerator; ZeRO-3 (the strictest: every parameter is
+sharded) is the default, and ddp.yaml / zero2.yaml run where the code differs between them (pretraining, SFT).
+The models come from one run of the micro pipeline under ZeRO-3 with `launcher: accelerate` (the session fixture
+`micro`, which is itself the pipeline's test); every other test starts from its outputs. Each test asserts what
+the launch computed (equal losses, equal weights, equal metrics, a resumed step), not only that it exited 0.
+
+    python -m pytest -m distributed tests/test_distributed.py       # ~10 min on 2 cores (first run builds a
+                                                                    # DeepSpeed op, ~25 s)
+FSDP is GPU-only (accelerate runs it as plain DDP on a CPU): its test is skipped here and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "recipes" / "accelerate_configs"
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+ENV = {
+    "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+
+
+def _env() -> dict:
+    env = {**os.environ, **ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("SMOLALIGN_DEBUG", None)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script: str, *args: str, config: str = "zero3", nproc: int = 2, timeout: int = 400):
+    """`accelerate launch --config_file recipes/accelerate_configs/<config>.yaml --num_processes <nproc> script ...`"""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
+           "--num_processes", str(nproc), "--main_process_port", str(free_port()), script, *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def python(script: str, *args: str, timeout: int = 300):
+    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ok(proc) -> None:
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("smolalign: error:")]
+
+
+def log_history(output_dir: Path) -> list[dict]:
+    """The trainer's log of its last checkpoint (the full-precision losses)."""
+    last = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    return json.loads((last / "trainer_state.json").read_text())["log_history"]
+
+
+def losses(output_dir: Path) -> list[float]:
+    return [h["loss"] for h in log_history(output_dir) if "loss" in h]
+
+
+# ----------------------------------------------------------------------------------------------- the models
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory) -> Path:
+    """recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory."""
+    tmp = tmp_path_factory.mktemp("micro_zero3")
+    recipe = yaml.safe_load((ROOT / "recipes" / "micro_pipeline.yaml").read_text())
+    recipe.update(run_dir=str(tmp / "run"), launcher="accelerate", num_processes=2,
+                  accelerate_config=str(CONFIGS / "zero3.yaml"))
+    (tmp / "micro.yaml").write_text(yaml.safe_dump(recipe))
+    proc = python("scripts/pipeline.py", tmp / "micro.yaml", timeout=900)
+    logs = {p.name: p.read_text()[-1500:] for p in (tmp / "run" / "logs").glob("*.log")}
+    assert proc.returncode == 0, (proc.stdout[-3000:], logs)
+    return tmp / "run"
+
+
+def test_micro_pipeline_under_zero3_on_two_ranks(micro):
+    manifest = json.loads((micro / "manifest.json").read_text())
+    assert [s["status"] for s in manifest["stages"]] == ["done"] * len(manifest["stages"])
+    trainer_stages = [s for s in manifest["stages"] if s["script"] not in ("train_tokenizer", "tokenizer")]
+    assert all("accelerate.commands.launch" in " ".join(s["command"]) and "zero3.yaml" in " ".join(s["command"])
+               for s in trainer_stages)
+    # every stage ran on two DeepSpeed ranks (each writes what it ran on)
+    reports = {"sft": "sft_eval.json", "apo": "preference_eval.json", "grpo": "grpo_eval.json", "gold": "distill_eval.json"}
+    for stage, name in reports.items():
+        assert json.loads((micro / stage / name).read_text())["world_size"] == 2, stage
+    assert json.loads((micro / "sft" / "sft_eval.json").read_text())["distributed_type"].endswith("DEEPSPEED")
+    # pretraining wrote DeepSpeed's sharded state beside the loadable weights; the final model loads whole
+    assert (micro / "pretrain_small" / "checkpoints" / "step_0000002" / "ds").is_dir()
+    from transformers import AutoModelForCausalLM
+
+    for stage in ("pretrain_small", "sft", "apo", "grpo", "gold"):
+        model = AutoModelForCausalLM.from_pretrained(micro / stage)
+        assert all(p.numel() > 0 and torch.isfinite(p).all() for p in model.parameters()), stage
+    pairs = (micro / "preferences" / "train.jsonl").read_text().splitlines()
+    assert len(pairs) == 24  # every prompt, from both ranks
+    evaluated = [s for s in manifest["stages"] if s.get("metrics")]
+    assert evaluated and all("acc/tasks/think" in s["metrics"] for s in evaluated)
+
+
+# ----------------------------------------------------------------------------------------------- pretraining
+
+
+def _pretrain_args(micro: Path, out: Path, **extra) -> list[str]:
+    args = [micro / "configs" / "pretrain_small.yaml", "--output_dir", out, "--max_steps", "4", "--save_steps", "2",
+            "--mixed_precision", "no"]
+    for k, v in extra.items():
+        args += [f"--{k}", str(v)]
+    return [str(a) for a in args]
+
+
+def _pretrain_losses(out: Path) -> list[float]:
+    return [h["loss"] for h in json.loads((out / "metrics.json").read_text())["history"]]
+
+
+def test_pretrain_ddp_equals_one_process_and_resumes(micro, tmp_path):
+    """2 ranks x micro batch 2 == 1 process x micro batch 4, step for step, across a stop and a resume."""
+    ok(python("scripts/pretrain.py", *_pretrain_args(micro, tmp_path / "one", micro_batch_size=4)))
+    ddp = tmp_path / "ddp"
+    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2, stop_after_steps=2), config="ddp"))
+    resumed = launch("scripts/pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2,
+                                                         resume_from_checkpoint="auto"), config="ddp")
+    ok(resumed)
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    assert _pretrain_losses(ddp) == pytest.approx(_pretrain_losses(tmp_path / "one"), rel=1e-5)
+
+
+def test_pretrain_zero2_resumes_exactly(micro, tmp_path):
+    """DeepSpeed ZeRO-2: a run stopped after step 2 and resumed gives the uninterrupted run's losses exactly."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, whole), config="zero2"))
+    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, parts, stop_after_steps=2), config="zero2"))
+    assert not (parts / "metrics.json").exists()  # stopped after step 2: no final model yet
+    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, parts, resume_from_checkpoint="auto"), config="zero2"))
+    assert (parts / "checkpoints" / "step_0000002" / "ds").is_dir()  # DeepSpeed's own sharded state
+    assert _pretrain_losses(parts) == _pretrain_losses(whole)
+
+
+# ----------------------------------------------------------------------------------------------- SFT
+
+
+def _sft(micro: Path, out: Path, *extra: str) -> list[str]:
+    return [str(micro / "configs" / "sft.yaml"), "--output_dir", str(out), "--logging_steps", "1", "--bf16", "false",
+            "--save_steps", "3", "--max_steps", "3", *extra]
+
+
+def test_sft_two_ddp_ranks_equal_one_process_with_twice_the_batch(micro, tmp_path):
+    ok(python("scripts/sft.py", *_sft(micro, tmp_path / "one", "--per_device_train_batch_size", "4")))
+    ok(launch("scripts/sft.py", *_sft(micro, tmp_path / "ddp", "--per_device_train_batch_size", "2"), config="ddp"))
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "ddp")
+    assert len(one) == 3 and two == pytest.approx(one, rel=1e-4)
+
+
+def test_sft_zero2_evaluates_on_every_rank(micro, tmp_path):
+    out = tmp_path / "z2"
+    ok(launch("scripts/sft.py", *_sft(micro, out, "--eval_after", "true", "--eval_num_prompts", "4"), config="zero2"))
+    report = json.loads((out / "sft_eval.json").read_text())
+    assert report["world_size"] == 2 and report["distributed_type"].endswith("DEEPSPEED")
+    assert report["before"]["think"]["num"] == report["after"]["think"]["num"] == 4  # both ranks' prompts counted
+
+
+def test_sft_lora_under_zero3_saves_the_merged_model(micro, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    ok(launch("scripts/sft.py", *_sft(micro, out, "--use_peft", "true", "--lora_r", "4", "--lora_target_modules",
+                                      "all-linear", "--learning_rate", "1e-2")))
+    base = AutoModelForCausalLM.from_pretrained(micro / "midtrain")
+    merged = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    reference = PeftModel.from_pretrained(base, out / "adapter").merge_and_unload().state_dict()
+    base_state = AutoModelForCausalLM.from_pretrained(micro / "midtrain").state_dict()
+    assert set(merged) == set(reference)
+    assert all(torch.allclose(merged[k], reference[k], atol=1e-6) for k in merged)  # base + the trained adapter
+    assert any(not torch.equal(merged[k], base_state[k]) for k in merged)  # and the adapter did train
+
+
+# ----------------------------------------------------------------------------------------------- preference
+
+
+@pytest.mark.parametrize("stage", ["kto", "orpo"])
+def test_kto_and_orpo_under_zero3(micro, tmp_path, stage):
+    out = tmp_path / stage
+    ok(launch(f"scripts/{stage}.py", ROOT / "recipes" / f"tiny_{stage}.yaml", "--model_name_or_path", micro / "sft",
+              "--dataset_name", micro / "preferences", "--dataset_args", "null", "--output_dir", out, "--max_steps", "2",
+              "--per_device_train_batch_size", "2", "--max_length", "128", "--report_to", "none",
+              "--save_strategy", "no", "--eval_strategy", "no", "--learning_rate", "1e-3"))
+    metrics = json.loads((out / "preference_eval.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["before"]["num_pairs"] == metrics["after"]["num_pairs"] == 8  # the test pairs of both ranks
+    assert metrics["before"]["preference_accuracy"] == 0.5  # against itself: every margin is 0
+
+
+# ----------------------------------------------------------------------------------------------- GRPO
+
+
+def _grpo_worker(micro: Path, out: Path, *extra: str):
+    return launch("tests/workers/grpo_sync.py", out, micro / "configs" / "grpo.yaml", "--output_dir", out / "train",
+                  "--bf16", "false", "--save_strategy", "no", "--learning_rate", "1e-3", "--report_to", "none", *extra)
+
+
+def _check_sync(out: Path) -> dict:
+    result = json.loads((out / "result.json").read_text())
+    assert result["world_size"] == 2 and result["distributed_type"].endswith("DEEPSPEED")
+    for rank in result["ranks"]:
+        assert rank["engine_ids"] == rank["model_ids"]  # after the push the engine answers as the trained model
+        assert rank["draws"][0] == rank["draws"][1]  # same seed, same rank, same world size: same samples
+    first, second = (set(map(tuple, r["draws"][0])) for r in result["ranks"])
+    assert not first & second  # the ranks sample the same prompt differently
+    assert result["saved_max_abs_diff"] == 0.0 and not result["missing_in_saved"]  # saved == gathered weights
+    return result
+
+
+@pytest.mark.vllm
+def test_grpo_vllm_under_zero3_pushes_gathered_weights(micro, tmp_path):
+    pytest.importorskip("vllm")
+    ok(_grpo_worker(micro, tmp_path, "--rollout_backend", "vllm", "--rollout_kwargs", "{kv_cache_gib: 0.25}"))
+    result = _check_sync(tmp_path)
+    assert all(r["backend"] == "vllm" and r["pushes"] >= 2 for r in result["ranks"])
+
+
+@pytest.mark.vllm
+def test_grpo_lora_vllm_under_zero3_pushes_the_merged_adapter(micro, tmp_path):
+    pytest.importorskip("vllm")
+    ok(_grpo_worker(micro, tmp_path, "--rollout_backend", "vllm", "--rollout_kwargs", "{kv_cache_gib: 0.25}",
+                    "--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear",
+                    "--learning_rate", "5e-2"))
+    _check_sync(tmp_path)
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "model").state_dict()
+    start = AutoModelForCausalLM.from_pretrained(micro / "apo").state_dict()
+    assert any(not torch.equal(trained[k], start[k]) for k in trained)  # the engine was checked on moved weights
+
+
+def test_grpo_hf_engine_with_dynamic_sampling_under_zero3(micro, tmp_path):
+    out = tmp_path / "ds"
+    ok(launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "hf",
+              "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "2", "--max_steps", "2", "--save_steps", "2",
+              "--eval_after", "true", "--eval_num_prompts", "4"))
+    history = log_history(out)
+    rounds = [h["dynamic_sampling/rounds"] for h in history if "dynamic_sampling/rounds" in h]
+    assert rounds and all(1 <= r <= 2 for r in rounds)
+    report = json.loads((out / "grpo_eval.json").read_text())
+    assert report["world_size"] == 2 and report["before"]["num_prompts"] == report["after"]["num_prompts"] == 4
+
+
+# ----------------------------------------------------------------------------------------------- distillation
+
+
+def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path):
+    args = [ROOT / "recipes" / "tiny_distill.yaml", "--model_name_or_path", micro / "midtrain",
+            "--teacher_model_name_or_path", micro / "sft_strong", "--max_steps", "1", "--per_device_train_batch_size",
+            "2", "--max_completion_length", "16", "--max_length", "128", "--distill_eval_max_new_tokens", "16",
+            "--eval_num_prompts", "6", "--save_strategy", "no", "--report_to", "none",
+            "--dataset_args", "{num: 32, mode: mixed, seed: 0}"]
+    ok(python("scripts/distill.py", *args, "--output_dir", tmp_path / "one"))
+    ok(launch("scripts/distill.py", *args, "--output_dir", tmp_path / "two"))
+    one, two = (json.loads((tmp_path / d / "distill_eval.json").read_text()) for d in ("one", "two"))
+    assert two["world_size"] == 2 and two["engine_calls"] >= 1
+    for key in ("divergence", "forward_kl", "accuracy", "num_tokens"):
+        assert two["before"][key] == pytest.approx(one["before"][key], rel=1e-4, abs=1e-6), key
+    assert two["teacher_accuracy"] == one["teacher_accuracy"]
+
+
+# ----------------------------------------------------------------------------------------------- data and eval
+
+
+def test_evaluation_on_two_ranks_equals_one_process(micro, tmp_path):
+    args = [ROOT / "recipes" / "tiny_eval.yaml", "--model_name_or_path", micro / "sft", "--loss_num_texts", "6",
+            "--mc_sets", "tasks:5", "--gen_sets", "tasks:5", "--max_new_tokens", "8", "--backend", "hf",
+            "--suites", "loss", "mc", "generative"]
+    ok(python("scripts/evaluate.py", *args, "--output_dir", tmp_path / "one"))
+    ok(launch("scripts/evaluate.py", *args, "--output_dir", tmp_path / "two"))
+    one, two = (json.loads((tmp_path / d / "eval_results.json").read_text())["metrics"] for d in ("one", "two"))
+    assert set(one) == set(two) and all(two[k] == pytest.approx(one[k], rel=1e-6) for k in one)
+
+
+def test_preference_generation_splits_prompts_across_ranks(micro, tmp_path):
+    out = tmp_path / "pairs"
+    ok(launch("scripts/generate_preferences.py", micro / "configs" / "preferences.yaml", "--output_dir", out))
+    rows = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
+    reference = [json.loads(x) for x in (micro / "preferences" / "train.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [r["id"] for r in reference]  # every prompt once, in the data's order
+    assert sorted((out / ".work").glob("train.rank*-of-2.pairs.jsonl"))  # each rank wrote its own share
+
+
+# ----------------------------------------------------------------------------------------------- several machines
+
+
+def _wait_for(path_glob: Path, pattern: str, timeout: float) -> None:
+    start = time.time()
+    while not [p for p in path_glob.glob(pattern) if (p / "smolalign_complete.json").exists()]:
+        assert time.time() - start < timeout, f"no {pattern} in {path_glob} after {timeout} s"
+        time.sleep(0.5)
+
+
+def test_two_machines_on_one_host_run_a_pipeline_and_resume_after_a_kill(micro, tmp_path):
+    """Two pipeline processes (machine 0 and 1, one rank each, rendezvous on 127.0.0.1) train one stage; both are
+    killed after its first checkpoint; the same two commands then resume it from that checkpoint."""
+    recipe = {
+        "name": "two-machines", "run_dir": str(tmp_path / "run"), "launcher": "accelerate", "eval_recipe": None,
+        "tracking": "none", "accelerate_config": str(CONFIGS / "ddp.yaml"), "num_processes": 2,
+        "stages": [{"name": "sft", "script": "sft", "recipe": str(micro / "configs" / "sft.yaml"),
+                    "overrides": {"output_dir": str(tmp_path / "run" / "sft"), "max_steps": 30, "save_steps": 2,
+                                  "save_total_limit": 20, "logging_steps": 1}}],
+    }
+    path = tmp_path / "pipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    port = free_port()
+
+    def start(rank: int) -> subprocess.Popen:
+        cmd = [sys.executable, "scripts/pipeline.py", str(path), "--num_machines", "2", "--machine_rank", str(rank),
+               "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+        return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+    first = [start(0), start(1)]
+    _wait_for(tmp_path / "run" / "sft", "checkpoint-*", 240)
+    for p in first:  # a preemption: both machines' pipelines (and the stage they run) are stopped
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert not (tmp_path / "run" / "sft" / ".smolalign_stage.json").exists()
+    killed_at = max(int(p.name.split("-")[1]) for p in (tmp_path / "run" / "sft").glob("checkpoint-*")
+                    if (p / "smolalign_complete.json").exists())
+    second = [start(0), start(1)]
+    outs = [p.communicate(timeout=400)[0] for p in second]
+    assert [p.returncode for p in second] == [0, 0], outs
+    assert "resuming from" in outs[0]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stages"][0]["status"] == "done" and manifest["stages"][0]["resumed_from"].endswith(f"-{killed_at}")
+    history = log_history(tmp_path / "run" / "sft")
+    assert history[-1]["step"] == 30 and min(h["step"] for h in history) == 1  # one history, the killed part kept
+    sft_log = (tmp_path / "run" / "logs" / "sft.log").read_text()
+    assert "--num_machines 2" in sft_log and "--machine_rank 0" in sft_log
+
+
+# ----------------------------------------------------------------------------------------------- bad launches
+
+
+def test_launches_a_stage_cannot_honour_end_in_one_line(micro, tmp_path):
+    """FSDP on a CPU, num_generations that do not divide the global batch, a server that does not answer: one
+    `smolalign: error:` line naming the fix, a non-zero exit, and no rank left waiting (the launch returns)."""
+    fsdp = launch("scripts/sft.py", *_sft(micro, tmp_path / "fsdp"), config="fsdp2", timeout=180)
+    assert fsdp.returncode != 0 and len(error_lines(fsdp)) == 1 and "ddp.yaml" in error_lines(fsdp)[0]
+    groups = launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", tmp_path / "g",
+                    "--per_device_train_batch_size", "2", "--num_generations", "3", timeout=180)
+    assert groups.returncode != 0 and len(error_lines(groups)) == 1 and "num_generations" in error_lines(groups)[0]
+    server = launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", tmp_path / "s",
+                    "--rollout_backend", "vllm-server", "--rollout_kwargs", "{base_url: 'http://127.0.0.1:9', timeout: 2}",
+                    timeout=180)
+    assert server.returncode != 0 and len(error_lines(server)) == 1 and "vllm-serve" in error_lines(server)[0]
+    assert not (tmp_path / "s" / "model.safetensors").exists()
+
+
+def test_multi_node_pipeline_without_an_address_is_refused(tmp_path):
+    proc = python("scripts/pipeline.py", ROOT / "recipes" / "micro_pipeline.yaml", "--num_machines", "2",
+                  "--run_dir", tmp_path / "run", timeout=60)
+    assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "main_process_ip" in error_lines(proc)[0]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.gpu
+def test_fsdp2_runs_on_gpus():
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("FSDP needs CUDA GPUs: accelerate runs an FSDP config as plain DDP on a CPU, so a CPU run "
+                    "would prove nothing (recipes/accelerate_configs/fsdp2.yaml is for GPU machines)")
+    ok(launch("scripts/sft.py", ROOT / "recipes" / "tiny_sft.yaml", "--max_steps", "2", config="fsdp2"))

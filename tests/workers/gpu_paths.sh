@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU-only branches, run on a CUDA machine (not in CI: CI has no GPU). From the repository root:
+#     bash tests/workers/gpu_paths.sh MODELS_DIR OUT_DIR
+# MODELS_DIR holds the micro pipeline's outputs (configs/, midtrain/, sft/, apo/: `python scripts/pipeline.py
+# recipes/micro_pipeline.yaml`). Checks: (1) SFT with Liger kernels trains with the loss of the run without them;
+# (2) FSDP2 (accelerate, fsdp2.yaml, one GPU) pushes full tensors (`DTensor.full_tensor()`) to a rollout engine
+# with its own copy, and the saved model equals the gathered weights.
+set -uo pipefail
+M=${1:?models dir}; OUT=${2:?out dir}
+export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+sft="$M/configs/sft.yaml --model_name_or_path $M/midtrain --max_steps 4 --logging_steps 1 --save_steps 4 --eval_after false --bf16 true"
+python scripts/sft.py $sft --output_dir "$OUT/sft_plain" > "$OUT/sft_plain.log" 2>&1; echo "sft plain rc $?"
+python scripts/sft.py $sft --output_dir "$OUT/sft_liger" --use_liger_kernel true > "$OUT/sft_liger.log" 2>&1; echo "sft liger rc $?"
+python - "$OUT" <<'PY'
+import json, sys, glob
+def losses(d):
+    f = sorted(glob.glob(f"{d}/checkpoint-*/trainer_state.json"))[-1]
+    return [h["loss"] for h in json.load(open(f))["log_history"] if "loss" in h]
+out = sys.argv[1]
+a, b = losses(f"{out}/sft_plain"), losses(f"{out}/sft_liger")
+print("sft losses plain", a, "liger", b, "max rel diff", max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+PY
+grep -i -m3 "liger" "$OUT/sft_liger.log"
+python -m accelerate.commands.launch --config_file recipes/accelerate_configs/fsdp2.yaml --num_processes 1 tests/workers/grpo_sync.py \
+    "$OUT/fsdp" "$M/configs/grpo.yaml" --model_name_or_path "$M/apo" --output_dir "$OUT/fsdp/train" --bf16 true \
+    --save_strategy no --learning_rate 1e-3 --report_to none --rollout_backend hf --rollout_kwargs '{dtype: bfloat16}' \
+    > "$OUT/fsdp.log" 2>&1; echo "fsdp2 rc $?"
+cat "$OUT/fsdp/result.json" 2>/dev/null | python -c "import json,sys; d=json.load(sys.stdin); print({k: v for k, v in d.items() if k != 'ranks'}); [print({k: r[k] for k in ('backend','pushes','copy_diff')}, 'greedy parity', r['engine_ids'] == r['model_ids']) for r in d['ranks']]"
