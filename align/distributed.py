@@ -202,7 +202,7 @@ def rank_seed(seed: int, *salt: int, rank: int | None = None) -> int:
     # hashed, not seed + rank: engines derive seed + 1, seed + 2, ... for the n samples of a prompt, so consecutive
     # seeds on neighbouring ranks would hand two ranks the same samples
     digest = hashlib.blake2b(repr((int(seed), *map(int, salt), int(rank))).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (2**62)
+    return int.from_bytes(digest, "little") % (2**31)  # numpy and vLLM take seeds below 2**32
 
 
 def init_from_launcher() -> None:
