@@ -523,7 +523,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         if bad and policy == "skip":
             optimizer.zero_grad(set_to_none=True)
             applied = _is_deepspeed(acc)  # DeepSpeed stepped inside the last backward: too late to skip
-            skipped.append({"step": step, "reason": bad, "applied": applied})
+            skipped.append({"step": step, "reason": bad, **({"applied_by_deepspeed": True} if applied else {})})
             acc.print(f"step {step}: {bad}; " + ("DeepSpeed already applied this update (logged only)" if applied
                                                  else "batch skipped"))
         else:

@@ -295,6 +295,9 @@ def test_math_reward_outside_the_main_thread():
 
 
 def test_math_reward_unparseable_gold_abstains_with_warning():
+    from rewards.math import _warn_gold
+
+    _warn_gold.cache_clear()  # warned once per gold per process: another test may have warned about this one
     with pytest.warns(UserWarning, match="cannot parse the gold answer"):
         assert math_reward(["\\boxed{4}"], answer=["}{"]) == [None]
 
