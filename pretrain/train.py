@@ -417,9 +417,10 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
 
     def checkpoint() -> str | None:
         acc.wait_for_everyone()
+        data = stream.state_dict()  # on every rank: a sharded (streaming) stream gathers all ranks' positions
         if not acc.is_main_process:
             return None
-        state = {"step": step, "data": stream.state_dict(), "history": history, "evals": evals, "skipped": skipped}
+        state = {"step": step, "data": data, "history": history, "evals": evals, "skipped": skipped}
         return save_checkpoint(cfg.output_dir, step, raw, optimizer, state, tokenizer, cfg.save_total_limit)
 
     running, t_interval, tokens_interval = None, time.perf_counter(), 0

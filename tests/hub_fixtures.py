@@ -1,6 +1,6 @@
 """Local dataset repositories shaped like the hub's (no tests here), for tests and CPU rehearsals of the recipes.
 
-A repo is a directory with `data/<config>/<split>-00000-of-00001.parquet` files and a README whose YAML front
+A repo is a directory with `data/<config>/<split>-0000k-of-0000n.parquet` files and a README whose YAML front
 matter lists them in a `configs:` block, exactly as the hub's parquet repos are laid out; `datasets.load_dataset`
 and `align.hub` read it like a hub id. `build_mirror(root)` writes every repo the smollm3_* recipes name under
 `root/<org>/<name>`, so `SMOLALIGN_DATA_MIRROR=root` serves them in place of the hub (recipes unchanged).
@@ -43,8 +43,15 @@ def _sentence(rng: random.Random, lo: int = 4, hi: int = 16) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))) + "."
 
 
-def write_repo(root: str | Path, configs: dict[str, dict[str, list[dict]]], readme: bool = True) -> Path:
-    """A hub-shaped parquet repo: {config: {split: rows}} -> data/<config>/<split>-00000-of-00001.parquet."""
+def write_repo(
+    root: str | Path,
+    configs: dict[str, dict[str, list[dict]]],
+    readme: bool = True,
+    num_files: int = 1,
+    rows_per_group: int = 1000,
+) -> Path:
+    """A hub-shaped parquet repo: {config: {split: rows}} -> data/<config>/<split>-0000k-of-0000n.parquet files,
+    listed in the README's `configs:` block by a glob pattern as the hub does."""
     import datasets
 
     root = Path(root)
@@ -52,10 +59,12 @@ def write_repo(root: str | Path, configs: dict[str, dict[str, list[dict]]], read
     for config, splits in configs.items():
         files = []
         for split, rows in splits.items():
-            rel = f"data/{config}/{split}-00000-of-00001.parquet"
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            datasets.Dataset.from_list(rows).to_parquet(str(root / rel))
-            files.append({"split": split, "path": rel})
+            ds = datasets.Dataset.from_list(rows)
+            for k in range(num_files):
+                path = root / f"data/{config}/{split}-{k:05d}-of-{num_files:05d}.parquet"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                ds.shard(num_files, k, contiguous=True).to_parquet(str(path), batch_size=rows_per_group)
+            files.append({"split": split, "path": f"data/{config}/{split}-*"})
         blocks.append({"config_name": config, "data_files": files})
     if readme:
         front = yaml.safe_dump({"configs": blocks}, sort_keys=False)
