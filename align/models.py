@@ -137,3 +137,36 @@ def load_tokenizer(name_or_path: str, **kwargs):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+ROPE_SCALINGS = ("yarn", "linear", "dynamic", "longrope", "llama3")
+
+
+def set_rope_scaling(config, rope_scaling: dict) -> None:
+    """Write RoPE scaling for inference into a transformers config (in place), e.g. SmolLM3's YaRN to 128k:
+    {rope_type: yarn, factor: 2.0} on a model trained at 64k. `original_max_position_embeddings` defaults to the
+    config's context; `max_position_embeddings` becomes original x factor. transformers and vLLM read the saved
+    `rope_parameters` (RoPE base kept)."""
+    spec = dict(rope_scaling)
+    rope_type = spec.pop("rope_type", spec.pop("type", None))
+    if rope_type not in ROPE_SCALINGS:
+        raise ValueError(f"rope_scaling.rope_type={rope_type!r}: choose one of {ROPE_SCALINGS} (SmolLM3: yarn)")
+    factor = spec.get("factor")
+    if not isinstance(factor, int | float) or factor <= 1:
+        raise ValueError(f"rope_scaling.factor={factor!r} must be a number > 1 (2.0 doubles the trained context)")
+    original = int(spec.setdefault("original_max_position_embeddings", config.max_position_embeddings))
+    theta = (config.rope_parameters or {}).get("rope_theta", getattr(config, "rope_theta", None))
+    config.rope_parameters = {"rope_type": rope_type, "rope_theta": theta, **spec}
+    config.max_position_embeddings = int(original * factor)
+    if hasattr(config, "validate_rope"):
+        config.validate_rope()
+
+
+def write_rope_scaling(model_dir: str, rope_scaling: dict) -> dict:
+    """`set_rope_scaling` on a saved model's config.json; returns the new rope_parameters."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    set_rope_scaling(config, rope_scaling)
+    config.save_pretrained(model_dir)
+    return dict(config.rope_parameters)
