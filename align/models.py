@@ -77,8 +77,23 @@ def _convert_gguf(name: str, target: Path) -> None:
         raise
 
 
+def _hub_revision(repo: str, revision: str) -> str:
+    """`org/name@revision` (a branch, tag or commit; SmolLM3's checkpoints live on branches) -> a local snapshot."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, revision=revision)
+    except Exception as err:  # offline, unknown revision, gated repo: one line that says what to do
+        raise FileNotFoundError(
+            f"model {repo}@{revision}: the hub could not serve revision {revision!r} of {repo} "
+            f"({type(err).__name__}); download it (hf download {repo} --revision {revision} --local-dir DIR) and "
+            "point model_name_or_path at DIR"
+        ) from err
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """Return something `from_pretrained` accepts: a local dir, a hub id, or the cached builtin dir."""
+    """Return something `from_pretrained` accepts: a local dir, a hub id, `org/name@revision` (downloaded at that
+    revision), or the cached builtin dir."""
     if name_or_path.startswith("builtin:"):
         name = name_or_path.removeprefix("builtin:")
         if name not in BUILTIN_MODELS:
@@ -88,6 +103,9 @@ def resolve_model_path(name_or_path: str) -> str:
             _convert_gguf(name, target)
         return str(target)
     path = Path(name_or_path).expanduser()
+    repo, at, revision = name_or_path.partition("@")
+    if at and revision and repo.count("/") == 1 and not path.exists():
+        return _hub_revision(repo, revision)
     if path.exists():
         if path.is_dir() and not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
             raise FileNotFoundError(f"model directory '{path}' has no config.json: is it a finished model output dir?")

