@@ -70,3 +70,24 @@ def test_each_recipe_trains_two_steps_and_saves_on_the_cpu(recipe, fixtures, tmp
         assert len(json.loads((out / "metrics.json").read_text())["history"]) == 2
     else:
         assert json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+
+
+@pytest.mark.slow
+def test_the_smollm3_pipeline_runs_end_to_end_on_the_cpu(fixtures, tmp_path):
+    """pretrain -> long context x2 -> mid-training -> SFT -> APO -> soup -> merge -> GRPO -> distillation (~8 min)."""
+    import sys
+
+    from cpu_substitutions import pipeline_config
+
+    config = pipeline_config(ROOT / "recipes" / "smollm3_pipeline.yaml", fixtures, tmp_path / "run")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    _, env = command(RECIPES[0], fixtures, tmp_path / "unused")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), str(path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert [s["status"] for s in manifest["stages"]] == ["done"] * 10
+    merged = json.loads((tmp_path / "run" / "merge" / "config.json").read_text())
+    assert merged["rope_parameters"]["rope_type"] == "yarn"  # the final model reads past its trained context
+    assert len(list((tmp_path / "run" / "apo").glob("checkpoint-*"))) == 2  # what the soup averaged
