@@ -116,3 +116,45 @@ def test_train_with_a_streamed_source_resumes_to_the_same_losses(tmp_path, corpu
     train(tiny_model_args(), tiny_config(tmp_path / "cut", stop_after_steps=3, **kw))
     resumed = train(tiny_model_args(), tiny_config(tmp_path / "cut", resume_from_checkpoint="auto", **kw))
     assert [h["loss"] for h in resumed["history"]] == full
+
+
+WORKER = """
+import json, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import torch
+torch.set_num_threads(1)
+from accelerate import Accelerator
+from hub_fixtures import write_repo
+from test_pretrain_helpers import synthetic_docs, tiny_config, tiny_model_args
+from pretrain.train import train
+out = sys.argv[1]
+acc = Accelerator(cpu=True)
+if acc.is_main_process:
+    write_repo(out + "/corpus", {{"python": {{"train": [{{"content": d}} for d in synthetic_docs("words", 200, 3)]}}}},
+               num_files=2)
+acc.wait_for_everyone()
+src = {{"spec": out + "/corpus", "config": "python", "text_column": "content", "streaming": True}}
+kw = dict(sources={{"code": src, "math": synthetic_docs("math", 100)}}, micro_batch_size=2, max_steps=6,
+          stages=[{{"num_tokens": 4000, "weights": {{"code": 1, "math": 1}}}}], eval_steps=0, save_total_limit=1)
+full = [h["loss"] for h in train(tiny_model_args(), tiny_config(out + "/full", **kw))["history"]]
+train(tiny_model_args(), tiny_config(out + "/cut", stop_after_steps=3, **kw))
+resumed = train(tiny_model_args(), tiny_config(out + "/cut", resume_from_checkpoint="auto", **kw))["history"]
+if acc.is_main_process:
+    json.dump({{"full": full, "resumed": [h["loss"] for h in resumed]}}, open(out + "/losses.json", "w"))
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_stream_their_own_shards_and_resume_exactly(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    (tmp_path / "worker.py").write_text(WORKER.format(root=os.path.dirname(tests), tests=tests))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+           str(tmp_path / "worker.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = json.loads((tmp_path / "losses.json").read_text())
+    assert losses["resumed"] == losses["full"]  # every rank's stream position came back from the checkpoint
