@@ -54,7 +54,9 @@ class PretrainConfig:
         },
     )
     sources: dict = field(
-        default_factory=dict, metadata={"help": "{name: spec | {spec, text_column, **load_source args}} (JSON ok)."}
+        default_factory=dict,
+        metadata={"help": "{name: spec | {spec, config, split, text_column, formatter, streaming, shuffle_buffer, "
+                  "**load_source args}} (JSON ok); streaming: true reads a corpus lazily, sharded per rank."},
     )
     stages: list[dict] = field(
         default_factory=list, metadata={"help": "[{name, num_tokens, weights: {source: share}}] (JSON ok)."}
