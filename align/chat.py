@@ -43,14 +43,114 @@ def strip_generation_markers(template: str) -> str:
     return _GENERATION_RE.sub("", template)
 
 
+# SmolLM3's chat format, written for this project: ChatML turns, a system turn carrying the reasoning mode
+# ("/think" unless enable_thinking=False; a /think or /no_think flag in the system text overrides it), an empty
+# <think> block opening every no_think assistant turn, earlier turns' <think> blocks stripped, and
+# {% generation %} markers around each assistant content + <|im_end|>. (SmolLM3's released template adds a
+# metadata and tools header to the system turn; clone it byte for byte with chat_template_path:
+# HuggingFaceTB/SmolLM3-3B.)
+SMOLLM3_TEMPLATE = (
+    "{%- set ns = namespace(mode='/think', system='', last=-1) -%}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{%- set ns.mode = '/no_think' -%}{%- endif -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set sys = messages[0]['content'] -%}"
+    "{%- if '/no_think' in sys -%}{%- set ns.mode = '/no_think' -%}"
+    "{%- elif '/think' in sys -%}{%- set ns.mode = '/think' -%}{%- endif -%}"
+    "{%- set ns.system = sys.replace('/no_think', '').replace('/think', '').strip() -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for m in loop_messages -%}{%- if m['role'] == 'assistant' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{{- '<|im_start|>system\\n' + (ns.system + '\\n' if ns.system else '') + ns.mode + '<|im_end|>\\n' -}}"
+    "{%- for m in loop_messages -%}"
+    "{%- set content = m['content'] if m['content'] is string else '' -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{%- if loop.index0 != ns.last and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if ns.mode == '/no_think' and '<think>' not in content -%}{{- '<think>\\n\\n</think>\\n' -}}{%- endif -%}"
+    "{% generation %}{{- content + '<|im_end|>' -}}{% endgeneration %}{{- '\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if ns.mode == '/no_think' -%}{{- '<think>\\n\\n</think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+# Plain ChatML (the format of SmolLM3's reasoning mid-training): every turn as <|im_start|>role ... <|im_end|>.
+CHATML_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + (m['content'] if m['content'] is string else '') + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+BUILTIN_TEMPLATES = {"chatml": CHATML_TEMPLATE, "smollm3": SMOLLM3_TEMPLATE}
+
+
 def load_chat_template(path_or_text: str) -> str:
-    """A template from a .jinja/.j2 file path, or the text itself."""
+    """A template from a builtin name (chatml, smollm3), a .jinja/.j2 file, a model dir or hub id whose tokenizer
+    has one (e.g. HuggingFaceTB/SmolLM3-3B), or the template text itself."""
+    if path_or_text in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[path_or_text]
     if path_or_text.endswith((".jinja", ".j2")):
         path = Path(path_or_text)
         if not path.is_file():
             raise FileNotFoundError(f"chat_template_path {path_or_text!r} does not exist; pass a .jinja file")
         return path.read_text(encoding="utf-8")
-    return path_or_text
+    if "{{" in path_or_text or "{%" in path_or_text:
+        return path_or_text
+    from transformers import AutoTokenizer
+
+    try:
+        template = AutoTokenizer.from_pretrained(path_or_text).chat_template
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(
+            f"chat_template_path {path_or_text!r} is no builtin ({', '.join(BUILTIN_TEMPLATES)}), .jinja file, "
+            f"template text, or loadable tokenizer ({type(err).__name__})"
+        ) from err
+    if not isinstance(template, str) or not template:
+        raise ValueError(f"chat_template_path {path_or_text!r}: that tokenizer has no chat template to clone")
+    return template
+
+
+def setup_chat_format(tokenizer: Any, chat_template: str | None = None, eos_token: str | None = None) -> str | None:
+    """Install a chat template and its end-of-turn token as EOS on `tokenizer` (a base model's has neither).
+
+    Returns the template text when one was given (None: the tokenizer's own stays). `eos_token` must already
+    be a token of the vocabulary (SmolLM3's base tokenizer has <|im_end|>); the old EOS becomes the pad token if
+    there was none or the pad was the new EOS, so padding never masks the token the model must learn to emit.
+    The model side (config.eos_token_id, generation_config.eos_token_id, which generate() and vLLM stop on) is
+    `install_eos`; TRL's SFTTrainer does the same when its `eos_token` is set.
+    """
+    template = load_chat_template(chat_template) if chat_template else None
+    if template:
+        tokenizer.chat_template = template
+    if eos_token:
+        if eos_token not in tokenizer.get_vocab():
+            added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+            raise ValueError(
+                f"eos_token={eos_token!r} is not a token of {getattr(tokenizer, 'name_or_path', '')!r}; name one it "
+                f"has (its added tokens: {', '.join(added) or 'none'}), or add it to the tokenizer first"
+            )
+        old = tokenizer.eos_token
+        tokenizer.eos_token = eos_token
+        if old and old != eos_token and tokenizer.pad_token in (None, eos_token):
+            tokenizer.pad_token = old
+    return template
+
+
+def install_eos(model: Any, tokenizer: Any) -> None:
+    """Make the model stop where the tokenizer's EOS says: config.eos_token_id and generation_config (first)."""
+    eos = tokenizer.eos_token_id
+    model.config.eos_token_id = eos
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        old = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+        gen.eos_token_id = [eos, *[i for i in old if i is not None and i != eos]]
+        if gen.pad_token_id is None:
+            gen.pad_token_id = tokenizer.pad_token_id
 
 
 def template_name(tokenizer: Any, chat_template: str | None = None) -> str:

@@ -182,6 +182,11 @@ def _structured_cli_values(args: list[str], dataclass_types: Sequence[type], par
     rest, values, i = [], {}, 0
     while i < len(args):
         key = args[i][2:].split("=", 1)[0].replace("-", "_") if args[i].startswith("--") else None
+        value = args[i].split("=", 1)[1] if key and "=" in args[i] else (args[i + 1] if i + 1 < len(args) else None)
+        if key in fields and value == "null" and _accepts_none(fields[key]):  # `--key null` unsets a recipe's value
+            values[key] = None
+            i += 1 if "=" in args[i] else 2
+            continue
         if key in structured:
             raw = args[i].split("=", 1)[1] if "=" in args[i] else (args[i + 1] if i + 1 < len(args) else None)
             if raw is None:
@@ -197,6 +202,10 @@ def _structured_cli_values(args: list[str], dataclass_types: Sequence[type], par
     if values:
         parser.set_defaults_with_config(**values)
     return rest
+
+
+def _accepts_none(annotation) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
 
 
 # A rank other than 0 waits this long before printing its own error: when every rank fails alike, rank 0 prints and

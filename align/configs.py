@@ -26,8 +26,9 @@ class ScriptArguments(trl.ScriptArguments):
     dataset_mixture: dict | None = field(
         default=None,
         metadata={
-            "help": "A weighted mixture instead of dataset_name: {datasets: [{id, args, split, columns, weight}], "
-            "seed, test_split_size}. Each id is a hub id, a local file/dir or builtin:NAME."
+            "help": "A weighted mixture instead of dataset_name: {datasets: [{id, config, split, columns, weight, "
+            "args}], seed, weighting (share | fraction), test_split_size}. Each id is a hub id, a local file/dir "
+            "(a hub-shaped repo too) or builtin:NAME."
         },
     )
     test_split_size: float | None = field(

@@ -5,12 +5,15 @@ Why: stages, pretraining and evaluation all need the same answer to "give me row
 (`builtin:NAME`), so the tiny world runs with no network. Mixtures give several sources target shares of one
 training set, deterministic under a seed.
 
-Specs (`load_source(spec, split=None, **args)`):
+Specs (`load_source(spec, split=None, config=None, streaming=False, **args)`):
     data/train.jsonl | .json | .parquet | .csv     a local file (a single "train" split)
-    data/my_set/                                   a `save_to_disk` directory, or a directory of such files
-                                                   (datasets names splits by file name: train*.jsonl, test*.jsonl)
-    HuggingFaceTB/smoltalk                         a hub id: datasets.load_dataset(spec, name=args["config"])
+    data/my_set/                                   a `save_to_disk` directory, a directory of such files (datasets
+                                                   names splits by file name: train*.jsonl, test*.jsonl), or a
+                                                   hub-shaped repo (data/<config>/<split>-*.parquet + README configs)
+    HuggingFaceTB/smoltalk2                        a hub id: named config, per-source splits (align/hub.py: only the
+                                                   requested split is read; a missing config/split lists the real ones)
     builtin:news | shakespeare | kjv | gsm8k | hellaswag | truthfulqa | humaneval | rg:<task> | tasks
+`streaming=True` returns a `datasets.IterableDataset` (rows read lazily) for any spec.
 
 Builtins are read from installed packages; their row order is stable (file order), so a row count or an index
 means the same thing on every machine. Sources with one split serve it as "train" (also for split=None); another
@@ -22,6 +25,7 @@ How to use:
     from align.data import load_source, get_dataset, require_columns
     ds = load_source("builtin:shakespeare")                 # {"text", "title"}, chunks of <= 4,000 chars
     ds = load_source("builtin:rg:basic_arithmetic", size=100, seed=1)
+    ds = load_source("HuggingFaceTB/smoltalk2", split="OpenHermes_2.5_no_think", config="SFT")
     dd = get_dataset(script_args)                           # DatasetDict: "train" (+ "test")
 """
 
@@ -44,20 +48,22 @@ from pathlib import Path
 
 import datasets
 
+from align.hub import SplitNotFoundError, load_split
+
 logger = logging.getLogger(__name__)
 
 BUILTIN_PREFIX = "builtin:"
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "num_samples"}
-ENTRY_KEYS = {"id", "args", "split", "test_split", "columns", "weight"}
+MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "num_samples", "weighting"}
+ENTRY_KEYS = {"id", "config", "args", "split", "test_split", "columns", "weight"}
+WEIGHTINGS = ("share", "fraction")
 
 # Builtins that live in another module of ours and register themselves when it is imported.
 _LAZY_BUILTINS = {"tasks": "data_gen.tasks"}
 _BUILTINS: dict[str, Callable[..., datasets.Dataset]] = {}
 
 
-class SplitNotFoundError(ValueError):
-    """A source does not have the requested split (callers may treat a missing test split as 'none')."""
+__all__ = ["SplitNotFoundError", "load_source", "get_dataset", "require_columns", "register_builtin"]
 
 
 def register_builtin(name: str, fn: Callable[..., datasets.Dataset]) -> None:
@@ -292,43 +298,47 @@ def _load_local(spec: str, split: str | None, args: dict) -> datasets.Dataset:
     path = Path(os.path.expanduser(spec))
     if not path.exists():
         raise FileNotFoundError(f"dataset file or directory not found: {path} (a hub id has no file suffix)")
+    streaming = args.pop("streaming", False)
     if path.is_file():
         if path.stat().st_size == 0:
             raise ValueError(f"dataset file {path} is empty (0 rows): regenerate it or point dataset_name elsewhere")
         builder = LOCAL_SUFFIXES.get(path.suffix.lower())
         if builder is None:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")
-        return _pick(datasets.load_dataset(builder, data_files={"train": str(path)}, **args), split, spec)
+        if (split or "train") != "train":
+            raise SplitNotFoundError(f"{spec!r} has no split {split!r}; available: train")
+        return datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", streaming=streaming, **args)
     if (path / "dataset_dict.json").exists():
-        return _pick(datasets.load_from_disk(str(path)), split, spec)
+        return _streamed(_pick(datasets.load_from_disk(str(path)), split, spec), streaming)
     if (path / "dataset_info.json").exists() and (path / "state.json").exists():  # a saved single Dataset
-        return _pick(datasets.DatasetDict(train=datasets.load_from_disk(str(path))), split, spec)
+        return _streamed(_pick(datasets.DatasetDict(train=datasets.load_from_disk(str(path))), split, spec), streaming)
     if not any(p.suffix.lower() in LOCAL_SUFFIXES for p in path.rglob("*") if p.is_file()):
         raise FileNotFoundError(
             f"{path} holds no {'/'.join(LOCAL_SUFFIXES)} files and is not a save_to_disk directory"
         )
-    # datasets infers the builder and the splits from the file names (train*.jsonl, test*.jsonl, ...).
-    return _pick(datasets.load_dataset(str(path), **args), split, spec)
+    # A hub-shaped repo, or a directory of files (datasets names splits by file name): the hub id's code path.
+    return load_split(str(path), split or "train", args.pop("config", None), streaming, **args)
+
+
+def _streamed(ds: datasets.Dataset, streaming: bool):
+    return ds.to_iterable_dataset() if streaming else ds
 
 
 def load_source(spec: str, split: str | None = None, **args) -> datasets.Dataset:
-    """One split of a source (hub id, local file/dir or builtin:NAME) as a Dataset; split=None means "train"."""
+    """One split of a source (hub id, local file/dir or builtin:NAME) as a Dataset; split=None means "train".
+
+    `config` names a hub config; `streaming=True` returns an IterableDataset; other args go to the loader.
+    """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"dataset spec must be a non-empty string, got {spec!r}")
+    args = dict(args)
     if spec.startswith(BUILTIN_PREFIX):
-        return _call_builtin(spec[len(BUILTIN_PREFIX) :], split, args)
+        streaming = args.pop("streaming", False)
+        return _streamed(_call_builtin(spec[len(BUILTIN_PREFIX) :], split, args), streaming)
     if _looks_local(spec):
         return _load_local(spec, split, args)
-    args = dict(args)
-    name = args.pop("config", None)
-    try:
-        dd = datasets.load_dataset(spec, name=name, **args)
-    except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as err:
-        raise FileNotFoundError(
-            f"{spec!r} is no local file or directory, so it was read as a hub id, and the hub could not serve it "
-            f"({type(err).__name__}). Check the path, or use builtin:NAME ({', '.join(available_builtins())})"
-        ) from err
-    return _pick(dd, split, spec)
+    config, streaming = args.pop("config", None), args.pop("streaming", False)
+    return load_split(spec, split or "train", config, streaming, **args)
 
 
 def _load_optional(spec: str, split: str | None, args: dict) -> datasets.Dataset | None:
@@ -420,8 +430,13 @@ def _check_mixture(mixture) -> list[dict]:
             )
         if "weight" in e and not (isinstance(e["weight"], int | float) and e["weight"] > 0):
             raise ValueError(f"dataset_mixture.datasets[{i}].weight must be a number > 0, got {e['weight']!r}")
+    weighting = _field(mixture, "weighting", None) or "share"
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"dataset_mixture.weighting={weighting!r}: choose 'share' (target shares) or 'fraction'")
+    if weighting == "fraction" and _field(mixture, "num_samples", None):
+        raise ValueError("dataset_mixture: num_samples needs weighting 'share'; with 'fraction' each weight sets a size")
     weighted = ["weight" in e for e in entries]
-    if any(weighted) and not all(weighted):
+    if weighting == "share" and any(weighted) and not all(weighted):
         raise ValueError(
             "dataset_mixture: give every dataset a 'weight' (target shares) or none (concatenate all rows)"
         )
@@ -454,6 +469,8 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
     trains, tests, ids = [], [], []
     for i, e in enumerate(entries):
         spec, args = e["id"], dict(e.get("args") or {})
+        if e.get("config"):
+            args["config"] = e["config"]
         train = load_source(spec, split=e.get("split", default_train), **args)
         test = _load_optional(spec, e.get("test_split", default_test), args)
         if test is None and test_size:
@@ -467,9 +484,13 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
             raise ValueError(f"dataset_mixture.datasets[{i}] ({spec}) has no training rows")
         trains.append(train)
         tests.append(test)
-        ids.append(spec)
-    weights = [float(e["weight"]) for e in entries] if "weight" in entries[0] else None
-    quotas = _quotas([len(t) for t in trains], weights, num_samples)
+        ids.append(spec + "".join(f"[{e[k]}]" for k in ("config", "split") if e.get(k)))
+    if _field(mixture, "weighting", None) == "fraction":
+        # alignment-handbook's mixer: each source keeps weight x its rows (a seeded subset; > 1 repeats rows).
+        quotas = [int(len(t) * float(e.get("weight", 1.0))) for t, e in zip(trains, entries)]
+    else:
+        weights = [float(e["weight"]) for e in entries] if "weight" in entries[0] else None
+        quotas = _quotas([len(t) for t in trains], weights, num_samples)
     picked = []
     for i, (train, quota) in enumerate(zip(trains, quotas)):
         if quota > len(train):
@@ -477,6 +498,8 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
                 "dataset_mixture: %s repeats its %d rows to fill %d (its weight)", ids[i], len(train), quota
             )
         picked.append(train.select(_sample(train, quota, random.Random(f"{seed}:{i}"))))
+    if not sum(quotas):
+        raise ValueError("dataset_mixture: the weights leave no training rows; raise them or add data")
     out = datasets.DatasetDict(train=_concat(picked, ids).shuffle(seed=seed).flatten_indices())
     # The test split holds every held-out row once (not weighted): evaluation should see all of it.
     if any(t is not None for t in tests):
@@ -493,13 +516,15 @@ def _seed(script_args) -> int:
 def get_dataset(script_args) -> datasets.DatasetDict:
     """The stage's data as a DatasetDict with "train" and, when available, "test".
 
-    From `dataset_mixture` ({datasets: [{id, args, split, test_split, columns, weight}], seed, test_split_size,
-    num_samples}) or else `dataset_name` (+ dataset_config, dataset_args, dataset_train_split, dataset_test_split).
-    Test split: the source's own when it has one, else `test_split_size` rows held out under the seed, else none.
-    Mixtures: weights are target shares of the training rows. Without `num_samples` the mixture is as large as it
-    can be with no row repeated (the scarcest source relative to its weight sets the size); with `num_samples`
+    From `dataset_mixture` ({datasets: [{id, config, args, split, test_split, columns, weight}], seed, weighting,
+    test_split_size, num_samples}) or else `dataset_name` (+ dataset_config, dataset_args, dataset_train_split,
+    dataset_test_split). Test split: the source's own when it has one, else `test_split_size` rows held out under
+    the seed, else none. Mixtures (`weighting: share`, the default): weights are target shares of the training
+    rows. Without `num_samples` the mixture is as large as it can be with no row repeated (the scarcest source relative to its weight sets the size); with `num_samples`
     a source with too few rows is repeated (whole passes, then a seeded subset), with a warning. No weights
-    means every row of every source once. The train split is shuffled under the seed; same seed, same rows.
+    means every row of every source once. `weighting: fraction` is the alignment-handbook's rule (its published
+    SmolLM3 recipes use it): each source keeps weight x its rows (int, a seeded subset; no weight = all rows).
+    The train split is shuffled under the seed; same seed, same rows.
     `max_train_samples` / `max_eval_samples` keep the first rows of each split.
     """
     mixture = getattr(script_args, "dataset_mixture", None)

@@ -602,7 +602,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     install(trainer, script_args)  # atomic checkpoints, non-finite guard, engine resync after a resume
 
     metrics: dict = {"loss": args.loss, "tokenizer_mode": mode, "world_size": trainer.accelerator.num_processes}
-    measure = args.distill_eval and bool(eval_rows)
+    measure = args.distill_eval and script_args.eval_after and bool(eval_rows)
     if measure:
         before = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
                                   teacher_prompts=teacher_prompts, with_teacher_accuracy=mode == "same")

@@ -77,8 +77,23 @@ def _convert_gguf(name: str, target: Path) -> None:
         raise
 
 
+def _hub_revision(repo: str, revision: str) -> str:
+    """`org/name@revision` (a branch, tag or commit; SmolLM3's checkpoints live on branches) -> a local snapshot."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, revision=revision)
+    except Exception as err:  # offline, unknown revision, gated repo: one line that says what to do
+        raise FileNotFoundError(
+            f"model {repo}@{revision}: the hub could not serve revision {revision!r} of {repo} "
+            f"({type(err).__name__}); download it (hf download {repo} --revision {revision} --local-dir DIR) and "
+            "point model_name_or_path at DIR"
+        ) from err
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """Return something `from_pretrained` accepts: a local dir, a hub id, or the cached builtin dir."""
+    """Return something `from_pretrained` accepts: a local dir, a hub id, `org/name@revision` (downloaded at that
+    revision), or the cached builtin dir."""
     if name_or_path.startswith("builtin:"):
         name = name_or_path.removeprefix("builtin:")
         if name not in BUILTIN_MODELS:
@@ -88,6 +103,9 @@ def resolve_model_path(name_or_path: str) -> str:
             _convert_gguf(name, target)
         return str(target)
     path = Path(name_or_path).expanduser()
+    repo, at, revision = name_or_path.partition("@")
+    if at and revision and repo.count("/") == 1 and not path.exists():
+        return _hub_revision(repo, revision)
     if path.exists():
         if path.is_dir() and not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
             raise FileNotFoundError(f"model directory '{path}' has no config.json: is it a finished model output dir?")
@@ -137,3 +155,36 @@ def load_tokenizer(name_or_path: str, **kwargs):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+ROPE_SCALINGS = ("yarn", "linear", "dynamic", "longrope", "llama3")
+
+
+def set_rope_scaling(config, rope_scaling: dict) -> None:
+    """Write RoPE scaling for inference into a transformers config (in place), e.g. SmolLM3's YaRN to 128k:
+    {rope_type: yarn, factor: 2.0} on a model trained at 64k. `original_max_position_embeddings` defaults to the
+    config's context; `max_position_embeddings` becomes original x factor. transformers and vLLM read the saved
+    `rope_parameters` (RoPE base kept)."""
+    spec = dict(rope_scaling)
+    rope_type = spec.pop("rope_type", spec.pop("type", None))
+    if rope_type not in ROPE_SCALINGS:
+        raise ValueError(f"rope_scaling.rope_type={rope_type!r}: choose one of {ROPE_SCALINGS} (SmolLM3: yarn)")
+    factor = spec.get("factor")
+    if not isinstance(factor, int | float) or factor <= 1:
+        raise ValueError(f"rope_scaling.factor={factor!r} must be a number > 1 (2.0 doubles the trained context)")
+    original = int(spec.setdefault("original_max_position_embeddings", config.max_position_embeddings))
+    theta = (config.rope_parameters or {}).get("rope_theta", getattr(config, "rope_theta", None))
+    config.rope_parameters = {"rope_type": rope_type, "rope_theta": theta, **spec}
+    config.max_position_embeddings = int(original * factor)
+    if hasattr(config, "validate_rope"):
+        config.validate_rope()
+
+
+def write_rope_scaling(model_dir: str, rope_scaling: dict) -> dict:
+    """`set_rope_scaling` on a saved model's config.json; returns the new rope_parameters."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    set_rope_scaling(config, rope_scaling)
+    config.save_pretrained(model_dir)
+    return dict(config.rope_parameters)

@@ -137,4 +137,4 @@ def build_sampler(backend: str, knobs: dict | None, model, model_path: str, toke
     else:
         engine = get_engine(model_path, backend="vllm-server", tokenizer=tokenizer, **knobs)
     logger.info("rollout engine: %s (rank %d)", backend, rank)
-    return Sampler(engine, accelerator, seed=seed, sleep=bool(knobs.get("enable_sleep_mode")))
+    return Sampler(engine, accelerator, seed=seed, sleep=bool(knobs.get("enable_sleep_mode")) and torch.cuda.is_available())

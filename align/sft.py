@@ -231,7 +231,7 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     """Train SFT; save an HF model + tokenizer (with chat template) to output_dir; return the eval report."""
     from transformers import set_seed
 
-    from align.chat import load_chat_template
+    from align.chat import setup_chat_format
     from align.checkpoint import install, resume_checkpoint
     from align.data import get_dataset
     from align.models import load_tokenizer
@@ -244,11 +244,9 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
         raise ValueError("model_name_or_path is not set; point it at the base model (e.g. outputs/tiny/midtrain)")
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
-    chat_template = None
-    if training_args.chat_template_path:
-        chat_template = load_chat_template(training_args.chat_template_path)
-        tokenizer.chat_template = chat_template
-        training_args.chat_template_path = None  # applied here; TRL would try to clone it into the model again
+    # A base model gets its chat template and end-of-turn EOS here (TRL mirrors eos_token onto the model configs).
+    chat_template = setup_chat_format(tokenizer, training_args.chat_template_path, training_args.eos_token)
+    training_args.chat_template_path = None  # applied here; TRL would try to clone it into the model again
 
     data = get_dataset(script_args)
     raw_train, raw_test = data["train"], data["test"] if "test" in data else None

@@ -23,11 +23,22 @@ How to use:
 Sources in a recipe: `sources: {news: builtin:news, tasks: {spec: builtin:tasks, num: 20000,
 formatter: "data_gen.tasks:to_pretrain_text"}}` (specs and extra args go to `align.data.load_source`;
 see `load_documents`); in Python a source may also be a plain list of strings.
+
+Streaming (`{spec: HuggingFaceFW/fineweb-edu, config: sample-10BT, streaming: true}`): a corpus too large for
+memory is read as a `datasets.IterableDataset`, sharded per rank (`split_dataset_by_node`), optionally through
+a seeded shuffle buffer (`shuffle_buffer: N`), and never held whole. Its held-out documents are the first
+`eval_docs` of the unsharded stream (the same on every rank, skipped in training). As soon as one source
+streams, the whole stream is sharded per rank: each rank packs its own rows from its own documents (and an
+in-memory source gives each rank every world_size-th document), stage boundaries still follow the global token
+count, and `state_dict()` gathers every rank's position (datasets' own iterator state: exact without a shuffle
+buffer; with one, the documents in the buffer at checkpoint time are skipped on resume, as datasets documents).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -64,48 +75,79 @@ def parse_stages(stages: list[dict], source_names: list[str]) -> list[Stage]:
     return out
 
 
-def load_documents(source, tokenizer=None) -> list[str]:
-    """A source value -> its documents.
+STREAM_KEYS = ("streaming", "shuffle_buffer")
 
-    `source` is a list of strings (used as is), a spec string for `align.data.load_source`, or a dict
-    {spec, text_column="text", formatter=None, **load_source args}. `formatter` turns each row into text:
-    "chat" renders the `messages` column with the tokenizer's chat template (mid-training on the chat
-    format), "module:function" imports a row -> str function (e.g. data_gen.tasks:to_pretrain_text).
-    """
-    if isinstance(source, list):
-        return [str(t) for t in source]
+
+def _source_args(source) -> dict:
     if isinstance(source, str):
         source = {"spec": source}
     if not isinstance(source, dict) or "spec" not in source:
         raise ValueError(f"source {source!r}: expected a spec string, a list of texts, or {{spec: ..., ...}}")
-    from align.data import load_source  # the shared loader (hub ids, local files, builtin:NAME)
+    return dict(source)
 
-    args = dict(source)
-    spec, column, formatter = args.pop("spec"), args.pop("text_column", "text"), args.pop("formatter", None)
-    ds = load_source(spec, **args)
+
+def _row_to_text(spec: str, column: str, formatter, columns: list[str], tokenizer) -> Callable[[dict], str]:
+    """How one row becomes a document: its `column`, the chat template over `messages`, or module:function."""
     if formatter == "chat":
-        if "messages" not in ds.column_names or tokenizer is None:
-            raise ValueError(f"source {spec!r}: formatter 'chat' needs a 'messages' column (has {ds.column_names})")
-        return [tokenizer.apply_chat_template(m, tokenize=False) for m in ds["messages"]]
+        if "messages" not in columns or tokenizer is None:
+            raise ValueError(f"source {spec!r}: formatter 'chat' needs a 'messages' column (has {columns})")
+        return lambda row: tokenizer.apply_chat_template(row["messages"], tokenize=False)
     if formatter:
         import importlib
 
         module, _, name = str(formatter).partition(":")
         try:
-            fn = getattr(importlib.import_module(module), name)
+            return getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"source {spec!r}: formatter {formatter!r} is not an importable module:function") from e
-        return [fn(row) for row in ds]
-    if column not in ds.column_names:
-        raise ValueError(f"source {spec!r} has no column {column!r} (columns: {ds.column_names}); set text_column")
+    if column not in columns:
+        raise ValueError(f"source {spec!r} has no column {column!r} (columns: {columns}); set text_column")
+    return lambda row: row[column]
+
+
+def load_documents(source, tokenizer=None) -> list[str]:
+    """A source value -> its documents.
+
+    `source` is a list of strings (used as is), a spec string for `align.data.load_source`, or a dict
+    {spec, text_column="text", formatter=None, config, split, **load_source args}. `formatter` turns each row
+    into text: "chat" renders the `messages` column with the tokenizer's chat template (mid-training on the chat
+    format), "module:function" imports a row -> str function (e.g. data_gen.tasks:to_pretrain_text).
+    """
+    if isinstance(source, list):
+        return [str(t) for t in source]
+    from align.data import load_source  # the shared loader (hub ids, local files, builtin:NAME)
+
+    args = _source_args(source)
+    spec, column, formatter = args.pop("spec"), args.pop("text_column", "text"), args.pop("formatter", None)
+    for key in STREAM_KEYS:
+        args.pop(key, None)
+    ds = load_source(spec, **args)
+    to_text = _row_to_text(spec, column, formatter, ds.column_names, tokenizer)
+    if formatter == "chat":
+        return [to_text({"messages": m}) for m in ds["messages"]]
+    if formatter:
+        return [to_text(row) for row in ds]
     return [t for t in ds[column] if t]
+
+
+def is_streaming(source) -> bool:
+    return isinstance(source, dict) and bool(source.get("streaming"))
 
 
 class DocumentSource:
     """One source's documents in a per-epoch shuffled order, tokenized on demand, as `seq_len`-token chunks."""
 
     def __init__(
-        self, name: str, texts: list[str], tokenizer, seq_len: int, seed: int, eval_docs: int = 0, eos: str = EOS
+        self,
+        name: str,
+        texts: list[str],
+        tokenizer,
+        seq_len: int,
+        seed: int,
+        eval_docs: int = 0,
+        eos: str = EOS,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         if not texts:
             raise ValueError(f"source {name!r} has no documents")
@@ -116,7 +158,9 @@ class DocumentSource:
         random.Random(f"heldout-{name}").shuffle(order)
         num_eval = min(eval_docs, len(texts) - 1)
         self.eval_texts = [texts[i] for i in order[:num_eval]]
-        self.texts = [texts[i] for i in sorted(order[num_eval:])]
+        self.texts = [texts[i] for i in sorted(order[num_eval:])][rank::world_size]  # sharded streams: every Nth
+        if not self.texts:
+            raise ValueError(f"source {name!r}: no training documents left for rank {rank} of {world_size}")
         self._cache: dict[int, list[list[int]]] = {}
         self.epoch, self.cursor, self.pending = 0, 0, []
 
@@ -146,6 +190,82 @@ class DocumentSource:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.cursor, self.pending = state["epoch"], state["cursor"], [list(c) for c in state["pending"]]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()
+
+
+class StreamingDocumentSource:
+    """One source read as a stream: this rank's shard of an IterableDataset, tokenized document by document.
+
+    Same interface as DocumentSource (next_chunk, eval_texts, state_dict); nothing but the current document's
+    chunks is held. An epoch is one pass over this rank's shard; the next reshuffles (set_epoch).
+    """
+
+    def __init__(self, name: str, source: dict, tokenizer, seq_len: int, seed: int, eval_docs: int = 0,
+                 eos: str = EOS, rank: int = 0, world_size: int = 1):
+        from datasets.distributed import split_dataset_by_node
+
+        from align.data import load_source
+
+        args = _source_args(source)
+        spec, column, formatter = args.pop("spec"), args.pop("text_column", "text"), args.pop("formatter", None)
+        buffer = int(args.pop("shuffle_buffer", 0) or 0)
+        args.pop("streaming", None)
+        stream = load_source(spec, streaming=True, **args)
+        columns = list(stream.column_names or next(iter(stream)).keys())
+        self.to_text = _row_to_text(spec, column, formatter, columns, tokenizer)
+        self.name, self.tokenizer, self.seq_len, self.rank = name, tokenizer, seq_len, rank
+        self.eos_id = document_separator_id(tokenizer, eos)
+        # Held out: the first eval_docs documents of the whole (unshuffled, unsharded) stream, on every rank.
+        self.eval_texts = []
+        for row in stream:
+            if len(self.eval_texts) >= eval_docs:
+                break
+            if text := self.to_text(row):
+                self.eval_texts.append(text)
+        self._held_out = {_digest(t) for t in self.eval_texts}
+        if buffer:
+            stream = stream.shuffle(seed=seed, buffer_size=buffer)  # one seed on every rank: one shard order
+        self.stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
+        self.epoch, self.pending, self._it, self._docs_this_epoch = 0, [], None, 0
+
+    def _next_text(self) -> str:
+        while True:
+            if self._it is None:
+                self.stream.set_epoch(self.epoch)
+                self._it = iter(self.stream)
+            try:
+                row = next(self._it)
+            except StopIteration:
+                if not self._docs_this_epoch:
+                    raise ValueError(f"source {self.name!r} has no training documents on rank {self.rank}") from None
+                self.epoch, self._it, self._docs_this_epoch = self.epoch + 1, None, 0  # a new epoch starts fresh
+                continue
+            text = self.to_text(row)
+            if text and _digest(text) not in self._held_out:
+                self._docs_this_epoch += 1
+                return text
+
+    def next_chunk(self) -> list[int]:
+        if not self.pending:
+            ids = self.tokenizer(self._next_text(), add_special_tokens=False)["input_ids"]
+            body = self.seq_len - 1
+            self.pending = [[self.eos_id] + ids[i : i + body] for i in range(0, max(len(ids), 1), body)]
+        return self.pending.pop(0)
+
+    def state_dict(self) -> dict:
+        # datasets' iterator state is the position after the last row read (it names its epoch).
+        return {"epoch": self.epoch, "docs": self._docs_this_epoch, "stream": self.stream.state_dict(),
+                "pending": [list(c) for c in self.pending]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._docs_this_epoch = state["epoch"], state["docs"]
+        self.pending = [list(c) for c in state["pending"]]
+        self.stream.set_epoch(self.epoch)
+        self.stream.load_state_dict(state["stream"])
+        self._it = None
 
 
 def document_separator_id(tokenizer, token: str = EOS) -> int:
@@ -185,9 +305,17 @@ class PackedStream:
             raise ValueError(f"seq_len={seq_len} must be >= 2")
         self.stages = stages if stages and isinstance(stages[0], Stage) else parse_stages(stages, list(sources))
         used = sorted({name for s in self.stages for name in s.weights})
+        # One streamed source shards the whole stream per rank (see the module doc); else every rank computes the
+        # same global stream and keeps its slice, so N ranks train exactly like one process on the global batch.
+        self.sharded = world_size > 1 and any(is_streaming(sources[n]) for n in used)
+        shard = (rank, world_size) if self.sharded else (0, 1)
         # Only sources some stage uses are loaded (a recipe may list more).
         self.sources = {
-            n: DocumentSource(n, load_documents(sources[n], tokenizer), tokenizer, seq_len, seed, eval_docs)
+            n: StreamingDocumentSource(n, sources[n], tokenizer, seq_len, seed, eval_docs, document_separator, *shard)
+            if is_streaming(sources[n])
+            else DocumentSource(
+                n, load_documents(sources[n], tokenizer), tokenizer, seq_len, seed, eval_docs, document_separator, *shard
+            )
             for n in used
         }
         self.seq_len, self.rank, self.world_size = seq_len, rank, world_size
@@ -225,11 +353,14 @@ class PackedStream:
             self._advance_stage()
             self.buffer.extend(self._next_chunk())
         row, self.buffer = self.buffer[: self.seq_len + 1], self.buffer[self.seq_len + 1 :]
-        self.tokens_emitted += self.seq_len
+        # Sharded: every rank emits a row at the same time, so the global count is world_size rows.
+        self.tokens_emitted += self.seq_len * (self.world_size if self.sharded else 1)
         return row
 
     def next_batch(self, num_rows: int) -> dict[str, torch.Tensor]:
         """This rank's `num_rows` rows of the next global batch of `num_rows * world_size` rows."""
+        if self.sharded:
+            return self.collate([self._next_row() for _ in range(num_rows)])
         rows = [self._next_row() for _ in range(num_rows * self.world_size)]
         mine = rows[self.rank * num_rows : (self.rank + 1) * num_rows]
         return self.collate(mine)
@@ -260,15 +391,31 @@ class PackedStream:
         return out
 
     def state_dict(self) -> dict:
-        return {
+        """The stream's position. Sharded, it is collective (every rank must call it): all ranks' positions."""
+        state = {
             "buffer": list(self.buffer),
             "tokens_emitted": self.tokens_emitted,
             "stage_index": self.stage_index,
             "stage_consumed": dict(self.stage_consumed),
             "sources": {n: s.state_dict() for n, s in self.sources.items()},
         }
+        if not self.sharded:
+            return state
+        import torch.distributed as dist
+
+        ranks = [None] * self.world_size
+        dist.all_gather_object(ranks, state)
+        return {"ranks": ranks}
 
     def load_state_dict(self, state: dict) -> None:
+        if "ranks" in state or self.sharded:
+            ranks = state.get("ranks", [])
+            if not self.sharded or len(ranks) != self.world_size:
+                raise ValueError(
+                    f"data state was saved by {len(ranks) or 1} rank(s) with sharded streaming; resume with the "
+                    f"same sources and number of processes (now {self.world_size})"
+                )
+            state = ranks[self.rank]
         missing = sorted(set(self.sources) - set(state["sources"]))
         if missing:
             raise ValueError(f"data state has no position for sources {missing}: was the mixture changed on resume?")

@@ -48,6 +48,11 @@ class ModelArguments:
     qk_norm: bool = field(
         default=False, metadata={"help": "RMSNorm on queries/keys (builds a Qwen3-shaped model; no NoPE)."}
     )
+    rope_scaling: dict | None = field(
+        default=None,
+        metadata={"help": "RoPE scaling written into the saved model's config for inference, after training, e.g. "
+                  "{rope_type: yarn, factor: 2.0} (SmolLM3: trained at 64k, read to 128k). Training never uses it."},
+    )
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

@@ -28,40 +28,15 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerFast
 
+from align.chat import SMOLLM3_TEMPLATE
+
 EOS = "<|endoftext|>"  # document separator in pretraining (also starts every packed document)
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
 THINK, END_THINK = "<think>", "</think>"
 SPECIAL_TOKENS = [EOS, IM_START, IM_END, PAD, THINK, END_THINK]
 
-CHAT_TEMPLATE = (
-    "{%- set ns = namespace(mode='/think', system='', last=-1) -%}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}{%- set ns.mode = '/no_think' -%}{%- endif -%}"
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set sys = messages[0]['content'] -%}"
-    "{%- if '/no_think' in sys -%}{%- set ns.mode = '/no_think' -%}"
-    "{%- elif '/think' in sys -%}{%- set ns.mode = '/think' -%}{%- endif -%}"
-    "{%- set ns.system = sys.replace('/no_think', '').replace('/think', '').strip() -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for m in loop_messages -%}{%- if m['role'] == 'assistant' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
-    "{%- endfor -%}"
-    "{{- '<|im_start|>system\\n' + (ns.system + '\\n' if ns.system else '') + ns.mode + '<|im_end|>\\n' -}}"
-    "{%- for m in loop_messages -%}"
-    "{%- set content = m['content'] if m['content'] is string else '' -%}"
-    "{%- if m['role'] == 'assistant' -%}"
-    "{%- if loop.index0 != ns.last and '</think>' in content -%}"
-    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if ns.mode == '/no_think' and '<think>' not in content -%}{{- '<think>\\n\\n</think>\\n' -}}{%- endif -%}"
-    "{% generation %}{{- content + '<|im_end|>' -}}{% endgeneration %}{{- '\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if ns.mode == '/no_think' -%}{{- '<think>\\n\\n</think>\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
-)
+# The chat template lives with the other builtin templates (align.chat.BUILTIN_TEMPLATES['smollm3']).
+CHAT_TEMPLATE = SMOLLM3_TEMPLATE
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2) -> PreTrainedTokenizerFast:

@@ -54,7 +54,9 @@ class PretrainConfig:
         },
     )
     sources: dict = field(
-        default_factory=dict, metadata={"help": "{name: spec | {spec, text_column, **load_source args}} (JSON ok)."}
+        default_factory=dict,
+        metadata={"help": "{name: spec | {spec, config, split, text_column, formatter, streaming, shuffle_buffer, "
+                  "**load_source args}} (JSON ok); streaming: true reads a corpus lazily, sharded per rank."},
     )
     stages: list[dict] = field(
         default_factory=list, metadata={"help": "[{name, num_tokens, weights: {source: share}}] (JSON ok)."}
@@ -482,7 +484,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     acc.print(f"model: {description}; {total_steps} steps x {tokens_per_step} tokens")
     log = Logger(cfg, acc.is_main_process, total_steps, step, run_config)
 
-    def checkpoint() -> str:  # every rank (collective under DeepSpeed)
+    def checkpoint() -> str:  # every rank: DeepSpeed saves collectively, a streamed source gathers its positions
         state = {"step": step, "data": stream.state_dict(), "history": history, "evals": evals, "skipped": skipped}
         return save_checkpoint(cfg.output_dir, step, acc, model, optimizer, state, tokenizer, cfg.save_total_limit)
 

@@ -77,7 +77,13 @@ def task_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int = 64, 
 
 def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments) -> dict:
     result = train(model_args, cfg)
-    if result.get("stopped") or not skill.skill_eval_num or int(os.environ.get("RANK", "0")) != 0:
+    if result.get("stopped") or int(os.environ.get("RANK", "0")) != 0:
+        return result
+    if model_args.rope_scaling:  # e.g. YaRN: the saved model reads past its trained context at inference
+        from align.models import write_rope_scaling
+
+        result["rope_parameters"] = write_rope_scaling(cfg.output_dir, model_args.rope_scaling)
+    if not skill.skill_eval_num:
         return result
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

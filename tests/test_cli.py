@@ -114,3 +114,9 @@ def test_dict_fields_from_the_command_line(recipe, tmp_path):
     assert t.lr_scheduler_kwargs == {"a": 2}
     with pytest.raises(RecipeError, match="not valid YAML"):
         parse(*TYPES, args=[path, "--dataset_args", "{num: [1"])
+
+
+def test_null_on_the_command_line_unsets_an_optional_recipe_value(recipe, tmp_path):
+    path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\ndataset_name: builtin:news\nchat_template_path: chatml\n")
+    s, t, _ = parse(*TYPES, args=[path, "--chat_template_path", "null", "--dataset_name=null"])
+    assert t.chat_template_path is None and s.dataset_name is None

@@ -265,28 +265,19 @@ def test_register_builtin_passes_split_and_arguments():
         data._BUILTINS.pop("squares_for_test")
 
 
-def test_hub_id_path_passes_config_and_picks_the_split(monkeypatch):
-    calls = []
+def test_hub_id_path_passes_config_and_picks_the_split(tmp_path, monkeypatch):
+    from hub_fixtures import write_repo
 
-    def fake_load_dataset(path, name=None, **kwargs):
-        calls.append((path, name, kwargs))
-        return datasets.DatasetDict(
-            train=datasets.Dataset.from_list(ROWS[:6]), validation=datasets.Dataset.from_list(ROWS[6:])
-        )
+    from align.hub import MIRROR_ENV
 
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    write_repo(tmp_path / "org" / "set", {"main": {"train": ROWS[:6], "validation": ROWS[6:]}})
+    monkeypatch.setenv(MIRROR_ENV, str(tmp_path))  # the hub id is read from a local copy shaped like the hub's
     args = SimpleNamespace(dataset_name="org/set", dataset_config="main", dataset_test_split="validation")
     dd = get_dataset(args)
-    assert (len(dd["train"]), len(dd["test"])) == (6, 4) and calls[0] == ("org/set", "main", {})
-    with pytest.raises(SplitNotFoundError, match="available: train, validation"):
-        load_source("org/set", split="test")
-
-    def offline(*args, **kwargs):
-        raise ConnectionError("Couldn't reach 'org/typo' on the Hub")
-
-    monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(FileNotFoundError, match="read as a hub id.*builtin:NAME"):
-        load_source("org/typo")
+    assert (len(dd["train"]), len(dd["test"])) == (6, 4) and dd["test"]["prompt"][0] == "q6"
+    with pytest.raises(SplitNotFoundError, match="its splits: train, validation"):
+        load_source("org/set", split="test", config="main")
+    # (more hub-shaped cases: tests/test_hub_data.py)
 
 
 def test_mixture_refuses_differing_column_types(tmp_path):

@@ -48,3 +48,22 @@ def test_bad_model_names(name, error, message):
 def test_dir_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         resolve_model_path(str(tmp_path))
+
+
+def test_a_hub_revision_is_downloaded_at_that_revision(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    calls = []
+
+    def fake_snapshot(repo, revision=None, **kwargs):
+        calls.append((repo, revision))
+        if revision == "missing":
+            raise huggingface_hub.errors.RevisionNotFoundError("no such revision")
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    # SmolLM3's intermediate checkpoints live on branches of one repo (the published SFT starts from one)
+    assert resolve_model_path("HuggingFaceTB/SmolLM3-3B-checkpoints@it-mid-training") == str(tmp_path)
+    assert calls == [("HuggingFaceTB/SmolLM3-3B-checkpoints", "it-mid-training")]
+    with pytest.raises(FileNotFoundError, match=r"could not serve revision 'missing'.*hf download org/m --revision"):
+        resolve_model_path("org/m@missing")

@@ -224,8 +224,9 @@ def test_cli_missing_chosen_column_is_one_line(tiny, tmp_path, capsys):
         ("tiny_apo", DPOConfig, {"loss_type": ["apo_zero"]}),
         ("tiny_kto", KTOConfig, {"loss_type": "kto"}),
         ("tiny_orpo", ORPOConfig, {}),
+        # the published recipe (alignment-handbook recipes/smollm3/dpo/apo.yaml)
         ("smollm3_apo", DPOConfig, {"loss_type": ["apo_zero"], "beta": 0.05, "learning_rate": 1e-6,
-                                    "num_train_epochs": 1, "precompute_ref_log_probs": True}),
+                                    "num_train_epochs": 1, "max_length": 24576, "max_grad_norm": 0.2}),
     ],
 )
 def test_recipes_parse_and_start_with_their_command(recipe, cls, expect):
@@ -235,6 +236,10 @@ def test_recipes_parse_and_start_with_their_command(recipe, cls, expect):
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and f"recipes/{recipe}.yaml" in first
     script, training, model = parse(ScriptArguments, cls, ModelConfig, args=[str(path)])
-    assert script.dataset_name.endswith("preferences") and model.model_name_or_path.endswith("sft")
+    if recipe.startswith("smollm3"):  # smoltalk2's Preference splits, from the published SFT checkpoint
+        assert {e["config"] for e in script.dataset_mixture["datasets"]} == {"Preference"}
+        assert model.model_name_or_path.endswith("@it-SFT")
+    else:
+        assert script.dataset_name.endswith("preferences") and model.model_name_or_path.endswith("sft")
     for key, value in expect.items():
         assert getattr(training, key) == value, key

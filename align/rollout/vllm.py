@@ -146,12 +146,14 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         max_model_len: int | None = None,
         max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
         seed: int = 0,
         enforce_eager: bool | None = None,
     ):
         on_gpu = torch.cuda.is_available()
-        if enable_sleep_mode and not on_gpu:
-            raise ValueError("enable_sleep_mode=True needs a GPU (it frees GPU memory); set it False on a CPU")
+        if enable_sleep_mode and not on_gpu:  # a memory knob for GPUs, not a result: logged and skipped, as Liger is
+            logger.warning("enable_sleep_mode: sleep mode frees GPU memory; this machine has no GPU, so it is off")
+            enable_sleep_mode = False
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
         if not on_gpu:
@@ -198,6 +200,8 @@ class VLLMEngine:
             enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
             logprobs_mode="raw_logprobs",
         )
+        if max_num_batched_tokens:  # tokens per scheduler step; above the longest prompt, prefill is never chunked
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         else:
