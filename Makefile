@@ -16,7 +16,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast rehearsal lint bench clean
 
 setup: $(STAMP)
 
@@ -39,10 +39,13 @@ demo: setup
 	$(BIN)/python scripts/pipeline.py recipes/tiny_pipeline.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q --timeout 900 tests
+	$(BIN)/python -m pytest -q --timeout 900 -m "not rehearsal" tests
+
+rehearsal: setup
+	$(BIN)/python -m pytest -q --timeout 3600 -m rehearsal tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow and not rehearsal" tests
 
 lint: setup
 	$(BIN)/ruff check align pretrain rewards data_gen scripts tests

@@ -116,6 +116,19 @@ def script_of(recipe: str | Path) -> str:
     raise ValueError(f"{recipe}: the first lines must name the script that runs it")
 
 
+def accelerate_config_of(recipe: str | Path) -> str | None:
+    """The accelerate config a recipe's header command launches with (None: a plain `python` script)."""
+    for line in Path(recipe).read_text().splitlines()[:5]:
+        if m := re.search(r"--config_file (\S+)", line):
+            return m.group(1)
+    return None
+
+
+def runs_on_cpu_ranks(config: str | None) -> bool:
+    """An accelerate config that can run on CPU ranks: DDP and DeepSpeed can, FSDP cannot (it becomes DDP)."""
+    return config is not None and "fsdp" not in Path(config).name
+
+
 def overrides(recipe: str | Path, fixtures: dict, output_dir: str | Path) -> dict:
     """The substituted keys for one recipe (see the module doc); everything else stays as the recipe says."""
     script = script_of(recipe)
@@ -144,12 +157,19 @@ def overrides(recipe: str | Path, fixtures: dict, output_dir: str | Path) -> dic
     return out
 
 
-def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, **extra) -> tuple[list[str], dict]:
-    """argv and environment that run `recipe` on this machine with the substitutions (and `extra` keys)."""
+def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: int = 1, port: int = 29500,
+            **extra) -> tuple[list[str], dict]:
+    """argv and environment that run `recipe` on this machine with the substitutions (and `extra` keys). With
+    `ranks` > 1 it is launched as its header says (`accelerate launch --config_file <the recipe's config>`) with
+    that many CPU ranks, when the config can run on a CPU."""
     import yaml
 
     script = script_of(recipe)
     argv = [sys.executable, str(ROOT / "scripts" / f"{script}.py"), str(recipe)]
+    config = accelerate_config_of(recipe)
+    if ranks > 1 and runs_on_cpu_ranks(config):
+        argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / config),
+                "--num_processes", str(ranks), "--main_process_port", str(port), *argv[1:]]
     for key, value in {**overrides(recipe, fixtures, output_dir), **extra}.items():
         if isinstance(value, list):  # argparse reads a list as separate words
             argv += [f"--{key}", *map(str, value)]
@@ -159,13 +179,15 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, **extra)
     env = {
         **os.environ, "SMOLALIGN_DATA_MIRROR": fixtures["hub"], "PYTHONPATH": str(ROOT), "PYTHONSAFEPATH": "1",
         "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
     return argv, env
 
 
-def pipeline_config(recipe: str | Path, fixtures: dict, run_dir: str | Path) -> dict:
+def pipeline_config(recipe: str | Path, fixtures: dict, run_dir: str | Path, ranks: int = 1) -> dict:
     """The pipeline recipe with each stage's substitutions under its own overrides (which wire the lineage and
-    win), stages run as plain processes, no evaluation between stages. Write it to YAML and run
+    win), no evaluation between stages. ranks 1: every stage a plain process; ranks > 1: each training stage
+    launched with its own recipe's accelerate config on that many CPU ranks. Write it to YAML and run
     `python scripts/pipeline.py <it>` with the environment of `command`."""
     import yaml
 
@@ -175,7 +197,12 @@ def pipeline_config(recipe: str | Path, fixtures: dict, run_dir: str | Path) -> 
         out = Path(run_dir) / stage["name"]
         subst = {k: (None if v == "null" else v) for k, v in overrides(ROOT / stage["recipe"], fixtures, out).items()}
         lineage = stage.get("overrides") or {}
-        stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "python"})
-        stages[-1].pop("accelerate_config", None)
-    return {**config, "stages": stages, "run_dir": str(run_dir), "launcher": "python", "eval_recipe": None,
-            "tracking": "none"}
+        launch = accelerate_config_of(ROOT / stage["recipe"])
+        if ranks > 1 and runs_on_cpu_ranks(launch):
+            stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "accelerate",
+                           "accelerate_config": str(ROOT / launch), "num_processes": ranks})
+        else:
+            stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "python"})
+            stages[-1].pop("accelerate_config", None)
+    return {**config, "stages": stages, "run_dir": str(run_dir), "launcher": "auto" if ranks > 1 else "python",
+            "eval_recipe": None, "tracking": "none"}

@@ -1,9 +1,10 @@
 """The smollm3_* recipes as a GPU user runs them, rehearsed on this CPU with only the substitutions of
-tests/cpu_substitutions.py: every hub dataset split they name exists (fast), and each trains 2 steps and saves in
-one plain process (slow; the multi-rank launches are tests of their own).
+tests/cpu_substitutions.py: every hub dataset split they name exists (fast), and each trains 2 steps and saves
+launched as its header says, on 2 CPU ranks (the `rehearsal` tier: ~25 min, not in `make test`).
 
-Run: pytest tests/test_smollm3_recipes.py -q            (fast part, ~5 s)
-     pytest tests/test_smollm3_recipes.py -q -m slow    (every recipe, 2 steps each, ~10 min on 2 cores)
+Run: pytest tests/test_smollm3_recipes.py -q                  (fast part, ~5 s; in `make test`)
+     pytest tests/test_smollm3_recipes.py -q -m rehearsal      (every recipe 2 steps on 2 CPU ranks under its own
+                                                               accelerate config, then the pipeline: `make rehearsal`)
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from align.hub import MIRROR_ENV, load_split
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "recipes").glob("smollm3_*.yaml") if p.stem != "smollm3_pipeline")
 TRAINING = [p for p in RECIPES if script_of(p) != "merge"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +67,11 @@ def test_the_substitutions_touch_only_model_data_kernels_and_run_length(recipe, 
     assert set(overrides(recipe, fixtures, tmp_path)) <= allowed
 
 
-@pytest.mark.slow
+@pytest.mark.rehearsal
 @pytest.mark.parametrize("recipe", TRAINING, ids=lambda p: p.stem)
-def test_each_recipe_trains_two_steps_and_saves_on_the_cpu(recipe, fixtures, tmp_path):
-    argv, env = command(recipe, fixtures, tmp_path / "out")
+def test_each_recipe_trains_two_steps_and_saves_on_two_cpu_ranks(recipe, fixtures, tmp_path):
+    """As its header launches it (its own accelerate config, ZeRO-2/3 here), with 2 CPU ranks."""
+    argv, env = command(recipe, fixtures, tmp_path / "out", ranks=2, port=_free_port())
     proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
@@ -72,14 +82,15 @@ def test_each_recipe_trains_two_steps_and_saves_on_the_cpu(recipe, fixtures, tmp
         assert json.loads((out / "generation_config.json").read_text())["eos_token_id"]
 
 
-@pytest.mark.slow
-def test_the_smollm3_pipeline_runs_end_to_end_on_the_cpu(fixtures, tmp_path):
-    """pretrain -> long context x2 -> mid-training -> SFT -> APO -> soup -> merge -> GRPO -> distillation (~8 min)."""
+@pytest.mark.rehearsal
+def test_the_smollm3_pipeline_runs_end_to_end_on_two_cpu_ranks(fixtures, tmp_path):
+    """pretrain -> long context x2 -> mid-training -> SFT -> APO -> soup -> merge -> GRPO -> distillation, each
+    training stage on 2 CPU ranks under its recipe's accelerate config."""
     import sys
 
     from cpu_substitutions import pipeline_config
 
-    config = pipeline_config(ROOT / "recipes" / "smollm3_pipeline.yaml", fixtures, tmp_path / "run")
+    config = pipeline_config(ROOT / "recipes" / "smollm3_pipeline.yaml", fixtures, tmp_path / "run", ranks=2)
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     _, env = command(RECIPES[0], fixtures, tmp_path / "unused")
