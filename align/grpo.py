@@ -106,6 +106,13 @@ class GRPOConfig(trl.GRPOConfig):
     chat_template_path: str | None = field(
         default=None, metadata={"help": "A .jinja chat template to use instead of the tokenizer's own."}
     )
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={"help": "Importance sampling between the engine that sampled and the trainer (when the engine holds "
+                  "its own weights and vllm_importance_sampling_correction is on): token_truncate (per-token ratio "
+                  "capped at vllm_importance_sampling_clip_max, as verl's TIS; our default), sequence_truncate, "
+                  "token_mask, sequence_mask (TRL's default)."},
+    )
     max_completion_length: int | None = field(
         default=256,
         metadata={"help": "Most tokens a completion may have. Must fit the answers: main() refuses a budget below the "
@@ -205,6 +212,7 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def __init__(self, *args, engine=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self._sampler: Sampler | None = None
         self.sampler = None if engine is None else Sampler(engine, self.accelerator, seed=self.args.seed,
                                                            sleep=bool((self.args.rollout_kwargs or {}).get("enable_sleep_mode")))
         self._refill_order: list[int] = []
@@ -215,6 +223,26 @@ class GRPOTrainer(trl.GRPOTrainer):
     @property
     def engine(self):
         return None if self.sampler is None else self.sampler.engine
+
+    @property
+    def sampler(self) -> Sampler | None:
+        return self._sampler
+
+    @sampler.setter
+    def sampler(self, sampler: Sampler | None) -> None:
+        """Truncated importance sampling (`vllm_importance_sampling_correction`) when the engine holds weights of its
+        own: TRL applies its correction, with the log-probs the engine reports, wherever it believes vLLM sampled, so
+        `use_vllm` is set for it (our `_generate_single_turn` does the sampling either way; `vllm_mode` "server"
+        keeps TRL away from a colocated engine of its own). An engine that is the trained model needs none."""
+        self._sampler = sampler
+        self.use_vllm = bool(sampler is not None and self.args.vllm_importance_sampling_correction
+                             and not sampler.shares(self.model))
+        if self.use_vllm:
+            self.vllm_mode = "server"
+
+    @property
+    def importance_sampling(self) -> bool:
+        return self.sampler is not None and self.use_vllm
 
     # -- generation ---------------------------------------------------------------------------------------------
 
@@ -231,8 +259,9 @@ class GRPOTrainer(trl.GRPOTrainer):
             self.sampler.sync(self.model_wrapped, self.state.global_step)
 
     def sampling_params(self, n: int, seed: int | None = None, greedy: bool = False):
+        # TRL recomputes the log-probs it trains on; the engine's are only needed to correct for its mismatch
         knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed,
-                     logprobs=False)  # TRL recomputes the log-probs it trains on
+                     logprobs=self.importance_sampling and not greedy, logprobs_kind="sampling")
         if greedy:
             knobs["temperature"] = 0.0
         else:
@@ -258,16 +287,24 @@ class GRPOTrainer(trl.GRPOTrainer):
         with profiling_context(self, "rollout.generate"):
             groups = self.sampler.generate(self.model_wrapped, unique,
                                            self.sampling_params(g, seed=self.sampler.next_seed()))
-        completion_ids = []
+        completion_ids, logprobs = [], []
         for group in groups:
             assert len(group) == g, f"engine returned {len(group)} rollouts for n={g}"
             for r in group:
-                ids = list(r.completion_ids)
+                ids, lps = list(r.completion_ids), list(r.logprobs or [])
+                if self.importance_sampling and len(lps) != len(ids):
+                    raise ValueError(f"the {self.sampler.backend} engine returned {len(lps)} log-probs for {len(ids)} "
+                                     "tokens; importance sampling needs one per token (or set "
+                                     "vllm_importance_sampling_correction: false)")
                 # TRL decides "truncated" by the last id: a stopped completion must end with its stop token.
                 if r.finish_reason == "stop" and (not ids or ids[-1] not in self.eos_token_ids):
                     ids.append(self.eos_token_ids[0])
-                completion_ids.append(ids or [self.eos_token_ids[0]])
-        return completion_ids, None
+                    lps.append(float("nan"))  # not sampled: TRL gives a NaN log-prob a ratio of 1
+                if not ids:
+                    ids, lps = [self.eos_token_ids[0]], [float("nan")]
+                completion_ids.append(ids)
+                logprobs.append(lps)
+        return completion_ids, (logprobs if self.importance_sampling else None)
 
     # -- dynamic sampling ---------------------------------------------------------------------------------------
 
@@ -402,7 +439,8 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     policy = trainer.accelerator.unwrap_model(trainer.model)
     trainer.sampler = build_sampler(
         training_args.rollout_backend, training_args.rollout_kwargs, policy, model_path, tokenizer, trainer.accelerator,
-        seed=training_args.seed, max_model_len=engine_context_length(training_args, train, tokenizer, chat_template))
+        seed=training_args.seed, max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
+        logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw")
     preflight(trainer, script_args, stage="grpo", raw_train=train, reward_funcs=reward_funcs,
               chat_template=chat_template)
     install(trainer, script_args)  # atomic checkpoints, non-finite guard, engine resync after a resume

@@ -112,11 +112,12 @@ def _unwrap(model, accelerator):
 
 
 def build_sampler(backend: str, knobs: dict | None, model, model_path: str, tokenizer, accelerator, *,
-                  seed: int = 0, max_model_len: int | None = None) -> Sampler | None:
+                  seed: int = 0, max_model_len: int | None = None, logprobs_kind: str = "raw") -> Sampler | None:
     """The sampler for `backend` (None for `trl`: TRL's own generation). hf generates with the trained `model`
     itself; vllm (one engine per rank, in-process) loads `model_path` outside ZeRO-3's partitioning and gets the
     weights pushed; vllm-server talks to a `trl vllm-serve` server. `max_model_len` sizes vLLM's context (prompt
-    + completion budget) unless the knobs set it."""
+    + completion budget) unless the knobs set it; `logprobs_kind` "sampling" starts vLLM reporting the log-probs of
+    the distribution it samples from (importance sampling needs them)."""
     if backend not in ROLLOUT_BACKENDS:
         raise ValueError(f"rollout_backend {backend!r} is not one of {list(ROLLOUT_BACKENDS)}")
     if backend == "trl":
@@ -127,6 +128,7 @@ def build_sampler(backend: str, knobs: dict | None, model, model_path: str, toke
     rank = accelerator.process_index if accelerator is not None else world()[0]
     if backend == "vllm":
         knobs.setdefault("seed", rank_seed(seed, rank=rank))
+        knobs.setdefault("logprobs_kind", logprobs_kind)
         if max_model_len:
             knobs.setdefault("max_model_len", max_model_len)
         with zero3_init_disabled():  # vLLM builds a whole model of its own on this rank

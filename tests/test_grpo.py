@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import types
 from pathlib import Path
@@ -110,7 +111,9 @@ class ScriptedEngine:
                 ids = torch.randint(self.vocab.start, self.vocab.stop, (length,), generator=self.gen).tolist()
                 if not truncated and not self.stop_without_token:
                     ids[-1] = params.stop_token_ids[0]
-                group.append(self.mod.Rollout(list(p), ids, None, "length" if truncated else "stop"))
+                # it draws uniformly over its vocabulary: that is the log-prob of what it sampled
+                lps = [-math.log(len(self.vocab))] * len(ids) if getattr(params, "logprobs", False) else None
+                group.append(self.mod.Rollout(list(p), ids, lps, "length" if truncated else "stop"))
             out.append(group)
         return out
 
@@ -443,3 +446,94 @@ def _has_engine() -> bool:
         return importlib.util.find_spec("align.rollout.hf") is not None
     except ModuleNotFoundError:
         return False
+
+
+# ----------------------------------------------------------------------------------------------- importance sampling
+
+
+class TemperedEngine:
+    """An engine with its own copy of the weights that samples at another temperature than the trainer on purpose
+    (a stand-in for an inference engine whose numerics differ) and reports its sampling log-probs."""
+
+    backend = "custom"
+
+    def __init__(self, model, temperature: float):
+        import copy
+
+        from align.rollout.hf import HFEngine
+
+        self.inner = HFEngine(copy.deepcopy(model))
+        self.model = None  # its own copy: weights are pushed, importance sampling applies
+        self.temperature, self.asked = temperature, []
+
+    def generate(self, prompts, params):
+        self.asked.append(params)
+        return self.inner.generate(prompts, dataclasses.replace(params, temperature=self.temperature))
+
+    def update_weights(self, named):
+        self.inner.update_weights(named)
+
+    def close(self):
+        pass
+
+
+def _is_metric(trainer, name: str) -> list[float]:
+    return [h[name] for h in trainer.state.log_history if name in h]
+
+
+def test_importance_sampling_is_a_no_op_when_engine_and_trainer_agree(tiny, tmp_path):
+    def run(correction: bool):
+        args = _args(tmp_path / str(correction), max_steps=2, temperature=1.0,
+                     vllm_importance_sampling_correction=correction)
+        trainer = _trainer(tiny, args, [length_reward], TemperedEngine(_model(tiny), temperature=1.0))
+        trainer.train()
+        return trainer
+
+    corrected, plain = run(True), run(False)
+    assert corrected.importance_sampling and not plain.importance_sampling
+    assert corrected.engine.asked[0].logprobs and corrected.engine.asked[0].logprobs_kind == "sampling"
+    ratio = _is_metric(corrected, "sampling/importance_sampling_ratio/mean")
+    assert ratio and all(abs(r - 1) < 1e-4 for r in ratio)  # the engine samples from the trainer's distribution
+    assert _is_metric(corrected, "loss") == pytest.approx(_is_metric(plain, "loss"), rel=1e-4, abs=1e-6)
+
+
+def test_importance_sampling_corrects_an_engine_that_samples_another_distribution(tiny, tmp_path):
+    args = _args(tmp_path, max_steps=2, temperature=1.0, vllm_importance_sampling_correction=True,
+                 vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0)
+    trainer = _trainer(tiny, args, [length_reward], TemperedEngine(_model(tiny), temperature=2.0))
+    trainer.train()
+    low, mean, high = (_is_metric(trainer, f"sampling/importance_sampling_ratio/{k}") for k in ("min", "mean", "max"))
+    assert min(low) < 0.9 and max(high) > 1.1  # a hotter engine: its tokens are over- and under-weighted
+    assert all(h <= 3.0 + 1e-6 for h in high)  # truncated at the cap
+    assert _is_metric(trainer, "sampling/sampling_logp_difference/mean")[0] > 0
+
+
+def test_sampling_logprobs_are_those_of_the_distribution_drawn_from():
+    """The estimator the correction relies on: tokens drawn by the engine at temperature 2 and top-k 6, weighted by
+    p/q with q the log-prob the engine reports, average what the trainer's own distribution p averages."""
+    from align.rollout import SamplingParams
+    from align.rollout.hf import sample_next
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 10) * 2
+    p = logits.softmax(-1)[0]  # the trainer's distribution (temperature 1, no top-k)
+    f = torch.arange(10.0)  # any per-token quantity, e.g. a reward
+    params = SamplingParams(temperature=2.0, top_k=6, logprobs_kind="sampling")
+    gen = torch.Generator().manual_seed(0)
+    draws = [sample_next(logits, params, gen) for _ in range(20000)]
+    tokens = torch.tensor([t.item() for t, _ in draws])
+    q = torch.tensor([lp.item() for _, lp in draws]).exp()
+    freq = torch.bincount(tokens, minlength=10).float() / len(tokens)
+    assert torch.allclose(freq[tokens], q, atol=0.02)  # the reported log-prob is the one it sampled with
+    kept = freq > 0  # top-k: p's mass outside the engine's support cannot be recovered, only re-weighted inside it
+    ratio = p[tokens] / q
+    target = float((p * f)[kept].sum())
+    assert float((ratio * f[tokens]).mean()) == pytest.approx(target, rel=0.05)
+    assert abs(float(f[tokens].mean()) - target) > 0.3  # uncorrected, the engine's distribution shows
+
+
+def _model(tiny):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny["model"])

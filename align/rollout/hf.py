@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens (B,) and their RAW log-probs (B,) from fp32 logits (B, V).
+    """Next tokens (B,) and their log-probs (B,) from fp32 logits (B, V): RAW (the model's log-softmax), or, with
+    `params.logprobs_kind == "sampling"`, under the distribution drawn from (temperature, top-k/p; 0 when greedy).
 
     Sampling is by inverse CDF (one uniform per row against the cumulative probabilities): the same
     distribution as `torch.multinomial(p, 1)`, but ~30x cheaper on a CPU for a (64, 8k) batch (0.3 ms vs
@@ -66,6 +67,10 @@ def sample_next(
         u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
         # the first token whose cumulative mass exceeds u: a zero-probability token never is
         tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+        if params.logprobs_kind == "sampling":
+            return tokens, scores.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scores, dim=-1)
+    if params.logprobs_kind == "sampling":
+        return tokens, torch.zeros(tokens.shape, dtype=logits.dtype, device=logits.device)  # greedy: certain
     raw = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return tokens, raw
 

@@ -22,7 +22,8 @@ Weight sync (the part other frameworks get wrong):
   rebuilt from what was sent. `update_weights(model.named_parameters())` (everything) is the use.
 
 Log-probs are vLLM's `raw_logprobs` (log-softmax of the model logits, before temperature/top-k/p),
-the same definition the hf backend uses (base.py).
+the same definition the hf backend uses (base.py); an engine started with `logprobs_kind="sampling"`
+returns `processed_logprobs` (the distribution it sampled from) instead, for importance sampling.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int | None = None,
+        logprobs_kind: str = "raw",
         seed: int = 0,
         enforce_eager: bool | None = None,
     ):
@@ -198,7 +200,8 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs,
             skip_tokenizer_init=True,  # token ids in and out
             enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
-            logprobs_mode="raw_logprobs",
+            # one kind of log-prob per engine (SamplingParams.logprobs_kind): the model's, or the sampled distribution's
+            logprobs_mode="processed_logprobs" if logprobs_kind == "sampling" else "raw_logprobs",
         )
         if max_num_batched_tokens:  # tokens per scheduler step; above the longest prompt, prefill is never chunked
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
@@ -220,6 +223,7 @@ class VLLMEngine:
             f"KV cache {kv_cache_gib:g} GiB" if not on_gpu else f"gpu_memory_utilization {gpu_memory_utilization}",
         )
         self.path = path
+        self.logprobs_kind = logprobs_kind
         self.sleeping = False
         fix_vllm_patched_model()  # the trainer's transformers classes may have just been patched
         if live is not None:
@@ -239,6 +243,9 @@ class VLLMEngine:
                 f"a prompt has {longest} tokens, max_model_len={self.max_model_len}: raise the "
                 "max_model_len knob or truncate prompts"
             )
+        if params.logprobs and params.logprobs_kind != self.logprobs_kind:
+            raise ValueError(f"this vllm engine returns {self.logprobs_kind} log-probs, the request asks for "
+                             f"{params.logprobs_kind}: start the engine with the knob logprobs_kind={params.logprobs_kind!r}")
         self.wake_up()
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
         base = dict(
