@@ -190,12 +190,10 @@ def task_mc_items(rows: list[dict], seed: int = 0) -> list[dict]:
     items = []
     for r in rows:
         wrong = _distractors(r["answer"], by_family[r["family"]], rng)
-        if not wrong:
-            continue
-        item = {"context": f"Question: {r['prompt']}\nAnswer: The answer is",
-                "choices": [f"\\boxed{{{c}}}." for c in (r["answer"], *wrong)], "label": 0}
-        items.append(shuffle_choices(item, rng))
-    return items
+        if wrong:
+            items.append({"context": f"Question: {r['prompt']}\nAnswer: The answer is",
+                          "choices": [f"\\boxed{{{c}}}." for c in (r["answer"], *wrong)], "label": 0})
+    return shuffle_choices(items, rng)
 
 
 def _task_rows(cfg: EvalConfig, num: int) -> list[dict]:
@@ -216,8 +214,7 @@ def mc_items(name: str, num: int, cfg: EvalConfig) -> list[dict]:
               "choices": list(r["choices"]), "label": r["label"]} for r in ds]
     if not cfg.mc_shuffle:
         return items
-    rng = random.Random(f"{cfg.seed}:{name}")  # a string seed hashes the same in every process
-    return [shuffle_choices(it, rng) for it in items]
+    return shuffle_choices(items, random.Random(f"{cfg.seed}:{name}"))  # a string seed: the same in every process
 
 
 # ------------------------------------------------------------------------------------------- generation
@@ -313,15 +310,17 @@ def sampling_params(tokenizer, max_new_tokens: int, mode: str):
     return greedy_params(max_new_tokens, stops)
 
 
-def generation_stats(records: list[dict], mode: str) -> dict:
-    """Accuracy (the one scorer's, with its interval), format rate and length statistics of one set in one mode."""
-    summary = summarize(records)
+def generation_stats(records: list[dict], mode: str, families: list[str | None] | None = None) -> dict:
+    """Accuracy (the one scorer's, with its interval; per family when given), format rate and length statistics of one
+    set in one mode."""
+    summary = summarize(records, families)
     fmt = accuracy([float(is_formatted(r["text"], mode)) for r in records], "format")
     return {
         "acc": summary["accuracy"], "acc_ci": [summary["ci_low"], summary["ci_high"]],
         "format": fmt["format"], "format_ci": [fmt["ci_low"], fmt["ci_high"]],
         "len_mean": summary["mean_completion_length"], "len_median": summary["median_completion_length"],
         "len_max": summary["max_completion_length"], "truncated": summary["truncated"], "num": summary["num"],
+        **({"by_family": summary["by_family"]} if "by_family" in summary else {}),
     }
 
 
@@ -335,7 +334,7 @@ def run_generative(generate, tokenizer, rows: list[dict], mode: str, max_new_tok
     records = generate_and_score(generate, rows, ids, sampling_params(tokenizer, max_new_tokens, mode),
                                  lambda c: decode_completion(tokenizer, c, mode), to_verifier=_reward_completion,
                                  collective_generate=collective_generate)
-    stats = generation_stats(records, mode)
+    stats = generation_stats(records, mode, [r.get("family") for r in rows])
     samples = [{"prompt": r["prompt"][:300], "answer": r.get("answer"), "completion": rec["text"],
                 "correct": rec["correct"]} for r, rec in zip(rows, records)]
     return stats, samples

@@ -84,7 +84,7 @@ def wilson_interval(successes: float, num: int, z: float = Z_95) -> tuple[float,
     """The Wilson score interval of a share `successes / num` (95% by default); (0, 1) without items.
 
     >>> [round(x, 3) for x in wilson_interval(24, 48)]
-    [0.363, 0.637]
+    [0.364, 0.636]
     """
     if num <= 0:
         return 0.0, 1.0
@@ -92,7 +92,9 @@ def wilson_interval(successes: float, num: int, z: float = Z_95) -> tuple[float,
     denom = 1 + z * z / num
     centre = (p + z * z / (2 * num)) / denom
     half = z * math.sqrt(p * (1 - p) / num + z * z / (4 * num * num)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if p == 0.0 else max(0.0, centre - half)  # exact at the ends (no rounding dust)
+    high = 1.0 if p == 1.0 else min(1.0, centre + half)
+    return low, high
 
 
 def accuracy(flags: Sequence[float], key: str = "accuracy") -> dict[str, float]:
@@ -134,7 +136,7 @@ def generate_and_score(generate: GenerateFn, rows: Sequence[dict], prompt_ids: S
                        decode: Callable[[list[int]], str], *, default_verifier: str = "math_reward",
                        family_verifiers: dict[str, str] | None = None,
                        to_verifier: Callable[[dict, str], str] | None = None,
-                       collective_generate: bool = False) -> list[dict]:
+                       collective_generate: bool = False, check: bool = True) -> list[dict]:
     """Answer each row's prompt with `generate` (an engine's `generate`, or the trainer's sampler as
     `lambda ids, p: sampler.generate(model_wrapped, ids, p)`) and check the answers (`verify`).
 
@@ -143,7 +145,8 @@ def generate_and_score(generate: GenerateFn, rows: Sequence[dict], prompt_ids: S
     "correct"}. `decode` turns completion ids into the text that is checked (and returned); `to_verifier(row, text)`
     may rewrite that text for the verifier (e.g. a code answer completed with its function header).
     `collective_generate=True` calls `generate` on a rank that has no rows too (a trainer's sampler takes part in a
-    ZeRO-3 gather even then); an engine is called only with prompts."""
+    ZeRO-3 gather even then); an engine is called only with prompts. `check=False` only generates (rows without a
+    gold answer): every score is None."""
     if len(rows) != len(prompt_ids):
         raise ValueError(f"generate_and_score: {len(prompt_ids)} prompts for {len(rows)} rows")
     if getattr(params, "n", 1) != 1:
@@ -153,7 +156,7 @@ def generate_and_score(generate: GenerateFn, rows: Sequence[dict], prompt_ids: S
     rollouts = [g[0] for g in groups]
     texts = [decode(list(r.completion_ids)) for r in rollouts]
     checked = [to_verifier(row, t) for row, t in zip(mine_rows, texts)] if to_verifier else texts
-    scores = verify(checked, mine_rows, default_verifier, family_verifiers)
+    scores = verify(checked, mine_rows, default_verifier, family_verifiers) if check else [None] * len(texts)
     mine = [{"text": t, "completion_ids": list(r.completion_ids), "num_tokens": len(r.completion_ids),
              "finish_reason": r.finish_reason, "score": s, "correct": is_correct(s)}
             for t, r, s in zip(texts, rollouts, scores)]
@@ -238,12 +241,25 @@ def pair_ids(tokenizer: Any, context: str, continuation: str) -> tuple[list[int]
 # ------------------------------------------------------------------------------------------ multiple choice
 
 
-def shuffle_choices(item: dict, rng: random.Random) -> dict:
-    """The item with its options in a random order; `order[i]` is the source index of the option now at i."""
-    order = list(range(len(item["choices"])))
-    rng.shuffle(order)
-    return {**item, "choices": [item["choices"][i] for i in order], "label": order.index(item["label"]),
-            "order": order}
+def shuffle_choices(items: Sequence[dict], rng: random.Random) -> list[dict]:
+    """The items with their options shuffled and the gold answer's position balanced: among items with n options the
+    gold is dealt positions from a shuffled deck of 0..n-1 (a new deck when it runs out), so it sits at every
+    position about equally often and a scorer that always picks one position scores chance whatever the seed; the
+    other options are shuffled uniformly. `order[i]` is the source index of the option now at i."""
+    decks: dict[int, list[int]] = {}
+    out = []
+    for item in items:
+        n = len(item["choices"])
+        deck = decks.setdefault(n, [])
+        if not deck:
+            deck.extend(range(n))
+            rng.shuffle(deck)
+        position = deck.pop()
+        others = [i for i in range(n) if i != item["label"]]
+        rng.shuffle(others)
+        order = others[:position] + [item["label"]] + others[position:]
+        out.append({**item, "choices": [item["choices"][i] for i in order], "label": position, "order": order})
+    return out
 
 
 def chance(items: Sequence[dict]) -> float:
