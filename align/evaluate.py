@@ -116,6 +116,18 @@ class EvalConfig:
     num_threads: int = field(
         default=0, metadata={"help": "torch CPU threads (0 = torch's default). Tiny models run best on 1."}
     )
+    lighteval_tasks: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Hub benchmarks handed to lighteval after our suites (e.g. 'gsm8k|5'; GPU machines with "
+                  "the hub): metrics join ours as lighteval/<task>/<metric>. See align/harness.py."},
+    )
+    lighteval_bin: str = field(
+        default="lighteval", metadata={"help": "The lighteval command, installed in an environment of its own."}
+    )
+    lighteval_backend: str = field(default="accelerate", metadata={"help": "lighteval's backend: accelerate or vllm."})
+    lighteval_model_args: str = field(
+        default="", metadata={"help": "Extra lighteval model arguments 'key=value,...' (e.g. 'dtype=bfloat16')."}
+    )
 
     def __post_init__(self):
         if not self.model_name_or_path:
@@ -127,6 +139,8 @@ class EvalConfig:
         for name, specs, valid in (("mc_sets", self.mc_sets, MC_SETS), ("gen_sets", self.gen_sets, GEN_SETS)):
             for spec in specs:
                 set_spec(spec, valid, name)
+        if self.lighteval_backend not in ("accelerate", "vllm"):
+            raise ValueError(f"lighteval_backend={self.lighteval_backend!r}; choose 'accelerate' or 'vllm'")
 
 
 def set_spec(spec: str, valid: tuple[str, ...], field_name: str) -> tuple[str, int]:
@@ -381,6 +395,10 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
 
     start = time.perf_counter()
     is_main = world()[0] == 0  # under `accelerate launch` every rank scores its share; rank 0 writes
+    if cfg.lighteval_tasks and is_main:
+        from align.harness import find_lighteval
+
+        find_lighteval(cfg.lighteval_bin)  # a missing harness fails now, not after the suites
     torch.manual_seed(cfg.seed)
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
@@ -444,6 +462,13 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     finally:
         if own_engine and engine is not None:
             engine.close()
+    if cfg.lighteval_tasks and is_main:  # hub benchmarks: lighteval in its own processes (align/harness.py)
+        from align.harness import run_lighteval
+
+        t = time.perf_counter()
+        metrics.update(run_lighteval(cfg.lighteval_bin, cfg.lighteval_backend, resolve_model_path(cfg.model_name_or_path),
+                                     cfg.lighteval_tasks, str(out_dir / "lighteval"), cfg.lighteval_model_args))
+        seconds["lighteval"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - start
     results = {
         "model": cfg.model_name_or_path,

@@ -190,3 +190,39 @@ def test_builtin_smollm2_agrees_with_lighteval_on_the_same_items():
     theirs = [_extractive_match(r["answer"], s["completion"]) for r, s in zip(rows, samples)]
     assert all(t >= float(s["correct"]) for s, t in zip(samples, theirs))  # ours => lighteval's
     assert stats["acc"] == pytest.approx(sum(theirs) / len(rows)), (samples, theirs)
+
+
+FAKE_LIGHTEVAL = """#!{python}
+import json, os, sys
+out = sys.argv[sys.argv.index("--output-dir") + 1]
+os.makedirs(os.path.join(out, "results", "m"), exist_ok=True)
+json.dump({{"argv": sys.argv[1:], "rank": os.environ.get("RANK")}}, open(os.path.join(out, "argv.json"), "w"))
+results = {{"gsm8k|5": {{"extractive_match": 0.25, "extractive_match_stderr": 0.1}}, "all": {{"extractive_match": 0.25}}}}
+json.dump({{"results": results}}, open(os.path.join(out, "results", "m", "results_2026.json"), "w"))
+"""
+
+
+def test_checkpoint_evaluation_hands_hub_benchmarks_to_lighteval(model, tok, tmp_path, monkeypatch):  # noqa: F811
+    import json
+    import sys
+
+    from align.evaluate import evaluate
+
+    fake = tmp_path / "lighteval"
+    fake.write_text(FAKE_LIGHTEVAL.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("RANK", "0")  # a launcher's variable: lighteval must not inherit it
+    (tmp_path / "config.json").write_text("{}")  # the checkpoint directory handed over
+    cfg = EvalConfig(model_name_or_path=str(tmp_path), output_dir=str(tmp_path / "ev"), suites=["loss"], loss_num_texts=2,
+                     lighteval_tasks=["gsm8k|5"], lighteval_bin=str(fake), lighteval_backend="vllm",
+                     lighteval_model_args="dtype=bfloat16")
+    metrics = evaluate(cfg, model=model, tokenizer=tok)["metrics"]
+    assert metrics["lighteval/gsm8k|5/extractive_match"] == 0.25 and "loss/tasks" in metrics
+    assert metrics["lighteval/gsm8k|5/extractive_match_stderr"] == 0.1 and not any("/all/" in k for k in metrics)
+    seen = json.loads((tmp_path / "ev" / "lighteval" / "argv.json").read_text())
+    assert seen["argv"] == ["vllm", f"model_name={tmp_path},dtype=bfloat16", "gsm8k|5", "--output-dir",
+                            str(tmp_path / "ev" / "lighteval")]
+    assert seen["rank"] is None
+    with pytest.raises(ValueError, match="lighteval_bin='no-such-lighteval' is not an executable"):
+        evaluate(EvalConfig(model_name_or_path="m", output_dir=str(tmp_path / "x"), suites=["loss"], loss_num_texts=1,
+                            lighteval_tasks=["gsm8k|5"], lighteval_bin="no-such-lighteval"), model=model, tokenizer=tok)
