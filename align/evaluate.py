@@ -22,6 +22,8 @@ GOLD side by side, each stage moving the metric it targets. The suites (`suites`
   the share of completions cut at `max_new_tokens`.
 - `vibe`: a fixed set of prompts (including a system-prompt instruction, the kind of thing SmolLM3's vibe
   test caught being dropped) whose answers go to a markdown file for a person to read.
+- `lighteval_tasks` (not a suite): hub benchmarks handed to a separately installed lighteval, on GPU machines
+  with the hub (`align/harness.py`); its metrics join ours as `lighteval/<task>/<metric>`.
 
 Results: `<output_dir>/eval_results.json` = {"model", "stage", "metrics": {flat name: value}, "stats", "details",
 "seconds"}; metric names are `loss/<set>`, `ppl/<set>`, `cf/<set>`, `mcf/<set>`, `acc/<set>/<mode>`,
