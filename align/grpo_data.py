@@ -143,36 +143,28 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
 
 def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, template_kwargs: dict | None = None,
                      chat_template: str | None = None) -> dict:
-    """Greedy accuracy on held-out rows: each row scored by its `reward` column (else `default_reward`).
+    """Greedy accuracy on held-out rows, from the one scorer (`align.scoring`): each row checked by the verifier its
+    `reward` column names (else `default_reward`), correct at a score >= 1, with its 95% interval.
 
-    `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective:
-    call it on every rank; each rank generates and scores its share of the rows, and every rank returns the report
-    over all of them."""
-    from align.distributed import gather_shards, shard
-    from rewards import verifier_reward
+    `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective: call
+    it on every rank; each rank generates and scores its share of the rows, and every rank returns the report over all
+    of them."""
+    from align.scoring import generate_and_score, summarize
 
-    rows = shard([dict(r) for r in dataset])
+    rows = [dict(r) for r in dataset]
     prompts = [
         tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
                                       chat_template=chat_template, **(template_kwargs or {}))
         for r in rows
     ]
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    outs = generate(ids, params)
-    texts = tokenizer.batch_decode([o[0].completion_ids for o in outs], skip_special_tokens=True)
-    names = [k for k in (rows[0] if rows else {}) if k not in ("prompt", "completion")]
-    columns = {k: [r.get(k) for r in rows] for k in names}
-    scores = verifier_reward(texts, default_verifier=default_reward, **columns) if rows else []  # each row by its `reward`
-    mine = [(float(s is not None and s >= 1.0), len(o[0].completion_ids), t, r.get("family"))
-            for s, o, t, r in zip(scores, outs, texts, rows)]
-    results = gather_shards(mine)
-    correct = [c for c, _, _, _ in results]
-    lengths = [n for _, n, _, _ in results]
-    report = {"accuracy": sum(correct) / max(len(correct), 1), "num_prompts": len(correct),
-              "mean_completion_length": sum(lengths) / max(len(lengths), 1), "sample": [t for _, _, t, _ in results][:3]}
-    if "family" in dataset.column_names:  # task rows: which families moved
-        by: dict[str, list[float]] = {}
-        for ok, _, _, fam in results:
-            by.setdefault(fam, []).append(ok)
-        report["by_family"] = {f: sum(v) / len(v) for f, v in sorted(by.items())}
+    records = generate_and_score(generate, rows, ids, params, lambda c: tokenizer.decode(c, skip_special_tokens=True),
+                                 default_verifier=default_reward, collective_generate=True)
+    families = [r.get("family") for r in rows] if "family" in dataset.column_names else None
+    summary = summarize(records, families)  # task rows: which families moved
+    report = {"accuracy": summary["accuracy"], "num_prompts": summary["num"], "ci_low": summary["ci_low"],
+              "ci_high": summary["ci_high"], "mean_completion_length": summary["mean_completion_length"],
+              "sample": [r["text"] for r in records][:3]}
+    if "by_family" in summary:
+        report["by_family"] = summary["by_family"]
     return report

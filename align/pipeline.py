@@ -503,7 +503,9 @@ def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_t
     rc = run_logged(cmd, env, log, on_tick)
     rec = {"command": cmd, "returncode": rc, "duration_s": round(time.time() - t, 2), "results": str(out_dir / "eval_results.json")}
     if rc == 0:
-        rec["metrics"] = json.loads((out_dir / "eval_results.json").read_text())["metrics"]
+        results = json.loads((out_dir / "eval_results.json").read_text())
+        rec["metrics"] = results["metrics"]
+        rec["stats"] = results.get("stats", {})  # item counts, 95% intervals, MC chance: the report shows them
     return rec
 
 
@@ -621,6 +623,7 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                 if rec["eval"]["returncode"] != 0:
                     console.print(f"[red]{label}: evaluation failed[/] (log {run_dir / 'logs' / f'eval_{stage.name}.log'})")
             rec["metrics"] = (rec.get("eval") or {}).get("metrics", {})
+            rec["stats"] = (rec.get("eval") or {}).get("stats", {})
             manifest.save()
             progress.update(bar, advance=1, description=label)
     return manifest.data

@@ -28,7 +28,8 @@ import torch
 import trl
 
 from align.configs import apply_device_defaults
-from align.distributed import full_model, gather_shards, shard
+from align.distributed import full_model
+from align.scoring import accuracy, sequence_logprobs
 from align.stage import save_trained_model
 
 logger = logging.getLogger(__name__)
@@ -222,29 +223,11 @@ def pair_token_ids(tokenizer, row: dict) -> tuple[list[int], list[int], list[int
     return prompt[:n], full[0][n:], full[1][n:]
 
 
-@torch.no_grad()
-def completion_logps(model, sequences: list[tuple[list[int], list[int]]], batch_size: int = 8) -> torch.Tensor:
-    """Summed log-prob of each completion given its prompt: (N,) float32."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    out = []
-    for start in range(0, len(sequences), batch_size):
-        chunk = sequences[start : start + batch_size]
-        width = max(len(p) + len(c) for p, c in chunk)
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)  # right-padded; pad positions are masked out
-        attn = torch.zeros_like(ids)
-        target = torch.zeros_like(ids, dtype=torch.bool)
-        for i, (p, c) in enumerate(chunk):
-            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-            attn[i, : len(p) + len(c)] = 1
-            target[i, len(p) : len(p) + len(c)] = True
-        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()  # (B, T, V)
-        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None].to(device)).squeeze(-1)
-        out.append((logp * target[:, 1:].to(device)).sum(-1).cpu())
-    if was_training:
-        model.train()
-    return torch.cat(out) if out else torch.zeros(0)
+def completion_logps(model, sequences: list[tuple[list[int], list[int]]], batch_size: int = 8,
+                     collective: bool = False) -> torch.Tensor:
+    """Summed log-prob of each completion given its prompt: (N,) float32 (`align.scoring.sequence_logprobs`)."""
+    scored = sequence_logprobs(model, [(p + c, len(c)) for p, c in sequences], 0, batch_size, collective=collective)
+    return torch.tensor([s for s, _ in scored], dtype=torch.float32)
 
 
 def pair_logps(model, tokenizer, dataset, batch_size: int = 8, accelerator=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,23 +235,22 @@ def pair_logps(model, tokenizer, dataset, batch_size: int = 8, accelerator=None)
 
     With an `accelerator`, `model` is what the trainer trains (`trainer.model_wrapped`) and the call is collective:
     every rank scores its share of the pairs on whole weights (gathered under ZeRO-3) and gets all the results."""
+    ids = [pair_token_ids(tokenizer, row) for row in dataset]
     if accelerator is None:
-        return _pair_logps(model, tokenizer, list(dataset), batch_size)
+        return _pair_logps(model, ids, batch_size, collective=False)
     with full_model(model, accelerator) as whole:
-        mine = _pair_logps(whole, tokenizer, shard(list(dataset)), batch_size)
-    pairs = gather_shards(list(zip(mine[0].tolist(), mine[1].tolist())))
-    return torch.tensor([c for c, _ in pairs]), torch.tensor([r for _, r in pairs])
+        return _pair_logps(whole, ids, batch_size, collective=True)
 
 
-def _pair_logps(model, tokenizer, rows: list[dict], batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = [pair_token_ids(tokenizer, row) for row in rows]
-    chosen = completion_logps(model, [(p, c) for p, c, _ in ids], batch_size)
-    rejected = completion_logps(model, [(p, r) for p, _, r in ids], batch_size)
+def _pair_logps(model, ids: list[tuple], batch_size: int, collective: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    chosen = completion_logps(model, [(p, c) for p, c, _ in ids], batch_size, collective)
+    rejected = completion_logps(model, [(p, r) for p, _, r in ids], batch_size, collective)
     return chosen, rejected
 
 
-def _share(margin: torch.Tensor) -> float:
-    return float(((margin > 0).float() + 0.5 * (margin == 0).float()).mean()) if len(margin) else float("nan")
+def _share(margin: torch.Tensor) -> list[float]:
+    """Per pair: 1 when the margin is positive, 0.5 on a tie, 0 otherwise."""
+    return ((margin > 0).float() + 0.5 * (margin == 0).float()).tolist()
 
 
 def preference_accuracy(
@@ -276,9 +258,13 @@ def preference_accuracy(
 ) -> dict[str, float]:
     """Implicit-reward accuracy against the reference, the reference-free log-prob accuracy, and the mean margin."""
     margin = (chosen - ref_chosen) - (rejected - ref_rejected)
+    pref = accuracy(_share(margin), "preference_accuracy")  # the one scorer's share, with its 95% interval
+    del pref["num"]  # num_pairs below
+    if not len(margin):
+        pref["preference_accuracy"] = float("nan")
     return {
-        "preference_accuracy": _share(margin),
-        "logp_accuracy": _share(chosen - rejected),
+        **pref,
+        "logp_accuracy": accuracy(_share(chosen - rejected))["accuracy"] if len(margin) else float("nan"),
         "mean_margin": float(margin.mean()) if len(margin) else float("nan"),
         "num_pairs": len(margin),
     }

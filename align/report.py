@@ -16,6 +16,8 @@ import math
 import re
 from pathlib import Path
 
+from align.scoring import overlaps, wilson_interval
+
 # Headline metrics plotted across stages (when present) and whether higher is better.
 HEADLINE = {
     "loss/tasks": False,
@@ -70,6 +72,53 @@ def _fmt(x) -> str:
     return f"{x:.3g}" if abs(x) >= 100 else f"{x:.3f}"
 
 
+# A share's item count in a stage's own result file sits beside it under one of these names.
+COUNT_KEYS = ("num_prompts", "num", "num_pairs")
+
+
+def interval(stage: dict, name: str) -> tuple[float, float, int] | None:
+    """(low, high, item count) of a share metric of the stage: from its eval stats, or for an accuracy in its own
+    result files (`grpo_eval/after/accuracy`) the 95% Wilson interval from the count beside it; None otherwise."""
+    st = (stage.get("stats") or {}).get(name)
+    if st and _finite(st.get("ci_low")) and _finite(st.get("ci_high")) and st.get("num"):
+        return st["ci_low"], st["ci_high"], int(st["num"])
+    own = stage.get("train_metrics") or {}
+    value = own.get(name)
+    if not name.endswith("accuracy") or not _finite(value):
+        return None
+    head = name.rsplit("/", 1)[0]
+    num = next((own[f"{head}/{k}"] for k in COUNT_KEYS if _finite(own.get(f"{head}/{k}"))), None)
+    if not num:
+        return None
+    low, high = wilson_interval(value * num, int(num))
+    return low, high, int(num)
+
+
+def _fmt_share(value, iv: tuple[float, float, int] | None) -> str:
+    """`0.250 ± 0.122 (n=48)`: ± is half the width of the 95% Wilson interval (which is not symmetric near 0 and 1;
+    the verdicts compare the intervals themselves)."""
+    if iv is None or not _finite(value):
+        return _fmt(value)
+    low, high, num = iv
+    return f"{_fmt(value)} ± {(high - low) / 2:.3f} (n={num})"
+
+
+def _verdict(metric: str, before: float, after: float, before_iv=None, after_iv=None) -> str:
+    """improved / got worse / unchanged; "within noise" when both are shares whose 95% intervals overlap."""
+    if before_iv is not None and after_iv is not None and after != before and overlaps(before_iv[:2], after_iv[:2]):
+        return "within noise"
+    better = after > before if higher_is_better(metric) else after < before
+    return "improved" if better else ("unchanged" if after == before else "got worse")
+
+
+def _chance(stages: list[dict], name: str) -> float | None:
+    for s in stages:
+        c = ((s.get("stats") or {}).get(name) or {}).get("chance")
+        if _finite(c):
+            return c
+    return None
+
+
 def metric_table(stages: list[dict]) -> list[str]:
     """Markdown rows: one per metric, one column per evaluated stage, in pipeline order."""
     cols = [s for s in stages if s.get("metrics")]
@@ -82,19 +131,24 @@ def metric_table(stages: list[dict]) -> list[str]:
         finite = [v for v in vals if _finite(v)]
         # bold the best only where the stages differ: a row of equal values has no winner
         best = (max if higher_is_better(name) else min)(finite) if len(set(finite)) > 1 else None
-        cells = [f"**{_fmt(v)}**" if best is not None and v == best else _fmt(v) for v in vals]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        cells = []
+        for s, v in zip(cols, vals):
+            text = _fmt_share(v, interval(s, name))
+            cells.append(f"**{text}**" if best is not None and v == best else text)
+        chance = _chance(cols, name)
+        label = f"{name} (chance {_fmt(chance)})" if chance is not None else name
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _own_before_after(stage: dict, target: str) -> tuple[float, float] | None:
-    """`<file>/<metric>` -> (`<file>/before/<metric>`, `<file>/after/<metric>`) from the stage's result files."""
+def _own_before_after(stage: dict, target: str) -> tuple[str, str] | None:
+    """`<file>/<metric>` -> (`<file>/before/<metric>`, `<file>/after/<metric>`), the stage's own result keys."""
     if "/" not in target or target in (stage.get("metrics") or {}):
         return None
     head, rest = target.split("/", 1)
     own = stage.get("train_metrics") or {}
-    before, after = own.get(f"{head}/before/{rest}"), own.get(f"{head}/after/{rest}")
-    return (before, after) if _finite(before) and _finite(after) else None
+    keys = f"{head}/before/{rest}", f"{head}/after/{rest}"
+    return keys if all(_finite(own.get(k)) for k in keys) else None
 
 
 def target_lines(stages: list[dict]) -> list[str]:
@@ -115,17 +169,17 @@ def target_lines(stages: list[dict]) -> list[str]:
         before_stage = parent if parent and parent.get("metrics") else (None if "parent" in s else prev)
         own = _own_before_after(s, t) if t else None
         if own is not None:  # a stage-result target, e.g. distill_eval/divergence: the stage's own before/after
-            before, after = own
-            better = after > before if higher_is_better(t) else after < before
-            mark = "improved" if better else ("unchanged" if after == before else "got worse")
-            lines.append(f"- **{s['name']}** targets `{t}` (its own held-out eval): {_fmt(before)} -> {_fmt(after)}: {mark}")
+            (before, b_iv), (after, a_iv) = ((s["train_metrics"][k], interval(s, k)) for k in own)
+            lines.append(f"- **{s['name']}** targets `{t}` (its own held-out eval): {_fmt_share(before, b_iv)} -> "
+                         f"{_fmt_share(after, a_iv)}: {_verdict(t, before, after, b_iv, a_iv)}")
         elif t and before_stage is not None and t in s["metrics"] and t in before_stage["metrics"]:
             before, after = before_stage["metrics"][t], s["metrics"][t]
-            better = after > before if higher_is_better(t) else after < before
-            mark = "improved" if better else ("unchanged" if after == before else "got worse")
-            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(before)} ({before_stage['name']}) -> {_fmt(after)}: {mark}")
+            b_iv, a_iv = interval(before_stage, t), interval(s, t)
+            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt_share(before, b_iv)} ({before_stage['name']}) -> "
+                         f"{_fmt_share(after, a_iv)}: {_verdict(t, before, after, b_iv, a_iv)}")
         elif t:
-            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt(s['metrics'].get(t))} (a new model: no earlier stage to compare)")
+            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt_share(s['metrics'].get(t), interval(s, t))} "
+                         "(a new model: no earlier stage to compare)")
         prev = s
     return lines
 
@@ -234,7 +288,9 @@ def write_report(run_dir: str | Path) -> Path:
         "## Eval metrics per stage",
         "",
         "Best value per row in bold (loss, perplexity, lengths and truncation: lower is better). "
-        "`cf` = cloze (log-likelihood per character), `mcf` = letter multiple choice.",
+        "`cf` = cloze (the option text's log-likelihood), `mcf` = letter multiple choice (options shuffled; chance "
+        "beside the name). A share shows ± half its 95% Wilson interval and its item count n: stages whose "
+        "intervals overlap are within noise of each other.",
         "",
         *metric_table(stages),
         "",
@@ -246,7 +302,8 @@ def write_report(run_dir: str | Path) -> Path:
     if own:
         lines += ["## The stages' own results", "", "What each stage measured itself (before/after training, "
                   "pretrain skill, preference pairs kept).", "", "| stage | result | value |", "|---|---|---:|"]
-        lines += [f"| {n} | {k} | {_fmt(v)} |" for n, k, v in own] + [""]
+        by_name = {s["name"]: s for s in stages}
+        lines += [f"| {n} | {k} | {_fmt_share(v, interval(by_name[n], k))} |" for n, k, v in own] + [""]
     lines += ["## Stages", "", "| stage | script | outcome | duration (s) | attempts | resumed from |", "|---|---|---|---:|---:|---|"]
     for s in stages:
         outcome = s.get("status", "?") + (" (skipped this run)" if s.get("skipped_this_run") else "")

@@ -21,7 +21,7 @@ def main(cfg: EvalConfig) -> dict:
     init_from_launcher()  # under `accelerate launch --num_processes N` the ranks split the items
     results = evaluate(cfg)
     if world()[0] == 0:
-        print(format_metrics(results["metrics"]))
+        print(format_metrics(results["metrics"], results["stats"]))
         print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
     return results
 

@@ -4,17 +4,17 @@
     accelerate launch scripts/pretrain.py recipes/tiny_midtrain.yaml          # continues pretrain_small
     python scripts/pretrain.py recipes/tiny_pretrain.yaml --max_steps 20 --report_to none   # quick look
 
-After training, rank 0 checks the skill a base model can show: greedy completions of held-out task
-questions (data_gen.tasks test split, never in training) in the pretraining text form
-"Question: ...\\nAnswer:", scored by exact match of the last \\boxed{...}. Results go to
-`<output_dir>/skill.json` and stdout (per family; chance is ~0 for these open-ended answers).
+After training, every rank checks the skill a base model can show (its share of the questions, then all
+gathered): greedy completions of held-out task questions (data_gen.tasks test split, never in training) in
+the pretraining text form "Question: ...\\nAnswer:", through the shared engine, checked by the one scorer
+(`align.scoring`: the row's verifier scores >= 1). Rank 0 writes `<output_dir>/skill.json` and prints the
+accuracy with its 95% interval (per family; chance is ~0 for these open-ended answers).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 
@@ -27,8 +27,6 @@ from align.cli import run  # noqa: E402
 from pretrain.model import ModelArguments  # noqa: E402
 from pretrain.train import PretrainConfig, train  # noqa: E402
 
-BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-
 
 @dataclass
 class SkillArguments:
@@ -37,49 +35,32 @@ class SkillArguments:
     skill_max_new_tokens: int = field(default=64, metadata={"help": "Generation budget per answer."})
 
 
-@torch.no_grad()
-def task_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int = 64, batch_size: int = 32) -> dict:
-    """Greedy accuracy of `model` on task rows in the plain pretraining form, overall and per family."""
-    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")]
-    # "\n" ends an answer line; the base model has no chat format yet.
-    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
-    tokenizer.padding_side = "left"
-    model.eval()
-    hits: dict[str, list[int]] = {}
-    samples = []
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
-        prompts = [f"<|endoftext|>Question: {r['prompt']}\nAnswer:" for r in batch]
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        out = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos + newline[-1:],
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        for r, ids in zip(batch, out[:, enc["input_ids"].shape[1] :]):
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            found = BOXED.findall(text)
-            ok = int(bool(found) and found[-1].strip() == r["answer"].strip())
-            hits.setdefault(r["family"], []).append(ok)
-            if len(samples) < 12:
-                samples.append({"prompt": r["prompt"], "gold": r["answer"], "completion": text.strip(), "ok": ok})
-    per_family = {f: sum(v) / len(v) for f, v in sorted(hits.items())}
-    total = [x for v in hits.values() for x in v]
+def task_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int = 64) -> dict:
+    """Greedy accuracy of `model` on task rows in the plain pretraining form, overall (with its 95% interval) and per
+    family, from the one scorer. Collective: every rank passes all rows and gets the result over all of them."""
+    from align.evaluate import run_generative
+    from align.scoring import model_generate
+
+    stats, samples = run_generative(model_generate(model, tokenizer), tokenizer, rows, "plain", max_new_tokens)
+    low, high = stats["acc_ci"]
     return {
-        "accuracy": sum(total) / max(len(total), 1),
-        "num": len(total),
-        "per_family": per_family,
-        "samples": samples,
+        "accuracy": stats["acc"],
+        "num": stats["num"],
+        "ci_low": low,
+        "ci_high": high,
+        "per_family": stats.get("by_family", {}),
+        "samples": [{"prompt": r["prompt"], "gold": r["answer"], "completion": s["completion"].strip(), "ok": int(s["correct"])}
+                    for r, s in zip(rows[:12], samples[:12])],
     }
 
 
 def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments) -> dict:
     result = train(model_args, cfg)
-    if result.get("stopped") or int(os.environ.get("RANK", "0")) != 0:
+    if result.get("stopped"):
         return result
-    if model_args.rope_scaling:  # e.g. YaRN: the saved model reads past its trained context at inference
+    from align.distributed import barrier, world, zero3_init_disabled
+
+    if model_args.rope_scaling and world()[0] == 0:  # e.g. YaRN: the saved model reads past its trained context
         from align.models import write_rope_scaling
 
         result["rope_parameters"] = write_rope_scaling(cfg.output_dir, model_args.rope_scaling)
@@ -89,15 +70,21 @@ def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments)
 
     from data_gen.tasks import make_tasks
 
+    barrier()  # every rank reads the saved model: wait until it is written
+
     families = [f.strip() for f in skill.skill_families.split(",") if f.strip()] or None
     rows = make_tasks(families, num=skill.skill_eval_num, split="test", seed=1234)
-    model = AutoModelForCausalLM.from_pretrained(cfg.output_dir, dtype=torch.float32)
+    with zero3_init_disabled():  # each rank scores its share with a whole copy of the saved model
+        model = AutoModelForCausalLM.from_pretrained(cfg.output_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.output_dir)
     acc = task_accuracy(model, tokenizer, rows, skill.skill_max_new_tokens)
+    if world()[0] != 0:
+        return {**result, "skill": acc}
     with open(os.path.join(cfg.output_dir, "skill.json"), "w") as f:
         json.dump(acc, f, indent=1)
     fam = ", ".join(f"{k} {v:.0%}" for k, v in acc["per_family"].items())
-    print(f"held-out task skill (greedy, plain form): {acc['accuracy']:.1%} of {acc['num']} ({fam})")
+    print(f"held-out task skill (greedy, plain form): {acc['accuracy']:.1%} of {acc['num']} "
+          f"(95% CI {acc['ci_low']:.1%}-{acc['ci_high']:.1%}; {fam})")
     final = result.get("final_eval", {})
     print("final held-out loss: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("eval_")))
     return {**result, "skill": acc}

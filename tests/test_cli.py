@@ -120,3 +120,34 @@ def test_null_on_the_command_line_unsets_an_optional_recipe_value(recipe, tmp_pa
     path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\ndataset_name: builtin:news\nchat_template_path: chatml\n")
     s, t, _ = parse(*TYPES, args=[path, "--chat_template_path", "null", "--dataset_name=null"])
     assert t.chat_template_path is None and s.dataset_name is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--suites", "[generative, mc]"],  # YAML flow syntax, quoted
+        ["--suites", "generative", "mc"],  # space-separated
+        ["--suites", "[generative,", "mc]"],  # flow syntax the shell split (unquoted)
+        ["--suites=[generative, mc]"],
+    ],
+)
+def test_list_fields_take_yaml_flow_or_space_separated_values(recipe, args):
+    from align.evaluate import EvalConfig
+
+    path = recipe("model_name_or_path: m\nsuites: [loss]\nmodes: [think]\nmc_sets: truthfulqa:4\n")
+    (cfg,) = parse(EvalConfig, args=[path, *args, "--modes", "[plain, no_think]", "--max_new_tokens", "7"])
+    assert cfg.suites == ["generative", "mc"]  # the command line beats YAML
+    assert cfg.modes == ["plain", "no_think"] and cfg.max_new_tokens == 7  # the next key is still read
+    assert cfg.mc_sets == ["truthfulqa:4"]  # a YAML scalar is the one-element list
+
+
+def test_list_fields_in_trl_configs_and_bad_lists(recipe, tmp_path):
+    from align.grpo import GRPOConfig
+
+    path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\n")
+    _, t, _ = parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "[math_reward, think_format_reward]"])
+    assert t.reward_funcs == ["math_reward", "think_format_reward"]
+    _, t, _ = parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "math_reward", "think_format_reward"])
+    assert t.reward_funcs == ["math_reward", "think_format_reward"]
+    with pytest.raises(RecipeError, match="--reward_funcs .* is not a valid YAML list"):
+        parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "[a, [b]"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -281,12 +282,16 @@ def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypat
     tok = load_tokenizer(tiny["student"])
     called = []
 
-    def fake_greedy(model, tokenizer, prompt_ids, max_new_tokens, **kw):  # the teacher is right on rows 0 and 2
-        called.append((model, [tokenizer.decode(p) for p in prompt_ids], max_new_tokens))
-        texts = [f"\\boxed{{{r['answer']}}}" if i % 2 == 0 else "\\boxed{12345}" for i, r in enumerate(rows)]
-        return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+    def fake_engine(model, tokenizer, *a):  # the engine around the teacher: right on rows 0 and 2
+        def generate(prompt_ids, params):
+            called.append((model, [tokenizer.decode(p) for p in prompt_ids], params.max_new_tokens))
+            texts = [f"\\boxed{{{r['answer']}}}" if i % 2 == 0 else "\\boxed{12345}" for i, r in enumerate(rows)]
+            ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+            return [[SimpleNamespace(completion_ids=c, finish_reason="stop")] for c in ids]
 
-    monkeypatch.setattr(dm, "greedy_token_completions", fake_greedy)
+        return generate
+
+    monkeypatch.setattr(dm, "model_generate", fake_engine)
     assert all(r["answer"] != "12345" for r in rows)
     assert dm.teacher_accuracy("the-teacher", tok, rows, 7) == 0.5
     (model, prompts, max_new), = called

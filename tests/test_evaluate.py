@@ -14,17 +14,15 @@ import torch
 from align.evaluate import (
     EvalConfig,
     build_prompt,
-    cloze_choice,
-    continuation_logprobs,
     evaluate,
     heldout_loss,
     is_formatted,
-    mc_prompt,
     run_generative,
     score_mc,
     set_spec,
     task_mc_items,
 )
+from align.scoring import cloze_pick, letter_prompt, pair_ids, sequence_logprobs
 
 torch.set_num_threads(2)
 
@@ -56,21 +54,23 @@ def model(tok):
 
 
 def _direct_logprob(model, tok, context: str, continuation: str) -> float:
-    """log p(continuation | <|endoftext|> context) from one unpadded forward pass, token by token."""
-    prefix = tok.convert_tokens_to_ids("<|endoftext|>")
-    ctx = tok(context, add_special_tokens=False)["input_ids"]
+    """log p(continuation | context) from one unpadded forward pass, token by token, the context tokenized with the
+    tokenizer's own special tokens and the continuation on its own (lighteval's loglikelihood requests)."""
+    ctx = tok(context, add_special_tokens=True)["input_ids"]
     cont = tok(continuation, add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([[prefix, *ctx, *cont]])
+    ids = torch.tensor([[*ctx, *cont]])
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
-    start = 1 + len(ctx)
-    return sum(logp[start + j - 1, cont[j]].item() for j in range(len(cont)))
+    return sum(logp[len(ctx) + j - 1, cont[j]].item() for j in range(len(cont)))
 
 
-def test_continuation_logprobs_match_direct_computation_despite_padding(model, tok):
-    pairs = [("Question: What is 2 + 3?", " The answer is 5."), ("A", " cat sat on the mat and then ran away"), ("", "dog")]
-    got = continuation_logprobs(model, tok, pairs, batch_size=3)  # one padded batch of different lengths
+def test_sequence_logprobs_match_direct_computation_despite_padding(model, tok):
+    pairs = [("Question: What is 2 + 3?", " The answer is 5."), ("A", " cat sat on the mat and then ran away"), ("B ", "dog")]
+    seqs = [(c + x, len(x)) for c, x in (pair_ids(tok, ctx, cont) for ctx, cont in pairs)]
+    got = sequence_logprobs(model, seqs, batch_size=3)  # one padded batch of different lengths
     for (ctx, cont), (s, n) in zip(pairs, got):
+        if ctx.endswith(" "):  # trailing context whitespace moves to the continuation, as lighteval does
+            ctx, cont = ctx.rstrip(), " " + cont
         assert n == len(tok(cont, add_special_tokens=False)["input_ids"])
         assert s == pytest.approx(_direct_logprob(model, tok, ctx, cont), abs=1e-4)
 
@@ -86,26 +86,31 @@ def test_heldout_loss_equals_the_models_own_loss(model, tok):
     assert res["ppl"] == pytest.approx(math.exp(ref), rel=1e-4)
 
 
-def test_cf_picks_highest_loglik_per_character_and_mcf_the_best_letter(model, tok):
+@pytest.mark.parametrize("norm", ["char", None])
+def test_cf_picks_highest_loglik_per_character_or_raw_and_mcf_the_best_letter(model, tok, norm):
     items = [
         {"context": "The cat sat on the", "choices": ["mat.", "dog ran in the park.", "cat", "A"], "label": 0},
         {"context": "Question: What is 2 + 3?", "choices": ["5", "6", "The answer is 7.", "park"], "label": 2},
     ]
-    res = score_mc(model, tok, items, batch_size=5)
+    res = score_mc(model, tok, items, norm, batch_size=5)
     for it, pick in zip(items, res["picks"]):
-        norm = [_direct_logprob(model, tok, it["context"], " " + c) / len(" " + c) for c in it["choices"]]
-        assert pick["cf"] == max(range(4), key=norm.__getitem__)
-        letters = [_direct_logprob(model, tok, mc_prompt(it["context"], it["choices"]), f" {L}") for L in "ABCD"]
+        raw = [_direct_logprob(model, tok, it["context"], " " + c) for c in it["choices"]]
+        norm_by = [len(" " + c) if norm == "char" else 1 for c in it["choices"]]
+        assert pick["cf"] == max(range(4), key=lambda i: raw[i] / norm_by[i])
+        letters = [_direct_logprob(model, tok, letter_prompt(it["context"], it["choices"]), f" {L}") for L in "ABCD"]
         assert pick["mcf"] == max(range(4), key=letters.__getitem__)
-    assert res["cf"] == pytest.approx(sum(p["cf"] == p["label"] for p in res["picks"]) / 2)
-    assert res["mcf"] == pytest.approx(sum(p["mcf"] == p["label"] for p in res["picks"]) / 2)
+        assert pick["letter_logprobs"] == pytest.approx(letters, abs=1e-4)
+    assert res["cf"]["cf"] == pytest.approx(sum(p["cf"] == p["label"] for p in res["picks"]) / 2)
+    assert res["mcf"]["mcf"] == pytest.approx(sum(p["mcf"] == p["label"] for p in res["picks"]) / 2)
+    assert res["mcf"]["num"] == 2 and res["mcf"]["ci_low"] <= res["mcf"]["mcf"] <= res["mcf"]["ci_high"]
     assert res["chance"] == pytest.approx(0.25)
 
 
-def test_cloze_choice_normalises_by_length():
+def test_cloze_pick_normalises_by_length_or_not():
     # raw log-lik prefers the short choice; per character the long one is likelier
-    assert cloze_choice([(-3.0, 1), (-8.0, 5)], ["ab", "abcdefghij"]) == 1
-    assert cloze_choice([(-3.0, 1), (-8.0, 5)], ["abcdefghij", "ab"]) == 0
+    assert cloze_pick([-3.0, -8.0], ["ab", "abcdefghij"]) == 1
+    assert cloze_pick([-3.0, -8.0], ["abcdefghij", "ab"]) == 0
+    assert cloze_pick([-3.0, -8.0], ["ab", "abcdefghij"], norm=None) == 0
 
 
 def test_task_mc_items_hold_the_gold_and_distinct_near_misses():
@@ -120,6 +125,8 @@ def test_task_mc_items_hold_the_gold_and_distinct_near_misses():
         assert row["prompt"] in it["context"]
     assert task_mc_items(rows, seed=1) == items  # deterministic
     assert len({it["label"] for it in items}) > 1  # the gold is not always first
+    for it in items:  # the recorded order leads back to the source options: the gold first
+        assert it["order"][it["label"]] == 0
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,9 @@ cfg = yaml.safe_load(open(sys.argv[1]))
 q = json.load(open(os.path.join(cfg["model_name_or_path"], "config.json")))["quality"]
 os.makedirs(cfg["output_dir"], exist_ok=True)
 metrics = {"acc/tasks/think": q, "loss/tasks": 1 - q}
-json.dump({"metrics": metrics, "stage": cfg["stage"]}, open(os.path.join(cfg["output_dir"], "eval_results.json"), "w"))
+low, high = max(q - 0.1, 0.0), q + 0.1  # as align.scoring would write them for 100 items
+stats = {"acc/tasks/think": {"num": 100, "ci_low": low, "ci_high": high}}
+json.dump({"metrics": metrics, "stats": stats, "stage": cfg["stage"]}, open(os.path.join(cfg["output_dir"], "eval_results.json"), "w"))
 """
 
 
@@ -219,9 +221,9 @@ def test_report_table_targets_and_plots(fake, tmp_path):
     (run / "manifest.json").write_text(json.dumps(m))
     text = write_report(run).read_text()
     assert "| metric | base | sft |" in text
-    assert "| acc/tasks/think | 0.100 | **0.600** |" in text
+    assert "| acc/tasks/think | 0.100 ± 0.100 (n=100) | **0.600 ± 0.100 (n=100)** |" in text  # from eval stats
     assert "| loss/tasks | 0.900 | **0.400** |" in text  # lower is better: sft is bold
-    assert "**sft** targets `acc/tasks/think`: 0.100 (base) -> 0.600: improved" in text
+    assert "**sft** targets `acc/tasks/think`: 0.100 ± 0.100 (n=100) (base) -> 0.600 ± 0.100 (n=100): improved" in text
     assert "| sft | grpo_eval/after/accuracy | 0.600 |" in text
     for png in ("loss_curves.png", "grpo.png", "metrics_per_stage.png"):
         data = (run / "plots" / png).read_bytes()
