@@ -239,6 +239,11 @@ class GRPOTrainer(trl.GRPOTrainer):
                              and not sampler.shares(self.model))
         if self.use_vllm:
             self.vllm_mode = "server"
+            kind = getattr(sampler.engine, "logprobs_kind", "sampling")
+            if kind != "sampling":
+                raise ValueError(f"vllm_importance_sampling_correction needs the engine's sampling log-probs, but the "
+                                 f"{sampler.backend} engine reports {kind} ones: build it with "
+                                 "build_sampler(..., logprobs_kind='sampling') or set vllm_importance_sampling_correction: false")
 
     @property
     def importance_sampling(self) -> bool:

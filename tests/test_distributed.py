@@ -239,6 +239,8 @@ def test_grpo_vllm_under_zero3_pushes_gathered_weights(micro, tmp_path):
     ok(_grpo_worker(micro, tmp_path, "--rollout_backend", "vllm", "--rollout_kwargs", "{kv_cache_gib: 0.25}"))
     result = _check_sync(tmp_path)
     assert all(r["backend"] == "vllm" and r["pushes"] >= 2 for r in result["ranks"])
+    # vLLM reports the log-probs it sampled with; in fp32 they equal the trainer's: importance weights of 1
+    assert result["is_ratio_mean"] and all(abs(r - 1) < 1e-4 for r in result["is_ratio_mean"])
 
 
 @pytest.mark.vllm

@@ -242,6 +242,8 @@ def _rank_main(rank: int, world_size: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from torch.utils.data import DistributedSampler, RandomSampler
 
+    if dist.is_initialized():  # forked from a test process whose in-process vLLM engine made a group of one
+        dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
     torch.manual_seed(0)
     same = weights_digest(torch.nn.Linear(8, 8))

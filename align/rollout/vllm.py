@@ -212,6 +212,9 @@ class VLLMEngine:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             # Under accelerate/torchrun every rank runs its own engine inside the training process.
             kwargs.update(distributed_executor_backend="external_launcher")
+        import torch.distributed as dist
+
+        self.owns_process_group = not (dist.is_available() and dist.is_initialized())
         t0 = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
         self.start_seconds = time.perf_counter() - t0
@@ -224,6 +227,7 @@ class VLLMEngine:
         )
         self.path = path
         self.logprobs_kind = logprobs_kind
+        self._warned_kind = False
         self.sleeping = False
         fix_vllm_patched_model()  # the trainer's transformers classes may have just been patched
         if live is not None:
@@ -243,9 +247,13 @@ class VLLMEngine:
                 f"a prompt has {longest} tokens, max_model_len={self.max_model_len}: raise the "
                 "max_model_len knob or truncate prompts"
             )
-        if params.logprobs and params.logprobs_kind != self.logprobs_kind:
-            raise ValueError(f"this vllm engine returns {self.logprobs_kind} log-probs, the request asks for "
-                             f"{params.logprobs_kind}: start the engine with the knob logprobs_kind={params.logprobs_kind!r}")
+        want_logprobs = params.logprobs and params.logprobs_kind == self.logprobs_kind
+        if params.logprobs and not want_logprobs and not self._warned_kind:
+            # one kind per engine: rather none than the wrong ones (a caller that needs them fails where it reads them)
+            logger.warning("this vllm engine reports %s log-probs, the request asks for %s ones: none are returned "
+                           "(start the engine with the knob logprobs_kind=%r)", self.logprobs_kind,
+                           params.logprobs_kind, params.logprobs_kind)
+            self._warned_kind = True
         self.wake_up()
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
         base = dict(
@@ -255,7 +263,7 @@ class VLLMEngine:
             top_k=params.top_k,
             max_tokens=params.max_new_tokens,
             stop_token_ids=list(stop),
-            logprobs=0 if params.logprobs else None,  # 0 = only the sampled token's log-prob
+            logprobs=0 if want_logprobs else None,  # 0 = only the sampled token's log-prob
             detokenize=False,
         )
         # A seed per prompt (seed + index): identical prompts still get different samples; vLLM
@@ -274,7 +282,7 @@ class VLLMEngine:
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 logprobs = None
-                if params.logprobs:
+                if want_logprobs:
                     logprobs = [step[tok].logprob for step, tok in zip(c.logprobs, ids)]
                 if c.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vllm finished a rollout with reason {c.finish_reason!r}")
@@ -329,7 +337,8 @@ class VLLMEngine:
             self.llm.llm_engine.engine_core.shutdown()
             del self.llm
             destroy_model_parallel()
-            destroy_distributed_environment()
+            if self.owns_process_group:  # vLLM made the default group: take it down; a trainer's own group stays
+                destroy_distributed_environment()
         except Exception as e:  # best effort: the process may be exiting anyway
             logger.debug("vllm shutdown: %s", e)
         self.llm = None

@@ -49,7 +49,8 @@ def main() -> None:
     policy = acc.unwrap_model(trainer.model)
     trainer.sampler = build_sampler(args.rollout_backend, args.rollout_kwargs, policy,
                                     resolve_model_path(model_args.model_name_or_path), tokenizer, acc, seed=args.seed,
-                                    max_model_len=engine_context_length(args, train, tokenizer))
+                                    max_model_len=engine_context_length(args, train, tokenizer),
+                                    logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
     trainer.train()
     sampler = trainer.sampler
 
@@ -91,6 +92,8 @@ def main() -> None:
         missing = sorted(set(gathered) - set(state))
         result = {"ranks": ranks, "saved_max_abs_diff": max(diffs.values()), "missing_in_saved": missing,
                   "num_params": len(gathered), "world_size": acc.num_processes,
+                  "is_ratio_mean": [h["sampling/importance_sampling_ratio/mean"] for h in trainer.state.log_history
+                                    if "sampling/importance_sampling_ratio/mean" in h],
                   "distributed_type": str(acc.distributed_type)}
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
