@@ -216,6 +216,16 @@ def init_from_launcher() -> None:
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
+def leave_launcher() -> None:
+    """The end of a script that called `init_from_launcher`: every rank waits for the others, then the group is
+    closed (a gloo group left open at exit can abort a rank whose peer has already gone). Normal exits only."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def barrier() -> None:
     """Wait for every rank (a no-op without a process group)."""
     import torch.distributed as dist

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.distributed import barrier, init_from_launcher, rank_seed, shard, world
+from align.distributed import barrier, init_from_launcher, leave_launcher, rank_seed, shard, world
 
 logger = logging.getLogger(__name__)
 
@@ -460,4 +460,5 @@ def main(script_args, cfg: PreferenceDataConfig) -> dict:
             f"no preference pairs kept (dropped per filter: {dropped}); see {cfg.output_dir}/card.json — "
             "use stronger/weaker models, more prompts, or relax the filters (verify_chosen: false, drop_identical: false)"
         )
+    leave_launcher()
     return card

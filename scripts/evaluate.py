@@ -11,7 +11,7 @@ metrics; the pipeline runs it after every stage.
 import logging
 
 from align.cli import run
-from align.distributed import init_from_launcher, world
+from align.distributed import init_from_launcher, leave_launcher, world
 from align.evaluate import EvalConfig, evaluate, format_metrics
 
 CONFIG_TYPES = (EvalConfig,)
@@ -23,6 +23,7 @@ def main(cfg: EvalConfig) -> dict:
     if world()[0] == 0:
         print(format_metrics(results["metrics"], results["stats"]))
         print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
+    leave_launcher()
     return results
 
 

@@ -242,8 +242,6 @@ def _rank_main(rank: int, world_size: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from torch.utils.data import DistributedSampler, RandomSampler
 
-    if dist.is_initialized():  # forked from a test process whose in-process vLLM engine made a group of one
-        dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
     torch.manual_seed(0)
     same = weights_digest(torch.nn.Linear(8, 8))
@@ -268,9 +266,13 @@ def _rank_main(rank: int, world_size: int, init: str, out: str) -> None:
 def test_collective_checks_on_two_gloo_ranks(tmp_path):
     import torch.multiprocessing as mp
 
-    # fork: the ranks start in milliseconds (spawn would re-import torch in each, ~30 s on a loaded machine)
+    # fork: the ranks start in milliseconds (spawn would re-import torch in each, ~30 s on a loaded machine); but a
+    # test process that already ran an in-process vLLM engine (its threads, its process group) cannot be forked
+    import sys
+
+    method = "spawn" if "vllm" in sys.modules else "fork"
     mp.start_processes(_rank_main, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+                       start_method=method)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]  # every rank sees every rank's values and decides alike
     r = results[0]
