@@ -27,6 +27,7 @@ How to run:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -66,6 +67,12 @@ class SFTConfig(trl.SFTConfig):
         default="rows",
         metadata={"help": "With packing: 'rows' keeps [batch, max_length] rows with per-document attention (fast "
                   "with sdpa/CPU); 'flat' is TRL's single flattened row (for flash-attention varlen kernels)."},
+    )
+    document_attention: bool = field(
+        default=True,
+        metadata={"help": "With packing_layout rows: attend within each document by gathering documents into "
+                  "right-padded batches for causal sdpa (align/document_attention.py) instead of a block-diagonal "
+                  "mask over the whole row."},
     )
     bucket_batches: int = field(
         default=64, metadata={"help": "Length buckets are sorted within pools of this many batches (randomness)."}
@@ -155,8 +162,27 @@ class SFTTrainer(trl.SFTTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.args.packing and self.args.packing_layout == "rows":
+        rows = self.args.packing and self.args.packing_layout == "rows"
+        if rows:
             self.data_collator = RowPackedCollator(pad_token_id=self._tokenizer.pad_token_id)
+        self.per_document = rows and self.args.document_attention
+
+    def _attention(self, model):
+        """Per-document attention for packed rows, around the forward AND backward (gradient checkpointing re-runs
+        the forward inside backward); a no-op otherwise."""
+        if not self.per_document:
+            return contextlib.nullcontext()
+        from align.document_attention import document_attention
+
+        return document_attention(self.accelerator.unwrap_model(model))
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        with self._attention(model):
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    def prediction_step(self, model, inputs, *args, **kwargs):
+        with self._attention(model):
+            return super().prediction_step(model, inputs, *args, **kwargs)
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset

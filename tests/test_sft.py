@@ -163,6 +163,11 @@ def test_packing_keeps_documents_apart(tiny, tmp_path, layout):
         per_doc = [plain.compute_loss(model, plain.data_collator([r])) for r in rows]
     expected = sum(loss * k for loss, k in zip(per_doc, n)) / sum(n)  # token-weighted mean over the documents
     assert torch.allclose(loss_packed, expected, atol=1e-5), (loss_packed, expected)
+    assert packed.per_document == (layout == "rows")
+    if layout == "rows":  # what training_step runs: per-document attention, no mask
+        with torch.no_grad(), packed._attention(model):
+            loss_documents = packed.compute_loss(model, batch)
+        assert torch.allclose(loss_documents, expected, atol=1e-5), (loss_documents, expected)
 
 
 def test_length_bucket_sampler_low_padding_shuffled_and_deterministic():

@@ -1,0 +1,86 @@
+"""align/document_attention.py: per-document causal attention on packed rows equals attending each document
+alone, and equals transformers' own block-diagonal mask, in the forward and the backward."""
+
+import pytest
+import torch
+
+from align.document_attention import document_attention, document_index
+from pretrain.model import ModelArguments, build_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    args = ModelArguments(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128)
+    return build_model(args, 300, seed=0)
+
+
+def packed(lengths_per_row: list[list[int]], seed: int = 0):
+    """Rows of documents (positions restart at 0), each row filled to the longest with a padding 'document'."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(sum(r) for r in lengths_per_row)
+    ids, pos, docs = torch.zeros(len(lengths_per_row), width, dtype=torch.long), torch.zeros(len(lengths_per_row), width, dtype=torch.long), []
+    for b, row in enumerate(lengths_per_row):
+        start = 0
+        for n in [*row, width - sum(row)]:
+            if n == 0:
+                continue
+            doc = torch.randint(5, 300, (n,), generator=g)
+            ids[b, start : start + n], pos[b, start : start + n] = doc, torch.arange(n)
+            docs.append((b, start, doc))
+            start += n
+    return ids, pos, docs
+
+
+def test_the_index_lists_every_position_once_by_length_class():
+    _, pos, _ = packed([[7, 40], [3, 70, 2]])
+    seen = torch.cat([i[v] for i, v in document_index(pos)])
+    assert sorted(seen.tolist()) == list(range(pos.numel()))
+    longest = [int(v.sum(1).max()) for _, v in document_index(pos)]
+    assert sorted(longest) == longest or len(set(longest)) == len(longest)  # one call per length class
+
+
+def test_packed_rows_equal_documents_alone_and_the_masked_path(model, monkeypatch):
+    import align.document_attention as da
+
+    calls = []
+    real = da._index
+    monkeypatch.setattr(da, "_index", lambda p: calls.append(1) or real(p))
+    model.eval()
+    ids, pos, docs = packed([[7, 40], [3, 70]])
+    with torch.no_grad():
+        masked = model(input_ids=ids, position_ids=pos, use_cache=False).logits  # transformers' block-diagonal mask
+        with document_attention(model):
+            ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        for b, start, doc in docs:
+            alone = model(input_ids=doc[None], use_cache=False).logits[0]
+            assert torch.allclose(ours[b, start : start + len(doc)], alone, atol=1e-5)
+    assert torch.allclose(ours, masked, atol=1e-5)
+    assert len(calls) == 2  # per-document attention ran in both layers (no mask, no fallback)
+    assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_gradients_equal_the_masked_path(model):
+    model.train()
+    ids, pos, _ = packed([[5, 33, 64], [100, 2]], seed=1)
+
+    def grads(per_document: bool):
+        model.zero_grad()
+        ctx = document_attention(model) if per_document else torch.enable_grad()
+        with ctx:
+            model(input_ids=ids, position_ids=pos, use_cache=False).logits.square().mean().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    masked, ours = grads(False), grads(True)
+    assert all(torch.allclose(masked[n], ours[n], atol=1e-7, rtol=1e-4) for n in masked)
+
+
+def test_a_mask_or_a_kv_cache_falls_back_to_sdpa(model):
+    model.eval()
+    ids = torch.randint(5, 300, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        with document_attention(model):
+            ours = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert torch.allclose(plain, ours, atol=1e-6)
