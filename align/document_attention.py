@@ -74,12 +74,14 @@ def sdpa_documents(module, query, key, value, attention_mask, dropout: float = 0
     q = query.transpose(1, 2).reshape(b * t, h, d)
     k = key.transpose(1, 2).reshape(b * t, hkv, d)
     v = value.transpose(1, 2).reshape(b * t, hkv, d)
-    out = q.new_zeros(b * t, h, d)
+    out = None
     gqa = hkv != h
     for index, valid in _index(position_ids.expand(b, t) if position_ids.shape[0] != b else position_ids):
         qd, kd, vd = (x[index].transpose(1, 2) for x in (q, k, v))  # (n, heads, L, D)
         od = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scaling, enable_gqa=gqa,
                                             dropout_p=dropout if module.training else 0.0)
+        if out is None:  # sdpa's dtype (bf16 under autocast), as transformers' sdpa path returns it
+            out = od.new_zeros(b * t, h, d)
         out = out.index_put((index[valid],), od.transpose(1, 2)[valid])
     return out.view(b, t, h, d), None
 

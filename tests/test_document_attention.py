@@ -84,3 +84,15 @@ def test_a_mask_or_a_kv_cache_falls_back_to_sdpa(model):
         with document_attention(model):
             ours = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     assert torch.allclose(plain, ours, atol=1e-6)
+
+
+def test_bf16_autocast_on_the_cpu(model):
+    """SFT trains under CPU bf16 autocast: sdpa returns bf16 while the rotated queries are fp32."""
+    model.train()
+    ids, pos, _ = packed([[5, 33], [40]], seed=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        masked = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        with document_attention(model):
+            ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    ours.float().square().mean().backward()
+    assert torch.allclose(ours.float(), masked.float(), atol=5e-2)
