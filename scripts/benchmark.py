@@ -5,7 +5,8 @@
 
 Each suite lives in scripts/benchmarks/<suite>.py and returns table rows and summary lines shaped
 `<suite>: ours/<baseline> <unit> ratio R (target >= T)`. Results go to outputs/bench/<suite>.json
-(history) and a markdown table on stdout, then the summary lines.
+(history, with the load average before and after) and a markdown table on stdout, then the summary lines. A suite
+run on a busy machine (1-minute load >= 0.5 before or after) is printed, marked, and not written (--allow-busy).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import platform
 import sys
 import time
@@ -30,6 +32,7 @@ sys.modules["benchmarks"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sys.modules["benchmarks"])
 
 SUITES = ["pretrain", "sft", "rollout", "grpo"]
+IDLE_LOAD = 0.5  # 1-minute load average below which a machine counts as idle (before and after a suite)
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -47,6 +50,8 @@ def main() -> int:
     parser.add_argument("suite", choices=SUITES + ["all"])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller shapes")
     parser.add_argument("--out", default="outputs/bench", help="directory for the JSON results")
+    parser.add_argument("--allow-busy", action="store_true",
+                        help=f"write results even when the 1-minute load average is >= {IDLE_LOAD} before or after")
     args = parser.parse_args()
     suites = SUITES if args.suite == "all" else [args.suite]
     summaries = []
@@ -58,10 +63,18 @@ def main() -> int:
                 print(f"## {name}: suite not written yet, skipped")
                 continue
             raise
+        load_before = os.getloadavg()[0]
         t0 = time.time()
         result = module.run(quick=args.quick)
+        load_after = os.getloadavg()[0]
         result.update(suite=name, quick=args.quick, seconds=round(time.time() - t0, 1), time=time.strftime("%F %T"),
-                      machine=platform.platform())
+                      machine=platform.platform(), load_before=load_before, load_after=load_after)
+        busy = max(load_before, load_after) >= IDLE_LOAD
+        if busy and not args.allow_busy:  # a number from a busy machine is not a number to report
+            print(f"## {name}: NOT written: the machine was busy (load average {load_before:.2f} before, "
+                  f"{load_after:.2f} after; idle means < {IDLE_LOAD}). Re-run on an idle machine, or --allow-busy.")
+            summaries += [f"{line} [busy machine: load {load_before:.2f}/{load_after:.2f}]" for line in result["summary"]]
+            continue
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
