@@ -5,8 +5,9 @@
 
 Each suite lives in scripts/benchmarks/<suite>.py and returns table rows and summary lines shaped
 `<suite>: ours/<baseline> <unit> ratio R (target >= T)`. Results go to outputs/bench/<suite>.json
-(history, with the load average before and after) and a markdown table on stdout, then the summary lines. A suite
-run on a busy machine (1-minute load >= 0.5 before or after) is printed, marked, and not written (--allow-busy).
+(history, with the load average before and the CPU other processes used during it) and a markdown table on stdout,
+then the summary lines. A suite run on a busy machine (1-minute load >= 0.5 before, or other processes using >= 0.5
+cores during it) is printed, marked, and not written (--allow-busy).
 """
 
 from __future__ import annotations
@@ -35,6 +36,30 @@ SUITES = ["pretrain", "sft", "rollout", "grpo"]
 IDLE_LOAD = 0.5  # 1-minute load average below which a machine counts as idle (before and after a suite)
 
 
+class OtherLoad:
+    """CPU used by OTHER processes while a suite runs, in cores: the machine's busy time (/proc/stat) minus this
+    process's own (and its waited-for children's). The 1-minute load average after a suite counts the suite itself."""
+
+    def __init__(self):
+        self.wall, self.busy, self.own = time.time(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy() -> float:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def stop(self) -> float:
+        wall = max(time.time() - self.wall, 1e-9)
+        return max(0.0, (self._busy() - self.busy) - (self._own() - self.own)) / wall
+
+
 def markdown_table(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)"
@@ -51,7 +76,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller shapes")
     parser.add_argument("--out", default="outputs/bench", help="directory for the JSON results")
     parser.add_argument("--allow-busy", action="store_true",
-                        help=f"write results even when the 1-minute load average is >= {IDLE_LOAD} before or after")
+                        help=f"write results even when the machine was busy (load >= {IDLE_LOAD}, before or by others)")
     args = parser.parse_args()
     suites = SUITES if args.suite == "all" else [args.suite]
     summaries = []
@@ -63,17 +88,19 @@ def main() -> int:
                 print(f"## {name}: suite not written yet, skipped")
                 continue
             raise
-        load_before = os.getloadavg()[0]
+        load_before, others = os.getloadavg()[0], OtherLoad()
         t0 = time.time()
         result = module.run(quick=args.quick)
-        load_after = os.getloadavg()[0]
+        load_others = others.stop()
         result.update(suite=name, quick=args.quick, seconds=round(time.time() - t0, 1), time=time.strftime("%F %T"),
-                      machine=platform.platform(), load_before=load_before, load_after=load_after)
-        busy = max(load_before, load_after) >= IDLE_LOAD
+                      machine=platform.platform(), load_before=load_before, load_of_others_during=load_others)
+        busy = load_before >= IDLE_LOAD or load_others >= IDLE_LOAD
         if busy and not args.allow_busy:  # a number from a busy machine is not a number to report
-            print(f"## {name}: NOT written: the machine was busy (load average {load_before:.2f} before, "
-                  f"{load_after:.2f} after; idle means < {IDLE_LOAD}). Re-run on an idle machine, or --allow-busy.")
-            summaries += [f"{line} [busy machine: load {load_before:.2f}/{load_after:.2f}]" for line in result["summary"]]
+            print(f"## {name}: NOT written: the machine was busy (load average {load_before:.2f} before; other "
+                  f"processes used {load_others:.2f} cores during it; idle means < {IDLE_LOAD}). Re-run on an idle "
+                  "machine, or --allow-busy.")
+            summaries += [f"{line} [busy: load {load_before:.2f} before, others {load_others:.2f} during]"
+                          for line in result["summary"]]
             continue
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
