@@ -87,10 +87,11 @@ def sdpa_documents(module, query, key, value, attention_mask, dropout: float = 0
         with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
             od = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scaling, enable_gqa=gqa,
                                                 dropout_p=dropout if module.training else 0.0)
-        if out is None:  # sdpa's dtype (bf16 under autocast), as transformers' sdpa path returns it
+        if out is None:
             out = od.new_zeros(b * t, h, d)
         out = out.index_put((index[valid],), od.transpose(1, 2)[valid])
-    return out.view(b, t, h, d), None
+    # the queries' dtype: bf16 weights (DeepSpeed's bf16, no autocast) need bf16 back; autocast takes either
+    return out.view(b, t, h, d).to(query.dtype), None
 
 
 def document_mask(*args, attention_mask: torch.Tensor | None = None, **kwargs):

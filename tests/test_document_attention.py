@@ -96,3 +96,14 @@ def test_bf16_autocast_on_the_cpu(model):
             ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits
     ours.float().square().mean().backward()
     assert torch.allclose(ours.float(), masked.float(), atol=5e-2)
+
+
+def test_bf16_weights_without_autocast():
+    """DeepSpeed's bf16 keeps bf16 weights and no autocast: the attention must hand bf16 back to o_proj."""
+    args = ModelArguments(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128)
+    model = build_model(args, 300, seed=0).to(torch.bfloat16)
+    ids, pos, _ = packed([[6, 20], [30]], seed=3)
+    masked = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    with document_attention(model):
+        ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    assert ours.dtype == torch.bfloat16 and torch.allclose(ours.float(), masked.float(), atol=5e-2)
