@@ -163,6 +163,19 @@ def generate_and_score(generate: GenerateFn, rows: Sequence[dict], prompt_ids: S
     return gather_shards(mine)
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k).
+
+    >>> pass_at_k(8, 0, 4), pass_at_k(8, 8, 1), round(pass_at_k(8, 2, 4), 4)
+    (0.0, 1.0, 0.7857)
+    """
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
 def summarize(records: Sequence[dict], families: Sequence[str | None] | None = None) -> dict:
     """Accuracy with its count and interval, completion lengths and the share cut at the budget, of scored records
     (and the accuracy per family when `families` is given)."""
