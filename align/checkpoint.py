@@ -1,101 +1,126 @@
-"""Crash-safe training state for every HF-Trainer stage: atomic checkpoints, auto-resume, and a non-finite guard.
+"""Crash-safe training state for every training job: atomic checkpoints, their names, auto-resume.
 
-Why: transformers 5.19's `Trainer._save_checkpoint` writes straight into `checkpoint-N`, and `get_last_checkpoint`
-picks the highest `checkpoint-N` whether or not it was finished, so a run killed mid-save resumes from a torn
-checkpoint (or crashes on it). Here, on top of the Trainer's own saving (which already stores model, optimizer,
-scheduler, scaler, per-rank RNG and trainer state, and whose resume skips the consumed batches):
+One module for the checkpoints of the HF-Trainer stages (SFT, preference, GRPO, distillation), of pretraining's
+own loop and of the pipeline that resumes either. Two layouts, one rule for each:
 
-* `install(trainer, script_args)` makes each save atomic: the Trainer writes into `.tmp-checkpoint-N/`, every
-  file is fsynced, a completion marker (`smolalign_complete.json`) is written, and only then the directory is
-  renamed to `checkpoint-N`. A directory without the marker is never loaded. The last `save_total_limit` complete
-  checkpoints are kept (plus the best one when `load_best_model_at_end`).
+* trainer layout: `<output_dir>/checkpoint-N`, the HF Trainer's own name (its resume reads it); the Trainer saves
+  model, optimizer, scheduler, scaler, per-rank RNG and trainer state, and its resume skips the consumed batches.
+* loop layout: `<output_dir>/checkpoints/step_NNNNNNN`, pretraining's loop (`save_loop_checkpoint` /
+  `load_loop_checkpoint`): model weights (a loadable HF model), optimizer or DeepSpeed's sharded state (`ds/`),
+  RNG, and the loop's state (step, data position, history).
+
+Every save is atomic the same way: the files are written into `.tmp-<name>/` next to the final directory, every
+file is fsynced, a completion marker (`smolalign_complete.json`) is written, and only then is the directory renamed
+to its name. A trainer-layout directory without the marker is never loaded (transformers 5.19's `get_last_checkpoint`
+would pick a torn one); a loop-layout directory only ever got its name when whole, so older ones without the
+marker still resume. The last `save_total_limit` complete checkpoints are kept (plus the best one).
+
+* `install(trainer, script_args)` makes an HF/TRL trainer's saves atomic, resyncs its rollout engine after a resume
+  (`sync_engine()`, GRPO/distillation) and adds the non-finite guard (`align.guard`).
 * `resume_checkpoint(training_args)` is what every stage passes to `trainer.train(resume_from_checkpoint=...)`:
   unset/"auto" -> the latest complete checkpoint in output_dir (None for a fresh dir), "no"/"false" -> fresh
-  start, a path -> that checkpoint (an error if it is partial).
-* After a resume, a trainer with its own rollout engine (GRPO) gets `sync_engine()` before the first step, so the
-  engine generates with the restored weights, not the initial ones.
-* `NonFiniteGuard` checks every optimizer step: a NaN/inf micro-batch loss, a non-finite gradient norm, or a
-  gradient norm above `grad_explosion_factor` x the median of recent steps. The step is logged with its step
-  and batch index and handled per `on_nonfinite`: `skip` drops the update (gradients discarded, so neither the
-  weights nor the Adam moments move) and trains on; `stop` drops it, saves a checkpoint and raises
-  `NonFiniteError` naming the step (re-running the same command resumes after the bad batch).
+  start, a path -> that checkpoint (an error if it is partial). `resolve_resume` is the same for any layout.
+* `latest_checkpoint(output_dir)`: the newest complete checkpoint of either layout (what the pipeline resumes).
 
     trainer = trl.SFTTrainer(...)
     install(trainer, script_args)
     trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
 
-Distributed: every rank writes its part into the staging directory (DeepSpeed shards, per-rank RNG); the
-renaming process (`args.should_save`) renames after a barrier. Guard decisions use the all-reduced gradient norm,
-so every rank decides alike. Under DeepSpeed the engine owns the gradients: the guard only logs there.
+Distributed: every rank writes its part into the staging directory (DeepSpeed shards, per-rank RNG); the renaming
+process (`args.should_save`, or the main process in the loop) renames after a barrier.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
+import random
 import re
 import shutil
-import statistics
 import time
 import types
+from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
 from transformers import TrainerCallback
+
+from align.guard import NONFINITE_POLICIES, NonFiniteError, NonFiniteGuard  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "smolalign_complete.json"
 STAGING_PREFIX = ".tmp-"
-NONFINITE_POLICIES = ("skip", "stop")
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+LAYOUTS = ("trainer", "loop")
+_NAMES = {"trainer": re.compile(r"^checkpoint-(\d+)$"), "loop": re.compile(r"^step_(\d+)$")}
+_LEGACY_STAGING = ".tmp_step_"  # the loop's staging name before it shared this module's
+DS_TAG = "ds"  # the DeepSpeed engine's own checkpoint inside a loop checkpoint
 _FRESH = {"no", "false", "none", "never", "fresh", "0"}
 _AUTO = {"", "auto", "yes", "true", "latest", "1"}
 
 
-class NonFiniteError(ValueError):
-    """Training stopped on a NaN/inf loss or an exploding gradient (after saving a checkpoint)."""
+# ----------------------------------------------------------------------------- names
 
 
-# ----------------------------------------------------------------------------- finding checkpoints
+def _root(output_dir: str | os.PathLike, layout: str) -> Path:
+    return Path(output_dir) / "checkpoints" if layout == "loop" else Path(output_dir)
+
+
+def checkpoint_path(output_dir: str | os.PathLike, step: int, layout: str = "trainer") -> str:
+    """Where the checkpoint of `step` lives: output_dir/checkpoint-N (trainer) or output_dir/checkpoints/step_N."""
+    name = f"checkpoint-{step}" if layout == "trainer" else f"step_{step:07d}"
+    return str(_root(output_dir, layout) / name)
+
+
+def _layout_of(path: Path) -> str | None:
+    return next((layout for layout, pattern in _NAMES.items() if pattern.match(path.name)), None)
 
 
 def is_complete(path: str | os.PathLike) -> bool:
-    """True for a checkpoint written to the end: it carries the completion marker and its trainer state."""
+    """True for a checkpoint written to the end: its trainer state and the completion marker (a loop checkpoint
+    written before the marker existed is whole by its name: it was renamed into place only when finished)."""
     p = Path(path)
-    return (p / COMPLETE_MARKER).is_file() and (p / "trainer_state.json").is_file()
+    if not (p / "trainer_state.json").is_file():
+        return False
+    return (p / COMPLETE_MARKER).is_file() or _layout_of(p) == "loop"
 
 
-def list_checkpoints(output_dir: str | os.PathLike, complete_only: bool = True) -> list[Path]:
-    """`checkpoint-N` directories of output_dir, oldest step first (partial ones left out unless asked)."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
+def list_checkpoints(output_dir: str | os.PathLike, complete_only: bool = True,
+                     layouts: Iterable[str] = ("trainer",)) -> list[Path]:
+    """The checkpoints of output_dir in the given layouts, oldest step first (partial ones left out unless asked)."""
     found = []
-    for p in root.iterdir():
-        m = _CHECKPOINT_RE.match(p.name)
-        if m and p.is_dir() and (not complete_only or is_complete(p)):
-            found.append((int(m.group(1)), p))
+    for layout in layouts:
+        root = _root(output_dir, layout)
+        if not root.is_dir():
+            continue
+        for p in root.iterdir():
+            m = _NAMES[layout].match(p.name)
+            if m and p.is_dir() and (not complete_only or is_complete(p)):
+                found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(output_dir: str | os.PathLike) -> str | None:
+def latest_checkpoint(output_dir: str | os.PathLike, layouts: Iterable[str] = LAYOUTS) -> str | None:
     """The latest COMPLETE checkpoint of output_dir (resume_from_checkpoint=True semantics, torn ones skipped)."""
-    partial = [p for p in list_checkpoints(output_dir, complete_only=False) if not is_complete(p)]
-    for p in partial:
-        logger.warning("ignoring %s: no completion marker (a save that did not finish); it will not be loaded", p)
-    done = list_checkpoints(output_dir)
+    layouts = tuple(layouts)
+    for p in list_checkpoints(output_dir, complete_only=False, layouts=layouts):
+        if not is_complete(p):
+            logger.warning("ignoring %s: no completion marker (a save that did not finish); it will not be loaded", p)
+    done = list_checkpoints(output_dir, layouts=layouts)
     return str(done[-1]) if done else None
 
 
-def resume_checkpoint(training_args) -> str | None:
-    """What to pass to `trainer.train(resume_from_checkpoint=...)` (see the module doc)."""
-    value = getattr(training_args, "resume_from_checkpoint", None)
-    if value is None or value is True or (isinstance(value, str) and value.strip().lower() in _AUTO):
-        path = latest_checkpoint(training_args.output_dir)
+def resolve_resume(value, output_dir: str | os.PathLike, layout: str = "trainer", unset: str = "auto") -> str | None:
+    """A `resume_from_checkpoint` value -> the checkpoint to load, or None for a fresh start (see the module doc).
+    `unset` says what None means: "auto" (the HF stages) or "no" (pretraining)."""
+    if value is None:
+        value = unset
+    if value is True or (isinstance(value, str) and value.strip().lower() in _AUTO):
+        path = latest_checkpoint(output_dir, (layout,))
         if path:
-            logger.info("resuming from %s (the latest complete checkpoint in %s)", path, training_args.output_dir)
+            logger.info("resuming from %s (the latest complete checkpoint in %s)", path, output_dir)
         return path
     if value is False or (isinstance(value, str) and value.strip().lower() in _FRESH):
         return None
@@ -103,7 +128,7 @@ def resume_checkpoint(training_args) -> str | None:
     if not p.is_dir():
         raise FileNotFoundError(
             f"resume_from_checkpoint={value!r} does not exist; use 'auto' (the latest complete checkpoint in "
-            "output_dir), 'no' (start fresh) or an existing checkpoint-N directory"
+            "output_dir), 'no' (start fresh) or an existing checkpoint directory"
         )
     if not is_complete(p):
         raise ValueError(
@@ -111,6 +136,11 @@ def resume_checkpoint(training_args) -> str | None:
             "finish); use 'auto' to take the latest complete one"
         )
     return str(p)
+
+
+def resume_checkpoint(training_args) -> str | None:
+    """What to pass to `trainer.train(resume_from_checkpoint=...)` (see the module doc)."""
+    return resolve_resume(getattr(training_args, "resume_from_checkpoint", None), training_args.output_dir)
 
 
 # ----------------------------------------------------------------------------- atomic saving
@@ -152,22 +182,37 @@ def write_marker(path: str, step: int) -> None:
     os.rename(tmp, os.path.join(path, COMPLETE_MARKER))
 
 
-def rotate(output_dir: str, keep: int | None, best: str | None = None) -> list[str]:
+def staging_path(final: str) -> str:
+    """The directory a checkpoint is written into before it gets its name."""
+    return os.path.join(os.path.dirname(final), STAGING_PREFIX + os.path.basename(final))
+
+
+def commit(staged: str, final: str, step: int) -> None:
+    """Make a fully written staging directory the checkpoint `final`: fsync, marker, rename (replacing a torn one)."""
+    _fsync_tree(staged)
+    write_marker(staged, step)
+    if os.path.exists(final):  # a torn save of the same step, or a re-save: replace it
+        shutil.rmtree(final)
+    os.rename(staged, final)
+    _fsync_dir(os.path.dirname(final))
+
+
+def rotate(output_dir: str, keep: int | None, best: str | None = None, layout: str = "trainer") -> list[str]:
     """Delete all but the last `keep` complete checkpoints (the best one is kept too); return what was deleted."""
     if not keep or keep <= 0:
         return []
-    done = list_checkpoints(output_dir)
+    done = list_checkpoints(output_dir, layouts=(layout,))
     doomed = [p for p in done[:-keep] if not (best and os.path.abspath(best) == os.path.abspath(p))]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return [str(p) for p in doomed]
 
 
-def clean_staging(output_dir: str) -> None:
+def clean_staging(output_dir: str, layout: str = "trainer") -> None:
     """Remove staging directories a killed run left behind (they were never complete)."""
-    root = Path(output_dir)
+    root = _root(output_dir, layout)
     if root.is_dir():
-        for p in root.glob(f"{STAGING_PREFIX}checkpoint-*"):
+        for p in [*root.glob(f"{STAGING_PREFIX}*"), *root.glob(f"{_LEGACY_STAGING}*")]:
             logger.warning("removing %s: a checkpoint save interrupted by a crash", p)
             shutil.rmtree(p, ignore_errors=True)
 
@@ -176,8 +221,8 @@ def _atomic_save(trainer, original):
     def save_checkpoint(self, model, trial=None):
         args, state = self.args, self.state
         run_dir = self._get_output_dir(trial=trial)
-        name = f"checkpoint-{state.global_step}"
-        staging_root, final = os.path.join(run_dir, f"{STAGING_PREFIX}{name}"), os.path.join(run_dir, name)
+        final = checkpoint_path(run_dir, state.global_step)
+        name, staging_root = os.path.basename(final), staging_path(final)
         if args.should_save:
             shutil.rmtree(staging_root, ignore_errors=True)
             os.makedirs(staging_root)
@@ -198,126 +243,13 @@ def _atomic_save(trainer, original):
             if state.best_model_checkpoint and state.best_model_checkpoint.startswith(staging_root):
                 state.best_model_checkpoint = final
                 state.save_to_json(os.path.join(staged, "trainer_state.json"))
-            _fsync_tree(staged)
-            write_marker(staged, state.global_step)
-            if os.path.exists(final):  # a torn save of the same step, or a re-save: replace it
-                shutil.rmtree(final)
-            os.rename(staged, final)
-            _fsync_dir(run_dir)
+            commit(staged, final, state.global_step)
             shutil.rmtree(staging_root, ignore_errors=True)
             deleted = rotate(run_dir, args.save_total_limit, state.best_model_checkpoint)
             logger.info("saved %s atomically%s", final, f"; deleted {deleted}" if deleted else "")
         self.accelerator.wait_for_everyone()
 
     return types.MethodType(save_checkpoint, trainer)
-
-
-# ----------------------------------------------------------------------------- numerics
-
-
-def _finite(x) -> bool:
-    try:
-        return math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return True
-
-
-class NonFiniteGuard(TrainerCallback):
-    """Detect NaN/inf losses and gradient explosions each optimizer step; skip the update or stop (module doc)."""
-
-    def __init__(self, trainer, policy: str = "stop", explosion_factor: float = 100.0, window: int = 20):
-        if policy not in NONFINITE_POLICIES:
-            raise ValueError(f"on_nonfinite={policy!r}: choose one of {list(NONFINITE_POLICIES)}")
-        if explosion_factor < 0:
-            raise ValueError(f"grad_explosion_factor must be >= 0 (0 turns the check off), got {explosion_factor}")
-        self.trainer, self.policy, self.factor, self.window = trainer, policy, explosion_factor, window
-        self.norms: list[float] = []  # recent healthy grad norms (the explosion baseline)
-        self.events: list[dict] = []  # every bad step seen: {step, batch, reason}
-        self.micro = 0  # micro-batches (forward+backward) since the start of training
-        self.bad_loss: tuple[int, float] | None = None
-        self.grad_norm: float | None = None
-        self.stopping: dict | None = None
-        self._wrap()
-
-    def _wrap(self) -> None:
-        guard, trainer = self, self.trainer
-        training_step = trainer.training_step
-
-        def checked_training_step(*args, **kwargs):
-            loss = training_step(*args, **kwargs)
-            if guard.bad_loss is None and not _finite(loss.detach().float().mean()):
-                guard.bad_loss = (guard.micro, float(loss.detach().float().mean()))
-            guard.micro += 1
-            return loss
-
-        trainer.training_step = checked_training_step
-        if hasattr(trainer, "_get_grad_norm"):  # transformers 5.x: the pre-clip norm, all-reduced
-            get_grad_norm = trainer._get_grad_norm
-
-            def recorded_grad_norm(*args, **kwargs):
-                norm = get_grad_norm(*args, **kwargs)
-                guard.grad_norm = None if norm is None else float(norm)
-                return norm
-
-            trainer._get_grad_norm = recorded_grad_norm
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.micro = state.global_step * args.gradient_accumulation_steps
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.bad_loss, self.grad_norm = None, None
-
-    def _reason(self) -> str | None:
-        if self.bad_loss is not None:
-            return f"non-finite loss {self.bad_loss[1]}"
-        norm = self.grad_norm
-        if norm is None:
-            return None
-        if not math.isfinite(norm):
-            return f"non-finite gradient norm {norm}"
-        if self.factor and len(self.norms) >= 10:
-            baseline = statistics.median(self.norms[-self.window :])
-            if norm > self.factor * baseline:
-                return f"gradient explosion (norm {norm:.4g} > {self.factor:g} x recent median {baseline:.4g})"
-        return None
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        reason = self._reason()
-        if reason is None:
-            if self.grad_norm is not None:
-                self.norms = (self.norms + [self.grad_norm])[-self.window :]
-            return
-        step = state.global_step + 1  # the step being taken; log_history counts from 1
-        ga = args.gradient_accumulation_steps
-        batch = self.bad_loss[0] if self.bad_loss else self.micro - ga
-        event = {"step": step, "batch": batch, "reason": reason}
-        self.events.append(event)
-        trainer = self.trainer
-        if trainer.is_deepspeed_enabled:
-            logger.error("step %d, batch %d: %s (DeepSpeed owns the gradients: not skipped)", step, batch, reason)
-            return
-        if getattr(trainer.accelerator, "scaler", None) is None:  # a GradScaler skips non-finite steps itself
-            for p in trainer.model.parameters():
-                p.grad = None  # optimizers skip parameters without a gradient: weights and moments stay put
-        logger.warning("step %d, batch %d: %s; update skipped (on_nonfinite=%s)", step, batch, reason, self.policy)
-        if self.policy == "stop":
-            self.stopping = event
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.stopping is not None:
-            control.should_save = True
-            control.should_training_stop = True
-
-    def on_save(self, args, state, control, **kwargs):
-        if self.stopping is None:
-            return
-        e, self.stopping = self.stopping, None
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        raise NonFiniteError(
-            f"{e['reason']} at step {e['step']} (batch {e['batch']}): training stopped (on_nonfinite=stop); "
-            f"checkpoint saved at {path} without that update. Re-run the same command to resume after the bad "
-            "batch, or lower learning_rate, or set on_nonfinite: skip"
-        )
 
 
 class _EngineResync(TrainerCallback):
@@ -341,8 +273,77 @@ def install(trainer, script_args=None) -> NonFiniteGuard:
         clean_staging(trainer.args.output_dir)
     policy = getattr(script_args, "on_nonfinite", "stop") or "stop"
     factor = getattr(script_args, "grad_explosion_factor", 100.0)
-    guard = NonFiniteGuard(trainer, policy, 100.0 if factor is None else factor)
+    guard = NonFiniteGuard(trainer, policy, 100.0 if factor is None else factor,
+                           checkpoint_path=lambda step: checkpoint_path(trainer.args.output_dir, step))
     trainer.add_callback(guard)
     trainer.add_callback(_EngineResync(trainer))
     trainer._smolalign_checkpoint_installed, trainer._smolalign_guard = True, guard
     return guard
+
+
+# ----------------------------------------------------------------------------- the loop layout (pretraining)
+
+
+def is_deepspeed(accelerator) -> bool:
+    return getattr(accelerator.state, "deepspeed_plugin", None) is not None
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def save_loop_checkpoint(output_dir: str, step: int, acc, model, optimizer, state: dict, tokenizer, keep: int) -> str:
+    """Write output_dir/checkpoints/step_N atomically; keep the last `keep`. Every rank calls it.
+
+    Plain / DDP: rank 0 writes the weights (model.safetensors, also a loadable HF model), optimizer and RNG.
+    DeepSpeed: the engine writes its sharded model and optimizer state from every rank (`ds/`), each rank its
+    RNG; rank 0 adds the gathered weights as model.safetensors. Only then is the directory renamed."""
+    final = checkpoint_path(output_dir, step, "loop")
+    tmp = staging_path(final)
+    deepspeed = is_deepspeed(acc)
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    acc.wait_for_everyone()
+    raw = acc.unwrap_model(model)
+    weights = acc.get_state_dict(model) if deepspeed else None  # collective under ZeRO-3
+    if deepspeed:
+        model.save_checkpoint(tmp, tag=DS_TAG)  # collective: each rank its shards of weights and optimizer
+        torch.save(_rng_state(), os.path.join(tmp, f"rng_{acc.process_index}.pt"))
+    if acc.is_main_process:
+        raw.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
+        tokenizer.save_pretrained(tmp)
+        if not deepspeed:
+            torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+            torch.save(_rng_state(), os.path.join(tmp, "rng.pt"))
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump(state, f)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        commit(tmp, final, step)
+        rotate(output_dir, keep, layout="loop")
+    acc.wait_for_everyone()
+    return final
+
+
+def load_loop_checkpoint(path: str, acc, model, optimizer) -> dict:
+    """Restore weights, optimizer and RNG in place; return the loop's state (step, data position, history)."""
+    if is_deepspeed(acc):
+        if not os.path.isdir(os.path.join(path, DS_TAG)):
+            raise ValueError(f"checkpoint {path} has no DeepSpeed state ({DS_TAG}/): it was written without DeepSpeed; "
+                             "resume it with the same launch it was written with")
+        model.load_checkpoint(path, tag=DS_TAG)  # collective: module and optimizer shards
+        rng_file = os.path.join(path, f"rng_{acc.process_index}.pt")
+    else:
+        raw = acc.unwrap_model(model)
+        weights = load_file(os.path.join(path, "model.safetensors"))
+        raw.load_state_dict(weights, strict=False)  # tied head is absent from the file by design
+        raw.tie_weights()
+        optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
+        rng_file = os.path.join(path, "rng.pt")
+    if os.path.isfile(rng_file):
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        return json.load(f)

@@ -18,8 +18,9 @@ Specs (`load_source(spec, split=None, config=None, streaming=False, **args)`):
 Builtins are read from installed packages; their row order is stable (file order), so a row count or an index
 means the same thing on every machine. Sources with one split serve it as "train" (also for split=None); another
 split name raises `SplitNotFoundError`. `register_builtin(name, fn)` adds sources: `fn(split=None, **args)`
-returns a `datasets.Dataset`. `builtin:tasks` belongs to `data_gen.tasks`, which registers itself on import;
-`load_source` imports it lazily when asked for it (a deliberate, documented edge from the core to data_gen).
+returns a `datasets.Dataset`. Sources made by code above the core register themselves by name when their package
+is imported: `builtin:tasks` comes from `data_gen` (`import data_gen`; every stage and script that loads data
+does), so this module never imports data_gen.
 
 How to use:
     from align.data import load_source, get_dataset, require_columns
@@ -58,8 +59,7 @@ MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "num_samples", "weighting
 ENTRY_KEYS = {"id", "config", "args", "split", "test_split", "columns", "weight"}
 WEIGHTINGS = ("share", "fraction")
 
-# Builtins that live in another module of ours and register themselves when it is imported.
-_LAZY_BUILTINS = {"tasks": "data_gen.tasks"}
+# name -> loader; the sources below register here at import, data_gen's when `data_gen` is imported
 _BUILTINS: dict[str, Callable[..., datasets.Dataset]] = {}
 
 
@@ -72,7 +72,7 @@ def register_builtin(name: str, fn: Callable[..., datasets.Dataset]) -> None:
 
 
 def available_builtins() -> list[str]:
-    return sorted(set(_BUILTINS) | set(_LAZY_BUILTINS) | {"rg:<task>"})
+    return sorted(set(_BUILTINS) | {"rg:<task>"})
 
 
 # ----------------------------------------------------------------------------- package files
@@ -262,10 +262,9 @@ for _name, _fn in {
 def _call_builtin(name: str, split: str | None, args: dict) -> datasets.Dataset:
     if name.startswith("rg:"):
         return reasoning_gym_dataset(name[3:], split=split, **args)
-    if name not in _BUILTINS and name in _LAZY_BUILTINS:
-        importlib.import_module(_LAZY_BUILTINS[name])  # registers itself
     if name not in _BUILTINS:
-        raise ValueError(f"unknown source 'builtin:{name}'; available builtins: {', '.join(available_builtins())}")
+        raise ValueError(f"unknown source 'builtin:{name}'; available builtins: {', '.join(available_builtins())} "
+                         "(builtin:tasks is registered by `import data_gen`, as the stages and scripts do)")
     fn = _BUILTINS[name]
     params = inspect.signature(fn).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):

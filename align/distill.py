@@ -63,6 +63,13 @@ from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
 from trl.experimental.gold import GOLDConfig, GOLDTrainer  # noqa: E402
 
+from align.checkpoint import install, resume_checkpoint
+from align.data import get_dataset
+from align.models import load_model, load_tokenizer, resolve_model_path
+from align.preflight import preflight
+from align.stage import save_trained_model
+from data_gen.tasks import assistant_text
+
 logger = logging.getLogger(__name__)
 
 # loss -> (beta, lmbda); None keeps the recipe's value (jsd is GKD with the user's own lmbda/beta).
@@ -156,8 +163,6 @@ class DistillConfig(GOLDConfig):
 
 def load_teacher_tokenizer(name_or_path: str):
     """The teacher's tokenizer, or a ValueError that names the path and what to do."""
-    from align.models import load_tokenizer
-
     try:
         return load_tokenizer(name_or_path)
     except (OSError, ValueError, FileNotFoundError, TypeError) as e:
@@ -169,8 +174,6 @@ def load_teacher_tokenizer(name_or_path: str):
 
 
 def load_teacher(name_or_path: str, args: DistillConfig, dtype: str | torch.dtype = "auto"):
-    from align.models import load_model
-
     # checked here, not in __post_init__, so GPU recipes still parse (and are tested) on a CPU machine
     if (args.teacher_quantization or (args.teacher_device or "").startswith("cuda")) and not torch.cuda.is_available():
         raise ValueError(
@@ -470,8 +473,6 @@ def to_conversations(dataset, name: str = "train"):
     if "messages" in cols:
         return dataset.select_columns(["messages"])
     if {"prompt_messages", "answer"} <= cols:
-        from data_gen.tasks import assistant_text
-
         def conv(row):
             mode = "no_think" if "/no_think" in row["prompt_messages"][0]["content"] else "think"
             text = assistant_text({**row, "think": row.get("think", "")}, mode)
@@ -507,8 +508,8 @@ def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mod
     its share of the rows and every rank gets the result over all of them. Collective."""
     acc = trainer.accelerator
     with full_model(trainer.model_wrapped, acc) as student, full_model(trainer.teacher_model, acc) as teacher:
-        out = evaluate(student, teacher, student_tok, teacher_tok, rows, mode=mode, args=args,
-                       teacher_prompts=teacher_prompts)
+        out = evaluate(student, teacher, student_tok, teacher_tok, rows, mode=mode,
+                       max_new_tokens=args.distill_eval_max_new_tokens, uld_args=args, teacher_prompts=teacher_prompts)
         if with_teacher_accuracy and "accuracy" in out:
             out["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, rows, args.distill_eval_max_new_tokens,
                                                        teacher_prompts=teacher_prompts)
@@ -519,12 +520,6 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     """Load student and teacher, measure, distil, save, measure again; returns the before/after metrics."""
     from accelerate.utils import set_seed as set_rank_seed
     from transformers import set_seed
-
-    from align.checkpoint import install, resume_checkpoint
-    from align.data import get_dataset
-    from align.models import load_model, load_tokenizer, resolve_model_path
-    from align.preflight import preflight
-    from align.stage import save_trained_model
 
     args = training_args
     if not args.teacher_model_name_or_path:

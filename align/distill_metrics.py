@@ -7,21 +7,21 @@ same tokenizer: exact per-token reverse and forward KL on the student's greedy c
 ULD's sorted-probability L1 on byte-aligned spans, the GOLD training distance.
 
     from align.distill_metrics import evaluate
-    metrics = evaluate(student, teacher, student_tok, teacher_tok, rows, mode="same", args=args, teacher_prompts={})
+    metrics = evaluate(student, teacher, student_tok, teacher_tok, rows, mode="same", max_new_tokens=64,
+                       uld_args=None, teacher_prompts={})
+
+Plain arguments only: the cross-tokenizer distance takes `uld_args`, the GOLDConfig whose `uld_*` settings the
+training used (align.distill's DistillConfig is one), so this module imports nothing of the stage.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import torch
 
 from align.distributed import gather_objects, shard
 from align.scoring import accuracy, correct, generate_and_score, greedy_params, model_generate, summarize
-
-if TYPE_CHECKING:
-    from align.distill import DistillConfig
 
 
 def render_prompts(tokenizer, prompts: list[list[dict]], template_kwargs: dict | None = None) -> list[list[int]]:
@@ -72,13 +72,14 @@ def _same_vocab_divergence(student, teacher, prompt_ids, completions,
 
 @torch.no_grad()
 def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completions, teacher_prompts,
-                    args) -> dict[str, float]:
+                    uld_args) -> dict[str, float]:
+    # lazy: trl.experimental.gold imports vLLM when it is installed (~7 s), and only the cross path needs it
     from trl.experimental.gold.gold_trainer import ULDLoss, build_teacher_inputs_from_texts
     from trl.experimental.utils import encode_with_byte_offsets
 
     # The pure distance: no cross-entropy term, unit weight; "bayesian" so the logits at t-1 are compared for the
     # token at t (chain rule), and the end-of-turn position counts, so an empty answer still has a distance.
-    metric_args = copy.copy(args)
+    metric_args = copy.copy(uld_args)
     metric_args.uld_crossentropy_weight, metric_args.uld_distillation_weight = 0.0, 1.0
     metric_args.uld_token_merge_strategy = "bayesian"
     metric_args.uld_skip_student_eos = metric_args.uld_skip_teacher_eos = False
@@ -97,7 +98,7 @@ def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, comp
         s_labels[0, : len(p)] = -100
         s_offs = torch.tensor([[(0, 0)] * len(p) + c_offs])
         t_ids, t_labels, t_mask, t_offs = build_teacher_inputs_from_texts(
-            teacher_tok, [teacher_prompts.get(prompt_text, prompt_text)], [text], use_extended_uld=args.use_extended_uld
+            teacher_tok, [teacher_prompts.get(prompt_text, prompt_text)], [text], use_extended_uld=uld_args.use_extended_uld
         )
         s_logits = student(input_ids=s_ids).logits.float()
         t_logits = teacher(input_ids=t_ids.to(t_dev), attention_mask=t_mask.to(t_dev)).logits.float().to(s_dev)
@@ -109,22 +110,26 @@ def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, comp
 
 
 def divergence(student, teacher, student_tok, teacher_tok, prompts: list[list[dict]], *, mode: str,
-               args: DistillConfig, teacher_prompts: dict[str, str] | None = None,
+               max_new_tokens: int = 64, uld_args=None, teacher_prompts: dict[str, str] | None = None,
                completions: tuple[list, list] | None = None) -> dict[str, float]:
     """Teacher-student divergence on the student's greedy completions of `prompts` (on-policy, as trained).
 
     same: mean per-token reverse KL(student || teacher) (`divergence`) and forward KL over completion tokens.
     cross: mean ULD distance, the L1 between sorted next-token probability vectors on byte-aligned spans of
     the completion text (TRL's extended ULD alignment), in [0, 2]; the teacher sees its own chat template.
+    `uld_args` (cross only): a GOLDConfig with the run's ULD settings. `max_new_tokens`: the greedy budget when
+    `completions` are not given.
     """
     if completions is None:
-        completions = greedy_completions(student, student_tok, prompts, args.distill_eval_max_new_tokens)
+        completions = greedy_completions(student, student_tok, prompts, max_new_tokens)
     prompt_ids, completion_ids = completions
     if mode == "same":
         t_prompts = _teacher_prompt_ids(student_tok, prompt_ids, teacher_prompts) if teacher_prompts else None
         return _same_vocab_divergence(student, teacher, prompt_ids, completion_ids, t_prompts)
+    if uld_args is None:
+        raise ValueError("mode='cross' needs uld_args: the GOLDConfig (e.g. DistillConfig) with the run's uld_* settings")
     return _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completion_ids,
-                           teacher_prompts or {}, args)
+                           teacher_prompts or {}, uld_args)
 
 
 def _teacher_prompt_ids(tokenizer, prompt_ids: list[list[int]], teacher_prompts: dict[str, str]) -> list[list[int]]:
@@ -166,8 +171,8 @@ def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,
     return summarize(records)["accuracy"]
 
 
-def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
-             teacher_prompts: dict[str, str]) -> dict[str, float]:
+def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, max_new_tokens: int,
+             uld_args=None, teacher_prompts: dict[str, str]) -> dict[str, float]:
     """Divergence and (when rows carry answer/reward) verifiable accuracy with its item count, from one greedy pass.
 
     Collective: every rank passes all the rows (with whole models); each rank answers and measures its share, and every
@@ -175,11 +180,11 @@ def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mo
     prompt_ids = render_prompts(student_tok, [r["prompt_messages"] for r in rows])
     checkable = _checkable(rows)
     records = generate_and_score(model_generate(student, student_tok), rows, prompt_ids,
-                                 greedy_params(args.distill_eval_max_new_tokens, [student_tok.eos_token_id]),
+                                 greedy_params(max_new_tokens, [student_tok.eos_token_id]),
                                  _decode(student_tok), check=checkable)
     mine = shard(list(range(len(rows))))
     part = divergence(student, teacher, student_tok, teacher_tok, [rows[i]["prompt_messages"] for i in mine],
-                      mode=mode, args=args, teacher_prompts=teacher_prompts,
+                      mode=mode, uld_args=uld_args, teacher_prompts=teacher_prompts,
                       completions=([prompt_ids[i] for i in mine], [records[i]["completion_ids"] for i in mine])
                       ) if mine else {}
     parts = [(n, p) for n, p in zip(gather_objects(len(mine)), gather_objects(part)) if n]

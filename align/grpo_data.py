@@ -12,6 +12,10 @@ from __future__ import annotations
 import inspect
 import logging
 
+from align.scoring import generate_and_score, summarize
+from data_gen.tasks import assistant_text
+from rewards import checked, get_rewards, route_accuracy
+
 logger = logging.getLogger(__name__)
 
 # Columns TRL passes to every reward itself; a reward's other required arguments must be dataset columns.
@@ -103,8 +107,6 @@ def build_rewards(args) -> list:
     The accuracy verifier among them (math_reward, exact_match_reward or code_reward) routes each row by its
     `reward` column (`rewards.route_accuracy`), as held-out evaluation scores it: the named verifier scores the
     rows without one, and the per-verifier means are logged as `verifier/<name>/mean`."""
-    from rewards import checked, get_rewards, route_accuracy
-
     funcs, weights = get_rewards(args.reward_funcs, args.reward_kwargs, args.reward_weights)
     args.reward_weights = weights
     return [checked(f) for f in route_accuracy(funcs)]
@@ -116,7 +118,6 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
     be 0); warns when the p95 does not."""
     if "answer" not in dataset.column_names or len(dataset) == 0:
         return None
-    from data_gen.tasks import assistant_text
 
     rows = dataset.select(range(min(len(dataset), 256)))
     if mode is None:
@@ -149,8 +150,6 @@ def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, 
     `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective: call
     it on every rank; each rank generates and scores its share of the rows, and every rank returns the report over all
     of them."""
-    from align.scoring import generate_and_score, summarize
-
     rows = [dict(r) for r in dataset]
     prompts = [
         tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,

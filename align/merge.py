@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from align.models import write_rope_scaling
+
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "mergekit")
@@ -169,8 +171,6 @@ def _run_mergekit(spec: dict, out: str) -> None:
 def merge(cfg: MergeConfig) -> dict:
     """Merge `cfg.models` into `cfg.output_dir`; returns a summary (models, weights, output)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from align.models import write_rope_scaling
 
     if not cfg.models:
         raise ValueError("models is empty: list the model directories (or glob patterns) to merge")

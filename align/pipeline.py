@@ -15,7 +15,7 @@ subprocess (`accelerate launch [--config_file F] scripts/<x>.py <that yaml>`, or
 (`.smolalign_stage.json`, with a hash of the config). On a re-run, a stage with a marker is skipped unless its
 config changed or a stage it references finished after it; a stage without one is re-run and, when its
 script supports it, resumes from its latest complete checkpoint (`--resume_from_checkpoint <dir>`:
-HF-Trainer `checkpoint-N` dirs or pretrain's `checkpoints/step_N`). Each model stage is then evaluated
+HF-Trainer `checkpoint-N` dirs or pretrain's `checkpoints/step_N`, as align/checkpoint.py names and finds them). Each model stage is then evaluated
 (scripts/evaluate.py as a subprocess, results under `<run_dir>/eval/<stage>/`). The manifest
 `<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
 git commit, data provenance, eval and training metrics, duration and outcome. Tracking: stages log to wandb
@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+
+from align.checkpoint import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".smolalign_stage.json"  # written into a stage's output dir only after it finished
@@ -271,26 +273,6 @@ def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)  # readers (and a crash) see the old or the new file, never half of one
-
-
-def latest_checkpoint(output_dir: str) -> str | None:
-    """The newest complete checkpoint: HF `checkpoint-N` (with trainer_state.json) or pretrain `checkpoints/step_N`."""
-    try:  # the shared helper, when it exists, also skips checkpoints that were cut mid-write
-        from align.checkpoint import latest_checkpoint as shared
-
-        found = shared(output_dir)
-        if found:
-            return str(found)
-    except (ImportError, AttributeError):
-        pass
-    out = Path(output_dir)
-    found = []
-    for pattern in ("checkpoint-*", "checkpoints/step_*"):
-        for d in out.glob(pattern):
-            num = re.search(r"(\d+)$", d.name)
-            if d.is_dir() and num and (d / "trainer_state.json").is_file():
-                found.append((int(num.group(1)), str(d)))
-    return max(found)[1] if found else None
 
 
 def output_complete(stage: Stage) -> bool:

@@ -27,8 +27,13 @@ from dataclasses import dataclass, field
 import torch
 import trl
 
+from align.chat import load_chat_template
+from align.checkpoint import install, resume_checkpoint
 from align.configs import apply_device_defaults
+from align.data import get_dataset
 from align.distributed import full_model
+from align.models import load_model, load_tokenizer
+from align.preflight import preflight
 from align.scoring import accuracy, sequence_logprobs
 from align.stage import save_trained_model
 
@@ -299,10 +304,6 @@ def main(script_args, training_args, model_args) -> dict:
     """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics."""
     from transformers import set_seed
 
-    from align.chat import load_chat_template
-    from align.data import get_dataset
-    from align.models import load_model, load_tokenizer
-
     kind = trainer_kind(training_args)
     set_seed(training_args.seed)
     if training_args.process_index == 0:
@@ -335,8 +336,6 @@ def main(script_args, training_args, model_args) -> dict:
         processing_class=tokenizer,
         peft_config=peft_config,
     )
-    from align.checkpoint import install, resume_checkpoint
-    from align.preflight import preflight
 
     preflight(trainer, script_args, stage=kind, raw_train=train)
     install(trainer, script_args)  # atomic checkpoints, non-finite guard

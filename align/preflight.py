@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from align.checkpoint import resume_checkpoint
 from align.preflight_checks import (  # noqa: F401  (re-exported: the checks' public home stays align.preflight)
     ACCURACY_REWARDS,
     ADAM_BYTES_PER_PARAM,
@@ -269,7 +270,6 @@ def preflight(
     if getattr(script_args, "skip_preflight", False):
         _skip_loudly(stage)
         return []
-    from align.checkpoint import resume_checkpoint
 
     args, model = trainer.args, trainer.model
     tokenizer = getattr(trainer, "processing_class", None)

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import torch
 
+from align.chat import assistant_masks, completion_mask, render
+from rewards import REWARDS, checked
+
 ADAM_BYTES_PER_PARAM = 8  # two fp32 moments per trainable parameter
 DISK_MARGIN = 1.1
 ACCURACY_REWARDS = ("math_reward", "exact_match_reward")
@@ -242,8 +245,6 @@ def _is_conversation(value) -> bool:
 
 def check_masks(tokenizer, rows: Sequence[dict], chat_template: str | None = None) -> str | None:
     """Assistant/completion masks of the first rows are non-empty (raw conversational rows) / rendered prompts."""
-    from align.chat import assistant_masks, completion_mask, render
-
     for i, row in enumerate(rows):
         kw = dict(row.get("chat_template_kwargs") or {})
         try:
@@ -274,8 +275,6 @@ def gold_completion(answer: str) -> str:
 
 def check_known_answer(reward_funcs: Sequence[Callable] | None, rows: Sequence[dict]) -> str | None:
     """Gold answers score 1.0 and a wrong answer below 1 with the accuracy reward; every reward runs cleanly."""
-    from rewards import REWARDS, checked
-
     rows = [r for r in rows if r.get("answer") not in (None, "")]
     if not reward_funcs:
         keys = {r.get("reward") for r in rows if r.get("reward") in REWARDS} or {"math_reward"}

@@ -38,6 +38,9 @@ from typing import Any
 import torch
 
 from align.distributed import gather_shards, shard
+from align.rollout import SamplingParams
+from align.rollout.hf import HFEngine
+from rewards import verifier_reward
 
 CORRECT_AT = 1.0  # a verifier score at or above this is a correct answer
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -59,8 +62,6 @@ def is_correct(score: float | None) -> bool:
 def verify(completions: Sequence[str], rows: Sequence[dict], default_verifier: str = "math_reward",
            family_verifiers: dict[str, str] | None = None) -> list[float | None]:
     """Each completion scored by the verifier its row names (`rewards.verifier_reward`), with the row's columns."""
-    from rewards import verifier_reward
-
     if len(completions) != len(rows):
         raise ValueError(f"verify: {len(completions)} completions for {len(rows)} rows")
     if not rows:
@@ -115,8 +116,6 @@ def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 def greedy_params(max_new_tokens: int, stop_token_ids: list[int] | None = None):
     """Greedy decoding with these stops (None: the model's own EOS ids)."""
-    from align.rollout import SamplingParams
-
     return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, seed=0)
 
 
@@ -124,8 +123,6 @@ def model_generate(model: torch.nn.Module, tokenizer: Any = None, batch_size: in
     """`generate(prompt_ids, params)` with a loaded model through the shared engine's hf decode loop, for callers that
     hold a model rather than an engine (pretraining's skill check, distillation's teacher). It is not the process's
     cached engine, so nothing a trainer's sampler holds is closed after it; the model's train/eval mode is kept."""
-    from align.rollout.hf import HFEngine
-
     was_training = model.training
     engine = HFEngine(model, tokenizer=tokenizer, batch_size=batch_size)
     model.train(was_training)

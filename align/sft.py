@@ -39,8 +39,16 @@ import trl
 from torch.utils.data import Sampler
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from align.answers import run_generative
+from align.chat import setup_chat_format, tokenize_sft_dataset
+from align.checkpoint import install, resume_checkpoint
 from align.configs import apply_device_defaults
+from align.data import get_dataset
 from align.distributed import full_model
+from align.document_attention import document_attention
+from align.models import load_model, load_tokenizer
+from align.preflight import preflight
+from align.rollout import get_engine
 from align.stage import save_trained_model
 
 logger = logging.getLogger(__name__)
@@ -172,8 +180,6 @@ class SFTTrainer(trl.SFTTrainer):
         the forward inside backward); a no-op otherwise."""
         if not self.per_document:
             return contextlib.nullcontext()
-        from align.document_attention import document_attention
-
         return document_attention(self.accelerator.unwrap_model(model))
 
     def training_step(self, model, inputs, *args, **kwargs):
@@ -198,8 +204,6 @@ class SFTTrainer(trl.SFTTrainer):
 
 def prepare_sft_data(dataset, tokenizer, args: SFTConfig, chat_template: str | None = None, name: str = "train"):
     """Tokenize {"messages"} / {"prompt", "completion"} rows with our masks; TRL then builds labels from them."""
-    from align.chat import tokenize_sft_dataset
-
     if dataset is None:
         return None
     if "input_ids" in dataset.column_names:
@@ -218,9 +222,6 @@ def heldout_chat_eval(model, accelerator, tokenizer, rows: list[dict], modes: li
 
     `model` is what the trainer trains (`trainer.model_wrapped`). Collective: every rank enters (ZeRO-3 gathers the
     weights), answers its share of the rows, and gets the stats over all of them."""
-    from align.evaluate import run_generative
-    from align.rollout import get_engine
-
     with full_model(model, accelerator) as whole:
         engine = get_engine(whole, backend="hf", tokenizer=tokenizer)
         try:
@@ -240,8 +241,6 @@ def _eval_rows(dataset, num: int) -> list[dict]:
 
 
 def _load(model_args, args: SFTConfig):
-    from align.models import load_model
-
     quantization = trl.get_quantization_config(model_args)
     kwargs = {}
     if quantization is not None:
@@ -256,12 +255,6 @@ def _load(model_args, args: SFTConfig):
 def main(script_args, training_args: SFTConfig, model_args) -> dict:
     """Train SFT; save an HF model + tokenizer (with chat template) to output_dir; return the eval report."""
     from transformers import set_seed
-
-    from align.chat import setup_chat_format
-    from align.checkpoint import install, resume_checkpoint
-    from align.data import get_dataset
-    from align.models import load_tokenizer
-    from align.preflight import preflight
 
     set_seed(training_args.seed)
     if training_args.process_index == 0:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import os
 
+import data_gen  # noqa: F401  (registers builtin:tasks with align.data for every stage's data)
 from align.distributed import zero3_init_disabled
+from align.models import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +44,6 @@ def save_trained_model(trainer, tokenizer, output_dir: str, merge_lora: bool = T
 def merge_adapter_dir(adapter_dir: str, output_dir: str) -> None:
     """Load the adapter's base model whole (outside ZeRO-3's partitioning), apply the adapter, merge, save."""
     from peft import PeftConfig, PeftModel
-
-    from align.models import load_model
 
     base_path = PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path
     with zero3_init_disabled():

@@ -34,7 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from align.data import get_dataset
 from align.distributed import barrier, init_from_launcher, leave_launcher, rank_seed, shard, world
+from align.models import load_tokenizer
+from align.rollout import SamplingParams, get_engine
+from rewards import RoutedReward, get_rewards, route_accuracy, score
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +173,6 @@ class Generator:
         return self.tokenizer.decode(ids, skip_special_tokens=False).strip()
 
     def generate(self, rows: list[dict], n: int, cfg: PreferenceDataConfig, seed: int) -> list[list[str]]:
-        from align.rollout import SamplingParams
-
         knobs = dict(n=n, max_new_tokens=cfg.max_new_tokens, stop_token_ids=self.stop_ids(), seed=seed,
                      temperature=cfg.temperature)
         if cfg.temperature > 0:
@@ -182,9 +184,6 @@ class Generator:
 
 
 def build_generator(name: str, model: str, mode: str, cfg: PreferenceDataConfig) -> Generator:
-    from align.models import load_tokenizer
-    from align.rollout import get_engine
-
     tokenizer = load_tokenizer(model)
     engine = get_engine(model, backend=cfg.backend, tokenizer=tokenizer, **(cfg.engine_kwargs or {}))
     return Generator(name, engine, tokenizer, mode)
@@ -197,8 +196,6 @@ def grade(rows: list[dict], texts: list[str], cfg: PreferenceDataConfig) -> list
     """Score each text against its row as GRPO trains and evaluation scores: `cfg.rewards` when set (their
     accuracy verifier routes each row by its `reward` column, `rewards.route_accuracy`), else the verifier the
     row's own `reward` column names (`cfg.default_reward` for rows without one)."""
-    from rewards import RoutedReward, get_rewards, route_accuracy, score
-
     keys = {k for r in rows for k, v in r.items() if k not in PROMPT_KEYS and v is not None}
     columns = {k: [r.get(k) for r in rows] for k in keys}
     if cfg.rewards:
@@ -429,8 +426,6 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
 
 def main(script_args, cfg: PreferenceDataConfig) -> dict:
     """Load prompts (align.data), start the models' engines, make the pairs."""
-    from align.data import get_dataset
-
     init_from_launcher()  # under `accelerate launch --num_processes N` the ranks split the prompts
     dd = get_dataset(script_args)
     splits = cfg.splits or list(dd)

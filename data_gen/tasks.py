@@ -16,7 +16,8 @@ How to use:
     from data_gen.tasks import make_tasks, to_messages
     rows = make_tasks(["arithmetic", "sort"], num=100, split="test", seed=0, difficulty=1)
     to_messages(rows[0], mode="no_think")
-    # as a dataset source: align.data.load_source("builtin:tasks", split="train", num=2000, mode="mixed")
+    # as a dataset source (importing this module registers it with align.data by name):
+    align.data.load_source("builtin:tasks", split="train", num=2000, mode="mixed")
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import datasets
+
+from align.data import register_builtin
 
 # Percent of the prompt-hash space that belongs to the test split.
 TEST_PERCENT = 10
@@ -357,8 +362,6 @@ def tasks_dataset(
     mode: str = "think",
 ):
     """`builtin:tasks` source: task rows + `messages` (SFT) + `prompt_messages` (GRPO / pair generation)."""
-    import datasets
-
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if isinstance(families, str):
@@ -371,12 +374,4 @@ def tasks_dataset(
     return datasets.Dataset.from_list(rows)
 
 
-def _register() -> None:
-    try:
-        from align.data import register_builtin
-    except ImportError:  # align/data.py not present (yet): the source is simply not registered
-        return
-    register_builtin("tasks", tasks_dataset)
-
-
-_register()
+register_builtin("tasks", tasks_dataset)

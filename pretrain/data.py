@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from align.data import load_source
 from pretrain.tokenizer import EOS
 
 
@@ -115,7 +116,6 @@ def load_documents(source, tokenizer=None) -> list[str]:
     """
     if isinstance(source, list):
         return [str(t) for t in source]
-    from align.data import load_source  # the shared loader (hub ids, local files, builtin:NAME)
 
     args = _source_args(source)
     spec, column, formatter = args.pop("spec"), args.pop("text_column", "text"), args.pop("formatter", None)
@@ -206,8 +206,6 @@ class StreamingDocumentSource:
     def __init__(self, name: str, source: dict, tokenizer, seq_len: int, seed: int, eval_docs: int = 0,
                  eos: str = EOS, rank: int = 0, world_size: int = 1):
         from datasets.distributed import split_dataset_by_node
-
-        from align.data import load_source
 
         args = _source_args(source)
         spec, column, formatter = args.pop("spec"), args.pop("text_column", "text"), args.pop("formatter", None)

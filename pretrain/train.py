@@ -23,15 +23,20 @@ import json
 import math
 import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+import data_gen  # noqa: F401  (registers builtin:tasks, a source the pretraining recipes mix in)
+from align.checkpoint import clean_staging, is_deepspeed, load_loop_checkpoint, resolve_resume, save_loop_checkpoint
+from align.configs import check_launch
 from align.distributed import param_ndim, zero3_init_disabled
-from pretrain.model import ModelArguments, build_model, describe, flops_per_token
+from align.preflight import preflight_pretrain
+from pretrain.data import PackedStream
+from pretrain.model import ModelArguments, build_model, describe, flops_per_token, grow_depth
+from pretrain.tokenizer import SPECIAL_TOKENS
 
 SCHEDULES = ("wsd", "cosine", "multistep", "constant")
 GUARD_POLICIES = ("skip", "stop", "ignore")
@@ -93,7 +98,9 @@ class PretrainConfig:
     save_steps: int = field(default=0, metadata={"help": "Checkpoint every N steps (0 = none until the end)."})
     save_total_limit: int = field(default=2, metadata={"help": "Keep the last K checkpoints."})
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "A checkpoint dir, or 'auto' for the latest in output_dir/checkpoints."}
+        default=None,
+        metadata={"help": "A checkpoint dir, or 'auto' for the latest complete one in output_dir/checkpoints (unset: "
+                  "a fresh start; align/checkpoint.py)."},
     )
     logging_steps: int = field(default=10, metadata={"help": "Log every N steps."})
     report_to: str = field(default="wandb", metadata={"help": "'wandb' (offline by default), 'tensorboard', 'none'."})
@@ -190,54 +197,7 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, reps
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
-# ---- checkpoints -------------------------------------------------------------------------------------------
-
-
-def _fsync_dir(path: str) -> None:
-    for root, _, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(root, f), "rb") as fh:
-                os.fsync(fh.fileno())
-
-
-def save_checkpoint(out_dir: str, step: int, acc, model, optimizer, state: dict, tokenizer, keep: int) -> str:
-    """Write checkpoints/step_N atomically (tmp dir, fsync, rename); keep the last `keep`. Every rank calls it.
-
-    Plain / DDP: rank 0 writes the weights (model.safetensors, also a loadable HF model), optimizer and RNG.
-    DeepSpeed: the engine writes its sharded model and optimizer state from every rank (`ds/`), each rank its
-    RNG; rank 0 adds the gathered weights as model.safetensors. Only then is the directory renamed."""
-    root = os.path.join(out_dir, "checkpoints")
-    final, tmp = os.path.join(root, f"step_{step:07d}"), os.path.join(root, f".tmp_step_{step:07d}")
-    deepspeed = _is_deepspeed(acc)
-    if acc.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    acc.wait_for_everyone()
-    raw = acc.unwrap_model(model)
-    weights = acc.get_state_dict(model) if deepspeed else None  # collective under ZeRO-3
-    if deepspeed:
-        model.save_checkpoint(tmp, tag=DS_TAG)  # collective: each rank its shards of weights and optimizer
-        torch.save(_rng_state(), os.path.join(tmp, f"rng_{acc.process_index}.pt"))
-    if acc.is_main_process:
-        raw.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        if not deepspeed:
-            torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-            torch.save(_rng_state(), os.path.join(tmp, "rng.pt"))
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump(state, f)
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        _fsync_dir(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        for old in list_checkpoints(out_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-    acc.wait_for_everyone()
-    return final
-
-
-DS_TAG = "ds"  # the DeepSpeed engine's own checkpoint inside step_N
+# ---- DeepSpeed ----------------------------------------------------------------------------------------------
 
 
 def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
@@ -251,46 +211,6 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
     for key in ("bf16", "fp16"):
         if isinstance(ds.get(key), dict) and ds[key].get("enabled") == "auto":
             ds[key]["enabled"] = (cfg.mixed_precision == "bf16") if key == "bf16" else False
-
-
-def _is_deepspeed(acc) -> bool:
-    return getattr(acc.state, "deepspeed_plugin", None) is not None
-
-
-def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate()}
-
-
-def list_checkpoints(out_dir: str) -> list[str]:
-    root = os.path.join(out_dir, "checkpoints")
-    if not os.path.isdir(root):
-        return []
-    return [os.path.join(root, d) for d in sorted(os.listdir(root)) if d.startswith("step_")]
-
-
-def load_checkpoint(path: str, acc, model, optimizer) -> dict:
-    """Restore weights, optimizer and RNG in place; return the trainer state (step, data position, history)."""
-    if _is_deepspeed(acc):
-        if not os.path.isdir(os.path.join(path, DS_TAG)):
-            raise ValueError(f"checkpoint {path} has no DeepSpeed state ({DS_TAG}/): it was written without DeepSpeed; "
-                             "resume it with the same launch it was written with")
-        model.load_checkpoint(path, tag=DS_TAG)  # collective: module and optimizer shards
-        rng_file = os.path.join(path, f"rng_{acc.process_index}.pt")
-    else:
-        from safetensors.torch import load_file
-
-        raw = acc.unwrap_model(model)
-        weights = load_file(os.path.join(path, "model.safetensors"))
-        raw.load_state_dict(weights, strict=False)  # tied head is absent from the file by design
-        raw.tie_weights()
-        optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=False))
-        rng_file = os.path.join(path, "rng.pt")
-    if os.path.isfile(rng_file):
-        rng = torch.load(rng_file, weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-    with open(os.path.join(path, "trainer_state.json")) as f:
-        return json.load(f)
 
 
 # ---- logging -----------------------------------------------------------------------------------------------
@@ -386,8 +306,6 @@ def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokeni
     if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
         raise ValueError(f"init_from model has {model.config.vocab_size} tokens < tokenizer's {len(tokenizer)}")
     if cfg.grow_depth != 1:
-        from pretrain.model import grow_depth
-
         model = grow_depth(model, cfg.grow_depth)
     return model
 
@@ -396,10 +314,6 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     """Run (or resume) one pretraining/mid-training job; returns the final metrics (also in metrics.json)."""
     from accelerate import Accelerator
     from transformers import AutoTokenizer
-
-    from align.configs import check_launch
-    from pretrain.data import PackedStream
-    from pretrain.tokenizer import SPECIAL_TOKENS
 
     check_launch()  # FSDP on a CPU: one clear line
     for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps), ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
@@ -451,22 +365,21 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         eps=cfg.adam_epsilon,
     )
     description = describe(model, cfg.seq_len)  # before prepare(): ZeRO-3 leaves each rank a shard
-    if _is_deepspeed(acc):
+    if is_deepspeed(acc):
         _fill_deepspeed_config(acc, cfg)
     model, optimizer = acc.prepare(model, optimizer)
     raw = acc.unwrap_model(model)
 
     step, history, evals, skipped = 0, [], [], []
-    resume = cfg.resume_from_checkpoint
-    if resume == "auto":
-        resume = (list_checkpoints(cfg.output_dir) or [None])[-1]
+    if acc.is_main_process:
+        clean_staging(cfg.output_dir, layout="loop")  # a save a killed run left half-written
+    resume = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir, layout="loop", unset="no")
     if resume:
-        state = load_checkpoint(resume, acc, model, optimizer)
+        state = load_loop_checkpoint(resume, acc, model, optimizer)
         stream.load_state_dict(state["data"])
         step, history, evals, skipped = state["step"], state["history"], state["evals"], state["skipped"]
         acc.print(f"resumed from {resume} at step {step}")
     eval_batches = stream.eval_batches(cfg.eval_rows)
-    from align.preflight import preflight_pretrain
 
     held_out = [tokenizer.decode(b["input_ids"][0][:128]) for b in eval_batches.values()]
     preflight_pretrain(
@@ -486,7 +399,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
 
     def checkpoint() -> str:  # every rank: DeepSpeed saves collectively, a streamed source gathers its positions
         state = {"step": step, "data": stream.state_dict(), "history": history, "evals": evals, "skipped": skipped}
-        return save_checkpoint(cfg.output_dir, step, acc, model, optimizer, state, tokenizer, cfg.save_total_limit)
+        return save_loop_checkpoint(cfg.output_dir, step, acc, model, optimizer, state, tokenizer, cfg.save_total_limit)
 
     running, t_interval, tokens_interval = None, time.perf_counter(), 0
     model.train()
@@ -524,7 +437,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
             )
         if bad and policy == "skip":
             optimizer.zero_grad(set_to_none=True)
-            applied = _is_deepspeed(acc)  # DeepSpeed stepped inside the last backward: too late to skip
+            applied = is_deepspeed(acc)  # DeepSpeed stepped inside the last backward: too late to skip
             skipped.append({"step": step, "reason": bad, **({"applied_by_deepspeed": True} if applied else {})})
             acc.print(f"step {step}: {bad}; " + ("DeepSpeed already applied this update (logged only)" if applied
                                                  else "batch skipped"))

@@ -32,6 +32,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rewards.registry import REWARDS, BoundReward, _run_coroutines, get_reward, reward_name
+
 ACCURACY_VERIFIERS = ("math_reward", "exact_match_reward", "code_reward")
 _HOOKS = ("log_extra", "log_metric")  # TRL's logging callbacks: for the router, not for the verifiers it calls
 
@@ -49,8 +51,6 @@ def _name_of(row: dict[str, Any], default_verifier: str, family_verifiers: dict[
 def _call(func: Callable, completions: list, columns: dict[str, Any]) -> list:
     out = func(completions=completions, **columns)
     if inspect.isawaitable(out):
-        from rewards import _run_coroutines
-
         out = _run_coroutines([out])[0]
     return list(out)
 
@@ -81,8 +81,6 @@ def verifier_reward(
     ...                 family_verifiers={"sort": "exact_match_reward"}, answer=["3, 7, 9", "7"])
     [1.0, 1.0]
     """
-    from rewards import get_reward
-
     n = len(completions)
     family_verifiers = dict(family_verifiers or {})
     verifier_kwargs = dict(verifier_kwargs or {})
@@ -125,8 +123,6 @@ class RoutedReward:
         verifier_kwargs: dict[str, dict[str, Any]] | None = None,
         family_verifiers: dict[str, str] | None = None,
     ):
-        from rewards import get_reward, reward_name
-
         base = get_reward(default_verifier)
         self.default_verifier = default_verifier
         self.kwargs = dict(kwargs or {})  # the default verifier's own arguments (the recipe's reward_kwargs)
@@ -162,8 +158,6 @@ def route_accuracy(funcs: Sequence[Callable]) -> list[Callable]:
     >>> [type(f).__name__ for f in route_accuracy(funcs)]
     ['RoutedReward', 'BoundReward']
     """
-    from rewards import REWARDS, BoundReward
-
     def accuracy(f: Callable) -> tuple[str, dict] | None:
         for name in ACCURACY_VERIFIERS:
             if f is REWARDS[name]:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import datasets
 import pytest
 
+import data_gen  # noqa: F401  (registers builtin:tasks, as every stage and script does)
 from align import data
 from align.data import SplitNotFoundError, get_dataset, load_source, register_builtin, require_columns
 

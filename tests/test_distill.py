@@ -102,7 +102,8 @@ def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
     script, args, _ = _configs(tiny, tmp_path / "x", tiny["teacher"])
     teacher, tok = load_model(tiny["teacher"], dtype="float32"), load_tokenizer(tiny["student"])
     rows = get_dataset(script)["test"].select(range(6)).to_list()
-    as_student = evaluate(teacher, teacher, tok, tok, rows, mode="same", args=args, teacher_prompts={})
+    as_student = evaluate(teacher, teacher, tok, tok, rows, mode="same", max_new_tokens=args.distill_eval_max_new_tokens,
+                          teacher_prompts={})
     assert saved["teacher_accuracy"] == metrics["teacher_accuracy"] == as_student["accuracy"]
     if HAS_ENGINE:  # the student sampled through our engine, every step
         assert metrics["engine_calls"] == 5

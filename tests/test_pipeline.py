@@ -188,12 +188,14 @@ def test_launch_commands(fake, tmp_path):
 
 
 def test_latest_checkpoint_skips_partial_ones(tmp_path):
+    from align.checkpoint import write_marker
     from align.pipeline import latest_checkpoint
 
     for d in ("checkpoint-2", "checkpoint-10", "checkpoint-7"):
         (tmp_path / "hf" / d).mkdir(parents=True)
     for d in ("checkpoint-2", "checkpoint-7"):
         (tmp_path / "hf" / d / "trainer_state.json").write_text("{}")
+        write_marker(str(tmp_path / "hf" / d), int(d.split("-")[1]))  # an HF checkpoint is whole with its marker
     assert latest_checkpoint(str(tmp_path / "hf")) == str(tmp_path / "hf" / "checkpoint-7")  # 10 was cut mid-write
     (tmp_path / "pt" / "checkpoints" / "step_0000004").mkdir(parents=True)
     (tmp_path / "pt" / "checkpoints" / "step_0000004" / "trainer_state.json").write_text("{}")

@@ -36,7 +36,7 @@ from rewards.answer import answer_kind, answer_matches, final_answer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODULES = [
-    "rewards",
+    "rewards.registry",
     "rewards.answer",
     "rewards.match",
     "rewards.math",

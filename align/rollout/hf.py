@@ -20,12 +20,15 @@ and `update_weights` with that model's own parameters costs nothing.
 from __future__ import annotations
 
 import contextlib
+import copy
+import gc
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from align.models import load_model
 from align.rollout.base import (
     Rollout,
     SamplingParams,
@@ -35,7 +38,7 @@ from align.rollout.base import (
     release,
 )
 from align.rollout.hf_decode import fast_decode_attention, preallocated_cache
-from align.rollout.vllm import fix_vllm_patched_model
+from align.rollout.vllm_patch import fix_vllm_patched_model
 
 logger = logging.getLogger(__name__)
 
@@ -89,15 +92,11 @@ class HFEngine:
         if batch_size < 1:
             raise ValueError(f"hf rollout batch_size={batch_size} must be >= 1")
         if isinstance(model, str):
-            from align.models import load_model
-
             self.model = load_model(model, dtype=dtype)
             self.owns_model = True
         elif dtype not in ("auto", None) and _torch_dtype(dtype) != model.dtype:
             # A live model in another dtype (e.g. bf16 rollouts of an fp32 policy): a copy in that dtype,
             # kept in step by update_weights (GRPO/distillation push the weights after every step).
-            import copy
-
             self.model = copy.deepcopy(model).to(_torch_dtype(dtype))
             self.owns_model = True
         else:
@@ -259,8 +258,6 @@ class HFEngine:
         if self.owns_model:
             self.model = None
             with contextlib.suppress(Exception):
-                import gc
-
                 gc.collect()
 
 

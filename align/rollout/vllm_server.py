@@ -27,7 +27,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
+from align.models import resolve_model_path
 from align.rollout.base import Rollout, SamplingParams, check_prompts, default_stop_ids, normalize_param_name, release
 
 logger = logging.getLogger(__name__)
@@ -63,10 +65,6 @@ class VLLMServerEngine:
         self.default_stop: list[int] = []
         config = getattr(model, "config", None)
         if isinstance(model, str):
-            from transformers import AutoConfig
-
-            from align.models import resolve_model_path
-
             config = AutoConfig.from_pretrained(resolve_model_path(model))
         if config is not None:
             self.default_stop = default_stop_ids(config, getattr(model, "generation_config", None))
