@@ -43,9 +43,10 @@ from align.checkpoint import latest_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".smolalign_stage.json"  # written into a stage's output dir only after it finished
 STARTED = ".smolalign_stage_started.json"  # the config a (possibly interrupted) attempt ran with
-ALIASES = {"midtrain": "pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
+# stage script names -> scripts/<file>.py (pretrain and midtrain both run scripts/run_pretrain.py)
+ALIASES = {"pretrain": "run_pretrain", "midtrain": "run_pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
 # Scripts that take --resume_from_checkpoint (generate_preferences resumes by itself: it skips done prompts).
-RESUMABLE = {"pretrain", "midtrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
+RESUMABLE = {"pretrain", "midtrain", "run_pretrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
 NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences"}  # stages whose output is not a model
 DISTRIBUTED = RESUMABLE | {"generate_preferences"}  # scripts that run on many processes (accelerate launch)
 TRACKED = RESUMABLE  # scripts whose config has report_to
@@ -381,8 +382,6 @@ def stage_env(cfg: PipelineConfig, run_id: str, stage: Stage) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(WANDB_RUN_GROUP=run_id, WANDB_NAME=f"{run_id}/{stage.name}", WANDB_DIR=str(Path(cfg.run_dir).resolve()))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    # scripts/pretrain.py is named like the `pretrain` package: keep the script's folder off sys.path (3.11+)
-    env.setdefault("PYTHONSAFEPATH", "1")
     env.update(stage.env)
     return env
 

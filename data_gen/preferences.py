@@ -174,11 +174,9 @@ class Generator:
 
     def generate(self, rows: list[dict], n: int, cfg: PreferenceDataConfig, seed: int) -> list[list[str]]:
         knobs = dict(n=n, max_new_tokens=cfg.max_new_tokens, stop_token_ids=self.stop_ids(), seed=seed,
-                     temperature=cfg.temperature)
+                     temperature=cfg.temperature, logprobs=False)  # pairs need text only
         if cfg.temperature > 0:
             knobs["top_p"] = cfg.top_p
-        if "logprobs" in getattr(SamplingParams, "__dataclass_fields__", {}):
-            knobs["logprobs"] = False  # pairs need text only
         groups = self.engine.generate([self.prompt_ids(r) for r in rows], SamplingParams(**knobs))
         return [[self.decode(r.completion_ids) for r in group] for group in groups]
 

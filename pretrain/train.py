@@ -14,7 +14,7 @@ What it does, in order (`train(model_args, config)`):
 
 Resume is exact: model, optimizer, step, RNG and the data stream's position are restored, so the losses
 after resuming equal those of an uninterrupted run. Distributed: accelerate (DDP, DeepSpeed ZeRO via
-`accelerate launch`). How to run: `accelerate launch scripts/pretrain.py recipes/tiny_pretrain.yaml`.
+`accelerate launch`). How to run: `accelerate launch scripts/run_pretrain.py recipes/tiny_pretrain.yaml`.
 """
 
 from __future__ import annotations

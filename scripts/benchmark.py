@@ -14,23 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
-
-# Python puts scripts/ on the path, where scripts/pretrain.py would shadow the `pretrain` package: drop it,
-# and register scripts/benchmarks/ as the `benchmarks` package by its location instead.
-_HERE = Path(__file__).resolve().parent
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-_spec = importlib.util.spec_from_file_location(
-    "benchmarks", _HERE / "benchmarks" / "__init__.py", submodule_search_locations=[str(_HERE / "benchmarks")]
-)
-sys.modules["benchmarks"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sys.modules["benchmarks"])
 
 SUITES = ["pretrain", "sft", "rollout", "grpo"]
 IDLE_LOAD = 0.5  # 1-minute load average below which a machine counts as idle (before and after a suite)

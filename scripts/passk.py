@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from align.cli import run
+from align.models import load_tokenizer
+from align.rollout import SamplingParams, get_engine
+from align.scoring import accuracy, correct, generate_and_score, greedy_params, pass_at_k
+from data_gen.tasks import DEFAULT_FAMILIES, make_tasks, prompt_messages
 
 
 @dataclass
@@ -43,11 +47,6 @@ class PassKConfig:
 
 
 def main(cfg: PassKConfig) -> dict:
-    from align.models import load_tokenizer
-    from align.rollout import SamplingParams, get_engine
-    from align.scoring import accuracy, correct, generate_and_score, greedy_params, pass_at_k
-    from data_gen.tasks import DEFAULT_FAMILIES, make_tasks, prompt_messages
-
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     engine = get_engine(cfg.model_name_or_path, backend=cfg.backend, tokenizer=tokenizer)
     report: dict = {"model": cfg.model_name_or_path, "mode": cfg.mode, "k": cfg.k, "temperature": cfg.temperature,

@@ -19,6 +19,8 @@ import runpy
 import sys
 from pathlib import Path
 
+from align.cli import fail
+
 REPO = Path(__file__).resolve().parents[1]
 _SCRIPT_RE = re.compile(r"scripts/(\w+)\.py")
 # Scripts whose loop is not an HF Trainer (nothing would stop them before training): refused, not run.
@@ -57,8 +59,6 @@ def _forbid_training() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from align.cli import fail
-
     if not argv or argv[0].startswith("-"):
         fail("usage: scripts/preflight.py recipe.yaml [--key value ...]", code=2)
     try:
@@ -68,7 +68,6 @@ def main(argv: list[str]) -> int:
     os.environ["SMOLALIGN_PREFLIGHT_ONLY"] = "1"
     _forbid_training()
     sys.argv = [str(script), *argv]
-    sys.path.insert(0, str(REPO))
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:

@@ -10,15 +10,12 @@ side by side with `reference_tokenizer` (the builtin SmolLM2 one by default).
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-# scripts/pretrain.py sits beside this file and would shadow the `pretrain` package: drop this folder.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-from align.cli import run  # noqa: E402
-from pretrain.data import load_documents  # noqa: E402
-from pretrain.tokenizer import (  # noqa: E402
+import data_gen  # noqa: F401  (registers builtin:tasks, a source the tokenizer recipes read)
+from align.cli import run
+from pretrain.data import load_documents
+from pretrain.tokenizer import (
     TokenizerConfig,
     fertility_report,
     format_report,

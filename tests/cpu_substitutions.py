@@ -48,10 +48,10 @@ PER_SCRIPT = {
     "grpo": {"max_steps": 2, "eval_after": False, "rollout_backend": "hf", "rollout_kwargs": {}},
     "distill": {"max_steps": 2, "eval_after": False, "rollout_backend": "hf", "rollout_kwargs": {},
                 "teacher_device": "null", "teacher_quantization": "null", "distill_eval": False},
-    "pretrain": {"max_steps": 2, "skill_eval_num": 0, "eval_rows": 1, "report_to": "none"},
+    "run_pretrain": {"max_steps": 2, "skill_eval_num": 0, "eval_rows": 1, "report_to": "none"},
     "merge": {},
 }
-NO_ATTENTION_KEYS = {"pretrain", "merge"}
+NO_ATTENTION_KEYS = {"run_pretrain", "merge"}
 LONG_CONTEXT_DIVISOR = 64  # scripts without attn_implementation / use_liger_kernel keys
 
 
@@ -134,7 +134,7 @@ def overrides(recipe: str | Path, fixtures: dict, output_dir: str | Path) -> dic
     script = script_of(recipe)
     out = {**({} if script in NO_ATTENTION_KEYS else COMMON), **PER_SCRIPT.get(script, {})}
     out["output_dir"] = str(output_dir)
-    if script == "pretrain":
+    if script == "run_pretrain":
         import yaml
 
         recipe_keys = yaml.safe_load(Path(recipe).read_text())
@@ -177,7 +177,7 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: i
         text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
         argv += [f"--{key}", text.removesuffix("\n...")]
     env = {
-        **os.environ, "SMOLALIGN_DATA_MIRROR": fixtures["hub"], "PYTHONPATH": str(ROOT), "PYTHONSAFEPATH": "1",
+        **os.environ, "SMOLALIGN_DATA_MIRROR": fixtures["hub"], "PYTHONPATH": str(ROOT),
         "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }

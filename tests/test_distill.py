@@ -3,7 +3,6 @@ the teacher sees its own chat template; a bad teacher tokenizer and mismatched v
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from types import SimpleNamespace
 
@@ -32,22 +31,10 @@ TEACHER_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-HAS_ENGINE = importlib.util.find_spec("align.rollout.hf") is not None
-
-
-def _save_model(path, tok, seed: int, hidden: int = 32):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, tiny_model):
     """Student + same-tokenizer teacher (our template), and a cross teacher with another vocabulary and template."""
     from pretrain.tokenizer import train_tokenizer
 
@@ -57,9 +44,9 @@ def tiny(tmp_path_factory):
     ours = train_tokenizer(texts * 4, vocab_size=400)
     other = train_tokenizer(texts[::2] * 4, vocab_size=300)
     other.chat_template = TEACHER_TEMPLATE
-    _save_model(root / "student", ours, seed=0)
-    _save_model(root / "teacher", ours, seed=1, hidden=48)
-    _save_model(root / "cross_teacher", other, seed=2, hidden=48)
+    tiny_model(root / "student", ours, seed=0)
+    tiny_model(root / "teacher", ours, seed=1, hidden_size=48)
+    tiny_model(root / "cross_teacher", other, seed=2, hidden_size=48)
     (root / "no_tokenizer").mkdir()
     (root / "no_tokenizer" / "config.json").write_text((root / "teacher" / "config.json").read_text())
     return {"root": root, "ours": ours, "other": other, **{k: str(root / k) for k in (
@@ -72,7 +59,7 @@ def _configs(tiny, out, teacher, **kw):
     base = dict(output_dir=str(out), teacher_model_name_or_path=teacher, max_steps=5, per_device_train_batch_size=4,
                 learning_rate=5e-3, lr_scheduler_type="constant", temperature=1.0, max_completion_length=12,
                 max_length=128, distill_eval_max_new_tokens=12, logging_steps=1, save_strategy="no",
-                report_to="none", seed=0, bf16=False, rollout_backend="hf" if HAS_ENGINE else "trl")
+                report_to="none", seed=0, bf16=False, rollout_backend="hf")
     base.update(kw)
     return script, DistillConfig(**base), ModelConfig(model_name_or_path=tiny["student"], dtype="float32")
 
@@ -105,8 +92,7 @@ def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
     as_student = evaluate(teacher, teacher, tok, tok, rows, mode="same", max_new_tokens=args.distill_eval_max_new_tokens,
                           teacher_prompts={})
     assert saved["teacher_accuracy"] == metrics["teacher_accuracy"] == as_student["accuracy"]
-    if HAS_ENGINE:  # the student sampled through our engine, every step
-        assert metrics["engine_calls"] == 5
+    assert metrics["engine_calls"] == 5  # the student sampled through our engine, every step
 
 
 def test_gold_cross_tokenizer_lowers_uld_distance_with_teacher_template(tiny, tmp_path):

@@ -137,10 +137,10 @@ def _pretrain_losses(out: Path) -> list[float]:
 
 def test_pretrain_ddp_equals_one_process_and_resumes(micro, tmp_path):
     """2 ranks x micro batch 2 == 1 process x micro batch 4, step for step, across a stop and a resume."""
-    ok(python("scripts/pretrain.py", *_pretrain_args(micro, tmp_path / "one", micro_batch_size=4)))
+    ok(python("scripts/run_pretrain.py", *_pretrain_args(micro, tmp_path / "one", micro_batch_size=4)))
     ddp = tmp_path / "ddp"
-    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2, stop_after_steps=2), config="ddp"))
-    resumed = launch("scripts/pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2,
+    ok(launch("scripts/run_pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2, stop_after_steps=2), config="ddp"))
+    resumed = launch("scripts/run_pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2,
                                                          resume_from_checkpoint="auto"), config="ddp")
     ok(resumed)
     assert "resumed from" in resumed.stdout + resumed.stderr
@@ -150,10 +150,10 @@ def test_pretrain_ddp_equals_one_process_and_resumes(micro, tmp_path):
 def test_pretrain_zero2_resumes_exactly(micro, tmp_path):
     """DeepSpeed ZeRO-2: a run stopped after step 2 and resumed gives the uninterrupted run's losses exactly."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, whole), config="zero2"))
-    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, parts, stop_after_steps=2), config="zero2"))
+    ok(launch("scripts/run_pretrain.py", *_pretrain_args(micro, whole), config="zero2"))
+    ok(launch("scripts/run_pretrain.py", *_pretrain_args(micro, parts, stop_after_steps=2), config="zero2"))
     assert not (parts / "metrics.json").exists()  # stopped after step 2: no final model yet
-    ok(launch("scripts/pretrain.py", *_pretrain_args(micro, parts, resume_from_checkpoint="auto"), config="zero2"))
+    ok(launch("scripts/run_pretrain.py", *_pretrain_args(micro, parts, resume_from_checkpoint="auto"), config="zero2"))
     assert (parts / "checkpoints" / "step_0000002" / "ds").is_dir()  # DeepSpeed's own sharded state
     assert _pretrain_losses(parts) == _pretrain_losses(whole)
 

@@ -166,24 +166,7 @@ class ScriptedEngine:
         pass
 
 
-@pytest.fixture
-def stub_sampling(monkeypatch):
-    """align.rollout.SamplingParams if the engine package is there; a recording stand-in otherwise."""
-    import importlib
-    import sys
-    import types
-
-    try:
-        ok = hasattr(importlib.import_module("align.rollout"), "SamplingParams")
-    except ImportError:
-        ok = False
-    if not ok:
-        mod = types.ModuleType("align.rollout")
-        mod.SamplingParams = lambda **kw: SimpleNamespace(**kw)
-        monkeypatch.setitem(sys.modules, "align.rollout", mod)
-
-
-def test_generative_accuracy_format_and_lengths_are_hand_checkable(tok, stub_sampling):
+def test_generative_accuracy_format_and_lengths_are_hand_checkable(tok):
     from data_gen.tasks import make_tasks
 
     rows = make_tasks(["arithmetic"], num=4, split="test", seed=3)
@@ -218,7 +201,7 @@ def test_prompts_follow_the_reasoning_mode(tok):
     assert build_prompt(tok, "What is 2 + 2?", "plain") == "Question: What is 2 + 2?\nAnswer:"
 
 
-def test_evaluate_writes_results_and_vibes(model, tok, tmp_path, stub_sampling):
+def test_evaluate_writes_results_and_vibes(model, tok, tmp_path):
     def reply(prompt_text):
         return "The answer is \\boxed{4}."
 

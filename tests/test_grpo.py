@@ -7,13 +7,13 @@ import dataclasses
 import json
 import math
 import sys
-import types
 from pathlib import Path
 
 import datasets
 import pytest
 import torch
 
+import align.rollout as rollout
 from align.grpo import (
     GRPOConfig,
     GRPOTrainer,
@@ -36,56 +36,15 @@ NAN = float("nan")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, tiny_model):
     """A tiny random Llama + our tokenizer (trained on task texts) saved to a dir."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from pretrain.tokenizer import train_tokenizer
 
     torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("grpo")
     rows = make_tasks(FAMILIES, num=120, split="train", seed=0)
     tok = train_tokenizer([m["content"] for r in rows for m in to_messages(r, "think")] * 3, vocab_size=400)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return {"model": str(root / "model"), "root": root, "tokenizer": tok}
-
-
-def _rollout_module(monkeypatch):
-    """align.rollout when the engine package is there; a stand-in with its two dataclasses otherwise."""
-    try:
-        import align.rollout as mod
-
-        mod.SamplingParams, mod.Rollout  # noqa: B018
-        return mod
-    except (ImportError, AttributeError):
-        mod = types.ModuleType("align.rollout")
-
-        @dataclasses.dataclass
-        class SamplingParams:
-            n: int = 1
-            temperature: float = 1.0
-            top_p: float = 1.0
-            top_k: int = -1
-            max_new_tokens: int = 16
-            stop_token_ids: list | None = None
-            seed: int | None = None
-            logprobs: bool = False
-
-        @dataclasses.dataclass
-        class Rollout:
-            prompt_ids: list
-            completion_ids: list
-            logprobs: list | None
-            finish_reason: str
-
-        mod.SamplingParams, mod.Rollout = SamplingParams, Rollout
-        monkeypatch.setitem(sys.modules, "align.rollout", mod)
-        return mod
+    return {"model": tiny_model(root / "model", tok, seed=0), "root": root, "tokenizer": tok}
 
 
 class ScriptedEngine:
@@ -250,7 +209,7 @@ def test_completion_budget_refuses_a_length_that_zeroes_every_reward(tiny):
 
 
 def test_grpo_steps_rewards_columns_params_and_sync(tiny, tmp_path, monkeypatch):
-    mod = _rollout_module(monkeypatch)
+    mod = rollout
     seen = []
 
     def recording_reward(completions, answer, family, prompts, **kwargs):
@@ -284,7 +243,7 @@ def test_grpo_steps_rewards_columns_params_and_sync(tiny, tmp_path, monkeypatch)
 
 
 def test_hf_engine_sharing_the_model_needs_no_sync(tiny, tmp_path, monkeypatch):
-    mod = _rollout_module(monkeypatch)
+    mod = rollout
     engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
     trainer = _trainer(tiny, _args(tmp_path, max_steps=2), [length_reward], engine)
     engine.model = trainer.model  # what the hf backend does: it generates with the trained model object
@@ -293,7 +252,7 @@ def test_hf_engine_sharing_the_model_needs_no_sync(tiny, tmp_path, monkeypatch):
 
 
 def test_dynamic_sampling_drops_zero_variance_groups(tiny, tmp_path, monkeypatch):
-    mod = _rollout_module(monkeypatch)
+    mod = rollout
 
     def family_reward(completions, family, **kwargs):
         # compare-family prompts always score 1 (no variance); the others vary with the completion
@@ -317,7 +276,7 @@ def test_dynamic_sampling_drops_zero_variance_groups(tiny, tmp_path, monkeypatch
 
 @pytest.mark.parametrize("mask", [True, False])
 def test_truncated_completions_are_masked(tiny, tmp_path, monkeypatch, mask):
-    mod = _rollout_module(monkeypatch)
+    mod = rollout
     engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])), truncate_every=2)
     trainer = _trainer(tiny, _args(tmp_path, mask_truncated_completions=mask), [length_reward], engine)
     trainer.model.train()
@@ -336,7 +295,7 @@ def test_truncated_completions_are_masked(tiny, tmp_path, monkeypatch, mask):
 
 def test_stop_without_stop_token_is_not_called_truncated(tiny, tmp_path, monkeypatch):
     """An engine that strips the stop token: we put it back, or TRL would count (and mask) it as truncated."""
-    mod = _rollout_module(monkeypatch)
+    mod = rollout
     engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])), stop_without_token=True)
     trainer = _trainer(tiny, _args(tmp_path, mask_truncated_completions=True), [length_reward], engine)
     trainer.model.train()
@@ -347,7 +306,7 @@ def test_stop_without_stop_token_is_not_called_truncated(tiny, tmp_path, monkeyp
 def test_overlong_penalty_pushes_long_completions_down(tiny, tmp_path, monkeypatch):
     """soft_overlong_reward sees token lengths (TRL's completion_ids): completions past the budget get negative
     advantages, those within it positive; the `mode` column from prompt_mode picks the budget."""
-    mod = _rollout_module(monkeypatch)
+    mod = rollout
     engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
     args = _args(tmp_path, prompt_mode="no_think", max_completion_length=12, reward_funcs=["soft_overlong_reward"],
                  reward_kwargs={"soft_overlong_reward": {"max_completion_len": 6, "soft_punish_cache": 2,
@@ -388,9 +347,8 @@ def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path, monkeypatch):
         "max_completion_length: 24\nlogging_steps: 1\nsave_strategy: 'no'\nbf16: false\n"
         "reward_funcs: [math_reward, 'my_verifiers:palindrome_reward']\n"
         "reward_kwargs: {palindrome_reward: {min_length: 2}}\n"
-        "rollout_backend: " + ("hf" if _has_engine() else "trl") + "\n"
+        "rollout_backend: hf\n"
         "eval_num_prompts: 4\nprompt_mode: no_think\n"      # no_think: the 24-token budget fits the answers
-        + ("" if _has_engine() else "eval_after: false\n")  # held-out accuracy is measured with the engine
     )
     report = run(main, *CONFIG_TYPES, args=[str(recipe)])
     logged = [h for h in report["log_history"] if "rewards/palindrome_reward/mean" in h]
@@ -398,10 +356,9 @@ def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path, monkeypatch):
     saved = json.loads((out / "grpo_eval.json").read_text())
     assert saved["rewards"] == ["math_reward", "palindrome_reward"]
     assert saved["completion_budget"]["mode"] == "no_think"
-    if _has_engine():
-        assert 0.0 <= saved["after"]["accuracy"] <= 1.0 and saved["after"]["num_prompts"] == 4
-        by = saved["after"]["by_family"]  # task rows: accuracy per family, the overall one lies between them
-        assert set(by) <= {"arithmetic", "compare"} and min(by.values()) <= saved["after"]["accuracy"] <= max(by.values())
+    assert 0.0 <= saved["after"]["accuracy"] <= 1.0 and saved["after"]["num_prompts"] == 4
+    by = saved["after"]["by_family"]  # task rows: accuracy per family, the overall one lies between them
+    assert set(by) <= {"arithmetic", "compare"} and min(by.values()) <= saved["after"]["accuracy"] <= max(by.values())
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
@@ -437,15 +394,6 @@ def _scripts_grpo_module():
     sys.modules["scripts_grpo"] = module
     yield
     sys.modules.pop("scripts_grpo", None)
-
-
-def _has_engine() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("align.rollout.hf") is not None
-    except ModuleNotFoundError:
-        return False
 
 
 # ----------------------------------------------------------------------------------------------- importance sampling

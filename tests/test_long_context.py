@@ -21,7 +21,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pretrain_script_lc", os.path.join(ROOT, "scripts", "pretrain.py"))
+    spec = importlib.util.spec_from_file_location("pretrain_script_lc", os.path.join(ROOT, "scripts", "run_pretrain.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules["pretrain_script_lc"] = module
     spec.loader.exec_module(module)

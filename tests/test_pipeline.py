@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_STAGE = """
 import json, os, sys, yaml
+from align.checkpoint import write_marker
 args = sys.argv[1:]
 cfg = yaml.safe_load(open(args[0]))
 resume = args[args.index("--resume_from_checkpoint") + 1] if "--resume_from_checkpoint" in args else None
@@ -33,6 +34,7 @@ for step in range(start + 1, cfg["steps"] + 1):
     os.makedirs(ck, exist_ok=True)
     hist = [{"step": s, "loss": 2.0 / s, "reward": s / 10, "completions/mean_length": 10 + s} for s in range(1, step + 1)]
     json.dump({"log_history": hist}, open(os.path.join(ck, "trainer_state.json"), "w"))
+    write_marker(ck, step)  # a finished save, as align.checkpoint writes it
     print(f"step {step}", flush=True)
     if cfg.get("crash_at") == step and resume is None:
         sys.exit(3)  # dies mid-stage, after checkpoint-<step>

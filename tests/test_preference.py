@@ -40,10 +40,8 @@ def _pairs(split: str, num: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, tiny_model):
     """A tiny random Llama + our tokenizer saved to a dir, and a dir of train/test pair files."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from pretrain.tokenizer import train_tokenizer
 
     # 1 thread: on a shared, loaded 2-core machine a 2-thread OpenMP pool spins and runs tiny ops ~50x slower
@@ -52,17 +50,12 @@ def tiny(tmp_path_factory):
     train, test = _pairs("train", 64), _pairs("test", 24)
     texts = [m["content"] for row in train for m in row["prompt"] + row["chosen"] + row["rejected"]]
     tok = train_tokenizer(texts * 4, vocab_size=400)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    model = tiny_model(root / "model", tok, seed=0)
     data = root / "pairs"
     data.mkdir()
     for name, rows in (("train", train), ("test", test)):
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"model": str(root / "model"), "data": str(data), "root": root, "tokenizer": tok}
+    return {"model": model, "data": str(data), "root": root, "tokenizer": tok}
 
 
 def _args(cls, out, **kw):

@@ -327,7 +327,7 @@ def test_recipes_parse():
     from align.cli import parse
 
     root = os.path.join(os.path.dirname(__file__), "..")
-    spec = importlib.util.spec_from_file_location("pretrain_script", os.path.join(root, "scripts", "pretrain.py"))
+    spec = importlib.util.spec_from_file_location("pretrain_script", os.path.join(root, "scripts", "run_pretrain.py"))
     script = importlib.util.module_from_spec(spec)
     sys.modules["pretrain_script"] = script  # dataclasses look their module up there
     spec.loader.exec_module(script)

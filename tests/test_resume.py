@@ -63,10 +63,8 @@ with open(os.path.join(out, "log_history.json"), "w") as f:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, tiny_model):
     """A tiny random Llama (with dropout, so RNG restore matters) + our tokenizer, and a text SFT dataset."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from data_gen.tasks import assistant_text, make_tasks
     from pretrain.tokenizer import train_tokenizer
 
@@ -75,15 +73,9 @@ def tiny(tmp_path_factory):
     rows = make_tasks(["arithmetic", "compare", "count_items"], num=40, split="train", seed=0)
     texts = [f"{r['prompt']}\n{assistant_text(r, 'no_think')}" for r in rows]
     tok = train_tokenizer(texts * 4, vocab_size=300)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                         attention_dropout=0.1, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-                         eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    model = tiny_model(root / "model", tok, seed=0, max_position_embeddings=128, attention_dropout=0.1)
     (root / "data.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return {"root": root, "model": str(root / "model"), "data": str(root / "data.jsonl"), "tok": tok}
+    return {"root": root, "model": model, "data": str(root / "data.jsonl"), "tok": tok}
 
 
 def _driver(tiny) -> str:

@@ -28,22 +28,14 @@ RECIPES = ROOT / "recipes"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, tiny_model):
     """A tiny random SmolLM3 + fixture tokenizer saved as one model dir."""
-    from transformers import SmolLM3Config, SmolLM3ForCausalLM
-
     torch.set_num_threads(1)  # a 2-thread pool on a loaded 2-core machine spins (see test_preference.py)
     root = tmp_path_factory.mktemp("sft")
     tok = build_tokenizer("smollm3")
-    config = SmolLM3Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    SmolLM3ForCausalLM(config).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return {"root": root, "model": str(root / "model"), "tokenizer": tok}
+    model = tiny_model(root / "model", tok, arch="smollm3", num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=512, bos_token_id=None)
+    return {"root": root, "model": model, "tokenizer": tok}
 
 
 def _recipe(tmp: Path, name: str, **overrides) -> list:

@@ -76,7 +76,7 @@ def test_each_recipe_trains_two_steps_and_saves_on_two_cpu_ranks(recipe, fixture
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
-    if script_of(recipe) == "pretrain":
+    if script_of(recipe) == "run_pretrain":
         assert len(json.loads((out / "metrics.json").read_text())["history"]) == 2
     else:
         assert json.loads((out / "generation_config.json").read_text())["eos_token_id"]

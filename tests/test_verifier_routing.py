@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import datasets
 import pytest
-from test_grpo import ScriptedEngine, _args, _rollout_module, _trainer, tiny  # noqa: F401  (tiny is a fixture)
+from test_grpo import ScriptedEngine, _args, _trainer, tiny  # noqa: F401  (tiny is a fixture)
 
+import align.rollout as rollout
 from align.grpo_data import build_rewards
 from data_gen.preferences import PreferenceDataConfig, grade
 from data_gen.tasks import make_tasks, prompt_messages
@@ -36,7 +37,7 @@ def test_grpo_preferences_and_evaluation_agree(tmp_path):
 
 
 def test_grpo_logs_per_verifier_and_per_family_means(tiny, tmp_path, monkeypatch):  # noqa: F811
-    mod = _rollout_module(monkeypatch)
+    mod = rollout
     engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
     args = _args(tmp_path, reward_funcs=["math_reward"])
     rows = make_tasks(["sort", "compare"], num=4, split="train", seed=1)

@@ -20,27 +20,15 @@ from pathlib import Path
 
 import torch
 
+from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
+from align.models import load_model, load_tokenizer, resolve_model_path
+from align.sampler import build_sampler
 from benchmarks.common import alternate, summary_line
+from data_gen.tasks import make_tasks, tasks_dataset, to_messages
+from pretrain.tokenizer import train_tokenizer
 
 TARGETS = {"tiny": 1.5, "smollm2-135m": 2.0}
 TINY_CANDIDATES = ("outputs/tiny/apo", "outputs/tiny/sft", "outputs/tiny/midtrain")
-
-
-def _package_module(name: str):
-    """Import `name` from our packages even though scripts/ (on sys.path for the suites) has a pretrain.py."""
-    import importlib
-    import sys
-
-    top = name.split(".")[0]
-    if top in sys.modules and not hasattr(sys.modules[top], "__path__"):
-        del sys.modules[top]  # scripts/pretrain.py was imported as `pretrain`
-    scripts = str(Path(__file__).resolve().parents[1])
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != scripts]
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path[:] = saved
 
 
 def _tiny_model_dir() -> tuple[str, str]:
@@ -48,10 +36,6 @@ def _tiny_model_dir() -> tuple[str, str]:
         if (Path(path) / "config.json").exists():
             return path, path
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from data_gen.tasks import make_tasks, to_messages
-
-    train_tokenizer = _package_module("pretrain.tokenizer").train_tokenizer
 
     out = Path(tempfile.mkdtemp(prefix="grpo-bench-")) / "tiny"
     rows = make_tasks(num=2000, split="train")
@@ -99,10 +83,6 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     """Train `num_steps` steps with a fresh trainer; time the steps after the first."""
     import trl
 
-    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
-    from align.models import load_model, load_tokenizer
-    from data_gen.tasks import tasks_dataset
-
     ours = kind == "ours"
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="grpo-bench-run-"), max_steps=num_steps, seed=0, report_to="none",
@@ -115,8 +95,6 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     model = load_model(model_dir)
     reward_funcs = build_rewards(args)
     if ours:
-        from align.sampler import build_sampler
-
         engine = build_sampler(args.rollout_backend, args.rollout_kwargs, model, model_dir, tokenizer, None).engine
         trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
                               processing_class=tokenizer, engine=engine)
@@ -131,8 +109,6 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    from align.models import resolve_model_path
-
     torch.set_num_threads(min(2, torch.get_num_threads()))  # OMP_NUM_THREADS=1 wins on a busy machine
     tiny_dir, tiny_name = _tiny_model_dir()
     cases = [("tiny", tiny_dir, tiny_name, {"prompts": 8, "generations": 8, "tokens": 64})]

@@ -15,7 +15,6 @@ peak measured here for that dtype. `loss_after` (same init, same data) shows wha
 
 from __future__ import annotations
 
-import importlib
 import os
 import statistics
 import sys
@@ -25,28 +24,17 @@ import time
 import torch
 
 from benchmarks.common import alternate, current_rss_mb, measure_matmul_peak, peak_rss_mb, summary_line
+from data_gen.tasks import make_tasks, to_pretrain_text
+from pretrain import data as data_mod
+from pretrain import model as model_mod
+from pretrain import tokenizer as tok_mod
+from pretrain import train as train_mod
 
 TARGET = 0.95
 SEQ_LEN, ROWS = 512, 8
 
 
-def _pretrain(name: str):
-    """pretrain.<name>, even though scripts/pretrain.py (first on sys.path here) shadows the package."""
-    scripts = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not hasattr(sys.modules.get("pretrain"), "__path__"):
-        sys.modules.pop("pretrain", None)
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != scripts]
-    try:
-        return importlib.import_module(f"pretrain.{name}")
-    finally:
-        sys.path[:] = saved
-
-
 def _setup(out: str) -> dict:
-    from data_gen.tasks import make_tasks, to_pretrain_text
-
-    tok_mod, data_mod = _pretrain("tokenizer"), _pretrain("data")
     tasks = [to_pretrain_text(r) for r in make_tasks(num=3000, seed=0)]
     rng = __import__("random").Random(0)
     words = "the of and a to in is was he for it with as his on be at by had not are but from or have".split()
@@ -65,7 +53,6 @@ def _setup(out: str) -> dict:
 
 
 def _ours(setup: dict, out: str, precision: str, steps: int, peak: float) -> dict:
-    model_mod, train_mod = _pretrain("model"), _pretrain("train")
     cfg = train_mod.PretrainConfig(
         output_dir=out,
         tokenizer_path=setup["tok_dir"],
@@ -93,7 +80,6 @@ def _ours(setup: dict, out: str, precision: str, steps: int, peak: float) -> dic
 def _plain(setup: dict, precision: str, steps: int) -> dict:
     import torch.nn.functional as F
 
-    model_mod = _pretrain("model")
     model = model_mod.build_model(model_mod.ModelArguments(), len(setup["tokenizer"]), seed=0)
     emb = model.get_input_embeddings().weight
     decay = [p for p in model.parameters() if p.ndim >= 2 and p is not emb]
@@ -125,8 +111,8 @@ def run(quick: bool = False) -> dict:
     steps, reps = (4, 2) if quick else (10, 3)
     out = tempfile.mkdtemp(prefix="pretrain-bench-")
     setup = _setup(out)
-    flops = _pretrain("model").flops_per_token(
-        _pretrain("model").build_model(_pretrain("model").ModelArguments(), len(setup["tokenizer"])).config, SEQ_LEN
+    flops = model_mod.flops_per_token(
+        model_mod.build_model(model_mod.ModelArguments(), len(setup["tokenizer"])).config, SEQ_LEN
     )
     rows, summary = [], []
     for precision, dtype in (("no", torch.float32), ("bf16", torch.bfloat16)):

@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from align.models import load_model, resolve_model_path
+from align.rollout import SamplingParams, choose_backend, get_engine
 from benchmarks.common import alternate, current_rss_mb, measure_matmul_peak, peak_rss_mb, summary_line
 
 TARGETS = {"135m": 2.5, "tiny": 1.5}
@@ -34,7 +36,7 @@ def _prompts(num: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 def _tiny_model_dir() -> str:
     """pretrain.model's default tiny SmolLM3 (6 layers, hidden 192, GQA 6/2, NoPE every 4th, tied), random init.
-    Built here from transformers directly: `pretrain` is shadowed by scripts/pretrain.py on this script's path."""
+    Built here from transformers directly, with pretrain.model's default shape."""
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
     torch.manual_seed(0)
@@ -91,9 +93,6 @@ def _bench_model(
     "auto" is what `get_engine` picks; dtype "auto" = the model's own (fp32 here: token-exact with generate),
     "bfloat16" = bf16 weights and KV cache (~4% of greedy tokens differ). Returns rows and the median ratio per
     variant label."""
-    from align.models import load_model
-    from align.rollout import SamplingParams, choose_backend, get_engine
-
     model = load_model(path, dtype=torch.float32).eval()
     num_params = sum(p.numel() for p in model.parameters())
     prompts = _prompts(num, model.config.vocab_size)
@@ -149,8 +148,6 @@ def _bench_model(
 
 
 def run(quick: bool) -> dict:
-    from align.models import resolve_model_path
-
     torch.set_num_threads(2)
     num, new = (16, 32) if quick else (64, 128)
     peak = measure_matmul_peak(torch.float32)

@@ -28,37 +28,20 @@ import time
 
 import torch
 
+from align.chat import tokenize_sft_dataset
+from align.models import load_model
+from align.sft import SFTConfig, SFTTrainer
 from benchmarks.common import alternate, current_rss_mb, summary_line
+from data_gen.tasks import tasks_dataset
+from pretrain.model import ModelArguments, build_model
+from pretrain.tokenizer import train_tokenizer
 
 TARGET = 1.5  # >= 1.5x TRL's defaults
 PLAIN_TARGET = 0.9  # >= 0.9x a plain PyTorch loop over the same batches, precision and attention
 LAYOUTS = {"rows": dict(packing=True, packing_layout="rows", max_length=512), "bucket": dict(length_bucketing=True)}
 
 
-def _pretrain_modules():
-    """pretrain.model / pretrain.tokenizer, even when scripts/ (whose pretrain.py shadows the package) is first on
-    sys.path, as it is under `python scripts/benchmark.py`."""
-    import importlib
-    import os
-    import sys
-
-    scripts = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not hasattr(sys.modules.get("pretrain"), "__path__"):
-        sys.modules.pop("pretrain", None)  # the script module, imported by mistake
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != scripts]
-    try:
-        return importlib.import_module("pretrain.model"), importlib.import_module("pretrain.tokenizer")
-    finally:
-        sys.path[:] = saved
-
-
 def _setup(num_rows: int) -> dict:
-    from align.chat import tokenize_sft_dataset
-    from data_gen.tasks import tasks_dataset
-
-    model_mod, tok_mod = _pretrain_modules()
-    ModelArguments, build_model, train_tokenizer = model_mod.ModelArguments, model_mod.build_model, tok_mod.train_tokenizer
 
     train_raw = tasks_dataset(split="train", num=num_rows, mode="mixed", seed=0)
     test_raw = tasks_dataset(split="test", num=64, mode="mixed", seed=0)
@@ -105,9 +88,6 @@ class _Meter:
 
 def _trainer(kind: str, data: dict, num_steps: int, layout: str):
     import trl
-
-    from align.models import load_model
-    from align.sft import SFTConfig, SFTTrainer
 
     common = dict(output_dir=tempfile.mkdtemp(prefix="sft-bench-run-"), max_steps=num_steps, seed=0, report_to="none",
                   logging_steps=10_000, save_strategy="no", disable_tqdm=True, dataloader_drop_last=True)

@@ -1,8 +1,8 @@
 """Pretrain (or mid-train) a SmolLM3-style base model with our loop, then measure its task skill.
 
-    accelerate launch scripts/pretrain.py recipes/tiny_pretrain.yaml
-    accelerate launch scripts/pretrain.py recipes/tiny_midtrain.yaml          # continues pretrain_small
-    python scripts/pretrain.py recipes/tiny_pretrain.yaml --max_steps 20 --report_to none   # quick look
+    accelerate launch scripts/run_pretrain.py recipes/tiny_pretrain.yaml
+    accelerate launch scripts/run_pretrain.py recipes/tiny_midtrain.yaml          # continues pretrain_small
+    python scripts/run_pretrain.py recipes/tiny_pretrain.yaml --max_steps 20 --report_to none   # quick look
 
 After training, every rank checks the skill a base model can show (its share of the questions, then all
 gathered): greedy completions of held-out task questions (data_gen.tasks test split, never in training) in
@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 
-# This file is named like the `pretrain` package; drop its own folder from the path so imports find the package.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import torch  # noqa: E402
-
-from align.cli import run  # noqa: E402
-from pretrain.model import ModelArguments  # noqa: E402
-from pretrain.train import PretrainConfig, train  # noqa: E402
+from align.answers import run_generative
+from align.cli import run
+from align.distributed import barrier, world, zero3_init_disabled
+from align.models import write_rope_scaling
+from align.scoring import model_generate
+from data_gen.tasks import make_tasks
+from pretrain.model import ModelArguments
+from pretrain.train import PretrainConfig, train
 
 
 @dataclass
@@ -38,9 +40,6 @@ class SkillArguments:
 def task_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int = 64) -> dict:
     """Greedy accuracy of `model` on task rows in the plain pretraining form, overall (with its 95% interval) and per
     family, from the one scorer. Collective: every rank passes all rows and gets the result over all of them."""
-    from align.evaluate import run_generative
-    from align.scoring import model_generate
-
     stats, samples = run_generative(model_generate(model, tokenizer), tokenizer, rows, "plain", max_new_tokens)
     low, high = stats["acc_ci"]
     return {
@@ -58,18 +57,10 @@ def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments)
     result = train(model_args, cfg)
     if result.get("stopped"):
         return result
-    from align.distributed import barrier, world, zero3_init_disabled
-
     if model_args.rope_scaling and world()[0] == 0:  # e.g. YaRN: the saved model reads past its trained context
-        from align.models import write_rope_scaling
-
         result["rope_parameters"] = write_rope_scaling(cfg.output_dir, model_args.rope_scaling)
     if not skill.skill_eval_num:
         return result
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from data_gen.tasks import make_tasks
-
     barrier()  # every rank reads the saved model: wait until it is written
 
     families = [f.strip() for f in skill.skill_families.split(",") if f.strip()] or None
