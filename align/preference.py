@@ -19,7 +19,6 @@ How to run:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -27,15 +26,10 @@ from dataclasses import dataclass, field
 import torch
 import trl
 
-from align.chat import load_chat_template
-from align.checkpoint import install, resume_checkpoint
-from align.configs import apply_device_defaults
-from align.data import get_dataset
+from align import stage
+from align.configs import StageArgs, apply_device_defaults
 from align.distributed import full_model
-from align.models import load_model, load_tokenizer
-from align.preflight import preflight
 from align.scoring import accuracy, sequence_logprobs
-from align.stage import save_trained_model
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +41,8 @@ KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
 
 
 @dataclass
-class PreferenceArgs:
-    """Fields every preference config adds to TRL's."""
+class PreferenceArgs(StageArgs):
+    """Fields every preference config adds to TRL's (and StageArgs: merge_lora_on_save)."""
 
     chat_template_path: str | None = field(
         default=None, metadata={"help": "A .jinja chat template to use instead of the tokenizer's own."}
@@ -59,10 +53,6 @@ class PreferenceArgs:
     )
     preference_eval_batch_size: int = field(
         default=8, metadata={"help": "Pairs per forward pass when measuring held-out preference accuracy."}
-    )
-    merge_lora_on_save: bool = field(
-        default=True,
-        metadata={"help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter)."},
     )
     drop_identical: bool = field(
         default=True, metadata={"help": "Drop pairs whose chosen equals rejected (they carry no preference)."}
@@ -302,16 +292,11 @@ def _trainer_class(kind: str):
 
 def main(script_args, training_args, model_args) -> dict:
     """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics."""
-    from transformers import set_seed
-
     kind = trainer_kind(training_args)
-    set_seed(training_args.seed)
-    if training_args.process_index == 0:
-        logger.info("%s stage: script=%s\nmodel=%s\ntraining=%s", kind, script_args, model_args, training_args)
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is not set; point it at the SFT model (e.g. outputs/tiny/sft)")
+    stage.start(kind, script_args, training_args, model_args)
+    tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)
 
-    data = get_dataset(script_args)
+    data = stage.load_data(script_args)
     train = prepare_preference_data(data["train"], kind, "train", training_args.drop_identical, training_args.seed)
     raw_test = data["test"] if "test" in data else None
     test_pairs, test = None, None
@@ -320,25 +305,10 @@ def main(script_args, training_args, model_args) -> dict:
         if {"chosen", "rejected"} <= set(raw_test.column_names):
             test_pairs = prepare_preference_data(raw_test, "dpo", "test", training_args.drop_identical)
 
-    tokenizer = load_tokenizer(model_args.model_name_or_path)
-    if training_args.chat_template_path:
-        tokenizer.chat_template = load_chat_template(training_args.chat_template_path)
-    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
-    model = load_model(model_args.model_name_or_path, dtype=dtype,
-                       attn_implementation=model_args.attn_implementation)
-    peft_config = trl.get_peft_config(model_args)
-
-    trainer = _trainer_class(kind)(
-        model=model,
-        args=training_args,
-        train_dataset=train,
-        eval_dataset=test,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
-
-    preflight(trainer, script_args, stage=kind, raw_train=train)
-    install(trainer, script_args)  # atomic checkpoints, non-finite guard
+    model = stage.load_model(model_args)
+    trainer = _trainer_class(kind)(model=model, args=training_args, train_dataset=train, eval_dataset=test,
+                                   processing_class=tokenizer, peft_config=stage.peft_config(model_args))
+    stage.prepare(trainer, script_args, kind, raw_train=train, chat_template=chat_template)
 
     metrics: dict = {"trainer": kind, "loss_type": getattr(training_args, "loss_type", None),
                      "world_size": trainer.accelerator.num_processes}
@@ -350,13 +320,8 @@ def main(script_args, training_args, model_args) -> dict:
         logger.info("held-out preference before: %s", metrics["before"])
     elif training_args.preference_eval:
         logger.warning("no paired test split: held-out preference accuracy is not measured (set test_split_size)")
-
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
-    metrics["train"] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
-    log_losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    if log_losses:
-        metrics["train"]["first_logged_loss"], metrics["train"]["last_logged_loss"] = log_losses[0], log_losses[-1]
-
+    metrics["train"] = stage.train(trainer, training_args)
+    stage.save(trainer, tokenizer, training_args)  # every rank
     if ref is not None:
         metrics["after"] = preference_accuracy(
             *pair_logps(trainer.model_wrapped, tokenizer, test_pairs, batch, trainer.accelerator), *ref
@@ -366,9 +331,5 @@ def main(script_args, training_args, model_args) -> dict:
             "held-out preference accuracy %.3f -> %.3f (logp accuracy %.3f -> %.3f, n=%d)",
             b["preference_accuracy"], a["preference_accuracy"], b["logp_accuracy"], a["logp_accuracy"], a["num_pairs"],
         )
-
-    save_trained_model(trainer, tokenizer, training_args.output_dir, training_args.merge_lora_on_save)  # every rank
-    if trainer.accelerator.is_main_process:
-        with open(os.path.join(training_args.output_dir, "preference_eval.json"), "w") as f:
-            json.dump(metrics, f, indent=2)
+    stage.write_report(trainer, training_args.output_dir, "preference_eval.json", metrics)
     return metrics

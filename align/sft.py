@@ -28,10 +28,8 @@ How to run:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -39,17 +37,13 @@ import trl
 from torch.utils.data import Sampler
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from align import stage
 from align.answers import run_generative
-from align.chat import setup_chat_format, tokenize_sft_dataset
-from align.checkpoint import install, resume_checkpoint
-from align.configs import apply_device_defaults
-from align.data import get_dataset
+from align.chat import tokenize_sft_dataset
+from align.configs import StageArgs, apply_device_defaults
 from align.distributed import full_model
 from align.document_attention import document_attention
-from align.models import load_model, load_tokenizer
-from align.preflight import preflight
 from align.rollout import get_engine
-from align.stage import save_trained_model
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +51,7 @@ MASK_METHODS = ("auto", "markers", "sentinel")
 
 
 @dataclass
-class SFTConfig(trl.SFTConfig):
+class SFTConfig(StageArgs, trl.SFTConfig):
     """TRL's SFTConfig + our fields. `assistant_only_loss` works for any chat template (see align.chat)."""
 
     mask_method: str = field(
@@ -84,10 +78,6 @@ class SFTConfig(trl.SFTConfig):
     )
     bucket_batches: int = field(
         default=64, metadata={"help": "Length buckets are sorted within pools of this many batches (randomness)."}
-    )
-    merge_lora_on_save: bool = field(
-        default=True,
-        metadata={"help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter)."},
     )
     sft_eval_max_new_tokens: int = field(
         default=96, metadata={"help": "Generation budget per held-out prompt in the before/after evaluation."}
@@ -240,34 +230,13 @@ def _eval_rows(dataset, num: int) -> list[dict]:
 # ----------------------------------------------------------------------------------------------- main
 
 
-def _load(model_args, args: SFTConfig):
-    quantization = trl.get_quantization_config(model_args)
-    kwargs = {}
-    if quantization is not None:
-        if not torch.cuda.is_available():
-            raise ValueError("load_in_4bit / load_in_8bit (QLoRA) need a CUDA GPU and bitsandbytes; "
-                             "on CPU use plain LoRA (use_peft: true) instead")
-        kwargs.update(quantization_config=quantization, device_map=trl.get_kbit_device_map())
-    return load_model(model_args.model_name_or_path, dtype=model_args.dtype or "auto",
-                      attn_implementation=model_args.attn_implementation, **kwargs)
-
-
 def main(script_args, training_args: SFTConfig, model_args) -> dict:
     """Train SFT; save an HF model + tokenizer (with chat template) to output_dir; return the eval report."""
-    from transformers import set_seed
-
-    set_seed(training_args.seed)
-    if training_args.process_index == 0:
-        logger.info("SFT stage: script=%s\nmodel=%s\ntraining=%s", script_args, model_args, training_args)
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is not set; point it at the base model (e.g. outputs/tiny/midtrain)")
-
-    tokenizer = load_tokenizer(model_args.model_name_or_path)
+    stage.start("sft", script_args, training_args, model_args)
     # A base model gets its chat template and end-of-turn EOS here (TRL mirrors eos_token onto the model configs).
-    chat_template = setup_chat_format(tokenizer, training_args.chat_template_path, training_args.eos_token)
-    training_args.chat_template_path = None  # applied here; TRL would try to clone it into the model again
+    tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)
 
-    data = get_dataset(script_args)
+    data = stage.load_data(script_args)
     raw_train, raw_test = data["train"], data["test"] if "test" in data else None
     use_eval = raw_test is not None and len(raw_test) and training_args.eval_strategy != "no"
     with training_args.main_process_first(desc="tokenizing the SFT data"):  # rank 0 fills the cache, the rest read it
@@ -278,36 +247,26 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     training_args.assistant_only_loss = False
     training_args.completion_only_loss = "completion_mask" in train.column_names
 
-    model = _load(model_args, training_args)
-    peft_config = trl.get_peft_config(model_args)
+    model = stage.load_model(model_args)
     trainer = SFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=test,
-                         processing_class=tokenizer, peft_config=peft_config)
-    preflight(trainer, script_args, stage="sft", raw_train=raw_train, chat_template=chat_template)
-    install(trainer, script_args)  # atomic checkpoints, non-finite guard
+                         processing_class=tokenizer, peft_config=stage.peft_config(model_args))
+    stage.prepare(trainer, script_args, "sft", raw_train=raw_train, chat_template=chat_template)
 
     report: dict = {"world_size": trainer.accelerator.num_processes,
-                     "distributed_type": str(trainer.accelerator.distributed_type)}
+                    "distributed_type": str(trainer.accelerator.distributed_type)}
     rows = _eval_rows(raw_test, script_args.eval_num_prompts) if script_args.eval_after else []
     modes = ["think", "no_think"]
     if rows:  # every rank: its share of the prompts, on whole weights
         report["before"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows,
                                              [*modes, "plain"], training_args.sft_eval_max_new_tokens)
         logger.info("held-out before SFT: %s", _summary(report["before"]))
-
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
-    report["train"] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    if losses:
-        report["train"]["first_logged_loss"], report["train"]["last_logged_loss"] = losses[0], losses[-1]
-    save_trained_model(trainer, tokenizer, training_args.output_dir, training_args.merge_lora_on_save)
-
+    report["train"] = stage.train(trainer, training_args)
+    stage.save(trainer, tokenizer, training_args)
     if rows:
         report["after"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows, modes,
                                             training_args.sft_eval_max_new_tokens)
         logger.info("held-out after SFT: %s", _summary(report["after"]))
-    if trainer.accelerator.is_main_process:
-        with open(os.path.join(training_args.output_dir, "sft_eval.json"), "w") as f:
-            json.dump(report, f, indent=2, default=str)
+    stage.write_report(trainer, training_args.output_dir, "sft_eval.json", report)
     return report
 
 

@@ -1,25 +1,130 @@
-"""Steps every training stage shares, as plain functions (no base trainer): saving the trained model.
+"""The steps every post-training stage shares, as plain functions (no base trainer): one stage shape.
 
-    save_trained_model(trainer, tokenizer, output_dir, merge_lora=True)    # every rank calls it
+Every stage's `main(script_args, training_args, model_args)` (align/sft.py, preference.py, grpo.py, distill.py)
+reads top to bottom in the same order, with these steps around its own trainer and measurement:
 
-Why here: saving is collective under DeepSpeed ZeRO-3 (`trainer.save_model` gathers the shards from all ranks;
+    start("sft", script_args, training_args, model_args)        # seed, log the resolved config, check the model
+    tokenizer, chat_template = load_tokenizer(model_args, training_args)
+    data = load_data(script_args)                                 # DatasetDict: "train" (+ "test")
+    ...the stage's own data preparation...
+    model = load_model(model_args)                                # dtype, attention, QLoRA from the same keys
+    trainer = SomeTrainer(model=model, ..., peft_config=peft_config(model_args))
+    prepare(trainer, script_args, "sft", raw_train=...)         # preflight checks, then atomic checkpoints + guard
+    report["before"] = measure()                                  # the stage's own held-out metric
+    report["train"] = train(trainer, training_args)               # resumes from the latest complete checkpoint
+    save(trainer, tokenizer, training_args)                       # HF model dir; LoRA merged (merge_lora_on_save)
+    report["after"] = measure()
+    write_report(trainer, training_args.output_dir, "sft_eval.json", report)
+
+The same keys mean the same thing in every stage: `merge_lora_on_save` (align.configs.StageArgs), QLoRA's
+`load_in_4bit` / `load_in_8bit` and LoRA's `use_peft`, `lora_*` (TRL's ModelConfig), `chat_template_path` and
+`eos_token`, and for the stages that generate `rollout_backend` + `rollout_kwargs` (align.sampler).
+
+Why saving is here: it is collective under DeepSpeed ZeRO-3 (`trainer.save_model` gathers the shards from all ranks;
 calling it on rank 0 alone hangs), and a LoRA adapter must be merged so the next stage loads a plain HF model.
 Merging a sharded PeftModel in place is not possible, so the adapter is saved first (collectively), then the main
 process loads the base model whole, applies the saved adapter, merges and writes: the same on every launch.
+
+Importing this module imports `data_gen`, which registers `builtin:tasks` with align.data for every stage's data.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
+import torch
+import trl
+from peft import PeftConfig, PeftModel
+from transformers import set_seed
+
 import data_gen  # noqa: F401  (registers builtin:tasks with align.data for every stage's data)
+from align import models
+from align.chat import setup_chat_format
+from align.checkpoint import install, resume_checkpoint
+from align.data import get_dataset
 from align.distributed import zero3_init_disabled
-from align.models import load_model
+from align.preflight import preflight
 
 logger = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"
+
+
+# ----------------------------------------------------------------------------------------------- before training
+
+
+def start(stage: str, script_args, training_args, model_args) -> None:
+    """Seed every RNG, log the resolved config (rank 0) and refuse a run without a model to start from."""
+    set_seed(training_args.seed)
+    if training_args.process_index == 0:
+        logger.info("%s stage: script=%s\nmodel=%s\ntraining=%s", stage, script_args, model_args, training_args)
+    if not model_args.model_name_or_path:
+        raise ValueError(f"model_name_or_path is not set; point it at the model the {stage} stage starts from "
+                         "(e.g. outputs/tiny/sft)")
+
+
+def load_tokenizer(model_args, training_args):
+    """(tokenizer, chat template text or None): the model's tokenizer with the recipe's `chat_template_path` and
+    end-of-turn `eos_token` installed (a base model gets both here). The template is applied here, once: the field
+    is cleared so that TRL does not apply it (and clone it into the model) again."""
+    tokenizer = models.load_tokenizer(model_args.model_name_or_path)
+    path = getattr(training_args, "chat_template_path", None)
+    template = setup_chat_format(tokenizer, path, getattr(training_args, "eos_token", None))
+    if path:
+        training_args.chat_template_path = None
+    return tokenizer, template
+
+
+def load_data(script_args):
+    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data): a DatasetDict with "train" (+ "test")."""
+    return get_dataset(script_args)
+
+
+def load_model(model_args, name_or_path: str | None = None):
+    """The model to train, from the ModelConfig keys every stage shares: `dtype`, `attn_implementation`, and QLoRA's
+    `load_in_4bit` / `load_in_8bit` (bitsandbytes, CUDA only; the LoRA adapter comes from `peft_config`)."""
+    kwargs = {}
+    quantization = trl.get_quantization_config(model_args)
+    if quantization is not None:
+        if not torch.cuda.is_available():
+            raise ValueError("load_in_4bit / load_in_8bit (QLoRA) need a CUDA GPU and bitsandbytes; "
+                             "on CPU use plain LoRA (use_peft: true) instead")
+        kwargs.update(quantization_config=quantization, device_map=trl.get_kbit_device_map())
+    return models.load_model(name_or_path or model_args.model_name_or_path, dtype=model_args.dtype or "auto",
+                             attn_implementation=model_args.attn_implementation, **kwargs)
+
+
+def peft_config(model_args):
+    """The LoRA adapter the recipe asks for (`use_peft`, `lora_r`, `lora_alpha`, ...), or None."""
+    return trl.get_peft_config(model_args)
+
+
+def prepare(trainer, script_args, stage: str, **checks) -> None:
+    """The preflight checks (align.preflight; `checks` are its keyword arguments), then atomic checkpoints, the
+    non-finite guard and the engine resync after a resume (align.checkpoint). Every rank calls it."""
+    preflight(trainer, script_args, stage=stage, **checks)
+    install(trainer, script_args)
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def train(trainer, training_args) -> dict:
+    """Train, resuming from the latest complete checkpoint in output_dir (align.checkpoint.resume_checkpoint);
+    return the trainer's numeric metrics with the first and last logged loss."""
+    result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
+    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    if losses:
+        metrics["first_logged_loss"], metrics["last_logged_loss"] = losses[0], losses[-1]
+    return metrics
+
+
+def save(trainer, tokenizer, training_args) -> None:
+    """The trained model as an HF directory in output_dir (`save_trained_model`, `merge_lora_on_save`)."""
+    save_trained_model(trainer, tokenizer, training_args.output_dir, getattr(training_args, "merge_lora_on_save", True))
 
 
 def save_trained_model(trainer, tokenizer, output_dir: str, merge_lora: bool = True) -> None:
@@ -43,11 +148,17 @@ def save_trained_model(trainer, tokenizer, output_dir: str, merge_lora: bool = T
 
 def merge_adapter_dir(adapter_dir: str, output_dir: str) -> None:
     """Load the adapter's base model whole (outside ZeRO-3's partitioning), apply the adapter, merge, save."""
-    from peft import PeftConfig, PeftModel
-
     base_path = PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path
     with zero3_init_disabled():
-        base = load_model(base_path, dtype="auto")
+        base = models.load_model(base_path, dtype="auto")
         merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(output_dir, safe_serialization=True)
     logger.info("LoRA adapter %s merged into %s -> %s", adapter_dir, base_path, output_dir)
+
+
+def write_report(trainer, output_dir: str, filename: str, report: dict) -> None:
+    """The stage's report as `<output_dir>/<filename>` (main process; the pipeline's manifest reads it)."""
+    if trainer.accelerator.is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, filename), "w") as f:
+            json.dump(report, f, indent=2, default=str)

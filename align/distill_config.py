@@ -1,0 +1,100 @@
+"""Distillation's config: TRL's GOLDConfig (GKD + ULD) with our fields, beside the stage (align/distill.py) as TRL keeps
+`*_config.py` beside `*_trainer.py`, so the teacher side (align/distill_teacher.py) and the stage both read it.
+
+    python scripts/distill.py recipes/tiny_distill.yaml --loss forward_kl --rollout_backend auto
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from align.configs import StageArgs, apply_device_defaults
+from align.sampler import ROLLOUT_BACKENDS
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
+from trl.experimental.gold import GOLDConfig  # noqa: E402
+
+# loss -> (beta, lmbda); None keeps the recipe's value (jsd is GKD with the user's own lmbda/beta).
+LOSSES: dict[str, tuple[float | None, float | None]] = {
+    "reverse_kl": (1.0, 1.0),
+    "forward_kl": (0.0, 1.0),
+    "jsd": (None, None),
+    "supervised": (0.0, 0.0),
+    "sequence_kd": (0.0, 0.0),
+}
+TOKENIZER_MODES = ("auto", "same", "cross")
+
+
+@dataclass
+class DistillConfig(StageArgs, GOLDConfig):
+    """TRL's GOLDConfig (GKD + ULD) + our fields. `teacher_model_name_or_path` may be `builtin:NAME`."""
+
+    loss: str = field(
+        default="reverse_kl",
+        metadata={"help": f"Distillation objective: one of {list(LOSSES)} (see align/distill.py)."},
+    )
+    tokenizer_mode: str = field(
+        default="auto",
+        metadata={"help": "same (shared vocabulary, exact token-level divergence), cross (GOLD/ULD) or auto."},
+    )
+    rollout_backend: str = field(
+        default="hf",
+        metadata={"help": f"Student sampling: {list(ROLLOUT_BACKENDS)}; trl = TRL's own model.generate."},
+    )
+    rollout_kwargs: dict | None = field(
+        default=None, metadata={"help": "Extra knobs for align.rollout.get_engine (e.g. {gpu_memory_utilization: 0.3})."}
+    )
+    teacher_device: str | None = field(
+        default=None, metadata={"help": "Put the teacher on its own device (e.g. cuda:1); GPU only."}
+    )
+    teacher_quantization: str | None = field(
+        default=None, metadata={"help": "Load the teacher in 8bit or 4bit (bitsandbytes) to save memory; GPU only."}
+    )
+    teacher_chat_template_kwargs: dict | None = field(
+        default=None, metadata={"help": "Template kwargs for the teacher's own chat template (cross path)."}
+    )
+    teacher_strip_mode_flags: bool = field(
+        default=False,
+        metadata={"help": "Remove /think and /no_think from the system turn the teacher sees."},
+    )
+    teacher_few_shot: int = field(
+        default=0,
+        metadata={"help": "Context distillation: show the teacher this many solved training conversations "
+                  "before each prompt (same system turn, and same `teacher_few_shot_group` value when the data has "
+                  "that column), so a teacher that never saw the task format grades the student in it."},
+    )
+    teacher_few_shot_group: str = field(
+        default="family", metadata={"help": "Dataset column whose value the teacher's demonstrations must share."}
+    )
+    teacher_hint: str | None = field(
+        default=None,
+        metadata={"help": "Privileged context: a format string over the row's columns, "
+                  "e.g. ' (The correct final answer is {answer}.)', appended to the last user turn the teacher sees "
+                  "(and to its demonstrations'). The student never sees it."},
+    )
+    distill_eval: bool = field(
+        default=True, metadata={"help": "Measure held-out divergence and verifiable accuracy before and after."}
+    )
+    distill_eval_max_new_tokens: int = field(
+        default=64, metadata={"help": "Greedy completion length for the held-out metrics."}
+    )
+
+    def __post_init__(self):
+        apply_device_defaults(self)
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r} is not known; choose from {list(LOSSES)}")
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(f"tokenizer_mode {self.tokenizer_mode!r}: choose from {list(TOKENIZER_MODES)}")
+        if self.rollout_backend not in ROLLOUT_BACKENDS:
+            raise ValueError(f"rollout_backend {self.rollout_backend!r}: choose from {list(ROLLOUT_BACKENDS)}")
+        if self.teacher_few_shot < 0:
+            raise ValueError(f"teacher_few_shot must be >= 0 (demonstrations per teacher prompt), got {self.teacher_few_shot}")
+        if self.teacher_quantization not in (None, "8bit", "4bit"):
+            raise ValueError(f"teacher_quantization {self.teacher_quantization!r}: choose 8bit, 4bit or leave unset")
+        beta, lmbda = LOSSES[self.loss]
+        self.beta = self.beta if beta is None else beta
+        self.lmbda = self.lmbda if lmbda is None else lmbda
+        if self.tokenizer_mode == "cross":
+            self.use_uld_loss = True
+        super().__post_init__()
