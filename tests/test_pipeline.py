@@ -272,7 +272,7 @@ def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     assert proc.returncode == 1 and "no manifest" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["tiny_pipeline.yaml", "micro_pipeline.yaml", "smollm3_pipeline.yaml"])
+@pytest.mark.parametrize("name", ["tiny_pipeline.yaml", "micro_pipeline.yaml", "smollm3_pipeline.yaml", "smol135m_pipeline.yaml"])
 def test_pipeline_recipes_parse_and_reference_real_stages(name):
     (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / name)])
     names = [s["name"] for s in cfg.stages]
@@ -282,6 +282,26 @@ def test_pipeline_recipes_parse_and_reference_real_stages(name):
         pytest.skip(f"stage recipes not written yet: {missing}")
     stages = resolve_stages(cfg)
     assert all(s.output_dir for s in stages)
+
+
+def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
+    """`script: base` (scripts/base.py): the starting model saved locally, weights and chat template unchanged, so
+    the pipeline evaluates it as the first "before"."""
+    import torch
+    from cpu_substitutions import build
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = build(tmp_path / "sub")["chat_model"]
+    out = tmp_path / "base"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/base.py"), "--model_name_or_path", str(src),
+                           "--output_dir", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = AutoModelForCausalLM.from_pretrained(src), AutoModelForCausalLM.from_pretrained(out)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert AutoTokenizer.from_pretrained(out).chat_template == AutoTokenizer.from_pretrained(src).chat_template
+    assert json.loads((out / "base.json").read_text())["model_name_or_path"] == str(src)
+    stages = resolve_stages(parse(PipelineConfig, args=[str(ROOT / "recipes/smol135m_pipeline.yaml")])[0])
+    assert stages[0].script == "base" and stages[1].parent == "base" and stages[0].makes_model
 
 
 def _micro_stages_that_exist(cfg: PipelineConfig) -> list[dict]:
