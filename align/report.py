@@ -184,6 +184,25 @@ def target_lines(stages: list[dict]) -> list[str]:
     return lines
 
 
+def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list[str]:
+    """No stage may make the model worse: every held-out task accuracy (`acc/tasks/<mode>`) of a stage against its
+    parent's, whatever the stage targets. One line per stage: the largest drop, and whether it is beyond noise."""
+    lines, by_name = [], {s["name"]: s for s in stages}
+    for s in stages:
+        parent = by_name.get(s.get("parent") or "")
+        if not s.get("metrics") or not parent or not parent.get("metrics"):
+            continue
+        keys = sorted(k for k in s["metrics"] if k.startswith(prefix) and _finite(parent["metrics"].get(k)))
+        if not keys:
+            continue
+        moves = [(k, parent["metrics"][k], s["metrics"][k], interval(parent, k), interval(s, k)) for k in keys]
+        worse = [m for m in moves if _verdict(*m) == "got worse"]
+        shown = ", ".join(f"`{k}` {_fmt_share(b, bi)} -> {_fmt_share(a, ai)}" for k, b, a, bi, ai in moves)
+        verdict = "**got worse beyond noise**" if worse else "no drop beyond noise"
+        lines.append(f"- **{s['name']}** (from {parent['name']}): {shown}: {verdict}")
+    return lines
+
+
 def _plt():
     import matplotlib
 
@@ -298,6 +317,11 @@ def write_report(run_dir: str | Path) -> Path:
     targets = target_lines(stages)
     if targets:
         lines += ["## Did each stage move its target?", "", *targets, ""]
+    guard = accuracy_guard_lines(stages)
+    if guard:
+        lines += ["## Did any stage make the model worse?", "", "Held-out task accuracy of each stage against the "
+                  "model it started from, whatever it targets (worse only when the 95% intervals do not overlap).",
+                  "", *guard, ""]
     own = [(s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)]
     if own:
         lines += ["## The stages' own results", "", "What each stage measured itself (before/after training, "

@@ -14,7 +14,7 @@ import yaml
 
 from align.cli import parse
 from align.pipeline import MARKER, NO_MODEL, PipelineConfig, resolve_refs, resolve_stages, run_pipeline
-from align.report import metric_table, target_lines, write_report
+from align.report import accuracy_guard_lines, metric_table, target_lines, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -257,6 +257,22 @@ def test_targets_compare_with_the_parent_stage_not_a_side_branch():
     assert "**gold** targets `distill_eval/divergence` (its own held-out eval): 0.900 -> 0.400: improved" in lines[4]
     assert "**apo** targets `acc`: 0.200 (sft) -> 0.300: improved" in lines[2]
     assert "**grpo** targets `acc`: 0.300 (apo) -> 0.250: got worse" in lines[3]
+
+
+def test_accuracy_guard_flags_only_drops_beyond_noise():
+    def stage(name, acc, num, parent=None):
+        from align.scoring import wilson_interval as wilson
+
+        lo, hi = wilson(round(acc * num), num)
+        return {"name": name, "parent": parent, "metrics": {"acc/tasks/think": acc, "loss/tasks": 1.0},
+                "stats": {"acc/tasks/think": {"ci_low": lo, "ci_high": hi, "num": num}}}
+
+    stages = [stage("sft", 0.40, 128), stage("apo", 0.35, 128, "sft"), stage("grpo", 0.10, 128, "apo"),
+              stage("side", 0.9, 128)]
+    lines = accuracy_guard_lines(stages)
+    assert len(lines) == 2  # stages without a parent have nothing to compare with
+    assert lines[0].startswith("- **apo** (from sft)") and lines[0].endswith("no drop beyond noise")
+    assert lines[1].startswith("- **grpo** (from apo)") and lines[1].endswith("**got worse beyond noise**")
 
 
 def test_script_runs_report_only_and_dry_run(fake, tmp_path):
