@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import string
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,14 +60,16 @@ class AnswerDataConfig:
 
 
 def prompts_of(cfg: AnswerDataConfig) -> list[str]:
-    """Every source's rows (a seeded draw of `num` when given) through its template, duplicates dropped."""
+    """Every source's rows (a seeded draw of `num` when given) through its template; rows with an empty field and
+    duplicates dropped."""
     out: list[str] = []
     for s in cfg.sources:
         rows = load_source(s["id"], split=s.get("split", "train"), **(s.get("args") or {})).to_list()
         if s.get("num") is not None and s["num"] < len(rows):
             rows = random.Random(cfg.seed).sample(rows, s["num"])
-        try:
-            out += [s["template"].format(**r).strip() for r in rows]
+        fields = [name for _, name, _, _ in string.Formatter().parse(s["template"]) if name]
+        try:  # a row with an empty field (a news item without a title) would ask about nothing: skipped
+            out += [s["template"].format(**r).strip() for r in rows if all(str(r[f]).strip() for f in fields)]
         except KeyError as e:
             raise ValueError(f"sources: template {s['template']!r} names column {e} that {s['id']} lacks; it has "
                              f"{sorted(rows[0]) if rows else []}") from None

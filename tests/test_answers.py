@@ -56,6 +56,15 @@ def test_kept_rows_are_finished_answers_in_sft_shape(model_dir, tmp_path, monkey
     assert load_source(str(tmp_path / "replay"), split="train").column_names == ["messages"]
 
 
+def test_rows_with_an_empty_field_are_skipped(monkeypatch):
+    import datasets
+
+    rows = datasets.Dataset.from_list([{"title": "Rain in Spain"}, {"title": "  "}, {"title": "Rain in Spain"}])
+    monkeypatch.setattr(answers, "load_source", lambda *a, **k: rows)
+    cfg = AnswerDataConfig(model="m", sources=[{"id": "x", "template": "About: {title}"}])
+    assert prompts_of(cfg) == ["About: Rain in Spain"]
+
+
 def test_a_template_naming_a_missing_column_says_which():
     cfg = AnswerDataConfig(model="m", sources=[{"id": "builtin:tasks", "template": "{question}", "args": {"num": 4}}])
     with pytest.raises(ValueError, match="names column 'question'"):
