@@ -259,20 +259,25 @@ def test_targets_compare_with_the_parent_stage_not_a_side_branch():
     assert "**grpo** targets `acc`: 0.300 (apo) -> 0.250: got worse" in lines[3]
 
 
-def test_accuracy_guard_flags_only_drops_beyond_noise():
-    def stage(name, acc, num, parent=None):
-        from align.scoring import wilson_interval as wilson
+def test_accuracy_guard_flags_only_drops_beyond_noise_at_the_best_form():
+    from align.scoring import wilson_interval
 
-        lo, hi = wilson(round(acc * num), num)
-        return {"name": name, "parent": parent, "metrics": {"acc/tasks/think": acc, "loss/tasks": 1.0},
-                "stats": {"acc/tasks/think": {"ci_low": lo, "ci_high": hi, "num": num}}}
+    def stage(name, accs, parent=None, num=128):
+        ms = {f"acc/tasks/{m}": a for m, a in accs.items()}
+        return {"name": name, "parent": parent, "metrics": {**ms, "loss/tasks": 1.0},
+                "stats": {k: dict(zip(("ci_low", "ci_high"), wilson_interval(round(v * num), num)), num=num)
+                          for k, v in ms.items()}}
 
-    stages = [stage("sft", 0.40, 128), stage("apo", 0.35, 128, "sft"), stage("grpo", 0.10, 128, "apo"),
-              stage("side", 0.9, 128)]
+    stages = [stage("base", {"plain": 0.30, "think": 0.05}),
+              stage("sft", {"plain": 0.05, "think": 0.40}, "base"),  # left the plain form, better in chat form
+              stage("apo", {"plain": 0.05, "think": 0.35}, "sft"),
+              stage("grpo", {"plain": 0.05, "think": 0.10}, "apo"),
+              stage("side", {"plain": 0.9, "think": 0.9})]
     lines = accuracy_guard_lines(stages)
-    assert len(lines) == 2  # stages without a parent have nothing to compare with
-    assert lines[0].startswith("- **apo** (from sft)") and lines[0].endswith("no drop beyond noise")
-    assert lines[1].startswith("- **grpo** (from apo)") and lines[1].endswith("**got worse beyond noise**")
+    assert len(lines) == 3  # stages without a parent have nothing to compare with
+    assert lines[0].startswith("- **sft** (from base): best form 0.300") and "(think)" in lines[0]
+    assert "no drop beyond noise" in lines[0] and "no drop beyond noise" in lines[1]
+    assert "**got worse beyond noise**" in lines[2] and "think 0.350 -> 0.100" in lines[2]
 
 
 def test_script_runs_report_only_and_dry_run(fake, tmp_path):
