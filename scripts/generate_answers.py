@@ -10,6 +10,8 @@ import logging
 from align.cli import run
 from data_gen.answers import AnswerDataConfig, generate_answers
 
+CONFIG_TYPES = (AnswerDataConfig,)
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(generate_answers, AnswerDataConfig)
+    run(generate_answers, *CONFIG_TYPES)

@@ -326,7 +326,8 @@ def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
     assert AutoTokenizer.from_pretrained(out).chat_template == AutoTokenizer.from_pretrained(src).chat_template
     assert json.loads((out / "base.json").read_text())["model_name_or_path"] == str(src)
     stages = resolve_stages(parse(PipelineConfig, args=[str(ROOT / "recipes/smol135m_pipeline.yaml")])[0])
-    assert stages[0].script == "base" and stages[1].parent == "base" and stages[0].makes_model
+    by_name = {s.name: s for s in stages}  # the chain starts at base; SFT trains the base model
+    assert stages[0].script == "base" and by_name["sft"].parent == "base" and stages[0].makes_model
 
 
 def _micro_stages_that_exist(cfg: PipelineConfig) -> list[dict]:
