@@ -1,0 +1,132 @@
+"""GRPO time to accuracy: wall-clock and steps until held-out accuracy reaches a stated target, ours vs TRL's
+GRPOTrainer with its defaults, on the same model, task, seed and step budget.
+
+    python scripts/benchmark.py grpo_tta            # the SmolLM2-135M chain's APO (else SFT) model
+    python scripts/benchmark.py grpo_tta --quick    # fewer steps and prompts (a smoke run, not a result)
+
+Both sides get one GRPOConfig (recipes/smol135m_grpo.yaml's task, loss and learning rate); ours generates through
+the shared rollout engine (`rollout_backend: auto`), TRL through `model.generate` on the padded batch. Every
+`EVAL_EVERY` steps training pauses and the SAME evaluator (greedy, an hf engine on the live weights, the families'
+held-out prompts) measures accuracy; evaluation time is not counted. The target is the starting accuracy plus
+`GAIN` (absolute). Summary: `grpo_tta: ours/trl-default seconds-to-target ratio R` = TRL's seconds / ours (a
+speedup; a side that never reaches the target within the budget counts its whole budget, flagged in the rows).
+
+Status: written, not yet run to a result (the 135M chain's models and ~30 idle minutes are needed); not in `all`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import summary_line
+
+MODEL_CANDIDATES = ("outputs/smol135m/apo", "outputs/smol135m/sft")
+FAMILIES = ["count_letters", "count_items"]
+GAIN = 0.10  # absolute held-out accuracy points above the start
+EVAL_EVERY = 5
+TARGET = 1.5
+
+
+def _model_dir() -> str:
+    for path in MODEL_CANDIDATES:
+        if (Path(path) / "config.json").exists():
+            return path
+    raise FileNotFoundError(
+        f"grpo_tta needs the SmolLM2-135M chain's SFT model (one of {MODEL_CANDIDATES}): run "
+        "`python scripts/pipeline.py recipes/smol135m_pipeline.yaml --until apo` first")
+
+
+class _Clock:
+    """Trainer callback: training wall-clock without the evaluations, and held-out accuracy every `every` steps
+    (stops training once `target` is reached)."""
+
+    def __init__(self, evaluate, every: int):
+        from transformers import TrainerCallback
+
+        self.points, self.target, self._evaluate, self._every = [], None, evaluate, every
+        self.train_s, self._t = 0.0, None
+        clock = self
+
+        class CB(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                clock._t = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step % clock._every:
+                    return
+                clock.train_s += time.perf_counter() - clock._t
+                acc = clock._evaluate()
+                clock.points.append((state.global_step, round(clock.train_s, 2), acc))
+                if clock.target is not None and acc >= clock.target:
+                    control.should_training_stop = True
+                clock._t = time.perf_counter()
+
+        self.callback = CB()
+
+
+def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float | None) -> dict:
+    import trl
+
+    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
+    from align.grpo_data import heldout_accuracy
+    from align.models import load_model, load_tokenizer
+    from align.rollout import SamplingParams, get_engine
+    from align.sampler import build_sampler
+    from data_gen.tasks import tasks_dataset
+
+    ours = kind == "ours"
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="grpo-tta-"), max_steps=num_steps, seed=0, report_to="none",
+        per_device_train_batch_size=64, num_generations=8, max_completion_length=128, temperature=1.0,
+        learning_rate=5e-6, lr_scheduler_type="constant_with_warmup", warmup_steps=3, loss_type="dapo",
+        epsilon_high=0.28, beta=0.0, logging_steps=1, save_strategy="no", bf16=True,
+        reward_funcs=["math_reward"], rollout_backend="auto" if ours else "trl", disable_tqdm=True,
+    )
+    tokenizer = load_tokenizer(model_dir)
+    train = prepare_prompts(tasks_dataset("train", FAMILIES, num=1200, mode="mixed"))
+    rows = prepare_prompts(tasks_dataset("test", FAMILIES, num=num_eval, mode="mixed"))
+    model = load_model(model_dir)
+    if ours:
+        engine = build_sampler(args.rollout_backend, args.rollout_kwargs, model, model_dir, tokenizer, None).engine
+        trainer = GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
+                              processing_class=tokenizer, engine=engine)
+    else:  # TRL as it comes
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
+                                  processing_class=tokenizer)
+    judge = get_engine(trainer.model, backend="hf", tokenizer=tokenizer)  # the same evaluator for both sides
+
+    def evaluate() -> float:
+        was = trainer.model.training
+        trainer.model.eval()
+        acc = heldout_accuracy(judge.generate, tokenizer, rows, SamplingParams(temperature=0.0, max_new_tokens=128),
+                               "math_reward")["accuracy"]
+        trainer.model.train(was)
+        return acc
+
+    clock = _Clock(evaluate, EVAL_EVERY)
+    start = evaluate()
+    clock.target = start + GAIN if target is None else target
+    trainer.add_callback(clock.callback)
+    trainer.train()
+    reached = next(((step, s) for step, s, acc in clock.points if acc >= clock.target), None)
+    return {"start": start, "target": clock.target, "curve": clock.points, "reached": reached is not None,
+            "steps": reached[0] if reached else num_steps, "seconds": reached[1] if reached else clock.train_s}
+
+
+def run(quick: bool = False) -> dict:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    model_dir = _model_dir()
+    num_steps, num_eval = (10, 32) if quick else (40, 128)
+    ours = _run("ours", model_dir, num_steps, num_eval, None)
+    trl = _run("trl", model_dir, num_steps, num_eval, ours["target"])  # the same stated target for both
+    rows = [{"stack": k, "model": model_dir, "start_acc": r["start"], "target_acc": r["target"],
+             "reached": r["reached"], "steps": r["steps"], "train_s": r["seconds"],
+             "curve (step, s, acc)": "; ".join(f"{a}, {b:.0f}, {c:.2f}" for a, b, c in r["curve"])}
+            for k, r in (("ours", ours), ("trl-default", trl))]
+    ratio = trl["seconds"] / max(ours["seconds"], 1e-9) if ours["reached"] else 0.0
+    return {"rows": rows, "summary": [summary_line("grpo_tta", "ours/trl-default", "seconds-to-target", ratio,
+                                                   TARGET)]}
