@@ -264,11 +264,11 @@ def _rank_main(rank: int, world_size: int, init: str, out: str) -> None:
 
 
 def test_collective_checks_on_two_gloo_ranks(tmp_path):
-    import torch.multiprocessing as mp
-
     # fork: the ranks start in milliseconds (spawn would re-import torch in each, ~30 s on a loaded machine); but a
     # test process that already ran an in-process vLLM engine (its threads, its process group) cannot be forked
     import sys
+
+    import torch.multiprocessing as mp
 
     method = "spawn" if "vllm" in sys.modules else "fork"
     mp.start_processes(_rank_main, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True,
