@@ -34,6 +34,8 @@ from pathlib import Path
 
 import yaml
 
+from align.distributed import leave_launcher
+
 PROG = "smolalign"
 
 
@@ -275,8 +277,12 @@ def run(main: Callable[..., object], *dataclass_types: type, args: Sequence[str]
             raise
         fail(" ".join(str(e).split()) or type(e).__name__, code=2)
     try:
-        return main(*configs)
+        result = main(*configs)
     except (ValueError, OSError, ImportError) as e:  # OSError: FileNotFoundError, an output_dir that is a file
         if debug:
             raise
         fail(f"{type(e).__name__}: {' '.join(str(e).split())}")
+    # A normal exit under a launcher closes the process group: a gloo group left open at exit can abort a rank
+    # ("terminate called without an active exception") whose peer has already gone, failing a finished stage.
+    leave_launcher()
+    return result
