@@ -109,6 +109,27 @@ def check_launch() -> None:
         )
 
 
+def keep_freed_memory() -> bool:
+    """CPU training: keep freed memory in the process instead of handing it back to the OS.
+
+    glibc serves every block over 32 MB (a step's logits, activations, gradients) with a fresh mmap and returns it
+    on free, so every step re-faults every page of them. On these VMs that cost 10% of an SmolLM2-135M training step,
+    and 35-45% once a vLLM engine lives in the same process (measured: forward+backward of 16 x 160 tokens, 4.5 s ->
+    6-7 s after `LLM(...)`; 4.1-4.5 s either way with this). Peak memory is unchanged (the blocks are reused, not
+    added). Set SMOLALIGN_KEEP_FREED_MEMORY=0 to keep glibc's defaults. Returns whether it applied."""
+    if os.environ.get("SMOLALIGN_KEEP_FREED_MEMORY", "1") == "0" or not os.uname().sysname == "Linux":
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, ...): nothing to tune
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
+    return bool(libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+                and libc.mallopt(m_top_pad, 64 << 20))
+
+
 def apply_device_defaults(args) -> None:
     """Make a TRL/transformers training config run on the machine at hand. Call it at the top of a
     stage config's `__post_init__`, before `super().__post_init__()`.
@@ -116,13 +137,15 @@ def apply_device_defaults(args) -> None:
     TRL defaults to bf16=True and gradient checkpointing, which on a CPU-only machine either
     refuses to start ("Your setup doesn't support bf16/gpu") or runs ~20% slower for memory we do
     not need. Without CUDA we set `use_cpu=True` (bf16 then means CPU autocast, ~2x faster matmuls
-    on these cores) and turn checkpointing off unless the recipe asked for it explicitly.
+    on these cores), turn checkpointing off unless the recipe asked for it explicitly, and keep freed memory
+    in the process (`keep_freed_memory`).
     """
     import torch
 
     check_launch()
     if not torch.cuda.is_available():
         args.use_cpu = True
+        keep_freed_memory()
         if getattr(args, "gradient_checkpointing", False) and not getattr(args, "_user_set_gc", False):
             args.gradient_checkpointing = False
     if getattr(args, "report_to", None) in (None, "all", ["all"]):

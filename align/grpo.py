@@ -43,6 +43,7 @@ from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API l
     prepare_prompts,
     required_reward_columns,
 )
+from align.importance import LossPassImportanceSampling
 from align.models import resolve_model_path
 from align.rollout import SamplingParams, get_engine
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
@@ -199,7 +200,7 @@ def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> 
 # ----------------------------------------------------------------------------------------------- the trainer
 
 
-class GRPOTrainer(trl.GRPOTrainer):
+class GRPOTrainer(LossPassImportanceSampling, trl.GRPOTrainer):
     """TRL's GRPOTrainer with generation by a shared rollout engine and DAPO dynamic sampling.
 
     `engine=None` keeps TRL's own generation. The engine receives token ids (TRL renders the chat template) and
@@ -332,7 +333,7 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         if not (self.args.dynamic_sampling and self.model.training):
-            return super()._generate_and_score_completions(inputs)
+            return self._score(inputs)
         g = self.num_generations
         if len(inputs) % g:
             raise ValueError(
@@ -349,7 +350,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             rounds += 1
             # Collective: every rank generates and TRL gathers the rewards of all ranks' rows, so every rank runs the
             # same rounds with batches of one size (a rank that is already full still generates, then discards).
-            scored = super()._generate_and_score_completions(batch)
+            scored = self._score(batch)
             local = len(batch)
             mine = self._weighted_rewards().cpu()[rank * local : (rank + 1) * local]
             signal = group_has_signal(mine, g)
@@ -378,6 +379,15 @@ class GRPOTrainer(trl.GRPOTrainer):
 
 
 # ----------------------------------------------------------------------------------------------- main
+
+
+def rollout_knobs(args: GRPOConfig) -> dict:
+    """The engine's knobs: `rollout_kwargs`, sampling in the precision the trainer computes in unless they name a
+    dtype (bf16 under `bf16`: the trainer's autocast forward is bf16, and importance sampling corrects the rest)."""
+    knobs = dict(args.rollout_kwargs or {})
+    if args.bf16 and not torch.cuda.is_available():  # on a GPU vLLM's "auto" already takes the checkpoint's dtype
+        knobs.setdefault("dtype", "bfloat16")
+    return knobs
 
 
 def accuracy_verifier(reward_funcs: Sequence[str]) -> str:
@@ -420,7 +430,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
     policy = trainer.accelerator.unwrap_model(trainer.model)
     trainer.sampler = build_sampler(
-        training_args.rollout_backend, training_args.rollout_kwargs, policy,
+        training_args.rollout_backend, rollout_knobs(training_args), policy,
         resolve_model_path(model_args.model_name_or_path), tokenizer, trainer.accelerator, seed=training_args.seed,
         max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
         logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw")

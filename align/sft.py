@@ -43,6 +43,7 @@ from align.chat import tokenize_sft_dataset
 from align.configs import StageArgs, apply_device_defaults
 from align.distributed import full_model
 from align.document_attention import document_attention
+from align.fused_head import compact_lm_head
 from align.rollout import get_engine
 
 logger = logging.getLogger(__name__)
@@ -165,12 +166,16 @@ class SFTTrainer(trl.SFTTrainer):
             self.data_collator = RowPackedCollator(pad_token_id=self._tokenizer.pad_token_id)
         self.per_document = rows and self.args.document_attention
 
+    @contextlib.contextmanager
     def _attention(self, model):
         """Per-document attention for packed rows, around the forward AND backward (gradient checkpointing re-runs
-        the forward inside backward); a no-op otherwise."""
-        if not self.per_document:
-            return contextlib.nullcontext()
-        return document_attention(self.accelerator.unwrap_model(model))
+        the forward inside backward), and the LM head only on the scored positions (align/fused_head.py)."""
+        with compact_lm_head():
+            if not self.per_document:
+                yield
+                return
+            with document_attention(self.accelerator.unwrap_model(model)):
+                yield
 
     def training_step(self, model, inputs, *args, **kwargs):
         with self._attention(model):

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import data_gen  # noqa: F401  (registers builtin:tasks, a source the pretraining recipes mix in)
 from align.checkpoint import clean_staging, is_deepspeed, load_loop_checkpoint, resolve_resume, save_loop_checkpoint
-from align.configs import check_launch
+from align.configs import check_launch, keep_freed_memory
 from align.distributed import param_ndim, zero3_init_disabled
 from align.preflight import preflight_pretrain
 from pretrain.data import PackedStream
@@ -260,6 +260,8 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     from transformers import AutoTokenizer
 
     check_launch()  # FSDP on a CPU: one clear line
+    if not torch.cuda.is_available():
+        keep_freed_memory()  # no page faults on every step's large tensors
     for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps), ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
         if os.environ.get(f"ACCELERATE_{key}") == "auto":  # an accelerate DeepSpeed config's `auto`: the recipe's value
             os.environ[f"ACCELERATE_{key}"] = str(value)

@@ -20,6 +20,8 @@ import platform
 import time
 from pathlib import Path
 
+from align.configs import keep_freed_memory
+
 SUITES = ["pretrain", "sft", "rollout", "grpo"]
 # Run by name only: needs the SmolLM2-135M chain's models and ~30 min (not yet measured; issue 23 item 4).
 EXTRA_SUITES = ["grpo_tta"]
@@ -69,6 +71,9 @@ def main() -> int:
                         help=f"write results even when the machine was busy (load >= {IDLE_LOAD}, before or by others)")
     args = parser.parse_args()
     suites = SUITES if args.suite == "all" else [args.suite]
+    # What every stage of ours runs with on a CPU (align.configs.keep_freed_memory), applied before any suite so that
+    # ours and the baseline beside it in this process run under the same allocator, whichever is built first.
+    keep_freed_memory()
     summaries = []
     for name in suites:
         try:

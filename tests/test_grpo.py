@@ -456,6 +456,35 @@ def test_importance_sampling_corrects_an_engine_that_samples_another_distributio
     assert _is_metric(trainer, "sampling/sampling_logp_difference/mean")[0] > 0
 
 
+def test_the_ratio_built_in_the_loss_pass_equals_trls_own_pass_which_is_skipped(tiny, tmp_path):
+    """Aligned generation and optimisation: the loss pass's detached log-probs are the old log-probs, so the extra
+    no-grad forward TRL runs for them is skipped; losses and the logged correction are TRL's, to float precision."""
+
+    def run(defer: bool):
+        args = _args(tmp_path / str(defer), max_steps=2, temperature=1.0, vllm_importance_sampling_correction=True,
+                     vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0)
+        trainer = _trainer(tiny, args, [length_reward], TemperedEngine(_model(tiny), temperature=2.0))
+        trainer.defer_importance_sampling = defer
+        passes = []
+        inner = trainer._get_per_token_logps_and_entropies
+
+        def counted(*a, **k):
+            passes.append(torch.is_grad_enabled())
+            return inner(*a, **k)
+
+        trainer._get_per_token_logps_and_entropies = counted
+        trainer.train()
+        return trainer, passes
+
+    (ours, our_passes), (trls, trl_passes) = run(True), run(False)
+    assert our_passes.count(False) == 0 and trl_passes.count(False) == 2  # one no-grad pass per generation batch
+    assert our_passes.count(True) == trl_passes.count(True) == 2
+    for name in ("loss", "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max",
+                 "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean"):
+        assert _is_metric(ours, name) == pytest.approx(_is_metric(trls, name), rel=1e-4, abs=1e-6), name
+    assert min(_is_metric(ours, "sampling/importance_sampling_ratio/min")) < 0.9  # the correction is really applied
+
+
 def test_sampling_logprobs_are_those_of_the_distribution_drawn_from():
     """The estimator the correction relies on: tokens drawn by the engine at temperature 2 and top-k 6, weighted by
     p/q with q the log-prob the engine reports, average what the trainer's own distribution p averages."""

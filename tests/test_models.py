@@ -1,5 +1,7 @@
 """Model loading: the builtin SmolLM2-135M (GGUF -> cached HF dir) loads and answers; bad paths are clear."""
 
+import sys
+
 import pytest
 import torch
 
@@ -67,3 +69,28 @@ def test_a_hub_revision_is_downloaded_at_that_revision(monkeypatch, tmp_path):
     assert calls == [("HuggingFaceTB/SmolLM3-3B-checkpoints", "it-mid-training")]
     with pytest.raises(FileNotFoundError, match=r"could not serve revision 'missing'.*hf download org/m --revision"):
         resolve_model_path("org/m@missing")
+
+
+def test_kept_freed_memory_means_a_training_step_does_not_fault_again():
+    """glibc unmaps every freed block over 32 MB, so each training step faults every page of its large tensors
+    again; with `keep_freed_memory` (every CPU stage) a step reuses the last one's blocks."""
+    import subprocess
+
+    code = (
+        "import resource, sys, torch\n"
+        "from align.configs import keep_freed_memory\n"
+        "if sys.argv[1] == '1':\n    assert keep_freed_memory()\n"
+        "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "w = torch.randn(1024, 1024, requires_grad=True)\n"
+        "def step():\n"
+        "    x = torch.randn(16384, 1024)\n"  # 64 MB activations
+        "    ((x @ w).relu() @ w).sum().backward()\n"
+        "    w.grad = None\n"
+        "for _ in range(4):\n    step()\n"  # the heap grows to the step's peak, then stays
+        "before = faults()\nstep()\nprint(faults() - before)\n"
+    )
+    counts = {flag: int(subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True,
+                                       check=True).stdout.split()[-1]) for flag in "01"}
+    pages = (64 << 20) // 4096
+    assert counts["0"] > pages, counts  # glibc's default: unmapped on free, faulted again every step
+    assert counts["1"] < pages // 20, counts

@@ -6,6 +6,7 @@ no {% generation %} markers, so training goes through align.chat's template-inde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -225,3 +226,45 @@ def test_two_process_zero2_on_cpu(tiny, tmp_path):
     assert report["world_size"] == 2 and "DEEPSPEED" in report["distributed_type"], report
     start, trained = _state(tiny["model"]), _state(training.output_dir)
     assert any(not torch.equal(start[k], trained[k]) for k in start)
+
+
+def test_compact_lm_head_scores_only_labelled_positions_with_the_same_logprobs_and_grads(tiny):
+    """align/fused_head.py: on a CPU, TRL's fused LM head runs on every position; ours only on the scored ones,
+    with the same per-token log-probs and the same gradients."""
+    from transformers import AutoModelForCausalLM
+    from trl.trainer import utils as trl_utils
+
+    from align.fused_head import compact_lm_head
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["model"])
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    torch.manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (4, 24))
+    labels = ids.clone()
+    labels[:, :16] = -100  # a prompt: not scored
+    rows, inner = [], trl_utils._ChunkedLogProbFunction.apply
+
+    def counted(hidden, *args):
+        rows.append(hidden.shape[0])
+        return inner(hidden, *args)
+
+    def run(compact: bool):
+        model.zero_grad()
+        trl_utils._ChunkedLogProbFunction.apply = counted
+        try:
+            with compact_lm_head() if compact else contextlib.nullcontext():
+                out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        finally:
+            trl_utils._ChunkedLogProbFunction.apply = inner
+        (out.log_probs.sum() + out.entropy.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return out.log_probs.detach(), out.entropy.detach(), grads
+
+    full_lp, full_ent, full_grads = run(False)
+    compact_lp, compact_ent, compact_grads = run(True)
+    assert rows == [4 * 23, 4 * 8]  # every shifted position vs the 8 scored ones per row
+    assert torch.allclose(full_lp, compact_lp, atol=1e-5) and torch.allclose(full_ent, compact_ent, atol=1e-5)
+    assert (full_lp[:, :15] == 0).all() and (full_lp[:, 15:] != 0).all()
+    assert full_grads.keys() == compact_grads.keys()
+    for name, grad in full_grads.items():
+        assert torch.allclose(grad, compact_grads[name], atol=1e-5, rtol=1e-4), name

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
+from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, engine_context_length, prepare_prompts, rollout_knobs
 from align.models import load_model, load_tokenizer, resolve_model_path
 from align.sampler import build_sampler
 from benchmarks.common import alternate, summary_line
@@ -84,20 +84,29 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     import trl
 
     ours = kind == "ours"
-    args = GRPOConfig(
+    common = dict(
         output_dir=tempfile.mkdtemp(prefix="grpo-bench-run-"), max_steps=num_steps, seed=0, report_to="none",
         per_device_train_batch_size=shape["prompts"] * shape["generations"], num_generations=shape["generations"],
         max_completion_length=shape["tokens"], learning_rate=1e-6, logging_steps=1, save_strategy="no",
-        bf16=True, reward_funcs=["math_reward"], rollout_backend="auto" if ours else "trl", disable_tqdm=True,
+        disable_tqdm=True,
     )
+    # ours: our GRPOConfig's defaults; TRL: trl.GRPOConfig's (bf16 autocast), with what a CPU needs to start
+    # (use_cpu) and without its default gradient checkpointing, which only makes the baseline faster (and on a CPU
+    # 20x slower to generate: transformers turns the KV cache off under checkpointing)
+    args = GRPOConfig(**common, reward_funcs=["math_reward"], rollout_backend="auto")
+    if not ours:
+        args = trl.GRPOConfig(**common, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=False)
     tokenizer = load_tokenizer(model_dir)
     train = prepare_prompts(tasks_dataset(num=64, mode="think"), "think")
     model = load_model(model_dir)
-    reward_funcs = build_rewards(args)
-    if ours:
-        engine = build_sampler(args.rollout_backend, args.rollout_kwargs, model, model_dir, tokenizer, None).engine
+    reward_funcs = build_rewards(GRPOConfig(output_dir=common["output_dir"], reward_funcs=["math_reward"]))
+    if ours:  # built as align.grpo.main builds it
         trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                              processing_class=tokenizer, engine=engine)
+                              processing_class=tokenizer)
+        trainer.sampler = build_sampler(
+            args.rollout_backend, rollout_knobs(args), trainer.accelerator.unwrap_model(trainer.model), model_dir,
+            tokenizer, trainer.accelerator, seed=args.seed, max_model_len=engine_context_length(args, train, tokenizer),
+            logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
     else:  # TRL as it comes: its own GRPOTrainer, transformers generation
         trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
                                   processing_class=tokenizer)
