@@ -45,7 +45,7 @@ from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API l
 )
 from align.importance import LossPassImportanceSampling
 from align.models import resolve_model_path
-from align.rollout import SamplingParams, get_engine
+from align.rollout import SamplingParams, choose_backend, get_engine
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
 from rewards.verifier import ACCURACY_VERIFIERS
 
@@ -381,11 +381,14 @@ class GRPOTrainer(LossPassImportanceSampling, trl.GRPOTrainer):
 # ----------------------------------------------------------------------------------------------- main
 
 
-def rollout_knobs(args: GRPOConfig) -> dict:
-    """The engine's knobs: `rollout_kwargs`, sampling in the precision the trainer computes in unless they name a
-    dtype (bf16 under `bf16`: the trainer's autocast forward is bf16, and importance sampling corrects the rest)."""
+def rollout_knobs(args: GRPOConfig, model) -> dict:
+    """The engine's knobs: `rollout_kwargs`, and a vLLM engine on a CPU sampling in the precision the trainer
+    computes in unless they name a dtype (bf16 under `bf16`: the trainer's forward is bf16 autocast; importance
+    sampling corrects the rest). The hf engine keeps sharing the trained model (no copy, no weight sync); on a GPU
+    vLLM's "auto" already takes the checkpoint's dtype."""
     knobs = dict(args.rollout_kwargs or {})
-    if args.bf16 and not torch.cuda.is_available():  # on a GPU vLLM's "auto" already takes the checkpoint's dtype
+    backend = choose_backend(model) if args.rollout_backend == "auto" else args.rollout_backend
+    if args.bf16 and backend == "vllm" and not torch.cuda.is_available():
         knobs.setdefault("dtype", "bfloat16")
     return knobs
 
@@ -430,7 +433,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
     policy = trainer.accelerator.unwrap_model(trainer.model)
     trainer.sampler = build_sampler(
-        training_args.rollout_backend, rollout_knobs(training_args), policy,
+        training_args.rollout_backend, rollout_knobs(training_args, policy), policy,
         resolve_model_path(model_args.model_name_or_path), tokenizer, trainer.accelerator, seed=training_args.seed,
         max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
         logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw")

@@ -485,6 +485,20 @@ def test_the_ratio_built_in_the_loss_pass_equals_trls_own_pass_which_is_skipped(
     assert min(_is_metric(ours, "sampling/importance_sampling_ratio/min")) < 0.9  # the correction is really applied
 
 
+def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_sharing_the_model(tiny, tmp_path):
+    from align.grpo import rollout_knobs
+
+    model = _model(tiny)
+    bf16 = _args(tmp_path, bf16=True)
+    assert rollout_knobs(bf16, model) == {}  # auto -> hf for a tiny model: it shares the trained model, no copy
+    bf16.rollout_backend = "vllm"
+    assert rollout_knobs(bf16, model) == ({} if torch.cuda.is_available() else {"dtype": "bfloat16"})
+    bf16.rollout_kwargs = {"dtype": "float32", "kv_cache_gib": 1}
+    assert rollout_knobs(bf16, model) == {"dtype": "float32", "kv_cache_gib": 1}  # the recipe's word wins
+    fp32 = _args(tmp_path, bf16=False, rollout_backend="vllm")
+    assert rollout_knobs(fp32, model) == {}
+
+
 def test_sampling_logprobs_are_those_of_the_distribution_drawn_from():
     """The estimator the correction relies on: tokens drawn by the engine at temperature 2 and top-k 6, weighted by
     p/q with q the log-prob the engine reports, average what the trainer's own distribution p averages."""

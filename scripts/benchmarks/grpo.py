@@ -107,7 +107,7 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
         trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
                               processing_class=tokenizer)
         trainer.sampler = build_sampler(
-            args.rollout_backend, rollout_knobs(args), trainer.accelerator.unwrap_model(trainer.model), model_dir,
+            args.rollout_backend, rollout_knobs(args, trainer.model), trainer.accelerator.unwrap_model(trainer.model), model_dir,
             tokenizer, trainer.accelerator, seed=args.seed, max_model_len=engine_context_length(args, train, tokenizer),
             logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
     else:  # TRL as it comes: its own GRPOTrainer, transformers generation
