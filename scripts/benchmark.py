@@ -52,6 +52,16 @@ class OtherLoad:
         return max(0.0, (self._busy() - self.busy) - (self._own() - self.own)) / wall
 
 
+def wait_until_idle(limit_s: float = 300.0) -> None:
+    """Let the 1-minute load average fall below IDLE_LOAD before a suite: after `make setup` or the suite before it
+    (two busy cores) it takes ~1.5 minutes. A machine still busy after `limit_s` is measured, and marked busy."""
+    start = time.time()
+    if os.getloadavg()[0] >= IDLE_LOAD:
+        print(f"waiting for the load average ({os.getloadavg()[0]:.2f}) to fall below {IDLE_LOAD} ...", flush=True)
+    while os.getloadavg()[0] >= IDLE_LOAD and time.time() - start < limit_s:
+        time.sleep(5)
+
+
 def markdown_table(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)"
@@ -83,6 +93,7 @@ def main() -> int:
                 print(f"## {name}: suite not written yet, skipped")
                 continue
             raise
+        wait_until_idle()
         load_before, others = os.getloadavg()[0], OtherLoad()
         t0 = time.time()
         result = module.run(quick=args.quick)
