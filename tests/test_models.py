@@ -87,7 +87,9 @@ def test_kept_freed_memory_means_a_training_step_does_not_fault_again():
         "    ((x @ w).relu() @ w).sum().backward()\n"
         "    w.grad = None\n"
         "for _ in range(4):\n    step()\n"  # the heap grows to the step's peak, then stays
-        "before = faults()\nstep()\nprint(faults() - before)\n"
+        "counts = []\n"
+        "for _ in range(5):\n    before = faults()\n    step()\n    counts.append(faults() - before)\n"
+        "print(sorted(counts)[2])\n"  # the median step: a late one-off growth of the heap is not the steady state
     )
     counts = {flag: int(subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True,
                                        check=True).stdout.split()[-1]) for flag in "01"}
