@@ -11,7 +11,8 @@ held-out prompts) measures accuracy; evaluation time is not counted. The target 
 `GAIN` (absolute). Summary: `grpo_tta: ours/trl-default seconds-to-target ratio R` = TRL's seconds / ours (a
 speedup; a side that never reaches the target within the budget counts its whole budget, flagged in the rows).
 
-Status: written, not yet run to a result (the 135M chain's models and ~30 idle minutes are needed); not in `all`.
+Status: written, not yet run to a result (the 135M chain's models and, at today's step times, ~70 idle minutes
+for both sides are needed); not in `all`. Its engine is now built as the `grpo` suite's, which has run.
 """
 
 from __future__ import annotations
@@ -71,7 +72,14 @@ class _Clock:
 def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float | None) -> dict:
     import trl
 
-    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
+    from align.grpo import (
+        GRPOConfig,
+        GRPOTrainer,
+        build_rewards,
+        engine_context_length,
+        prepare_prompts,
+        rollout_knobs,
+    )
     from align.grpo_data import heldout_accuracy
     from align.models import load_model, load_tokenizer
     from align.rollout import SamplingParams, get_engine
@@ -90,10 +98,13 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     train = prepare_prompts(tasks_dataset("train", FAMILIES, num=1200, mode="mixed"))
     rows = prepare_prompts(tasks_dataset("test", FAMILIES, num=num_eval, mode="mixed"))
     model = load_model(model_dir)
-    if ours:
-        engine = build_sampler(args.rollout_backend, args.rollout_kwargs, model, model_dir, tokenizer, None).engine
+    if ours:  # built as align.grpo.main builds it (the sampling log-probs importance sampling needs)
         trainer = GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
-                              processing_class=tokenizer, engine=engine)
+                              processing_class=tokenizer)
+        trainer.sampler = build_sampler(
+            args.rollout_backend, rollout_knobs(args, trainer.model), trainer.model, model_dir, tokenizer,
+            trainer.accelerator, seed=args.seed, max_model_len=engine_context_length(args, train, tokenizer),
+            logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
     else:  # TRL as it comes
         trainer = trl.GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
                                   processing_class=tokenizer)
