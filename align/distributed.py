@@ -223,7 +223,26 @@ def leave_launcher() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+        if launched_world_size() > 1 and not torch.cuda.is_available():
+            _exit_now()
         dist.destroy_process_group()
+
+
+def _exit_now() -> None:
+    """End a launched CPU rank here, after the last barrier: every rank's work is saved and flushed. Tearing the
+    interpreter down normally sometimes aborts a rank ("terminate called without an active exception": a C++
+    thread of a DeepSpeed/gloo extension destroyed while joinable), failing a stage that had finished (seen in
+    fresh-clone CI under load, in pretraining and APO under ZeRO-3). An open wandb run is finished first."""
+    import logging
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def barrier() -> None:
