@@ -218,7 +218,8 @@ def init_from_launcher() -> None:
 
 def leave_launcher() -> None:
     """The end of a script that called `init_from_launcher`: every rank waits for the others, then the group is
-    closed (a gloo group left open at exit can abort a rank whose peer has already gone). Normal exits only."""
+    closed (a gloo group left open at exit can abort a rank whose peer has already gone); a launched CPU rank
+    exits right there (`_exit_now`). Normal exits only."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
