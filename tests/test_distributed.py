@@ -241,6 +241,25 @@ def test_grpo_vllm_under_zero3_pushes_gathered_weights(micro, tmp_path):
     assert all(r["backend"] == "vllm" and r["pushes"] >= 2 for r in result["ranks"])
     # vLLM reports the log-probs it sampled with; in fp32 they equal the trainer's: importance weights of 1
     assert result["is_ratio_mean"] and all(abs(r - 1) < 1e-4 for r in result["is_ratio_mean"])
+    assert all(r["is_in_loss_pass"] and r["no_grad_passes"] == 0 for r in result["ranks"])  # no extra old-logps pass
+
+
+@pytest.mark.vllm
+def test_grpo_bf16_vllm_under_zero3_corrects_in_the_loss_pass(micro, tmp_path):
+    """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16 (align.grpo.rollout_knobs),
+    and the trainer corrects the engine/trainer mismatch with truncated importance sampling built from its own loss
+    pass, on every rank, without TRL's extra no-grad pass."""
+    pytest.importorskip("vllm")
+    ok(_grpo_worker(micro, tmp_path, "--rollout_backend", "vllm", "--rollout_kwargs", "{kv_cache_gib: 0.25}",
+                    "--bf16", "true"))
+    result = _check_sync(tmp_path)
+    for rank in result["ranks"]:
+        assert rank["engine_dtype"] == "bfloat16" and rank["is_in_loss_pass"]
+        assert rank["no_grad_passes"] == 0 and rank["loss_passes"] >= 2
+    ratios, diffs = result["is_ratio_mean"], result["logp_diff_max"]
+    assert len(ratios) == len(diffs) >= 2
+    assert all(abs(r - 1) < 0.05 for r in ratios)  # a correction near 1: the engine samples (nearly) the policy
+    assert max(diffs) > 1e-4  # but not exactly: bf16 sampling differs from the trainer's log-probs, which is corrected
 
 
 @pytest.mark.vllm

