@@ -353,8 +353,9 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     metrics["engine_calls"] = trainer.sampler.num_calls if trainer.sampler is not None else 0
     stage.save(trainer, student_tok, args)
     if measure:
-        metrics["after"] = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
-                                            teacher_prompts=teacher_prompts)
+        with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
+            metrics["after"] = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
+                                                teacher_prompts=teacher_prompts)
         logger.info("held-out after: %s", metrics["after"])
         b, a = metrics["before"], metrics["after"]
         logger.info("distill: held-out divergence %.4f -> %.4f, accuracy %.3f -> %.3f", b["divergence"],

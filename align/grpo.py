@@ -459,7 +459,8 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     report["train"] = stage.train(trainer, training_args)
     stage.save(trainer, tokenizer, training_args)
     if eval_rows is not None:
-        report["after"] = evaluate()
+        with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
+            report["after"] = evaluate()
         logger.info("held-out accuracy after GRPO: %.3f (before %.3f)", report["after"]["accuracy"],
                     report["before"]["accuracy"])
     stage.write_report(trainer, training_args.output_dir, "grpo_eval.json", report)

@@ -323,9 +323,9 @@ def main(script_args, training_args, model_args) -> dict:
     metrics["train"] = stage.train(trainer, training_args)
     stage.save(trainer, tokenizer, training_args)  # every rank
     if ref is not None:
-        metrics["after"] = preference_accuracy(
-            *pair_logps(trainer.model_wrapped, tokenizer, test_pairs, batch, trainer.accelerator), *ref
-        )
+        with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
+            after = pair_logps(trainer.model_wrapped, tokenizer, test_pairs, batch, trainer.accelerator)
+        metrics["after"] = preference_accuracy(*after, *ref)
         b, a = metrics["before"], metrics["after"]
         logger.info(
             "held-out preference accuracy %.3f -> %.3f (logp accuracy %.3f -> %.3f, n=%d)",

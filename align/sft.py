@@ -268,8 +268,9 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     report["train"] = stage.train(trainer, training_args)
     stage.save(trainer, tokenizer, training_args)
     if rows:
-        report["after"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows, modes,
-                                            training_args.sft_eval_max_new_tokens)
+        with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
+            report["after"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows, modes,
+                                                training_args.sft_eval_max_new_tokens)
         logger.info("held-out after SFT: %s", _summary(report["after"]))
     stage.write_report(trainer, training_args.output_dir, "sft_eval.json", report)
     return report

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import contextmanager
 
 import torch
 import trl
@@ -120,6 +121,27 @@ def train(trainer, training_args) -> dict:
     if losses:
         metrics["first_logged_loss"], metrics["last_logged_loss"] = losses[0], losses[-1]
     return metrics
+
+
+@contextmanager
+def own_precision(trainer):
+    """Measure the model in its own dtype, as before training. `trainer.train()` has accelerate wrap the model's
+    forward in bf16/fp16 autocast (mixed precision) and leaves it wrapped, so a held-out measurement taken after
+    training would run in another precision than the one taken before it (greedy answers differ: 2 of 16 SmolLM2-135M
+    held-out answers at identical weights), and in another than `scripts/evaluate.py` loading the saved model. Inside,
+    the forward is accelerate's original one; it is put back on exit. (DeepSpeed bf16 casts the weights themselves:
+    there the after-training measurement stays bf16.)"""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    original = model.__dict__.get("_original_forward")
+    if original is None or "forward" not in model.__dict__:
+        yield
+        return
+    autocast_forward = model.forward
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = autocast_forward
 
 
 def save(trainer, tokenizer, training_args) -> None:

@@ -62,3 +62,46 @@ def test_qlora_keys_are_read_the_same_way_for_every_stage():
         pytest.skip("on a GPU QLoRA loads")
     with pytest.raises(ValueError, match="QLoRA"):
         stage.load_model(ModelConfig(model_name_or_path="unused", load_in_4bit=True))
+
+
+def _tiny_causal_lm():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return LlamaForCausalLM(config)
+
+
+def test_own_precision_measures_after_training_in_the_precision_of_before(tmp_path):
+    """`trainer.train()` leaves the model's forward in bf16 autocast; inside `stage.own_precision` the trained model
+    computes exactly what it computed before training (learning rate 0: same weights), outside it does not."""
+    import torch
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    model = _tiny_causal_lm()
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(ids).logits
+    rows = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, learning_rate=0.0, bf16=True, use_cpu=True,
+                             per_device_train_batch_size=2, report_to="none", save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    trainer.train()
+    with torch.no_grad():
+        autocast = model(ids).logits
+        with stage.own_precision(trainer):
+            own = model(ids).logits
+        again = model(ids).logits
+    assert not torch.equal(autocast, before)  # what an after-training measurement saw: bf16 autocast
+    assert torch.equal(own, before)
+    assert torch.equal(again, autocast)  # training's forward is put back
+
+
+@pytest.mark.parametrize("name", MAINS)
+def test_every_stage_measures_after_training_in_its_own_precision(name):
+    calls = [n for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(MAINS[name]))))
+             if isinstance(n, ast.Attribute) and n.attr == "own_precision"]
+    assert calls, f"{name}.main measures after training without stage.own_precision"

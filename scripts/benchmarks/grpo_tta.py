@@ -85,6 +85,7 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     from align.models import load_model, load_tokenizer
     from align.rollout import SamplingParams, get_engine
     from align.sampler import build_sampler
+    from align.stage import own_precision
     from data_gen.tasks import tasks_dataset
 
     ours = kind == "ours"
@@ -120,8 +121,9 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     def evaluate() -> float:
         was = trainer.model.training
         trainer.model.eval()
-        acc = heldout_accuracy(judge.generate, tokenizer, rows, SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS),
-                               "math_reward")["accuracy"]
+        with own_precision(trainer):  # fp32 at every point: training leaves the forward in bf16 autocast
+            acc = heldout_accuracy(judge.generate, tokenizer, rows,
+                                   SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS), "math_reward")["accuracy"]
         trainer.model.train(was)
         return acc
 
