@@ -67,6 +67,9 @@ class _Clock:
                     control.should_training_stop = True
                 clock._t = time.perf_counter()
 
+            def on_train_end(self, args, state, control, **kw):  # steps after the last evaluation count too
+                clock.train_s += time.perf_counter() - clock._t
+
         self.callback = CB()
 
 

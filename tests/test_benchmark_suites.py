@@ -1,0 +1,60 @@
+"""scripts/benchmarks: the measuring logic of the suites, without the models (the suites themselves run in
+`make bench` / `python scripts/benchmark.py <suite>`, never in the test suite: timings are not asserted).
+
+Run: pytest tests/test_benchmark_suites.py -q   (seconds)
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _suite(name: str):
+    """scripts/benchmarks/<name>.py as `benchmarks.<name>` (scripts/ itself stays off sys.path: its scripts would
+    shadow the packages of the same name)."""
+    if "benchmarks" not in sys.modules:
+        init = ROOT / "scripts" / "benchmarks" / "__init__.py"
+        spec = importlib.util.spec_from_file_location("benchmarks", init,
+                                                      submodule_search_locations=[str(init.parent)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["benchmarks"] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def test_time_to_accuracy_clock_counts_training_not_evaluation_and_stops_at_the_target(monkeypatch):
+    tta = _suite("grpo_tta")
+    now = [0.0]  # a fake clock: steps take 1 s, evaluations 5 s
+    monkeypatch.setattr(tta.time, "perf_counter", lambda: now[0])
+    accuracies = iter([0.20, 0.25, 0.31, 0.40])
+
+    def evaluate():
+        now[0] += 5.0
+        return next(accuracies)
+
+    clock = tta._Clock(evaluate, every=2)
+    clock.target = 0.30
+    cb, args = clock.callback, SimpleNamespace()
+    control = SimpleNamespace(should_training_stop=False)
+    cb.on_train_begin(args, SimpleNamespace(global_step=0), control)
+    for step in range(1, 9):
+        now[0] += 1.0
+        cb.on_step_end(args, SimpleNamespace(global_step=step), control)
+        if control.should_training_stop:
+            break
+    now[0] += 0.5  # the trainer's own wrap-up after the last step
+    cb.on_train_end(args, SimpleNamespace(global_step=step), control)
+    assert step == 6 and clock.points == [(2, 2.0, 0.20), (4, 4.0, 0.25), (6, 6.0, 0.31)]  # stopped at the target
+    assert clock.train_s == 6.5  # six steps and the wrap-up; none of the three evaluations
+
+
+def test_summary_line_shape():
+    common = _suite("common")
+    assert common.summary_line("grpo_tta", "ours/trl-default", "seconds-to-target", 1.54, 1.5) == (
+        "grpo_tta: ours/trl-default seconds-to-target ratio 1.54 (target >= 1.5)")
