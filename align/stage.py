@@ -129,8 +129,8 @@ def own_precision(trainer):
     forward in bf16/fp16 autocast (mixed precision) and leaves it wrapped, so a held-out measurement taken after
     training would run in another precision than the one taken before it (greedy answers differ: 2 of 16 SmolLM2-135M
     held-out answers at identical weights), and in another than `scripts/evaluate.py` loading the saved model. Inside,
-    the forward is accelerate's original one; it is put back on exit. (DeepSpeed bf16 casts the weights themselves:
-    there the after-training measurement stays bf16.)"""
+    the forward is accelerate's original one; it is put back on exit. (DeepSpeed bf16 casts the weights themselves;
+    this does not change them.)"""
     model = trainer.accelerator.unwrap_model(trainer.model)
     original = model.__dict__.get("_original_forward")
     if original is None or "forward" not in model.__dict__:
