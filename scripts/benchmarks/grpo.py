@@ -82,37 +82,42 @@ class _StepTimer:
         trainer._generate_single_turn = timed
 
 
-def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
-    """Train `num_steps` steps with a fresh trainer; time the steps after the first."""
+def build_trainer(kind: str, model_dir: str, train, common: dict):
+    """One side of a GRPO comparison on `train` with the knobs in `common`. "ours": `align.grpo.GRPOTrainer` built as
+    `align.grpo.main` builds it (our GRPOConfig's defaults, `rollout_backend: auto`, the engine's sampling log-probs
+    for importance sampling). "trl": TRL as it comes, `trl.GRPOTrainer` with `trl.GRPOConfig`'s defaults (bf16
+    autocast) and its own generation, with what a CPU needs to start (use_cpu) and without its default gradient
+    checkpointing, which only makes the baseline faster (on a CPU transformers turns the KV cache off under
+    checkpointing: 20x slower generation). Both score with math_reward."""
     import trl
 
-    ours = kind == "ours"
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir)
+    reward_funcs = build_rewards(GRPOConfig(output_dir=common["output_dir"], reward_funcs=["math_reward"]))
+    if kind == "trl":
+        args = trl.GRPOConfig(**common, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=False)
+        return trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                               processing_class=tokenizer)
+    args = GRPOConfig(**common, reward_funcs=["math_reward"], rollout_backend="auto")
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
+                          processing_class=tokenizer)
+    trainer.sampler = build_sampler(
+        args.rollout_backend, rollout_knobs(args, trainer.model), trainer.accelerator.unwrap_model(trainer.model),
+        model_dir, tokenizer, trainer.accelerator, seed=args.seed,
+        max_model_len=engine_context_length(args, train, tokenizer),
+        logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
+    return trainer
+
+
+def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
+    """Train `num_steps` steps with a fresh trainer; time the steps after the first."""
     common = dict(
         output_dir=tempfile.mkdtemp(prefix="grpo-bench-run-"), max_steps=num_steps, seed=0, report_to="none",
         per_device_train_batch_size=shape["prompts"] * shape["generations"], num_generations=shape["generations"],
         max_completion_length=shape["tokens"], learning_rate=1e-6, logging_steps=1, save_strategy="no",
         disable_tqdm=True,
     )
-    # ours: our GRPOConfig's defaults; TRL: trl.GRPOConfig's (bf16 autocast), with what a CPU needs to start
-    # (use_cpu) and without its default gradient checkpointing, which only makes the baseline faster (and on a CPU
-    # 20x slower to generate: transformers turns the KV cache off under checkpointing)
-    args = GRPOConfig(**common, reward_funcs=["math_reward"], rollout_backend="auto")
-    if not ours:
-        args = trl.GRPOConfig(**common, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=False)
-    tokenizer = load_tokenizer(model_dir)
-    train = prepare_prompts(tasks_dataset(num=64, mode="think"), "think")
-    model = load_model(model_dir)
-    reward_funcs = build_rewards(GRPOConfig(output_dir=common["output_dir"], reward_funcs=["math_reward"]))
-    if ours:  # built as align.grpo.main builds it
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                              processing_class=tokenizer)
-        trainer.sampler = build_sampler(
-            args.rollout_backend, rollout_knobs(args, trainer.model), trainer.accelerator.unwrap_model(trainer.model), model_dir,
-            tokenizer, trainer.accelerator, seed=args.seed, max_model_len=engine_context_length(args, train, tokenizer),
-            logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
-    else:  # TRL as it comes: its own GRPOTrainer, transformers generation
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                                  processing_class=tokenizer)
+    trainer = build_trainer(kind, model_dir, prepare_prompts(tasks_dataset(num=64, mode="think"), "think"), common)
     timer = _StepTimer(trainer)
     trainer.train()
     steps, gens, toks = timer.steps[1:], timer.gens[1:], timer.tokens[1:]

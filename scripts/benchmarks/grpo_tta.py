@@ -6,8 +6,9 @@ GRPOTrainer with its defaults, on the same model, task, seed and step budget.
 
 Both sides take recipes/smol135m_grpo.yaml's task, loss, learning rate and shapes (ours in our GRPOConfig, TRL in
 trl.GRPOConfig); ours generates through the shared rollout engine (`rollout_backend: auto`), TRL through
-`model.generate` on the padded batch. Every `EVAL_EVERY` steps training pauses and the SAME evaluator (greedy, an hf
-engine on the live weights in their own fp32 precision, the families' held-out prompts) measures accuracy; evaluation time is not counted. The target is the starting accuracy plus
+`model.generate` on the padded batch (both built by the `grpo` suite's `build_trainer`). Every `EVAL_EVERY` steps
+training pauses and the SAME evaluator (greedy, an hf engine on the live weights in their own fp32 precision, the
+families' held-out prompts) measures accuracy; evaluation time is not counted. The target is the starting accuracy plus
 `GAIN` (absolute). Summary: `grpo_tta: ours/trl-default seconds-to-target ratio R` = TRL's seconds / ours (a
 speedup; a side that never reaches the target within the budget counts its whole budget, flagged in the rows).
 
@@ -27,7 +28,7 @@ from benchmarks.common import summary_line
 
 MODEL_CANDIDATES = ("outputs/smol135m/apo", "outputs/smol135m/sft")
 FAMILIES = ["count_letters", "count_items"]
-GAIN = 0.08  # absolute held-out accuracy points above the start: beyond one 256-prompt measurement's noise (+-5.3 at 25%)
+GAIN = 0.08  # absolute points above the start: beyond one 256-prompt measurement's noise (+-5.3 at 25%)
 EVAL_EVERY = 2
 MAX_TOKENS = 64  # these families' gold answers: median 37, p95 45 tokens (recipes/smol135m_grpo.yaml)
 TARGET = 1.5
@@ -37,9 +38,9 @@ def _model_dir() -> str:
     for path in MODEL_CANDIDATES:
         if (Path(path) / "config.json").exists():
             return path
-    raise FileNotFoundError(
-        f"grpo_tta needs the SmolLM2-135M chain's SFT model (one of {MODEL_CANDIDATES}): run "
-        "`python scripts/pipeline.py recipes/smol135m_pipeline.yaml --until apo` first")
+    raise SystemExit(  # one line, no traceback
+        f"smolalign: error: grpo_tta needs the SmolLM2-135M chain's APO or SFT model (one of {MODEL_CANDIDATES}): "
+        "run `python scripts/pipeline.py recipes/smol135m_pipeline.yaml --until apo` first")
 
 
 class _Clock:
@@ -74,51 +75,24 @@ class _Clock:
 
 
 def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float | None, every: int) -> dict:
-    import trl
-
-    from align.grpo import (
-        GRPOConfig,
-        GRPOTrainer,
-        build_rewards,
-        engine_context_length,
-        prepare_prompts,
-        rollout_knobs,
-    )
+    from align.grpo import prepare_prompts
     from align.grpo_data import heldout_accuracy
-    from align.models import load_model, load_tokenizer
     from align.rollout import SamplingParams, get_engine
-    from align.sampler import build_sampler
     from align.stage import own_precision
+    from benchmarks.grpo import build_trainer
     from data_gen.tasks import tasks_dataset
 
-    ours = kind == "ours"
-    # recipes/smol135m_grpo.yaml's knobs on both sides; ours: our GRPOConfig, TRL: trl.GRPOConfig (bf16 autocast),
-    # with what a CPU needs to start (use_cpu) and without its default gradient checkpointing, which only makes the
-    # baseline faster (on a CPU transformers turns the KV cache off under checkpointing: 20x slower generation)
+    # recipes/smol135m_grpo.yaml's knobs on both sides (ours in our GRPOConfig, TRL in trl.GRPOConfig)
     common = dict(
         output_dir=tempfile.mkdtemp(prefix="grpo-tta-"), max_steps=num_steps, seed=0, report_to="none",
         per_device_train_batch_size=64, num_generations=8, max_completion_length=MAX_TOKENS, temperature=1.0,
         learning_rate=1e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=3, loss_type="dapo",
         epsilon_high=0.28, beta=0.0, logging_steps=1, save_strategy="no", bf16=True, disable_tqdm=True,
     )
-    args = GRPOConfig(**common, reward_funcs=["math_reward"], rollout_backend="auto")
-    if not ours:
-        args = trl.GRPOConfig(**common, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=False)
-    reward_funcs = build_rewards(GRPOConfig(output_dir=common["output_dir"], reward_funcs=["math_reward"]))
-    tokenizer = load_tokenizer(model_dir)
     train = prepare_prompts(tasks_dataset("train", FAMILIES, num=1200, mode="mixed"))
     rows = prepare_prompts(tasks_dataset("test", FAMILIES, num=num_eval, mode="mixed"))
-    model = load_model(model_dir)
-    if ours:  # built as align.grpo.main builds it (the sampling log-probs importance sampling needs)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                              processing_class=tokenizer)
-        trainer.sampler = build_sampler(
-            args.rollout_backend, rollout_knobs(args, trainer.model), trainer.accelerator.unwrap_model(trainer.model), model_dir, tokenizer,
-            trainer.accelerator, seed=args.seed, max_model_len=engine_context_length(args, train, tokenizer),
-            logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
-    else:  # TRL as it comes
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                                  processing_class=tokenizer)
+    trainer = build_trainer(kind, model_dir, train, common)
+    tokenizer = trainer.processing_class
     judge = get_engine(trainer.model, backend="hf", tokenizer=tokenizer)  # the same evaluator for both sides
 
     def evaluate() -> float:
