@@ -227,20 +227,28 @@ class GRPOTrainer(LossPassImportanceSampling, trl.GRPOTrainer):
 
     @sampler.setter
     def sampler(self, sampler: Sampler | None) -> None:
-        """Truncated importance sampling (`vllm_importance_sampling_correction`) when the engine holds weights of its
-        own: TRL applies its correction, with the log-probs the engine reports, wherever it believes vLLM sampled, so
-        `use_vllm` is set for it (our `_generate_single_turn` does the sampling either way; `vllm_mode` "server"
-        keeps TRL away from a colocated engine of its own). An engine that is the trained model needs none."""
+        """Truncated importance sampling (`vllm_importance_sampling_correction`) when the engine samples from another
+        distribution than the trainer's forward: weights of its own, or the shared model outside the trainer's
+        autocast (`Sampler.samples_another_precision`, re-checked at every generation: accelerate puts the autocast
+        on inside `train()`). TRL applies its correction, with the log-probs the engine reports, wherever it believes
+        vLLM sampled, so `use_vllm` is set for it (our `_generate_single_turn` does the sampling either way;
+        `vllm_mode` "server" keeps TRL away from a colocated engine of its own). An engine that samples what the
+        trainer computes needs none."""
         self._sampler = sampler
-        self.use_vllm = bool(sampler is not None and self.args.vllm_importance_sampling_correction
-                             and not sampler.shares(self.model))
+        self._update_importance_sampling()
         if self.use_vllm:
-            self.vllm_mode = "server"
             kind = getattr(sampler.engine, "logprobs_kind", "sampling")
             if kind != "sampling":
                 raise ValueError(f"vllm_importance_sampling_correction needs the engine's sampling log-probs, but the "
                                  f"{sampler.backend} engine reports {kind} ones: build it with "
                                  "build_sampler(..., logprobs_kind='sampling') or set vllm_importance_sampling_correction: false")
+
+    def _update_importance_sampling(self) -> None:
+        sampler = self._sampler
+        self.use_vllm = bool(sampler is not None and self.args.vllm_importance_sampling_correction
+                             and sampler.samples_another_precision(self.model))
+        if self.use_vllm:
+            self.vllm_mode = "server"
 
     @property
     def importance_sampling(self) -> bool:
@@ -332,6 +340,7 @@ class GRPOTrainer(LossPassImportanceSampling, trl.GRPOTrainer):
         return rows
 
     def _generate_and_score_completions(self, inputs):
+        self._update_importance_sampling()  # the trainer's autocast exists only once train() has prepared the model
         if not (self.args.dynamic_sampling and self.model.training):
             return self._score(inputs)
         g = self.num_generations

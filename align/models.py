@@ -13,10 +13,12 @@ from its config, load the dequantised weights, save. Every stage and vLLM then l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -122,6 +124,29 @@ def resolve_model_path(name_or_path: str) -> str:
 def default_dtype() -> torch.dtype:
     """fp32 on CPU (bf16 training there goes through autocast), bf16 on GPU."""
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
+def has_autocast_forward(model) -> bool:
+    """accelerate's mixed precision (bf16/fp16 `prepare`) replaced this instance's `forward` with an autocast-wrapped
+    one, keeping the original as `_original_forward`. (DeepSpeed's bf16 casts the weights instead: False.)"""
+    return "_original_forward" in model.__dict__ and "forward" in model.__dict__
+
+
+@contextlib.contextmanager
+def native_forward(model) -> Iterator[None]:
+    """Run `model` in its weights' own precision: accelerate's autocast wrapper (`has_autocast_forward`) is taken off
+    the forward inside and put back on exit; a no-op for a model without it. `trainer.train()` leaves the wrapper on,
+    so measurements after training (align.stage.own_precision) and a CPU rollout engine sharing the trained model
+    (align.rollout.hf) use this."""
+    if not has_autocast_forward(model):
+        yield
+        return
+    wrapped = model.forward
+    model.forward = model.__dict__["_original_forward"]
+    try:
+        yield
+    finally:
+        model.forward = wrapped
 
 
 def default_attn_implementation() -> str:

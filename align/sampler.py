@@ -50,6 +50,15 @@ class Sampler:
         """The engine generates with this (unwrapped) model object: nothing to push."""
         return getattr(self.engine, "model", None) is _unwrap(model, self.accelerator)
 
+    def samples_another_precision(self, model) -> bool:
+        """The engine's samples come from another distribution than `model`'s forward gives the trainer: it holds
+        weights of its own (vLLM, a copy in another dtype), or it shares the model but samples outside the
+        trainer's mixed-precision autocast (the hf engine on a CPU: align.rollout.hf)."""
+        if not self.shares(model):
+            return True
+        bypasses = getattr(self.engine, "bypasses_autocast", None)
+        return bool(bypasses and bypasses())
+
     def next_seed(self) -> int:
         """The sampling seed of the next generation call: per rank, per call, reproducible for (seed, world size)."""
         self.num_calls += 1

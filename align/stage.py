@@ -131,17 +131,8 @@ def own_precision(trainer):
     held-out answers at identical weights), and in another than `scripts/evaluate.py` loading the saved model. Inside,
     the forward is accelerate's original one; it is put back on exit. (DeepSpeed bf16 casts the weights themselves;
     this does not change them.)"""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    original = model.__dict__.get("_original_forward")
-    if original is None or "forward" not in model.__dict__:
+    with models.native_forward(trainer.accelerator.unwrap_model(trainer.model)):
         yield
-        return
-    autocast_forward = model.forward
-    model.forward = original
-    try:
-        yield
-    finally:
-        model.forward = autocast_forward
 
 
 def save(trainer, tokenizer, training_args) -> None:

@@ -499,6 +499,42 @@ def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_s
     assert rollout_knobs(fp32, model) == {}
 
 
+def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sampling_corrects_it(tiny, tmp_path):
+    """On a CPU the hf engine that shares the trained model samples in its fp32 weights while the trainer computes
+    under accelerate's bf16 autocast (align.rollout.hf): a small, real mismatch, corrected in the loss pass (no
+    no-grad pass). Without mixed precision the engine samples what the trainer computes: no correction."""
+    from align.sampler import build_sampler
+
+    def run(bf16: bool):
+        args = _args(tmp_path / str(bf16), max_steps=2, temperature=1.0, bf16=bf16,
+                     vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
+        trainer = _trainer(tiny, args, [length_reward], None)
+        trainer.sampler = build_sampler("hf", {}, trainer.model, tiny["model"], tiny["tokenizer"], trainer.accelerator,
+                                        logprobs_kind="sampling")
+        assert trainer.sampler.shares(trainer.model) and not trainer.importance_sampling  # no autocast before train()
+        passes = []
+        inner = trainer._get_per_token_logps_and_entropies
+
+        def counted(*a, **k):
+            passes.append(torch.is_grad_enabled())
+            return inner(*a, **k)
+
+        trainer._get_per_token_logps_and_entropies = counted
+        trainer.train()
+        return trainer, passes
+
+    (mixed, mixed_passes), (plain, plain_passes) = run(True), run(False)
+    assert mixed.importance_sampling and mixed.engine.bypasses_autocast()
+    low, high = _is_metric(mixed, "sampling/importance_sampling_ratio/min"), \
+        _is_metric(mixed, "sampling/importance_sampling_ratio/max")
+    assert len(low) == 2 and min(low) < 1 < max(high)  # bf16 vs fp32: a real difference, corrected
+    assert min(low) > 0.9 and max(high) < 1.1  # and a small one
+    assert 0 < _is_metric(mixed, "sampling/sampling_logp_difference/mean")[0] < 0.05
+    assert mixed_passes.count(False) == 0  # the ratio comes from the loss pass
+    assert not plain.importance_sampling and not plain.engine.bypasses_autocast()
+    assert not _is_metric(plain, "sampling/importance_sampling_ratio/mean") and plain_passes.count(False) == 0
+
+
 def test_sampling_logprobs_are_those_of_the_distribution_drawn_from():
     """The estimator the correction relies on: tokens drawn by the engine at temperature 2 and top-k 6, weighted by
     p/q with q the log-prob the engine reports, average what the trainer's own distribution p averages."""

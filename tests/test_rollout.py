@@ -187,6 +187,35 @@ def test_hf_engine_on_a_live_model_sees_its_weights_without_copy(model_dirs):
     engine.close()
 
 
+def test_hf_engine_on_a_cpu_samples_in_the_weights_precision_under_a_trainers_autocast(model_dirs, tmp_path):
+    """`trainer.train()` (bf16 mixed precision) leaves accelerate's autocast on the shared model's forward; the hf
+    engine still samples from the fp32 weights, exactly what an engine on an untouched copy samples, and the
+    trainer's autocast forward is back afterwards."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from align.models import has_autocast_forward
+    from align.rollout.hf import HFEngine
+
+    model, reference = _load(model_dirs["tied"]), _load(model_dirs["tied"])
+    rows = Dataset.from_dict({"input_ids": [PROMPTS[0]] * 2, "labels": [PROMPTS[0]] * 2})
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, learning_rate=0.0, bf16=True, use_cpu=True,
+                             per_device_train_batch_size=2, report_to="none", save_strategy="no")
+    Trainer(model=model, args=args, train_dataset=rows).train()  # learning rate 0: the weights stay the reference's
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        assert has_autocast_forward(model) and not torch.equal(model(ids).logits, reference(ids).logits)
+    engine, plain = HFEngine(model), HFEngine(reference)
+    assert engine.bypasses_autocast() and not plain.bypasses_autocast()
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=MAX_NEW, seed=0, logprobs=True,
+                            logprobs_kind="sampling")
+    ours, theirs = engine.generate(PROMPTS, params), plain.generate(PROMPTS, params)
+    assert [[r.completion_ids for r in g] for g in ours] == [[r.completion_ids for r in g] for g in theirs]
+    assert [[r.logprobs for r in g] for g in ours] == [[r.logprobs for r in g] for g in theirs]  # bit for bit
+    with torch.no_grad():
+        assert not torch.equal(model(ids).logits, reference(ids).logits)  # training's autocast forward is back
+
+
 def test_hf_logprobs_are_raw_model_logprobs(model_dirs):
     model = _load(model_dirs["untied"])
     engine = get_engine(model, backend="hf", batch_size=3)
