@@ -25,6 +25,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from align.cpu_attention import sdpa_cpu_fp32
+
 NAME = "sdpa_documents"
 _CACHE: dict = {}  # one forward's document index, reused by every layer
 
@@ -65,10 +67,7 @@ def sdpa_documents(module, query, key, value, attention_mask, dropout: float = 0
                    position_ids: torch.Tensor | None = None, **kwargs):
     """transformers attention-function signature: query (B, H, T, D), key/value (B, Hkv, T, D) -> ((B, T, H, D), None)."""
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_cpu_fp32(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     b, h, t, d = query.shape
     hkv = key.shape[1]
     q = query.transpose(1, 2).reshape(b * t, h, d)

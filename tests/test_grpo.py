@@ -512,18 +512,21 @@ def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sam
         trainer.sampler = build_sampler("hf", {}, trainer.model, tiny["model"], tiny["tokenizer"], trainer.accelerator,
                                         logprobs_kind="sampling")
         assert trainer.sampler.shares(trainer.model) and not trainer.importance_sampling  # no autocast before train()
-        passes = []
+        passes, trainer.attention = [], set()
         inner = trainer._get_per_token_logps_and_entropies
 
         def counted(*a, **k):
             passes.append(torch.is_grad_enabled())
+            trainer.attention.add(trainer.model.config._attn_implementation)
             return inner(*a, **k)
 
         trainer._get_per_token_logps_and_entropies = counted
         trainer.train()
+        assert trainer.model.config._attn_implementation == "sdpa"  # restored after train()
         return trainer, passes
 
     (mixed, mixed_passes), (plain, plain_passes) = run(True), run(False)
+    assert mixed.attention == plain.attention == {"sdpa_cpu_fp32"}  # the loss pass (align/cpu_attention.py)
     assert mixed.importance_sampling and mixed.engine.bypasses_autocast()
     low, high = _is_metric(mixed, "sampling/importance_sampling_ratio/min"), \
         _is_metric(mixed, "sampling/importance_sampling_ratio/max")

@@ -22,6 +22,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from align.cpu_attention import NAME as CPU_FP32
+
 ATTN_NAME = "smolalign_decode"
 _REGISTERED = False
 
@@ -108,9 +110,11 @@ def _register() -> None:
 
 @contextlib.contextmanager
 def fast_decode_attention(model: Any) -> Iterator[bool]:
-    """Use `decode_attention` for the duration of a generate call, on a CPU sdpa model; restored after."""
+    """Use `decode_attention` for the duration of a generate call, on a CPU sdpa model (also one a trainer switched
+    to fp32 attention, align/cpu_attention.py); its implementation is restored after."""
     config = model.config
-    if model.device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
+    saved = getattr(config, "_attn_implementation", None)
+    if model.device.type != "cpu" or saved not in ("sdpa", CPU_FP32):
         yield False
         return
     _register()
@@ -118,4 +122,4 @@ def fast_decode_attention(model: Any) -> Iterator[bool]:
     try:
         yield True
     finally:
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = saved
