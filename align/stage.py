@@ -44,6 +44,7 @@ import data_gen  # noqa: F401  (registers builtin:tasks with align.data for ever
 from align import models
 from align.chat import setup_chat_format
 from align.checkpoint import install, resume_checkpoint
+from align.cpu_attention import fp32_attention
 from align.data import get_dataset
 from align.distributed import zero3_init_disabled
 from align.preflight import preflight
@@ -114,8 +115,10 @@ def prepare(trainer, script_args, stage: str, **checks) -> None:
 
 def train(trainer, training_args) -> dict:
     """Train, resuming from the latest complete checkpoint in output_dir (align.checkpoint.resume_checkpoint);
-    return the trainer's numeric metrics with the first and last logged loss."""
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
+    return the trainer's numeric metrics with the first and last logged loss. On a CPU under bf16 autocast the
+    trained model attends in fp32 (align/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
+    with fp32_attention(trainer.model):
+        result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
     metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if losses:

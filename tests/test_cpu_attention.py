@@ -97,3 +97,30 @@ def test_the_hf_engine_keeps_its_decode_attention_inside_fp32_attention():
         inside = [g[0].completion_ids for g in engine.generate(prompts, params)]
         assert model.config._attn_implementation == NAME  # put back after generating
     assert inside == plain and set(seen) == {ATTN_NAME}
+
+
+def test_stage_train_trains_in_fp32_attention_and_restores_sdpa(tmp_path):
+    """What every stage's main calls (align.stage.train): the training passes of a bf16 CPU run attend in fp32."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from align import stage
+
+    model = _model()
+    ids, _ = _batch()
+    rows = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, learning_rate=1e-3, bf16=True, use_cpu=True,
+                             per_device_train_batch_size=2, report_to="none", save_strategy="no",
+                             remove_unused_columns=False)
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    seen = []
+    forward = model.forward
+
+    def spy(*a, **k):
+        seen.append(model.config._attn_implementation)
+        return forward(*a, **k)
+
+    model.forward = spy
+    metrics = stage.train(trainer, args)
+    assert seen == [NAME, NAME] and model.config._attn_implementation == "sdpa"
+    assert metrics["train_loss"] > 0
