@@ -27,6 +27,18 @@ def _batch():
     return ids, mask
 
 
+def _record_attention(model) -> list[str]:
+    """The attention implementation each forward call of `model` ran with (its forward wrapped in place)."""
+    seen, forward = [], model.forward
+
+    def spy(*args, **kwargs):
+        seen.append(model.config._attn_implementation)
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+    return seen
+
+
 def _loss_and_grads(model, ids, mask, autocast: bool):
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -85,14 +97,7 @@ def test_the_hf_engine_keeps_its_decode_attention_inside_fp32_attention():
     params = SamplingParams(temperature=0, max_new_tokens=8)
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     plain = [g[0].completion_ids for g in engine.generate(prompts, params)]
-    seen = []
-    forward = model.forward
-
-    def spy(*args, **kwargs):
-        seen.append(model.config._attn_implementation)
-        return forward(*args, **kwargs)
-
-    model.forward = spy
+    seen = _record_attention(model)
     with fp32_attention(model):
         inside = [g[0].completion_ids for g in engine.generate(prompts, params)]
         assert model.config._attn_implementation == NAME  # put back after generating
@@ -113,14 +118,7 @@ def test_stage_train_trains_in_fp32_attention_and_restores_sdpa(tmp_path):
                              per_device_train_batch_size=2, report_to="none", save_strategy="no",
                              remove_unused_columns=False)
     trainer = Trainer(model=model, args=args, train_dataset=rows)
-    seen = []
-    forward = model.forward
-
-    def spy(*a, **k):
-        seen.append(model.config._attn_implementation)
-        return forward(*a, **k)
-
-    model.forward = spy
+    seen = _record_attention(model)
     metrics = stage.train(trainer, args)
     assert seen == [NAME, NAME] and model.config._attn_implementation == "sdpa"
     assert metrics["train_loss"] > 0
