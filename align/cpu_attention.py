@@ -10,7 +10,7 @@ SmolLM2-135M. (SFT's per-document attention, align/document_attention.py, attend
 reason, and uses this for padded batches.)
 
     with fp32_attention(model):      # around the whole train(): gradient checkpointing recomputes the same way
-        trainer.train()
+        trainer.train()              # what align.stage.train does for every stage
 
 The implementation is registered with transformers' `AttentionInterface` as `sdpa_cpu_fp32`; the model's own
 (`sdpa`) comes back on exit, so a saved config never names it.

@@ -34,7 +34,6 @@ import trl
 
 from align import stage
 from align.configs import StageArgs, apply_device_defaults
-from align.cpu_attention import fp32_attention
 from align.data import require_columns
 from align.distributed import all_max, rank_seed
 from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API lives in align.grpo)
@@ -217,10 +216,6 @@ class GRPOTrainer(LossPassImportanceSampling, trl.GRPOTrainer):
         # each rank refills from its own stream of prompts (seeded by rank), the same for the same seed and world size
         self._refill_rng = random.Random(rank_seed(self.args.seed, rank=self.accelerator.process_index))
         self._last_rewards_per_func: torch.Tensor | None = None
-
-    def train(self, *args, **kwargs):
-        with fp32_attention(self.model):  # a CPU under bf16 autocast: attention in fp32, 2x faster (align/cpu_attention.py)
-            return super().train(*args, **kwargs)
 
     @property
     def engine(self):

@@ -503,6 +503,7 @@ def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sam
     """On a CPU the hf engine that shares the trained model samples in its fp32 weights while the trainer computes
     under accelerate's bf16 autocast (align.rollout.hf): a small, real mismatch, corrected in the loss pass (no
     no-grad pass). Without mixed precision the engine samples what the trainer computes: no correction."""
+    from align import stage
     from align.sampler import build_sampler
 
     def run(bf16: bool):
@@ -521,8 +522,8 @@ def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sam
             return inner(*a, **k)
 
         trainer._get_per_token_logps_and_entropies = counted
-        trainer.train()
-        assert trainer.model.config._attn_implementation == "sdpa"  # restored after train()
+        stage.train(trainer, args)  # as align.grpo.main trains
+        assert trainer.model.config._attn_implementation == "sdpa"  # restored after training
         return trainer, passes
 
     (mixed, mixed_passes), (plain, plain_passes) = run(True), run(False)

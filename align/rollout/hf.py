@@ -17,7 +17,7 @@ A live model passed in is used in place (no copy): generation sees the trainer's
 and `update_weights` with that model's own parameters costs nothing. On a CPU it samples in the weights' own
 precision even when the trainer's mixed precision put bf16 autocast on that model's forward (`bypasses_autocast`):
 per decode step autocast re-casts every weight and activation, which on the small models this backend serves costs
-more than bf16 saves (a 3.4M model's 8x8x64 rollout: 0.33 -> 0.27 s; the demo's 9M model: 0.55 -> 0.43 s; on the
+more than bf16 saves (a 3.4M model's 8x8x64 rollout: 0.33 -> 0.27 s; the demo's 3.1M APO model: 0.55 -> 0.43 s; on the
 135M model, which `auto` gives vLLM, autocast was 7% faster). GRPO corrects the trainer/sampler difference with
 importance sampling, as for any engine that samples in another precision.
 """

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from align import stage
 from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, engine_context_length, prepare_prompts, rollout_knobs
 from align.models import load_model, load_tokenizer, resolve_model_path
 from align.sampler import build_sampler
@@ -109,6 +110,15 @@ def build_trainer(kind: str, model_dir: str, train, common: dict):
     return trainer
 
 
+def train(kind: str, trainer) -> None:
+    """Ours trains as every stage's main does (`align.stage.train`: fp32 attention under a CPU autocast, resume);
+    TRL's `train()` as it comes."""
+    if kind == "ours":
+        stage.train(trainer, trainer.args)
+    else:
+        trainer.train()
+
+
 def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     """Train `num_steps` steps with a fresh trainer; time the steps after the first."""
     common = dict(
@@ -119,7 +129,7 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     )
     trainer = build_trainer(kind, model_dir, prepare_prompts(tasks_dataset(num=64, mode="think"), "think"), common)
     timer = _StepTimer(trainer)
-    trainer.train()
+    train(kind, trainer)
     steps, gens, toks = timer.steps[1:], timer.gens[1:], timer.tokens[1:]
     return {"s_per_step": statistics.median(steps), "gen_share": sum(gens) / sum(steps),
             "gen_tok_per_s": sum(toks) / max(sum(gens), 1e-9)}

@@ -80,6 +80,7 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     from align.rollout import SamplingParams, get_engine
     from align.stage import own_precision
     from benchmarks.grpo import build_trainer
+    from benchmarks.grpo import train as train_side
     from data_gen.tasks import tasks_dataset
 
     # recipes/smol135m_grpo.yaml's knobs on both sides (ours in our GRPOConfig, TRL in trl.GRPOConfig)
@@ -108,7 +109,7 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     start = evaluate()
     clock.target = start + GAIN if target is None else target
     trainer.add_callback(clock.callback)
-    trainer.train()
+    train_side(kind, trainer)
     reached = next(((step, s) for step, s, acc in clock.points if acc >= clock.target), None)
     return {"start": start, "target": clock.target, "curve": clock.points, "reached": reached is not None,
             "steps": reached[0] if reached else num_steps, "seconds": reached[1] if reached else clock.train_s}
