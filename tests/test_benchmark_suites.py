@@ -58,3 +58,28 @@ def test_summary_line_shape():
     common = _suite("common")
     assert common.summary_line("grpo_tta", "ours/trl-default", "seconds-to-target", 1.54, 1.5) == (
         "grpo_tta: ours/trl-default seconds-to-target ratio 1.54 (target >= 1.5)")
+
+
+def test_rollout_ceiling_products_are_exact_and_its_clock_is_prefill_plus_decode_steps(monkeypatch):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rollout = _suite("rollout")
+    weight, x = torch.randn(48, 32), torch.randn(8, 32)
+    for rows in (8, 3):  # the rows it was packed for, and fewer (rows that finished leave the batch)
+        assert torch.equal(rollout._linear_fn(weight, 8)(x[:rows]), torch.nn.functional.linear(x[:rows], weight))
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config).eval()
+    calls = []
+
+    def fake_median_time(fn, reps=3, warmup=1):
+        calls.append(fn.__name__)
+        return {"step": 0.01, "prefill_pass": 0.5}[fn.__name__]
+
+    monkeypatch.setattr(rollout, "median_time", fake_median_time)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    # 3 rows x 11 tokens: one prefill, then 10 decode steps (the first token comes from the prefill's logits)
+    assert abs(rollout._decode_ceiling(model, prompts, new=11) - 33 / (0.5 + 10 * 0.01)) < 1e-9
+    assert sorted(calls) == ["prefill_pass", "step"]
