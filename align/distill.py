@@ -26,8 +26,8 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
 - teacher placement: `teacher_device` (e.g. cuda:1) and `teacher_quantization` (8bit/4bit, bitsandbytes) on GPUs.
 - metrics before/after on held-out prompts: `divergence` (same tokenizer: exact per-token reverse and forward
   KL on the student's greedy completions; cross: ULD sorted-probability L1 on byte-aligned spans, the GOLD
-  training distance) and `accuracy` (greedy answers checked by the one scorer, `align.scoring`). Written to
-  `<output_dir>/distill_eval.json`.
+  training distance) and `accuracy` (greedy answers checked by the one scorer, `align.scoring`), with a paired
+  McNemar test of the accuracy on those same prompts (`paired`). Written to `<output_dir>/distill_eval.json`.
 
 The config is align/distill_config.py, the teacher's side (its tokenizer, placement and view of each prompt)
 align/distill_teacher.py, the held-out metrics align/distill_metrics.py; this module holds the trainer, the engine
@@ -75,6 +75,7 @@ from align.distributed import full_model, gather_shards, is_zero3, shard
 from align.models import resolve_model_path
 from align.rollout import SamplingParams
 from align.sampler import Sampler, build_sampler
+from align.scoring import paired_change
 from data_gen.tasks import assistant_text
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
@@ -347,7 +348,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
                         before["accuracy"])
         before.pop("teacher_accuracy", None)
         metrics["before"] = before
-        logger.info("held-out before: %s", metrics["before"])
+        logger.info("held-out before: %s", _scalars(metrics["before"]))
     metrics["train"] = stage.train(trainer, args)
     metrics["teacher_prompt_misses"] = trainer.teacher_prompt_misses
     metrics["engine_calls"] = trainer.sampler.num_calls if trainer.sampler is not None else 0
@@ -356,11 +357,20 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
             metrics["after"] = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
                                                 teacher_prompts=teacher_prompts)
-        logger.info("held-out after: %s", metrics["after"])
+        logger.info("held-out after: %s", _scalars(metrics["after"]))
         b, a = metrics["before"], metrics["after"]
+        if "correct" in b and "correct" in a:  # the same prompts before and after: a paired test
+            metrics["paired"] = paired_change(b["correct"], a["correct"])
+            logger.info("distill: same prompts: %d gained, %d lost, McNemar p=%.3g", metrics["paired"]["gained"],
+                        metrics["paired"]["lost"], metrics["paired"]["p_value"])
         logger.info("distill: held-out divergence %.4f -> %.4f, accuracy %.3f -> %.3f", b["divergence"],
                     a["divergence"], b.get("accuracy", float("nan")), a.get("accuracy", float("nan")))
     if trainer.sampler is not None:
         trainer.sampler.close(trainer.model_wrapped)
     stage.write_report(trainer, args.output_dir, "distill_eval.json", metrics)
     return metrics
+
+
+def _scalars(metrics: dict) -> dict:
+    """A held-out result without its per-row lists, for the log."""
+    return {k: v for k, v in metrics.items() if not isinstance(v, list)}

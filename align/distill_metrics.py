@@ -172,8 +172,9 @@ def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,
 
 
 def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, max_new_tokens: int,
-             uld_args=None, teacher_prompts: dict[str, str]) -> dict[str, float]:
-    """Divergence and (when rows carry answer/reward) verifiable accuracy with its item count, from one greedy pass.
+             uld_args=None, teacher_prompts: dict[str, str]) -> dict:
+    """Divergence and (when rows carry answer/reward) verifiable accuracy with its item count and the per-row
+    `correct` flags, from one greedy pass.
 
     Collective: every rank passes all the rows (with whole models); each rank answers and measures its share, and every
     rank returns the result over all rows (per-token divergences weighted by tokens, per-prompt ones by prompts)."""
@@ -198,5 +199,6 @@ def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mo
         out[key] = sum(w * p[key] for w, (_, p) in zip(weights, parts)) / max(sum(weights), 1)
     if checkable:
         summary = summarize(records)
-        out.update(accuracy=summary["accuracy"], num_prompts=summary["num"])
+        out.update(accuracy=summary["accuracy"], num_prompts=summary["num"],
+                   correct=[int(r["correct"]) for r in records])  # per row: the paired before/after test
     return out

@@ -13,7 +13,8 @@ hardest problems. We configure TRL's trainer and add what it leaves out:
 * prompts in think or no_think mode (`prompt_mode`: the system flag plus the `enable_thinking` template kwarg),
   and a check that `max_completion_length` fits the gold answers (a budget so short that every reward is 0 is
   the commonest silent GRPO failure);
-* held-out accuracy before and after training (greedy, the dataset's test split), in `grpo_eval.json`.
+* held-out accuracy before and after training (greedy, the dataset's test split), in `grpo_eval.json`, with a
+  paired test on those same prompts (`paired`: gained, lost, McNemar p-value; `align.scoring.paired_change`).
 
 How to run:
     python scripts/grpo.py recipes/tiny_grpo.yaml
@@ -47,6 +48,7 @@ from align.importance import LossPassImportanceSampling
 from align.models import resolve_model_path
 from align.rollout import SamplingParams, choose_backend, get_engine
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
+from align.scoring import paired_change
 from rewards.verifier import ACCURACY_VERIFIERS
 
 logger = logging.getLogger(__name__)
@@ -470,8 +472,10 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     if eval_rows is not None:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
             report["after"] = evaluate()
-        logger.info("held-out accuracy after GRPO: %.3f (before %.3f)", report["after"]["accuracy"],
-                    report["before"]["accuracy"])
+        report["paired"] = paired_change(report["before"]["correct"], report["after"]["correct"])
+        logger.info("held-out accuracy after GRPO: %.3f (before %.3f; same prompts: %d gained, %d lost, McNemar p=%.3g)",
+                    report["after"]["accuracy"], report["before"]["accuracy"], report["paired"]["gained"],
+                    report["paired"]["lost"], report["paired"]["p_value"])
     stage.write_report(trainer, training_args.output_dir, "grpo_eval.json", report)
     report["log_history"] = trainer.state.log_history
     if trainer.sampler is not None:

@@ -163,7 +163,8 @@ def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, 
     summary = summarize(records, families)  # task rows: which families moved
     report = {"accuracy": summary["accuracy"], "num_prompts": summary["num"], "ci_low": summary["ci_low"],
               "ci_high": summary["ci_high"], "mean_completion_length": summary["mean_completion_length"],
-              "sample": [r["text"] for r in records][:3]}
+              "sample": [r["text"] for r in records][:3],
+              "correct": [int(r["correct"]) for r in records]}  # per row, in row order: a paired before/after test
     if "by_family" in summary:
         report["by_family"] = summary["by_family"]
     return report

@@ -111,6 +111,23 @@ def _verdict(metric: str, before: float, after: float, before_iv=None, after_iv=
     return "improved" if better else ("unchanged" if after == before else "got worse")
 
 
+def _paired(stage: dict, target: str) -> dict | None:
+    """The stage's own paired test of an accuracy target on the same prompts (`grpo_eval/paired/...`, written
+    by `align.scoring.paired_change`): {"gained", "lost", "p_value"}, or None."""
+    head, _, rest = target.partition("/")
+    own = stage.get("train_metrics") or {}
+    paired = {k: own.get(f"{head}/paired/{k}") for k in ("gained", "lost", "p_value")}
+    return paired if rest.endswith("accuracy") and all(_finite(v) for v in paired.values()) else None
+
+
+def _paired_verdict(paired: dict) -> str:
+    """Before/after on the same items: within noise unless McNemar's p < 0.05, else the side that gained more."""
+    if paired["p_value"] >= 0.05:
+        return f"within noise (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, McNemar p={paired['p_value']:.2g})"
+    word = "improved" if paired["gained"] > paired["lost"] else "got worse"
+    return f"{word} (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, McNemar p={paired['p_value']:.2g})"
+
+
 def _chance(stages: list[dict], name: str) -> float | None:
     for s in stages:
         c = ((s.get("stats") or {}).get(name) or {}).get("chance")
@@ -170,8 +187,10 @@ def target_lines(stages: list[dict]) -> list[str]:
         own = _own_before_after(s, t) if t else None
         if own is not None:  # a stage-result target, e.g. distill_eval/divergence: the stage's own before/after
             (before, b_iv), (after, a_iv) = ((s["train_metrics"][k], interval(s, k)) for k in own)
+            paired = _paired(s, t)
+            verdict = _paired_verdict(paired) if paired else _verdict(t, before, after, b_iv, a_iv)
             lines.append(f"- **{s['name']}** targets `{t}` (its own held-out eval): {_fmt_share(before, b_iv)} -> "
-                         f"{_fmt_share(after, a_iv)}: {_verdict(t, before, after, b_iv, a_iv)}")
+                         f"{_fmt_share(after, a_iv)}: {verdict}")
         elif t and before_stage is not None and t in s["metrics"] and t in before_stage["metrics"]:
             before, after = before_stage["metrics"][t], s["metrics"][t]
             b_iv, a_iv = interval(before_stage, t), interval(s, t)
@@ -317,7 +336,8 @@ def write_report(run_dir: str | Path) -> Path:
         "Best value per row in bold (loss, perplexity, lengths and truncation: lower is better). "
         "`cf` = cloze (the option text's log-likelihood), `mcf` = letter multiple choice (options shuffled; chance "
         "beside the name). A share shows ± half its 95% Wilson interval and its item count n: stages whose "
-        "intervals overlap are within noise of each other.",
+        "intervals overlap are within noise of each other; a stage's own before/after on the same prompts is "
+        "judged by the paired (McNemar) test where the stage wrote one.",
         "",
         *metric_table(stages),
         "",

@@ -10,6 +10,8 @@ SFT's and GRPO's held-out evaluations, distillation's, the eval suites (`align/e
   that verifier scores it ``>= CORRECT_AT`` (1.0): a format bonus or partial credit is not a correct answer.
 - **Accuracy** (`accuracy`): the share correct with its item count and a 95% Wilson interval, so a reader can
   tell 2 items in 48 from a real change (`overlaps` says when two results are within noise).
+- **Before/after on the same items** (`paired_change`): the exact McNemar test on the items that changed, which
+  two overlapping intervals under-power (their widths add the noise of items that did not change).
 - **Generation** (`generate_and_score`): one path for greedy or sampled answers, through the shared rollout engine
   (an engine's or the trainer's `Sampler.generate`; `model_generate` wraps a loaded model in the hf engine).
 - **Log-likelihood** (`sequence_logprobs`): the summed log-prob of the last n tokens of each sequence; preference
@@ -109,6 +111,26 @@ def accuracy(flags: Sequence[float], key: str = "accuracy") -> dict[str, float]:
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Two intervals share a point: the difference between their results is within noise."""
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+def paired_change(before: Sequence[float], after: Sequence[float], alpha: float = 0.05) -> dict:
+    """Did a model get better or worse on the SAME items? The exact (binomial) McNemar test: of the items whose
+    outcome changed, `gained` went wrong -> right and `lost` right -> wrong; with no real change either way is a fair
+    coin, and `p_value` is the two-sided chance of a split at least this uneven. `significant`: p < `alpha`.
+
+    >>> paired_change([0, 0, 0, 0, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1])
+    {'num': 8, 'gained': 6, 'lost': 0, 'p_value': 0.03125, 'significant': True}
+    >>> paired_change([1, 0, 1, 0], [0, 1, 1, 0])["p_value"]
+    1.0
+    """
+    if len(before) != len(after):
+        raise ValueError(f"paired_change: {len(before)} items before, {len(after)} after: a paired test needs the same items")
+    gained = sum(1 for b, a in zip(before, after) if a > b)
+    lost = sum(1 for b, a in zip(before, after) if a < b)
+    changed = gained + lost
+    tail = sum(math.comb(changed, i) for i in range(min(gained, lost) + 1)) / 2**changed
+    p_value = min(1.0, 2 * tail)
+    return {"num": len(before), "gained": gained, "lost": lost, "p_value": p_value, "significant": p_value < alpha}
 
 
 # ---------------------------------------------------------------------------------------------- generation

@@ -81,6 +81,11 @@ def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
     assert _changed(tiny["student"], str(tmp_path / "out")) == 1.0  # every parameter tensor learned
     saved = json.loads((tmp_path / "out" / "distill_eval.json").read_text())
     assert saved["after"] == after
+    # the same prompts before and after: per-row flags that make the accuracy, and the paired test over them
+    assert len(before["correct"]) == len(after["correct"]) == after["num_prompts"]
+    assert sum(after["correct"]) / after["num_prompts"] == after["accuracy"]
+    assert saved["paired"]["gained"] - saved["paired"]["lost"] == sum(after["correct"]) - sum(before["correct"])
+    assert 0.0 < saved["paired"]["p_value"] <= 1.0
     # the teacher's own accuracy, measured like the student's: evaluating the teacher as a student gives the same
     from align.data import get_dataset
     from align.distill_metrics import evaluate

@@ -334,6 +334,7 @@ def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path, monkeypatch):
 
     from align.cli import run
     from align.grpo import main
+    from align.scoring import paired_change
 
     monkeypatch.syspath_prepend(str(FIXTURES))
     out = tmp_path / "run"
@@ -359,6 +360,10 @@ def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path, monkeypatch):
     assert 0.0 <= saved["after"]["accuracy"] <= 1.0 and saved["after"]["num_prompts"] == 4
     by = saved["after"]["by_family"]  # task rows: accuracy per family, the overall one lies between them
     assert set(by) <= {"arithmetic", "compare"} and min(by.values()) <= saved["after"]["accuracy"] <= max(by.values())
+    before, after = saved["before"]["correct"], saved["after"]["correct"]  # per prompt, the same 4 prompts
+    assert len(before) == len(after) == 4 and sum(after) / 4 == saved["after"]["accuracy"]
+    assert saved["paired"]["gained"] - saved["paired"]["lost"] == sum(after) - sum(before)
+    assert saved["paired"] == paired_change(before, after)
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0

@@ -16,6 +16,7 @@ from align.scoring import (
     greedy_params,
     is_correct,
     overlaps,
+    paired_change,
     shuffle_choices,
     summarize,
     wilson_interval,
@@ -153,3 +154,50 @@ def test_report_shows_intervals_counts_chance_and_within_noise_verdicts():
     table = "\n".join(metric_table(stages))
     assert "| mcf/truthfulqa (chance 0.227) | 0.250 ± 0.150 (n=32) |" in table
     assert "| acc/tasks/think | 0.250 ± 0.119 (n=48) | 0.292 ± 0.125 (n=48) |" in table
+
+
+def test_paired_change_is_the_exact_mcnemar_test_and_sees_what_overlapping_intervals_miss():
+    import math
+    import random
+
+    def binomial_two_sided(k, n):  # the exact test by its definition: P(X <= min) + P(X >= max), X ~ Bin(n, 1/2)
+        lo, hi = min(k, n - k), max(k, n - k)
+        mass = [math.comb(n, i) / 2**n for i in range(n + 1)]
+        return min(1.0, sum(mass[: lo + 1]) + sum(mass[hi:])) if lo != hi else 1.0
+
+    rng = random.Random(0)
+    for gained, lost in [(0, 0), (1, 0), (5, 5), (7, 2), (2, 9), (22, 2), (30, 31)]:
+        before = [0] * gained + [1] * lost + [rng.randint(0, 1) for _ in range(40)]
+        after = [1] * gained + [0] * lost + before[gained + lost:]
+        out = paired_change(before, after)
+        assert (out["gained"], out["lost"], out["num"]) == (gained, lost, len(before))
+        assert abs(out["p_value"] - binomial_two_sided(gained, gained + lost)) < 1e-12, (gained, lost)
+    # 256 prompts, 60 -> 80 right: 22 gained, 2 lost. The 95% intervals overlap (the old rule: within noise), the
+    # paired test sees that almost every change went one way.
+    before = [1] * 58 + [1] * 2 + [0] * 22 + [0] * 174
+    after = [1] * 58 + [0] * 2 + [1] * 22 + [0] * 174
+    assert overlaps(wilson_interval(60, 256), wilson_interval(80, 256))
+    result = paired_change(before, after)
+    assert result["significant"] and result["p_value"] < 1e-4
+    # the same totals reached by churn (every item that was right now wrong: 80 gained, 60 lost) are not
+    # significant: the test reads the pairs, not the totals
+    churn = paired_change([1] * 60 + [0] * 196, [0] * 60 + [1] * 80 + [0] * 116)
+    assert (churn["gained"], churn["lost"]) == (80, 60) and 0.05 < churn["p_value"] < 0.2 and not churn["significant"]
+    with pytest.raises(ValueError, match="same items"):
+        paired_change([1, 0], [1])
+
+
+def test_report_judges_a_stage_own_before_after_by_its_paired_test():
+    own = {"grpo_eval/before/accuracy": 60 / 256, "grpo_eval/before/num_prompts": 256,
+           "grpo_eval/after/accuracy": 80 / 256, "grpo_eval/after/num_prompts": 256}
+    unpaired = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own)
+    assert target_lines([unpaired])[0].endswith(": within noise")  # the intervals overlap
+    paired = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own, **{
+        "grpo_eval/paired/gained": 22, "grpo_eval/paired/lost": 2, "grpo_eval/paired/p_value": 3e-5})
+    assert target_lines([paired])[0].endswith(": improved (paired: 22 gained, 2 lost, McNemar p=3e-05)")
+    churn = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own, **{
+        "grpo_eval/paired/gained": 80, "grpo_eval/paired/lost": 60, "grpo_eval/paired/p_value": 0.108})
+    assert target_lines([churn])[0].endswith(": within noise (paired: 80 gained, 60 lost, McNemar p=0.11)")
+    worse = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own, **{
+        "grpo_eval/paired/gained": 2, "grpo_eval/paired/lost": 22, "grpo_eval/paired/p_value": 3e-5})
+    assert ": got worse (paired" in target_lines([worse])[0]
