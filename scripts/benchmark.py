@@ -52,6 +52,15 @@ class OtherLoad:
         return max(0.0, (self._busy() - self.busy) - (self._own() - self.own)) / wall
 
 
+def cpu_model() -> str:
+    """The CPU's model name: ratios move with it (MKL's fp32 sgemm runs at under half oneDNN's speed on AMD EPYC)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
 def wait_until_idle(limit_s: float = 300.0) -> None:
     """Let the 1-minute load average fall below IDLE_LOAD before a suite: after `make setup` or the suite before it
     (two busy cores) it takes ~1.5 minutes. A machine still busy after `limit_s` is measured, and marked busy."""
@@ -99,7 +108,7 @@ def main() -> int:
         result = module.run(quick=args.quick)
         load_others = others.stop()
         result.update(suite=name, quick=args.quick, seconds=round(time.time() - t0, 1), time=time.strftime("%F %T"),
-                      machine=platform.platform(), load_before=load_before, load_of_others_during=load_others)
+                      machine=platform.platform(), cpu=cpu_model(), load_before=load_before, load_of_others_during=load_others)
         busy = load_before >= IDLE_LOAD or load_others >= IDLE_LOAD
         if busy and not args.allow_busy:  # a number from a busy machine is not a number to report
             print(f"## {name}: NOT written: the machine was busy (load average {load_before:.2f} before; other "
@@ -111,7 +120,7 @@ def main() -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
-        print(f"## {name}\n\n{markdown_table(result['rows'])}\n")
+        print(f"## {name} ({result['cpu']}, {os.cpu_count()} cores)\n\n{markdown_table(result['rows'])}\n")
         summaries += result["summary"]
     print("\n".join(summaries))
     return 0

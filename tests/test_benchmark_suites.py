@@ -66,20 +66,30 @@ def test_rollout_ceiling_products_are_exact_and_its_clock_is_prefill_plus_decode
 
     rollout = _suite("rollout")
     weight, x = torch.randn(48, 32), torch.randn(8, 32)
+    kernels = rollout._linear_kernels(weight, 8)
+    assert "F.linear" in kernels and ("onednn" in kernels) == torch.backends.mkldnn.is_available()
     for rows in (8, 3):  # the rows it was packed for, and fewer (rows that finished leave the batch)
-        assert torch.equal(rollout._linear_fn(weight, 8)(x[:rows]), torch.nn.functional.linear(x[:rows], weight))
+        reference = torch.nn.functional.linear(x[:rows], weight)
+        for name, fn in kernels.items():
+            out = fn(x[:rows])
+            assert torch.equal(out, reference) if name != "onednn" else torch.allclose(out, reference, atol=1e-5)
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)
     model = LlamaForCausalLM(config).eval()
     calls = []
 
+    slow = {"F.linear": 2.0}  # the kernel that does not win takes twice as long
+
     def fake_median_time(fn, reps=3, warmup=1):
+        kernel = list(kernels)[len(calls) // 2]  # each kernel is timed as a step, then a prefill
         calls.append(fn.__name__)
-        return {"step": 0.01, "prefill_pass": 0.5}[fn.__name__]
+        return {"step": 0.01, "prefill_pass": 0.5}[fn.__name__] * slow.get(kernel, 1.0)
 
     monkeypatch.setattr(rollout, "median_time", fake_median_time)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
-    # 3 rows x 11 tokens: one prefill, then 10 decode steps (the first token comes from the prefill's logits)
-    assert abs(rollout._decode_ceiling(model, prompts, new=11) - 33 / (0.5 + 10 * 0.01)) < 1e-9
-    assert sorted(calls) == ["prefill_pass", "step"]
+    # 3 rows x 11 tokens: one prefill, then 10 decode steps (the first token comes from the prefill's logits); the
+    # fastest kernel's clock
+    tokens_per_s, best = rollout._decode_ceiling(model, prompts, new=11)
+    assert abs(tokens_per_s - 33 / (0.5 + 10 * 0.01)) < 1e-9 and (best != "F.linear" or len(kernels) == 1)
+    assert calls == ["step", "prefill_pass"] * len(kernels)

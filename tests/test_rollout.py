@@ -13,6 +13,7 @@ import torch
 
 from align.rollout import SamplingParams, choose_backend, fix_vllm_patched_model, get_engine
 from align.rollout.base import default_stop_ids, normalize_param_name
+from align.rollout.hf_decode import onednn_available
 
 torch.set_num_threads(2)
 
@@ -168,6 +169,8 @@ def test_hf_greedy_matches_generate_before_and_after_update(model_dirs, kind):
     engine = get_engine(str(model_dirs[kind]), backend="hf", batch_size=4)
     before = _greedy(engine)
     assert before == _reference(model)
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert engine.num_packed_linears == (linears if onednn_available() else 0)  # parity through oneDNN's products
     trained = _perturbed(model)
     engine.update_weights(trained.named_parameters())
     after = _greedy(engine)
@@ -280,6 +283,56 @@ def test_hf_sampler_draws_from_the_softmax_and_never_a_masked_token():
     assert set(top2.tolist()) == {0, 1}
     hot, _ = sample_next(logits, SamplingParams(temperature=0.25), g)
     assert (hot == 0).float().mean() > 0.95  # a low temperature sharpens toward the top token
+
+
+def test_two_level_inverse_cdf_draws_across_blocks_by_weight_and_never_a_zero_weight_token():
+    from align.rollout.hf import _inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 1000  # three whole blocks of 256 and a padded fourth
+    support = torch.tensor([0, 255, 256, 511, 700, 999])  # block edges on both sides
+    weights = torch.zeros(vocab)
+    weights[support] = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 5.0])
+    rows = weights.repeat(30000, 1)
+    tokens = _inverse_cdf(rows, rows.sum(-1), g)
+    assert set(tokens.tolist()) <= set(support.tolist())
+    freq = torch.bincount(tokens, minlength=vocab)[support].float() / len(tokens)
+    torch.testing.assert_close(freq, weights[support] / weights.sum(), atol=0.01, rtol=0)  # ~4 sigma
+    for only in (0, 255, 767, 999):  # all the mass on one token, anywhere, even a tiny one: always that token
+        rows = torch.zeros(512, vocab)
+        rows[:, only] = 1e-30
+        assert set(_inverse_cdf(rows, rows.sum(-1), g).tolist()) == {only}
+    rows = torch.full((2000, vocab), 1e-9)  # one token dominates many tiny ones
+    rows[:, 300] = 1.0
+    assert (_inverse_cdf(rows, rows.sum(-1), g) == 300).float().mean() > 0.99
+
+
+def test_onednn_linears_multiply_like_f_linear_only_inside_and_leave_hooked_layers_alone(model_dirs, monkeypatch):
+    from align.rollout.hf_decode import onednn_linears
+
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    model = _load(model_dirs["untied"])
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    hooked = linears[0]
+    hooked.forward = hooked.forward  # an instance forward, as accelerate's hooks install: left alone
+    calls = []
+    plain_linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: calls.append(1) or plain_linear(*a, **k))
+    ids = torch.tensor([PROMPTS[2], PROMPTS[2][::-1]])
+    with torch.no_grad():
+        reference = model(ids).logits
+        assert len(calls) == len(linears)
+        with onednn_linears(model, rows=2) as swapped:
+            calls.clear()
+            inside = model(ids).logits
+            assert swapped == len(linears) - 1 and len(calls) == 1  # only the hooked layer still calls F.linear
+        calls.clear()
+        assert torch.equal(model(ids).logits, reference) and len(calls) == len(linears)  # restored
+    assert "forward" in hooked.__dict__ and all("forward" not in m.__dict__ for m in linears[1:])
+    torch.testing.assert_close(inside, reference, atol=1e-5, rtol=1e-5)  # fp32 products, another kernel's rounding
+    with onednn_linears(model.to(torch.bfloat16), rows=2) as swapped:
+        assert swapped == 0  # bf16 already multiplies through oneDNN
 
 
 def test_hf_bf16_rollouts_of_a_live_fp32_model_use_a_synced_copy(model_dirs):

@@ -13,8 +13,8 @@ the process RSS after each phase, and the fraction of the compute-bound limit as
 2 x params x tokens/s over the measured fp32 matmul peak.
 
 Each model also gets a `ceiling` row: the tokens/s of an fp32 engine that did nothing but the model's matrix
-products (the fastest fp32 GEMM in this torch build, MKL with prepacked weights when present; each weight once a
-step, cold, as a decode step reads them) and its attention's reads of the fp32 KV cache at the run's mean length,
+products (the fastest fp32 GEMM in this torch build on this CPU: F.linear, MKL or oneDNN with prepacked weights;
+each weight once a step, cold, as a decode step reads them) and its attention's reads of the fp32 KV cache at the run's mean length,
 plus an unpadded prefill. Norms, rotary, sampling and scheduling are free there, so no exact fp32 engine can pass
 it on this machine; its ratio to `generate` says what a target above it would ask.
 """
@@ -24,11 +24,13 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 
 from align.models import load_model, resolve_model_path
 from align.rollout import SamplingParams, choose_backend, get_engine
+from align.rollout.hf_decode import onednn_available, packed_linear
 from benchmarks.common import (
     alternate,
     current_rss_mb,
@@ -92,23 +94,29 @@ def _plain_generate(model, prompts: list[list[int]], new: int, greedy: bool) -> 
     return (out.shape[1] - width) * len(prompts)
 
 
-def _linear_fn(weight: torch.Tensor, rows: int):
-    """The fastest exact fp32 product with `weight` for `rows` input rows: MKL's prepacked sgemm when this torch
-    has it (bit-identical to `F.linear`, 10-35% faster at decode shapes), else `F.linear`."""
-    packed = getattr(torch.ops.mkl, "_mkl_linear", None) if torch.backends.mkl.is_available() else None
-    if packed is not None:
+def _linear_kernels(weight: torch.Tensor, rows: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Every exact fp32 product with `weight` this torch build offers, prepacked for `rows` input rows where the
+    kernel packs: `F.linear` (MKL's sgemm on x86), MKL's prepacked sgemm (bit-identical to it), oneDNN's prepacked
+    linear (what vLLM-CPU and our hf engine multiply with; fp32, another rounding). Which is fastest depends on the
+    CPU: on the AMD EPYC cores of 2026-11-24 oneDNN ran a 135M decode step's products in 49 ms, MKL in 114."""
+    kernels = {"F.linear": lambda x: torch.nn.functional.linear(x, weight)}
+    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
         try:
             pw = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-            return lambda x: torch.ops.mkl._mkl_linear(x, pw, weight, None, rows)
+            kernels["mkl"] = lambda x: torch.ops.mkl._mkl_linear(x, pw, weight, None, rows)
         except RuntimeError:
             pass
-    return lambda x: torch.nn.functional.linear(x, weight)
+    if onednn_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        kernels["onednn"] = lambda x: packed_linear(packed, None, weight.shape[0], x)
+    return kernels
 
 
-def _decode_ceiling(model, prompts: list[list[int]], new: int, reps: int = 3) -> float:
-    """Tokens/s of an engine that only multiplies: every linear weight once per decode step at `len(prompts)` rows
-    (the head included), the two attention products over each layer's fp32 KV cache at the mean decode length,
-    and the prefill's products over the prompts' real (unpadded) tokens. A bound for any exact fp32 engine here."""
+def _decode_ceiling(model, prompts: list[list[int]], new: int, reps: int = 3) -> tuple[float, str]:
+    """Tokens/s of an engine that only multiplies, and the GEMM kernel that gives it: every linear weight once per
+    decode step at `len(prompts)` rows (the head included), the two attention products over each layer's fp32 KV
+    cache at the mean decode length, and the prefill's products over the prompts' real (unpadded) tokens; timed
+    with each kernel of `_linear_kernels`, the fastest kept. A bound for any exact fp32 engine here."""
     config = model.config
     rows, prompt_tokens = len(prompts), sum(map(len, prompts))
     with torch.inference_mode():
@@ -117,9 +125,7 @@ def _decode_ceiling(model, prompts: list[list[int]], new: int, reps: int = 3) ->
         widths = {w.shape[1] for w in body + [head]}
         decode_in = {n: torch.randn(rows, n) for n in widths}
         prefill_in = {n: torch.randn(prompt_tokens, n) for n in widths}
-        decode = [(_linear_fn(w, rows), decode_in[w.shape[1]]) for w in body + [head]]
-        prefill = [(lambda x, w=w: torch.nn.functional.linear(x, w), prefill_in[w.shape[1]]) for w in body]
-        prefill.append(decode[-1])  # the head: only the last prompt position of each row
+        kernels = [_linear_kernels(w, rows) for w in body + [head]]
         kv_heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         groups = config.num_attention_heads // kv_heads
@@ -129,20 +135,27 @@ def _decode_ceiling(model, prompts: list[list[int]], new: int, reps: int = 3) ->
             for _ in range(config.num_hidden_layers)
         ]
         query = torch.randn(rows, kv_heads, groups, head_dim)
+        speeds = {}
+        for kernel in kernels[0]:
+            decode = [(k[kernel], decode_in[w.shape[1]]) for k, w in zip(kernels, body + [head])]
+            # the head sees only the last prompt position of each row
+            prefill = [(k[kernel], prefill_in[w.shape[1]]) for k, w in zip(kernels, body)] + decode[-1:]
 
-        def step() -> None:
-            for fn, x in decode:
-                fn(x)
-            for k, v in kv:
-                torch.matmul(torch.matmul(query, k).softmax(-1), v)
+            def step(decode=decode) -> None:
+                for fn, x in decode:
+                    fn(x)
+                for k, v in kv:
+                    torch.matmul(torch.matmul(query, k).softmax(-1), v)
 
-        def prefill_pass() -> None:
-            for fn, x in prefill:
-                fn(x)
+            def prefill_pass(prefill=prefill) -> None:
+                for fn, x in prefill:
+                    fn(x)
 
-        step_s = median_time(step, reps=reps * 3)
-        prefill_s = median_time(prefill_pass, reps=reps)
-    return rows * new / (prefill_s + (new - 1) * step_s)
+            step_s = median_time(step, reps=reps * 3)
+            prefill_s = median_time(prefill_pass, reps=reps)
+            speeds[kernel] = rows * new / (prefill_s + (new - 1) * step_s)
+    best = max(speeds, key=speeds.get)
+    return speeds[best], best
 
 
 def _bench_model(
@@ -212,7 +225,7 @@ def _bench_model(
                     }
                 )
         engine.close()
-    ceiling = _decode_ceiling(model, prompts, new)
+    ceiling, kernel = _decode_ceiling(model, prompts, new)
     ceiling_ratios = []
     for mode, runs in generate_runs.items():
         ceiling_ratios.append(ceiling / statistics.median(runs))
@@ -221,7 +234,7 @@ def _bench_model(
                 "model": name,
                 "params_M": num_params / 1e6,
                 "mode": mode,
-                "engine": "ceiling: fp32 GEMMs + KV reads only",
+                "engine": f"ceiling: fp32 GEMMs ({kernel}) + KV reads only",
                 "prompts x new": f"{num} x {new}",
                 "tokens_per_s": ceiling,
                 "ratio": ceiling_ratios[-1],
