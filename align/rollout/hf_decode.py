@@ -11,13 +11,15 @@
 
 3. `onednn_linears` (CPU only): every plain `nn.Linear` multiplies through oneDNN with its weight prepacked once per
    generate call, instead of `F.linear`'s MKL sgemm. Same fp32 arithmetic (max |diff| ~4e-6 on a (64, 576) x (576,
-   1536) product, as between any two fp32 GEMMs), but on the AMD EPYC cores these machines have, MKL's fp32 sgemm
+   1536) product, as between any two fp32 GEMMs), but on an AMD EPYC (this machine, 2026-11-24) MKL's fp32 sgemm
    runs at ~150 GFLOP/s and oneDNN's at ~350: a decode step's products on SmolLM2-135M (64 rows) take 114 ms -> 49
    ms. vLLM-CPU already multiplies through oneDNN; this gives the transformers backend the same. The prepacked copy
    lives only for the call (weights change between calls in RL), costs one more copy of the linear weights in
    memory, and is made in ~0.2 s for a 135M model (211 layers), against ~13 s for a 64 x 128 rollout of it.
 
-All three keep the model's numerics: in fp32, greedy ids equal `model.generate` (tests/test_rollout.py).
+All three keep the model's numerics: in fp32, greedy ids equal `model.generate` (tests/test_rollout.py; and all 64
+rows of the rollout benchmark's 64 x 128 on SmolLM2-135M). oneDNN rounds differently from MKL at ~1e-6, so a near-tie
+between two top logits could still go the other way; sampled tokens follow the same distribution.
 """
 
 from __future__ import annotations

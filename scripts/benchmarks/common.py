@@ -16,17 +16,28 @@ import torch
 
 
 def measure_matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5) -> float:
-    """Achievable matmul FLOP/s on this machine for `dtype` (the denominator of MFU)."""
+    """Achievable matmul FLOP/s on this machine for `dtype` (the denominator of MFU): the faster of `a @ b` (MKL for
+    fp32 on x86) and oneDNN's prepacked linear, which on an AMD EPYC runs fp32 at ~2x MKL."""
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times)
+    products = [lambda: a @ b]
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)  # linear(a, W) = a @ W.T = a @ b
+            products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+        except RuntimeError:  # a dtype this oneDNN build does not pack
+            pass
+    best = float("inf")
+    for product in products:
+        for _ in range(2):
+            product()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - t)
+        best = min(best, statistics.median(times))
+    return 2 * n**3 / best
 
 
 def peak_rss_mb() -> float:
