@@ -168,8 +168,8 @@ class HFEngine:
         self.model.eval()
         cpu = self.model.device.type == "cpu"
         native = native_forward(self.model) if cpu else contextlib.nullcontext()
-        rows = min(self.batch_size, len(prompts) * copies)
-        packed = onednn_linears(self.model, rows) if cpu and self.onednn else contextlib.nullcontext()
+        batch_rows = min(self.batch_size, len(prompts) * copies)
+        packed = onednn_linears(self.model, batch_rows) if cpu and self.onednn else contextlib.nullcontext()
         try:
             with native, fast_decode_attention(self.model), packed as num_packed:
                 self.num_packed_linears = num_packed or 0

@@ -167,7 +167,10 @@ def onednn_linears(model: Any, rows: int) -> Iterator[int]:
                 or weight.shape != (module.out_features, module.in_features)
             ):
                 continue
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+            except RuntimeError:  # a shape or layout this oneDNN build cannot pack: F.linear as before
+                continue
             bias = module.bias.detach() if module.bias is not None else None
             module.forward = functools.partial(packed_linear, packed, bias, module.out_features)
             swapped.append(module)
