@@ -23,9 +23,11 @@ and every recipe's first line is a comment with the command that runs it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import os
+import re
 import sys
 import types
 import typing
@@ -162,6 +164,7 @@ def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
     _check_cli_keys([a for i, a in enumerate(args) if not (i > 0 and args[i - 1] == "--config")], dataclass_types)
     parser = TrlParser(list(dataclass_types))
     parser.error = lambda message: fail(message, code=2)  # argparse would print the whole usage first
+    _escape_help(parser)
     if "--config" in args:
         i = args.index("--config")
         if i + 1 >= len(args):
@@ -174,6 +177,14 @@ def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
         args = args[:i] + args[i + 2 :]
     args = _structured_cli_values(args, dataclass_types, parser)
     return tuple(parser.parse_args_into_dataclasses(args=args))
+
+
+def _escape_help(parser) -> None:
+    """argparse %-formats every help string when it prints --help; help text that quotes a chat template
+    (`{% generation %}`) or a percentage would end --help in a TypeError. Keep `%(default)s`-style fields."""
+    for action in parser._actions:
+        if action.help and action.help != argparse.SUPPRESS:
+            action.help = re.sub(r"%(?!\()", "%%", action.help)
 
 
 def _list_item_type(annotation):

@@ -7,6 +7,12 @@ the same way. So we convert it ONCE into a plain fp32 HF directory under the cac
 (`$SMOLALIGN_CACHE`, default `~/.cache/smolalign`): drop the quantization config, build the model
 from its config, load the dequantised weights, save. Every stage and vLLM then load that directory.
 
+Once per machine, whatever launched first: every process that finds the directory missing takes an exclusive
+`flock` on a lock file beside it; the holder converts (outside DeepSpeed's ZeRO-3 init, which would build every
+parameter as an empty partition), the others wait, then find the directory and load it. The kernel drops the lock
+when its holder dies, and the model is written to a temporary directory renamed into place, so a converter killed
+half-way leaves neither a stale lock nor a half-written model (the next holder clears the leftovers).
+
     >>> from align.models import load_model, load_tokenizer
     >>> model = load_model("builtin:smollm2-135m-instruct")      # doctest: +SKIP
 """
@@ -14,14 +20,19 @@ from its config, load the dequantised weights, save. Every stage and vLLM then l
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from align.distributed import zero3_init_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -63,20 +74,45 @@ def _convert_gguf(name: str, target: Path) -> None:
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Write to a temporary sibling, then rename: a crash never leaves a half-written model that
-    # a later run would load, and two processes converting at once both end with a complete dir.
+    # Write to a temporary sibling, then rename: a crash never leaves a half-written model that a later run would
+    # load. Only the holder of the lock (builtin_model_dir) gets here.
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process finished first: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
+        if target.exists():  # an earlier converter's directory without config.json: never loadable
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+        with open(target.parent / "conversions.log", "a") as log:  # one line per conversion: the audit trail
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} builtin:{name} converted by pid {os.getpid()} "
+                      f"(launched rank {os.environ.get('RANK', '-')}) on {socket.gethostname()}\n")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def builtin_model_dir(name: str) -> Path:
+    """The converted directory of `builtin:<name>`, converting it first if no process on this machine has."""
+    target = cache_dir() / "models" / name
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process converting builtin:%s into %s", name, target)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (target / "config.json").exists():
+                for stale in target.parent.glob(f".{name}-*"):  # a killed converter's temporary directory
+                    shutil.rmtree(stale, ignore_errors=True)
+                with zero3_init_disabled():  # a whole model on this process, never ZeRO-3 partitions
+                    _convert_gguf(name, target)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
 
 
 def _hub_revision(repo: str, revision: str) -> str:
@@ -100,10 +136,7 @@ def resolve_model_path(name_or_path: str) -> str:
         name = name_or_path.removeprefix("builtin:")
         if name not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model '{name}'; available: {', '.join(f'builtin:{n}' for n in BUILTIN_MODELS)}")
-        target = cache_dir() / "models" / name
-        if not (target / "config.json").exists():
-            _convert_gguf(name, target)
-        return str(target)
+        return str(builtin_model_dir(name))
     path = Path(name_or_path).expanduser()
     repo, at, revision = name_or_path.partition("@")
     if at and revision and repo.count("/") == 1 and not path.exists():

@@ -59,6 +59,9 @@ def _forbid_training() -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["--help"], ["-h"]):
+        print(__doc__)
+        return 0
     if not argv or argv[0].startswith("-"):
         fail("usage: scripts/preflight.py recipe.yaml [--key value ...]", code=2)
     try:

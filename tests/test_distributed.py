@@ -56,9 +56,9 @@ def launch(script: str, *args: str, config: str = "zero3", nproc: int = 2, timeo
     return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def python(script: str, *args: str, timeout: int = 300):
-    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
+def python(script: str, *args: str, timeout: int = 300, **env: str):
+    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, env={**_env(), **env},
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def ok(proc) -> None:
@@ -84,13 +84,15 @@ def losses(output_dir: Path) -> list[float]:
 
 @pytest.fixture(scope="session")
 def micro(tmp_path_factory) -> Path:
-    """recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory."""
+    """recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory. It runs with
+    an empty model cache, as on a machine that never ran the project: its GOLD stage is the first to need the
+    builtin SmolLM2-135M, which two ZeRO-3 ranks then find unconverted (tests/test_distributed.py checks the log)."""
     tmp = tmp_path_factory.mktemp("micro_zero3")
     recipe = yaml.safe_load((ROOT / "recipes" / "micro_pipeline.yaml").read_text())
     recipe.update(run_dir=str(tmp / "run"), launcher="accelerate", num_processes=2,
                   accelerate_config=str(CONFIGS / "zero3.yaml"))
     (tmp / "micro.yaml").write_text(yaml.safe_dump(recipe))
-    proc = python("scripts/pipeline.py", tmp / "micro.yaml", timeout=900)
+    proc = python("scripts/pipeline.py", tmp / "micro.yaml", timeout=900, SMOLALIGN_CACHE=str(tmp / "cache"))
     logs = {p.name: p.read_text()[-1500:] for p in (tmp / "run" / "logs").glob("*.log")}
     assert proc.returncode == 0, (proc.stdout[-3000:], logs)
     return tmp / "run"
@@ -118,6 +120,19 @@ def test_micro_pipeline_under_zero3_on_two_ranks(micro):
     assert len(pairs) == 24  # every prompt, from both ranks
     evaluated = [s for s in manifest["stages"] if s.get("metrics")]
     assert evaluated and all("acc/tasks/think" in s["metrics"] for s in evaluated)
+
+
+def test_gold_under_zero3_converts_the_builtin_teacher_once_on_an_empty_cache(micro):
+    """A fresh machine's first GOLD run under ZeRO-3: one of the two ranks converted builtin:smollm2-135m-instruct
+    (whole, outside ZeRO-3's partitioned init), the other waited for it, and the stage trained on both ranks."""
+    conversions = (micro.parent / "cache" / "models" / "conversions.log").read_text().splitlines()
+    assert len(conversions) == 1 and "builtin:smollm2-135m-instruct" in conversions[0], conversions
+    assert "(launched rank 0)" in conversions[0] or "(launched rank 1)" in conversions[0], conversions
+    manifest = json.loads((micro / "manifest.json").read_text())
+    gold = next(s for s in manifest["stages"] if s["name"] == "gold")
+    assert "zero3.yaml" in " ".join(gold["command"])
+    report = json.loads((micro / "gold" / "distill_eval.json").read_text())
+    assert report["world_size"] == 2
 
 
 # ----------------------------------------------------------------------------------------------- pretraining

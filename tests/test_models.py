@@ -1,5 +1,7 @@
 """Model loading: the builtin SmolLM2-135M (GGUF -> cached HF dir) loads and answers; bad paths are clear."""
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -96,3 +98,58 @@ def test_kept_freed_memory_means_a_training_step_does_not_fault_again():
     pages = (64 << 20) // 4096
     assert counts["0"] > pages, counts  # glibc's default: unmapped on free, faulted again every step
     assert counts["1"] < pages // 20, counts
+
+
+# ------------------------------------------------------------------ first use on a machine: convert once, safely
+
+_CONVERT = """
+import sys, time
+import transformers
+if sys.argv[1] == "hang":  # write the weights, then stall before the rename: the test kills us here
+    save = transformers.PreTrainedModel.save_pretrained
+    def slow_save(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        time.sleep(600)
+    transformers.PreTrainedModel.save_pretrained = slow_save
+from align.models import resolve_model_path
+print(resolve_model_path("builtin:smollm2-135m-instruct"))
+"""
+
+
+def _converter(mode: str, cache) -> subprocess.Popen:
+    env = {**os.environ, "SMOLALIGN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", _CONVERT, mode], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_a_killed_converter_leaves_no_lock_and_no_half_model_and_racers_convert_once(tmp_path):
+    """SIGKILL a converter with its weights half-way to the cache (written, not renamed): no model appears; then
+    two processes start at once on that cache: one converts (one line in conversions.log), the other waits for it,
+    the killed one's temporary directory is gone, and the directory loads."""
+    import signal
+    import time
+
+    models = tmp_path / "models"
+    victim = _converter("hang", tmp_path)
+    deadline = time.time() + 300
+    while not list(models.glob(".smollm2-135m-instruct-*/model.safetensors")) and time.time() < deadline:
+        assert victim.poll() is None, victim.stderr.read()[-2000:]
+        time.sleep(0.05)
+    time.sleep(1.0)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert list(models.glob(".smollm2-135m-instruct-*")), "the killed converter left its temporary directory"
+    assert not (models / "smollm2-135m-instruct").exists() and not (models / "conversions.log").exists()
+
+    racers = [_converter("plain", tmp_path) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in racers]
+    assert [p.returncode for p in racers] == [0, 0], [err[-2000:] for _, err in outs]
+    target = models / "smollm2-135m-instruct"
+    assert {out.strip().splitlines()[-1] for out, _ in outs} == {str(target)}
+    assert len((models / "conversions.log").read_text().splitlines()) == 1  # converted once, by one of them
+    assert not list(models.glob(".smollm2-135m-instruct-*"))
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target)
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
