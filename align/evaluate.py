@@ -347,7 +347,12 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                     for key in ("acc", "format"):
                         low, high = res[f"{key}_ci"]
                         stats[f"{key}/{name}/{mode}"] = {"num": res["num"], "ci_low": low, "ci_high": high}
-                    details[f"gen/{name}/{mode}"] = {**res, "samples": samples[:8]}
+                    # every item's outcome, so a later model (the next stage, an ablation's variant) is compared on
+                    # the same prompts by the paired test (align.scoring.paired_change), not by overlapping intervals
+                    details[f"gen/{name}/{mode}"] = {
+                        **res, "samples": samples[:8], "prompts_sha": prompts_digest(r["prompt"] for r in rows),
+                        "outcomes": {"correct": [int(x["correct"]) for x in samples],
+                                     "formatted": [int(is_formatted(x["completion"], mode)) for x in samples]}}
             seconds["generative"] = time.perf_counter() - t
         if "vibe" in cfg.suites and is_main:  # fixed prompts for a person to read: one rank writes them
             t = time.perf_counter()
@@ -377,6 +382,13 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         tmp.write_text(json.dumps(results, indent=1, default=str))
         os.replace(tmp, out_dir / "eval_results.json")  # a reader never sees half a file
     return results
+
+
+def prompts_digest(prompts) -> str:
+    """A short hash of an item list's prompts, in order: two evaluations are paired only on the same items."""
+    import hashlib
+
+    return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:16]
 
 
 def format_metrics(metrics: dict[str, float], stats: dict[str, dict] | None = None) -> str:

@@ -186,7 +186,8 @@ def stage_env(cfg: PipelineConfig, run_id: str, stage: Stage) -> dict[str, str]:
     env.setdefault("WANDB_MODE", "offline")  # no account needed; `wandb sync` uploads later
     env.setdefault("WANDB_PROJECT", "smolalign")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.update(WANDB_RUN_GROUP=run_id, WANDB_NAME=f"{run_id}/{stage.name}", WANDB_DIR=str(Path(cfg.run_dir).resolve()))
+    env.update(WANDB_RUN_GROUP=cfg.tracking_group or run_id, WANDB_NAME=f"{run_id}/{stage.name}",
+               WANDB_DIR=str(Path(cfg.run_dir).resolve()))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(stage.env)
     return env

@@ -57,6 +57,10 @@ class PipelineConfig:
     tracking: str = field(
         default="wandb", metadata={"help": f"{TRACKING}: report_to set on every training stage ('recipe': untouched)."}
     )
+    tracking_group: str | None = field(
+        default=None, metadata={"help": "wandb group of every stage's run (default: this pipeline run's id); an "
+                                "ablation sets its name so all its runs are one group."},
+    )
     rerun: list[str] = field(default_factory=list, metadata={"help": "Stages to run again even if finished."})
     until: str | None = field(default=None, metadata={"help": "Stop after this stage."})
     report: bool = field(default=True, metadata={"help": "Write the markdown report + plots at the end."})

@@ -16,7 +16,7 @@ import math
 import re
 from pathlib import Path
 
-from align.scoring import overlaps, wilson_interval
+from align.scoring import overlaps, paired_change, wilson_interval
 
 # Headline metrics plotted across stages (when present) and whether higher is better.
 HEADLINE = {
@@ -203,11 +203,40 @@ def target_lines(stages: list[dict]) -> list[str]:
     return lines
 
 
+def eval_outcomes(stage: dict, metric: str) -> dict | None:
+    """Per-item outcomes of an eval-suite share (`acc/<set>/<mode>` -> correct, `format/<set>/<mode>` -> formatted)
+    from the stage's eval results (align/evaluate.py writes them): {"items", "prompts"}, or None (older results)."""
+    kind, _, where = metric.partition("/")
+    try:
+        details = json.loads(Path(stage["eval"]["results"]).read_text())["details"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    gen = details.get(f"gen/{where}") or {}
+    items = (gen.get("outcomes") or {}).get({"acc": "correct", "format": "formatted"}.get(kind, ""))
+    return None if items is None else {"items": items, "prompts": gen.get("prompts_sha")}
+
+
+def paired_eval(before: dict, after: dict, metric: str, metric_after: str | None = None) -> dict | None:
+    """The exact McNemar test of two stages' eval outcomes on the same items (None when either lacks them)."""
+    a, b = eval_outcomes(before, metric), eval_outcomes(after, metric_after or metric)
+    if a is None or b is None or len(a["items"]) != len(b["items"]) or a["prompts"] != b["prompts"]:
+        return None
+    return paired_change(a["items"], b["items"])
+
+
+def _paired_word(p: dict) -> str:
+    if p["p_value"] >= 0.05:
+        return "within noise"
+    return "better" if p["gained"] > p["lost"] else "**worse**"
+
+
 def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list[str]:
     """No stage may make the model worse: each stage's held-out task accuracy against its parent's, whatever it
-    targets. A model is judged at its best form (the highest of `acc/tasks/<mode>`: plain for a base model, a chat
-    mode after SFT), so a stage that moves a model from one form to another is not blamed for the form it left;
-    every mode is listed. Worse means the two best-form intervals do not overlap."""
+    targets, by the paired (McNemar) test on the same prompts. A model is judged at its best form (the highest of
+    `acc/tasks/<mode>`: plain for a base model, a chat mode after SFT), so a stage that moves a model from one form
+    to another is not blamed for the form it left; every mode's accuracy and format is listed with its own paired
+    verdict. Without per-item outcomes (results written before they were recorded) the two best-form intervals
+    are compared instead."""
     lines, by_name = [], {s["name"]: s for s in stages}
     for s in stages:
         parent = by_name.get(s.get("parent") or "")
@@ -221,12 +250,27 @@ def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list
             k = max(keys, key=lambda k: who["metrics"][k])
             best[who["name"]] = (k, who["metrics"][k], interval(who, k))
         (bk, b, b_iv), (ak, a, a_iv) = best[parent["name"]], best[s["name"]]
-        worse = _verdict(prefix + "best", b, a, b_iv, a_iv) == "got worse"
-        modes = ", ".join(f"{k.removeprefix(prefix)} {parent['metrics'][k]:.3f} -> {s['metrics'][k]:.3f}" for k in keys)
+        paired = paired_eval(parent, s, bk, ak)
+        if paired is not None:
+            worse = paired["p_value"] < 0.05 and paired["lost"] > paired["gained"]
+            how = f"paired: {paired['gained']} gained, {paired['lost']} lost, McNemar p={paired['p_value']:.2g}"
+        else:
+            worse = _verdict(prefix + "best", b, a, b_iv, a_iv) == "got worse"
+            how = "the 95% intervals" + (" do not overlap" if worse else " overlap")
+        modes = []
+        for k in keys:
+            mode = k.removeprefix(prefix)
+            for kind in ("acc", "format"):
+                name = f"{kind}/{prefix.split('/')[1]}/{mode}"
+                if not (_finite(parent["metrics"].get(name)) and _finite(s["metrics"].get(name))):
+                    continue
+                p = paired_eval(parent, s, name)
+                word = f" ({_paired_word(p)}, p={p['p_value']:.2g})" if p else ""
+                modes.append(f"{kind} {mode} {parent['metrics'][name]:.3f} -> {s['metrics'][name]:.3f}{word}")
         verdict = "**got worse beyond noise**" if worse else "no drop beyond noise"
         lines.append(f"- **{s['name']}** (from {parent['name']}): best form {_fmt_share(b, b_iv)} "
-                     f"({bk.removeprefix(prefix)}) -> {_fmt_share(a, a_iv)} ({ak.removeprefix(prefix)}): {verdict}; "
-                     f"per mode: {modes}")
+                     f"({bk.removeprefix(prefix)}) -> {_fmt_share(a, a_iv)} ({ak.removeprefix(prefix)}): {verdict} "
+                     f"({how}); per mode: {'; '.join(modes)}")
     return lines
 
 
@@ -348,8 +392,9 @@ def write_report(run_dir: str | Path) -> Path:
     guard = accuracy_guard_lines(stages)
     if guard:
         lines += ["## Did any stage make the model worse?", "", "Held-out task accuracy of each stage against the "
-                  "model it started from, whatever it targets, each at its best form (worse only when the 95% "
-                  "intervals do not overlap).",
+                  "model it started from, whatever it targets, each at its best form, by the paired (McNemar) test "
+                  "on the same prompts (worse: p < 0.05 with more prompts lost than gained); every mode's accuracy "
+                  "and format with its own paired verdict.",
                   "", *guard, ""]
     own = [(s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)]
     if own:

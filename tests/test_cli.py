@@ -105,7 +105,7 @@ def test_every_script_help_lists_its_fields(script, monkeypatch, capsys):
 
 
 def _recipes() -> list[Path]:
-    return sorted(p for p in (ROOT / "recipes").glob("*.yaml"))
+    return sorted([*(ROOT / "recipes").glob("*.yaml"), *(ROOT / "recipes" / "ablations").glob("*.yaml")])
 
 
 def _script_for(path: Path) -> Path:

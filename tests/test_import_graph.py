@@ -28,7 +28,7 @@ STAGES = {
     "align.distill", "align.distill_config", "align.distill_metrics", "align.distill_teacher",
     "align.evaluate",
     "align.merge",
-    "align.pipeline", "align.pipeline_plan", "align.report",
+    "align.pipeline", "align.pipeline_plan", "align.report", "align.ablation", "align.ablation_report",
     "pretrain.train",
 }
 # Modules of one stage that another stage must not import (align.stage is shared: every stage imports it).
@@ -37,6 +37,7 @@ STAGE_OWNERS = {
     "align.distill": "distill", "align.distill_config": "distill", "align.distill_metrics": "distill",
     "align.distill_teacher": "distill", "align.evaluate": "evaluate",
     "align.merge": "merge", "align.pipeline": "pipeline", "align.pipeline_plan": "pipeline", "align.report": "pipeline",
+    "align.ablation": "pipeline", "align.ablation_report": "pipeline",
     "pretrain.train": "pretrain",
 }
 FLOORS = {"rewards": 0, "core": 1, "data": 2, "stage": 3}

@@ -281,7 +281,35 @@ def test_accuracy_guard_flags_only_drops_beyond_noise_at_the_best_form():
     assert len(lines) == 3  # stages without a parent have nothing to compare with
     assert lines[0].startswith("- **sft** (from base): best form 0.300") and "(think)" in lines[0]
     assert "no drop beyond noise" in lines[0] and "no drop beyond noise" in lines[1]
-    assert "**got worse beyond noise**" in lines[2] and "think 0.350 -> 0.100" in lines[2]
+    assert "**got worse beyond noise**" in lines[2] and "acc think 0.350 -> 0.100" in lines[2]
+    assert "the 95% intervals do not overlap" in lines[2]  # no per-item outcomes: the intervals decide
+
+
+def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
+    """40/128 -> 28/128 with 2 prompts gained and 14 lost: the intervals overlap, the paired test says worse; a
+    format that did not move is within noise; results on other prompts are not paired."""
+    from align.evaluate import prompts_digest
+    from align.scoring import wilson_interval
+
+    def stage(name, correct, formatted, parent=None, prompts="abc"):
+        num = len(correct)
+        results = tmp_path / f"{name}.json"
+        gen = {"outcomes": {"correct": correct, "formatted": formatted}, "prompts_sha": prompts_digest(prompts)}
+        results.write_text(json.dumps({"details": {"gen/tasks/think": gen}}))
+        ms = {"acc/tasks/think": sum(correct) / num, "format/tasks/think": sum(formatted) / num}
+        return {"name": name, "parent": parent, "metrics": ms, "eval": {"results": str(results)},
+                "stats": {k: dict(zip(("ci_low", "ci_high"), wilson_interval(round(v * num), num)), num=num)
+                          for k, v in ms.items()}}
+
+    before = [1] * 40 + [0] * 88
+    after = [0] * 14 + [1] * 26 + [1] * 2 + [0] * 86
+    fmt = [1] * 100 + [0] * 28
+    lines = accuracy_guard_lines([stage("sft", before, fmt), stage("apo", after, fmt, "sft"),
+                                  stage("other", after, fmt, "sft", prompts="xyz")])
+    assert "**got worse beyond noise**" in lines[0] and "paired: 2 gained, 14 lost, McNemar p=0.0042" in lines[0]
+    assert "acc think 0.312 -> 0.219 (**worse**, p=0.0042)" in lines[0]
+    assert "format think 0.781 -> 0.781 (within noise, p=1)" in lines[0]
+    assert "no drop beyond noise" in lines[1] and "intervals overlap" in lines[1]  # other prompts: not paired
 
 
 def test_script_runs_report_only_and_dry_run(fake, tmp_path):
