@@ -315,7 +315,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     eval_rows = conv["eval_rows"]
 
     student = stage.load_model(model_args)
-    teacher = load_teacher(args.teacher_model_name_or_path, args, dtype=model_args.dtype or "auto")
+    teacher = load_teacher(args.teacher_model_name_or_path, args, dtype=args.teacher_dtype or model_args.dtype or "auto")
     mode = resolve_tokenizer_mode(args.tokenizer_mode, student_tok, teacher_tok, student, teacher)
     args.use_uld_loss = mode == "cross"
     if mode == "cross" and not args.teacher_tokenizer_name_or_path:

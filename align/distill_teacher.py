@@ -50,7 +50,16 @@ def load_teacher(name_or_path: str, args: DistillConfig, dtype: str | torch.dtyp
         kwargs["device_map"] = {"": args.teacher_device or "cuda:0"}
     model = load_model(name_or_path, dtype=dtype, **kwargs)
     model.eval()
+    if model.dtype != torch.float32 and not args.teacher_quantization:
+        # a half-precision teacher: its logits reach the divergences in float32, like the student's
+        model.register_forward_hook(_float_logits)
     return model
+
+
+def _float_logits(module, inputs, output):
+    if getattr(output, "logits", None) is not None and output.logits.dtype != torch.float32:
+        output.logits = output.logits.float()
+    return output
 
 
 def same_vocabulary(student_tok, teacher_tok) -> bool:

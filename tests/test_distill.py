@@ -109,6 +109,28 @@ def test_gold_cross_tokenizer_lowers_uld_distance_with_teacher_template(tiny, tm
     assert _changed(tiny["student"], str(tmp_path / "gold")) > 0.9
 
 
+def test_a_bfloat16_teacher_hands_float32_logits_to_gold_and_it_learns(tiny, tmp_path, monkeypatch):
+    """teacher_dtype: bfloat16 (the demo's GOLD teacher): weights in bf16, logits in fp32 at the loss, and the ULD
+    distance still falls; the student stays fp32."""
+    from align import distill
+
+    seen = []
+    load = distill.load_teacher
+    monkeypatch.setattr(distill, "load_teacher", lambda *a, **k: seen.append(load(*a, **k)) or seen[-1])
+    metrics = main(*_configs(tiny, tmp_path / "gold_bf16", tiny["cross_teacher"], teacher_strip_mode_flags=True,
+                             teacher_dtype="bfloat16"))
+    teacher = seen[0]
+    assert teacher.dtype == torch.bfloat16
+    ids = torch.tensor([[1, 2, 3]])
+    assert teacher(input_ids=ids).logits.dtype == torch.float32
+    assert metrics["after"]["uld_distance"] < metrics["before"]["uld_distance"]
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "gold_bf16").dtype == torch.float32
+    with pytest.raises(ValueError, match="teacher_dtype"):
+        DistillConfig(output_dir="/tmp/unused", teacher_dtype="int8")
+
+
 def test_teacher_prompts_use_the_teacher_template(tiny):
     args = DistillConfig(output_dir="/tmp/unused", teacher_strip_mode_flags=True)
     row = make_tasks(FAMILIES, num=1, seed=3)[0]
