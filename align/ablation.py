@@ -55,8 +55,9 @@ class AblationConfig:
         "help": "What every run trains: {script, recipe, overrides} (one stage) or {pipeline, from_stage} (a "
                 "pipeline's stages from from_stage on; earlier stages must have finished)."})
     variants: list[dict] = field(default_factory=list, metadata={
-        "help": "[{name, overrides, script?, recipe?, stage_overrides?, baseline?, description?}]: what each variant "
-                "changes; exactly one has baseline: true (or the first is the baseline)."})
+        "help": "[{name, overrides, script?, recipe?, remove?, stage_overrides?, baseline?, description?}]: what each "
+                "variant changes (`remove`: keys of the base recipe its script does not take, e.g. ORPO's loss_type); "
+                "exactly one has baseline: true (or the first is the baseline)."})
     overrides: dict | None = field(default=None, metadata={
         "help": "Overrides for every run's ablated stage (under each variant's own), e.g. a shorter max_steps."})
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Seeds; every variant runs once each."})
@@ -96,7 +97,7 @@ class AblationConfig:
         bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_\-]+", n)]
         if bad or len(set(names)) != len(names):
             raise ValueError(f"variants: names must be unique [A-Za-z0-9_-]+ (got {names})")
-        allowed = {"name", "overrides", "script", "recipe", "stage_overrides", "baseline", "description"}
+        allowed = {"name", "overrides", "script", "recipe", "remove", "stage_overrides", "baseline", "description"}
         for v in self.variants:
             if set(v) - allowed:
                 raise ValueError(f"variant '{v['name']}': unknown key(s) {sorted(set(v) - allowed)}; valid: {sorted(allowed)}")
@@ -176,9 +177,22 @@ def _base_stages(cfg: AblationConfig) -> list[dict]:
     return [pin(dict(s)) for s in raw["stages"][cut:]]
 
 
+def _without(recipe: str | None, keys: list[str], path: Path) -> str | None:
+    """A copy of `recipe` without `keys` at `path` (written when it differs), so a variant can drop a key its script
+    does not take."""
+    if not recipe:
+        return recipe
+    config = {k: v for k, v in read_yaml(recipe, "variant recipe").items() if k not in set(keys)}
+    text = f"# {recipe} without {sorted(keys)}\n" + yaml.safe_dump(config, sort_keys=False)
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
+
+
 def plan(cfg: AblationConfig) -> list[Run]:
     """Every variant x seed as a one-run pipeline recipe, seed-major (a partial ablation has every variant at the
-    first seed). Nothing is run or written."""
+    first seed). Nothing is run; a variant with `remove` gets its trimmed recipe written beside its run."""
     stages = _base_stages(cfg)
     runs = []
     for seed in cfg.seeds:
@@ -192,6 +206,10 @@ def plan(cfg: AblationConfig) -> list[Run]:
                     stage["recipe"] = v.get("recipe", stage.get("recipe"))
                     stage["overrides"].update(cfg.overrides or {})
                     stage["overrides"].update(v.get("overrides") or {})
+                    if v.get("remove"):  # keys the variant's script does not take: out of the recipe and overrides
+                        stage["recipe"] = _without(stage.get("recipe"), v["remove"], run_dir / f"{stage['name']}.recipe.yaml")
+                        for key in v["remove"]:
+                            stage["overrides"].pop(key, None)
                 stage["overrides"].update((v.get("stage_overrides") or {}).get(stage["name"], {}))
                 stage["overrides"]["output_dir"] = f"${{run_dir}}/{stage['name']}"
                 stage["overrides"][cfg.seed_key] = seed

@@ -36,13 +36,15 @@ import trl
 from align import stage
 from align.configs import StageArgs, apply_device_defaults
 from align.data import require_columns
-from align.distributed import all_max, rank_seed
+from align.distributed import all_max, gather_objects, rank_seed
 from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API lives in align.grpo)
     build_rewards,
     check_completion_budget,
     heldout_accuracy,
+    per_mode_metrics,
     prepare_prompts,
     required_reward_columns,
+    row_mode,
 )
 from align.importance import LossPassImportanceSampling
 from align.models import resolve_model_path
@@ -323,6 +325,11 @@ class GRPOTrainer(LossPassImportanceSampling, trl.GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = out
+        # hybrid reasoning: reward, accuracy, format and length per asked mode (rows of every rank, as `out` holds)
+        rows = gather_objects([(row_mode(x), len(c), t) for x, c, t in zip(inputs, completion_ids_list, completions)])
+        metrics = per_mode_metrics([r for part in rows for r in part], out, self.reward_weights, self.reward_func_names)
+        for key, value in metrics.items():
+            self._metrics["train" if self.model.training else "eval"][key].append(value)
         return out
 
     def _weighted_rewards(self) -> torch.Tensor:

@@ -12,9 +12,13 @@ from __future__ import annotations
 import inspect
 import logging
 
-from align.scoring import generate_and_score, summarize
+import torch
+
+from align.scoring import CORRECT_AT, generate_and_score, summarize
 from data_gen.tasks import assistant_text
-from rewards import checked, get_rewards, route_accuracy
+from rewards import checked, get_rewards, mode_format_reward, route_accuracy
+from rewards.length import prompt_mode
+from rewards.verifier import ACCURACY_VERIFIERS
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +86,51 @@ def prepare_prompts(dataset, prompt_mode: str | None = None, system_prompt: str 
 
     drop = [c for c in ("messages", "prompt_messages") if c in columns]
     return dataset.map(convert, remove_columns=drop)
+
+
+def row_mode(row: dict) -> str | None:
+    """The reasoning mode a GRPO row asks for: its `mode` column, else its prompt's flag."""
+    return row.get("mode") or prompt_mode(row.get("prompt"))
+
+
+def per_mode_metrics(rows: list[tuple[str | None, int, object]], rewards_per_func: torch.Tensor, weights: torch.Tensor,
+                     names: list[str]) -> dict[str, float]:
+    r"""Hybrid reasoning, logged per asked mode: `mode/<m>/reward` (the weighted total), `mode/<m>/<reward name>`,
+    `mode/<m>/accuracy` (the accuracy verifier's share at >= 1), `mode/<m>/format` (`mode_format_reward`'s share)
+    and `mode/<m>/length` (completion tokens). `rows` = (mode, completion length, completion) per row of
+    `rewards_per_func` (B, F); nothing for rows without a mode.
+
+    >>> rows = [("think", 40, "<think>one two three four five six seven eight</think> \\boxed{1}"),
+    ...         ("no_think", 6, "\\boxed{2}"), ("no_think", 8, "<think>hm</think> \\boxed{2}")]
+    >>> m = per_mode_metrics(rows, torch.tensor([[1.0, 0.0], [0.0, -0.5], [1.0, -1.0]]), torch.tensor([1.0, 0.5]),
+    ...                      ["math_reward", "soft_overlong_reward"])
+    >>> m["mode/think/reward"], m["mode/no_think/reward"], m["mode/no_think/accuracy"], m["mode/no_think/format"]
+    (1.0, 0.125, 0.5, 0.5)
+    >>> m["mode/think/length"], m["mode/no_think/length"], m["mode/think/format"]
+    (40.0, 7.0, 1.0)
+    """
+    if len(rows) != rewards_per_func.shape[0]:
+        raise ValueError(f"per_mode_metrics: {len(rows)} rows for {rewards_per_func.shape[0]} rewards")
+    per_func = rewards_per_func.detach().float().cpu()
+    total = (per_func * weights.float().cpu().unsqueeze(0)).nansum(dim=1)
+    accuracy = next((i for i, n in enumerate(names) if n in ACCURACY_VERIFIERS), None)
+    out: dict[str, float] = {}
+    for mode in sorted({m for m, _, _ in rows if m in ("think", "no_think")}):
+        idx = [i for i, (m, _, _) in enumerate(rows) if m == mode]
+        sel = torch.tensor(idx)
+        out[f"mode/{mode}/reward"] = total[sel].mean().item()
+        for j, name in enumerate(names):
+            values = per_func[sel, j]
+            if (~torch.isnan(values)).any():
+                out[f"mode/{mode}/{name}"] = torch.nanmean(values).item()
+        if accuracy is not None:
+            scored = per_func[sel, accuracy][~torch.isnan(per_func[sel, accuracy])]
+            if scored.numel():
+                out[f"mode/{mode}/accuracy"] = (scored >= CORRECT_AT).float().mean().item()
+        fmt = mode_format_reward([rows[i][2] for i in idx], mode=[mode] * len(idx))
+        out[f"mode/{mode}/format"] = sum(fmt) / len(fmt)
+        out[f"mode/{mode}/length"] = sum(rows[i][1] for i in idx) / len(idx)
+    return out
 
 
 def required_reward_columns(func) -> list[str]:
@@ -161,10 +210,18 @@ def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, 
                                  default_verifier=default_reward, collective_generate=True)
     families = [r.get("family") for r in rows] if "family" in dataset.column_names else None
     summary = summarize(records, families)  # task rows: which families moved
+    modes = [row_mode(r) for r in rows]
     report = {"accuracy": summary["accuracy"], "num_prompts": summary["num"], "ci_low": summary["ci_low"],
               "ci_high": summary["ci_high"], "mean_completion_length": summary["mean_completion_length"],
               "sample": [r["text"] for r in records][:3],
               "correct": [int(r["correct"]) for r in records]}  # per row, in row order: a paired before/after test
     if "by_family" in summary:
         report["by_family"] = summary["by_family"]
+    if any(m is not None for m in modes):  # hybrid reasoning: accuracy and format per asked mode
+        report["by_mode"] = {}
+        for mode in sorted({m for m in modes if m is not None}):
+            mine = [rec for rec, m in zip(records, modes) if m == mode]
+            fmt = mode_format_reward([rec["text"] for rec in mine], mode=[mode] * len(mine))
+            report["by_mode"][mode] = {"accuracy": sum(rec["correct"] for rec in mine) / len(mine), "num": len(mine),
+                                       "format": sum(fmt) / len(fmt)}
     return report

@@ -274,6 +274,39 @@ def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list
     return lines
 
 
+def chain_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list[str]:
+    """The chain judged as a whole: its last evaluated stage against the SFT model it descends from (following the
+    recorded parents), every mode's accuracy and format by the paired test on the same prompts."""
+    by_name = {s["name"]: s for s in stages}
+    last = next((s for s in reversed(stages) if s.get("metrics")), None)
+    sft, node = None, last
+    while node is not None and node.get("parent"):
+        node = by_name.get(node["parent"])
+        if node is not None and node.get("script") == "sft" and node.get("metrics"):
+            sft = node
+            break
+    if last is None or sft is None:
+        return []
+    lines, worse, better = [], [], []
+    for key in sorted(k for k in last["metrics"] if k.startswith(prefix) and _finite(sft["metrics"].get(k))):
+        mode = key.removeprefix(prefix)
+        for kind in ("acc", "format"):
+            name = f"{kind}/{prefix.split('/')[1]}/{mode}"
+            if not (_finite(sft["metrics"].get(name)) and _finite(last["metrics"].get(name))):
+                continue
+            p = paired_eval(sft, last, name)
+            word = _paired_word(p) if p else "no per-item outcomes"
+            (worse if "worse" in word else better if word == "better" else []).append(f"{kind} {mode}")
+            detail = f"{p['gained']} gained, {p['lost']} lost, p={p['p_value']:.2g}" if p else ""
+            lines.append(f"- {kind} {mode}: {_fmt_share(sft['metrics'][name], interval(sft, name))} ({sft['name']}) "
+                         f"-> {_fmt_share(last['metrics'][name], interval(last, name))} ({last['name']}): {word}"
+                         + (f" ({detail})" if detail else ""))
+    verdict = ("**ends below its SFT model** in " + ", ".join(worse) if worse
+               else "ends above its SFT model in " + ", ".join(better) if better else "ends level with its SFT model")
+    return [f"**{last['name']}** against **{sft['name']}**: the chain {verdict} (paired tests on the same prompts).",
+            "", *lines]
+
+
 def _plt():
     import matplotlib
 
@@ -396,6 +429,9 @@ def write_report(run_dir: str | Path) -> Path:
                   "on the same prompts (worse: p < 0.05 with more prompts lost than gained); every mode's accuracy "
                   "and format with its own paired verdict.",
                   "", *guard, ""]
+    chain = chain_lines(stages)
+    if chain:
+        lines += ["## Did the chain end above its SFT model?", "", *chain, ""]
     own = [(s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)]
     if own:
         lines += ["## The stages' own results", "", "What each stage measured itself (before/after training, "

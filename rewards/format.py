@@ -3,7 +3,8 @@ r"""Format rewards: is the completion shaped the way our chat format asks?
 Our assistant targets are ``<think>\n{reasoning}\n</think>\nThe answer is \boxed{answer}.`` in think mode
 and ``The answer is \boxed{answer}.`` in no_think mode (see data_gen/tasks.py). ``think_format_reward``
 checks the first shape, ``answer_format_reward`` only that one final ``\boxed{}`` answer is given (after the
-reasoning, if any; ``rewards.answer.final_answer``). Both return 1.0 / 0.0. Small weights on them help a cold
+reasoning, if any; ``rewards.answer.final_answer``), and ``mode_format_reward`` the shape each row's ASKED mode
+wants (hybrid-reasoning RL: think rows need reasoning with real content, no_think rows none). All return 1.0 / 0.0. Small weights on them help a cold
 policy find the format without swamping the correctness reward.
 
 What they refuse (each a way to collect format credit without the format): an empty think block, or one
@@ -20,10 +21,24 @@ import re
 from typing import Any
 
 from rewards.answer import completion_text, final_answer
+from rewards.length import prompt_mode
 
 # One think block at the very start, non-empty reasoning, then an answer part.
 _THINK = re.compile(r"\A\s*<think>(?P<think>.*?)</think>(?P<answer>.*)\Z", re.DOTALL)
+# Blank characters Unicode files as letters (Hangul fillers, the halfwidth filler, the blank Braille cell): they
+# show nothing, so they are not reasoning.
+_FILLERS = str.maketrans("", "", "\u115f\u1160\u3164\uffa0\u2800")
 _WORD = re.compile(r"[^\W_]")  # a letter or digit: reasoning that says something
+_WORDS = re.compile(r"[^\W_]+")
+
+
+def reasoning_words(text: str) -> int:
+    """How many words (runs of letters or digits, blank filler letters removed) a reasoning text holds.
+
+    >>> reasoning_words("3 + 4 = 7, so the sum is 7"), reasoning_words("\u3164\u3164 \u3164")
+    (8, 0)
+    """
+    return len(_WORDS.findall(text.translate(_FILLERS)))
 
 
 def think_format_reward(completions: list, think_in_prompt: bool = False, **kwargs: Any) -> list[float]:
@@ -51,7 +66,7 @@ def think_format_reward(completions: list, think_in_prompt: bool = False, **kwar
         m = _THINK.match(text)
         ok = (
             m is not None
-            and _WORD.search(m.group("think")) is not None
+            and _WORD.search(m.group("think").translate(_FILLERS)) is not None
             and "<think>" not in m.group("think")
             and "<think>" not in m.group("answer")
             and "</think>" not in m.group("answer")
@@ -69,3 +84,57 @@ def answer_format_reward(completions: list, **kwargs: Any) -> list[float]:
     [1.0, 0.0, 0.0, 0.0, 0.0]
     """
     return [1.0 if final_answer(completion_text(c)) is not None else 0.0 for c in completions]
+
+
+def mode_format_reward(completions: list, mode: list[str | None] | None = None, prompts: list | None = None,
+                       min_think_words: int = 3, think_in_prompt: bool = False, **kwargs: Any) -> list[float | None]:
+    r"""1.0 when a completion has the shape its asked reasoning mode wants, else 0.0 (hybrid-reasoning RL):
+
+    - think: one ``<think>`` block opening the completion with at least ``min_think_words`` words of reasoning
+      (``reasoning_words``), then one boxed answer (``think_format_reward``'s other rules). The default, 3, is the
+      shortest gold trace of our task families (arithmetic: ``9 - 7 = 2``); set it per family set (the counting
+      families' gold traces hold 9 words or more: recipes/smol135m_grpo.yaml asks 8);
+    - no_think: no reasoning (no think block, or an empty one as some templates open a no_think answer with), then
+      one boxed answer.
+
+    The mode is what was asked, never what was answered: the ``mode`` column, else the prompt's ``/think`` or
+    ``/no_think`` flag; a row with neither abstains (None). Without it a mixed-mode GRPO run pays a think prompt
+    answered without reasoning like a no_think one, and dropping the think block becomes the cheapest way to the
+    reward under a length penalty.
+
+    >>> think = "<think>\nThere are 3 r's in the word, I counted each one.\n</think>\nThe answer is \\boxed{3}."
+    >>> mode_format_reward([think, "The answer is \\boxed{3}.", "<think>\ncount\n</think>\n\\boxed{3}"],
+    ...                    mode=["think", "think", "think"])
+    [1.0, 0.0, 0.0]
+    >>> mode_format_reward([think, "The answer is \\boxed{3}.", "<think>\n\n</think>\n\\boxed{3}", "\\boxed{3}"],
+    ...                    mode=["no_think", "no_think", "no_think", None])
+    [0.0, 1.0, 1.0, None]
+    """
+    if min_think_words < 1:
+        raise ValueError(f"mode_format_reward: min_think_words must be >= 1, got {min_think_words}")
+    if mode is not None and len(mode) != len(completions):
+        raise ValueError(f"the mode column has {len(mode)} rows but there are {len(completions)} completions")
+    scores: list[float | None] = []
+    for i, completion in enumerate(completions):
+        asked = mode[i] if mode is not None else None
+        if asked is None and prompts is not None and i < len(prompts):
+            asked = prompt_mode(prompts[i])
+        if asked not in (None, "think", "no_think"):
+            raise ValueError(f"mode_format_reward: mode must be 'think' or 'no_think', got {asked!r} at row {i}")
+        text = completion_text(completion)
+        if asked is None:
+            scores.append(None)
+        elif asked == "think":
+            if think_in_prompt and not text.lstrip().startswith("<think>"):
+                text = "<think>" + text
+            m = _THINK.match(text)
+            ok = (think_format_reward([text])[0] == 1.0 and m is not None
+                  and reasoning_words(m.group("think")) >= min_think_words)
+            scores.append(1.0 if ok else 0.0)
+        else:
+            m = _THINK.match(text)
+            rest = text if m is None else m.group("answer")
+            empty = m is None or not m.group("think").translate(_FILLERS).strip()
+            ok = empty and "<think>" not in rest and "</think>" not in rest and final_answer(rest) is not None
+            scores.append(1.0 if ok else 0.0)
+    return scores

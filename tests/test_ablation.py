@@ -139,6 +139,23 @@ def test_plan_layers_overrides_and_seeds():
     assert kto["overrides"]["max_steps"] == 3 and runs[3].pipeline["tracking_group"] == "x"
 
 
+def test_a_variant_removes_keys_its_script_does_not_take(tmp_path):
+    """ORPO has no loss_type: the variant's copy of the base recipe drops it, and the check passes."""
+    from align.ablation import check
+
+    cfg = _cfg(run_dir=str(tmp_path / "abl"), overrides={"loss_type": ["apo_zero"]}, variants=[
+        {"name": "apo", "baseline": True}, {"name": "orpo", "script": "orpo", "remove": ["loss_type",
+                                                                                        "precompute_ref_log_probs"]}])
+    runs = plan(cfg)
+    orpo = runs[1].pipeline["stages"][0]
+    trimmed = yaml.safe_load(Path(orpo["recipe"]).read_text())
+    assert "loss_type" not in trimmed and "loss_type" not in orpo["overrides"] and trimmed["beta"] == 0.1
+    check(runs)
+    with pytest.raises(ValueError, match="unknown key 'loss_type'"):
+        check(plan(_cfg(overrides={"loss_type": ["apo_zero"]}, variants=[{"name": "apo", "baseline": True},
+                                                                         {"name": "orpo", "script": "orpo"}])))
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "ablations").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_ablation_recipe_plans_and_every_run_config_checks(path):
     from align.ablation import check

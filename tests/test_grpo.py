@@ -325,6 +325,36 @@ def test_overlong_penalty_pushes_long_completions_down(tiny, tmp_path, monkeypat
             assert long.max() < 0 < short.min()
 
 
+def test_mixed_mode_batches_log_reward_accuracy_format_and_length_per_asked_mode(tiny, tmp_path):
+    """Hybrid reasoning: think and no_think prompts in one batch, each row judged by its asked mode
+    (mode_format_reward, per-mode overlong budgets) and every per-mode metric logged; `mode/<m>/length` is the mean
+    completion length of that mode's rows and `mode/<m>/reward` the weighted total over them."""
+    rows = make_tasks(FAMILIES, num=16, split="train", seed=3)
+    for i, r in enumerate(rows):
+        r["prompt_messages"] = prompt_messages(r, "think" if i % 2 else "no_think")
+    engine = ScriptedEngine(rollout, range(10, len(tiny["tokenizer"])))
+    args = _args(tmp_path, max_completion_length=12,
+                 reward_funcs=["math_reward", "mode_format_reward", "soft_overlong_reward"], reward_weights=[1, 0.5, 1],
+                 reward_kwargs={"soft_overlong_reward": {"max_completion_len": 6, "soft_punish_cache": 2,
+                                                         "think_max_completion_len": 12, "think_soft_punish_cache": 2}})
+    trainer = _trainer(tiny, args, build_rewards(args), engine, rows=datasets.Dataset.from_list(rows))
+    trainer.model.train()
+    batch = [dict(trainer.train_dataset[i // 4 * 4 + (i // 4) % 2]) for i in range(16)]  # 2 groups of each mode
+    out = trainer._generate_and_score_completions(batch)
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("mode/")}
+    assert {f"mode/{m}/{k}" for m in ("think", "no_think") for k in ("reward", "accuracy", "format", "length",
+                                                                     "soft_overlong_reward")} <= set(logged)
+    lengths = out["completion_mask"].sum(dim=1).float()
+    modes = [r["mode"] for r in batch]
+    for m in ("think", "no_think"):
+        mine = torch.tensor([x == m for x in modes])
+        assert logged[f"mode/{m}/length"] == pytest.approx(lengths[mine].mean().item())
+        assert logged[f"mode/{m}/reward"] == pytest.approx(trainer._weighted_rewards()[mine].mean().item())
+    # the same lengths cost the no_think rows more: their budget is half the think one
+    assert logged["mode/no_think/soft_overlong_reward"] < logged["mode/think/soft_overlong_reward"]
+    assert logged["mode/think/format"] == 0.0  # random tokens never reason in a think block
+
+
 # ----------------------------------------------------------------------------------------------- end to end
 
 

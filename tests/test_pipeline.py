@@ -312,6 +312,32 @@ def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
     assert "no drop beyond noise" in lines[1] and "intervals overlap" in lines[1]  # other prompts: not paired
 
 
+def test_the_chain_is_judged_against_its_sft_model_by_the_paired_test(tmp_path):
+    """The last stage against the SFT model it descends from (through the recorded parents, past a side branch)."""
+    from align.evaluate import prompts_digest
+    from align.report import chain_lines
+
+    def stage(name, script, correct, parent=None):
+        results = tmp_path / f"{name}.json"
+        gen = {"outcomes": {"correct": correct, "formatted": [1] * len(correct)}, "prompts_sha": prompts_digest("p")}
+        results.write_text(json.dumps({"details": {"gen/tasks/think": gen}}))
+        return {"name": name, "script": script, "parent": parent, "eval": {"results": str(results)},
+                "metrics": {"acc/tasks/think": sum(correct) / len(correct), "format/tasks/think": 1.0}}
+
+    sft = [1] * 30 + [0] * 70
+    worse = [0] * 20 + [1] * 10 + [0] * 70  # 20 lost, none gained
+    stages = [stage("sft", "sft", sft), stage("side", "sft", [1] * 100), stage("apo", "apo", sft, "sft"),
+              stage("grpo", "grpo", worse, "apo")]
+    lines = chain_lines(stages)
+    assert lines[0] == ("**grpo** against **sft**: the chain **ends below its SFT model** in acc think (paired tests "
+                        "on the same prompts).")
+    assert "acc think: 0.300" in lines[2] and "(0 gained, 20 lost, p=1.9e-06)" in lines[2]
+    assert "format think" in lines[3] and "within noise" in lines[3]
+    better = chain_lines(stages[:3] + [stage("grpo", "grpo", [1] * 50 + [0] * 50, "apo")])
+    assert "ends above its SFT model in acc think" in better[0]
+    assert chain_lines([stage("grpo", "grpo", sft)]) == []  # no SFT model in its lineage
+
+
 def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     cfg = fake()
     recipe = tmp_path / "pipe.yaml"

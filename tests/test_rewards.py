@@ -68,6 +68,7 @@ def test_registry_keys_are_function_names():
         "code_reward",
         "think_format_reward",
         "answer_format_reward",
+        "mode_format_reward",
         "soft_overlong_reward",
         "cosine_length_reward",
         "repetition_penalty_reward",
@@ -500,3 +501,39 @@ def test_route_accuracy_keeps_name_columns_kwargs_and_pickles():
         1.0, 0.0]  # fmt: skip
     with pytest.raises(ValueError, match="names 2 accuracy verifiers"):
         route_accuracy(get_rewards(["math_reward", "code_reward"])[0])
+
+
+# ------------------------------------------------------------------------------------- hybrid reasoning format
+
+
+@pytest.mark.parametrize("completion, mode, expected", [
+    ("<think>\nThe word has r at 3, 7 and 9, so three.\n</think>\nThe answer is \\boxed{3}.", "think", 1.0),
+    ("<think>\nthree\n</think>\nThe answer is \\boxed{3}.", "think", 0.0),            # one word: no real reasoning
+    ("<think>\n\u3164 \u3164 \u3164 \u3164 \u3164 \u3164 \u3164 \u3164\n</think>\n\\boxed{3}", "think", 0.0),  # blank letters
+    ("The answer is \\boxed{3}.", "think", 0.0),                                          # asked to think, did not
+    ("The answer is \\boxed{3}.", "no_think", 1.0),
+    ("<think>\n\n</think>\nThe answer is \\boxed{3}.", "no_think", 1.0),                 # an empty block is no reasoning
+    ("<think>\nI count one two three here ok\n</think>\n\\boxed{3}", "no_think", 0.0),   # reasoned when asked not to
+    ("The answer is 3.", "no_think", 0.0),                                                 # no boxed answer
+    ("\\boxed{3} </think>", "no_think", 0.0),
+])
+def test_mode_format_reward_pays_the_shape_the_asked_mode_wants(completion, mode, expected):
+    from rewards import mode_format_reward
+
+    assert mode_format_reward([completion], mode=[mode]) == [expected]
+    # the mode from the prompt's flag when there is no mode column; neither: abstain
+    prompt = [{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": "count"}]
+    assert mode_format_reward([completion], prompts=[prompt]) == [expected]
+    assert mode_format_reward([completion], prompts=[[{"role": "user", "content": "count"}]]) == [None]
+
+
+def test_mode_format_reward_min_think_words_and_bad_input():
+    from rewards import mode_format_reward
+
+    text = "<think>\none two three\n</think>\n\\boxed{3}"
+    assert mode_format_reward([text], mode=["think"], min_think_words=3) == [1.0]
+    assert mode_format_reward([text], mode=["think"], min_think_words=4) == [0.0]
+    with pytest.raises(ValueError, match="min_think_words"):
+        mode_format_reward([text], mode=["think"], min_think_words=0)
+    with pytest.raises(ValueError, match="mode must be"):
+        mode_format_reward([text], mode=["deep"])
