@@ -101,6 +101,11 @@ class EvalConfig:
         default_factory=list, metadata={"help": "Extra held-out text sources 'spec[:num]' (column 'text')."}
     )
     loss_max_tokens: int = field(default=256, metadata={"help": "Truncate each held-out text to this many tokens."})
+    chat_loss_data: str | None = field(default=None, metadata={
+        "help": "Held-out conversations ({messages}) whose last assistant turn the loss suite scores as `loss/chat` "
+                "(mean per-token loss per conversation, with its interval): how far a stage moved from these chat "
+                "answers, e.g. the base model's own (generate_answers' heldout.jsonl)."})
+    chat_loss_num: int = field(default=64, metadata={"help": "Conversations of chat_loss_data scored (the first N)."})
     mc_sets: list[str] = field(
         default_factory=lambda: ["tasks:32", "hellaswag:16", "truthfulqa:16"],
         metadata={"help": f"MC sets 'name[:num_items]' from {MC_SETS}."},
@@ -185,6 +190,24 @@ def heldout_loss(model, tokenizer, texts: list[str], max_tokens: int = 256, batc
     total, count = -sum(s for s, _ in scored), sum(n for _, n in scored)
     loss = total / max(count, 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
+
+
+def chat_loss(model, tokenizer, conversations: list[list[dict]], max_tokens: int = 256, batch_size: int = 16) -> list[float]:
+    """Each conversation's last (assistant) turn scored after the rest, rendered by the model's own chat template:
+    the mean next-token loss over that answer's tokens (at most `max_tokens`), one number per conversation.
+    Collective, like `heldout_loss`."""
+    seqs = []
+    for messages in conversations:
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError("chat_loss_data: every conversation must end with an assistant turn")
+        prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        answer = full[len(prompt):] if full.startswith(prompt) else messages[-1]["content"] + (tokenizer.eos_token or "")
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        a_ids = tokenizer(answer.rstrip("\n"), add_special_tokens=False)["input_ids"][:max_tokens]
+        seqs.append((p_ids + a_ids, len(a_ids)))
+    scored = sequence_logprobs(model, seqs, pad_id(tokenizer), batch_size, collective=True)
+    return [-lp / max(n, 1) for lp, n in scored]
 
 
 # --------------------------------------------------------------------------------------- multiple choice
@@ -314,6 +337,14 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         for name, texts in _loss_texts(cfg).items():
             res = heldout_loss(model, tokenizer, texts, cfg.loss_max_tokens, cfg.batch_size)
             metrics[f"loss/{name}"], metrics[f"ppl/{name}"] = res["loss"], res["ppl"]
+        if cfg.chat_loss_data:
+            conversations = load_source(cfg.chat_loss_data)["messages"][: cfg.chat_loss_num]
+            items = chat_loss(model, tokenizer, conversations, cfg.loss_max_tokens, cfg.batch_size)
+            mean = sum(items) / len(items)
+            half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in items) / max(len(items) - 1, 1) / len(items))
+            metrics["loss/chat"] = mean
+            stats["loss/chat"] = {"num": len(items), "ci_low": mean - half, "ci_high": mean + half}
+            details["loss/chat"] = {"items": items, "prompts_sha": prompts_digest(str(c[:-1]) for c in conversations)}
         seconds["loss"] = time.perf_counter() - t
     if "mc" in cfg.suites:
         t = time.perf_counter()

@@ -224,6 +224,34 @@ def paired_eval(before: dict, after: dict, metric: str, metric_after: str | None
     return paired_change(a["items"], b["items"])
 
 
+def paired_loss(before: dict, after: dict, metric: str = "loss/chat") -> dict | None:
+    """Two stages' per-item losses on the same held-out items (the eval's `loss/chat`): the mean difference (after
+    minus before) with its 95% interval; `word` is worse / better when the interval excludes 0, else within noise."""
+    def items(stage):
+        try:
+            got = json.loads(Path(stage["eval"]["results"]).read_text())["details"][metric]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return got["items"], got.get("prompts_sha")
+
+    a, b = items(before), items(after)
+    if a is None or b is None or len(a[0]) != len(b[0]) or a[1] != b[1] or len(a[0]) < 2:
+        return None
+    diffs = [y - x for x, y in zip(a[0], b[0])]
+    mean = sum(diffs) / len(diffs)
+    half = 1.96 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+    word = "**worse**" if mean - half > 0 else "better" if mean + half < 0 else "within noise"
+    return {"difference": mean, "ci_low": mean - half, "ci_high": mean + half, "word": word}
+
+
+def _loss_note(before: dict, after: dict) -> str:
+    p = paired_loss(before, after)
+    if p is None:
+        return ""
+    return (f"chat loss {before['metrics']['loss/chat']:.3f} -> {after['metrics']['loss/chat']:.3f} ({p['word']}, "
+            f"{p['difference']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}])")
+
+
 def _paired_word(p: dict) -> str:
     if p["p_value"] >= 0.05:
         return "within noise"
@@ -267,6 +295,8 @@ def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list
                 p = paired_eval(parent, s, name)
                 word = f" ({_paired_word(p)}, p={p['p_value']:.2g})" if p else ""
                 modes.append(f"{kind} {mode} {parent['metrics'][name]:.3f} -> {s['metrics'][name]:.3f}{word}")
+        if _loss_note(parent, s):
+            modes.append(_loss_note(parent, s))
         verdict = "**got worse beyond noise**" if worse else "no drop beyond noise"
         lines.append(f"- **{s['name']}** (from {parent['name']}): best form {_fmt_share(b, b_iv)} "
                      f"({bk.removeprefix(prefix)}) -> {_fmt_share(a, a_iv)} ({ak.removeprefix(prefix)}): {verdict} "
@@ -301,6 +331,11 @@ def chain_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list[str]:
             lines.append(f"- {kind} {mode}: {_fmt_share(sft['metrics'][name], interval(sft, name))} ({sft['name']}) "
                          f"-> {_fmt_share(last['metrics'][name], interval(last, name))} ({last['name']}): {word}"
                          + (f" ({detail})" if detail else ""))
+    chat = paired_loss(sft, last)
+    if chat is not None:
+        lines.append(f"- {_loss_note(sft, last)}: the held-out chat answers' loss")
+        if "worse" in chat["word"]:
+            worse.append("chat loss")
     verdict = ("**ends below its SFT model** in " + ", ".join(worse) if worse
                else "ends above its SFT model in " + ", ".join(better) if better else "ends level with its SFT model")
     return [f"**{last['name']}** against **{sft['name']}**: the chain {verdict} (paired tests on the same prompts).",

