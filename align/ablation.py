@@ -311,7 +311,8 @@ def run_all(cfg: AblationConfig, runs: list[Run], log=print) -> dict:
     queue = list(todo)
 
     def launch(run: Run) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               "PYTHONUNBUFFERED": "1"}  # the run's log shows where it is while it runs
         if cfg.num_parallel > 1:
             env.setdefault("OMP_NUM_THREADS", str(threads))
         log_file = open(run.dir / "ablation.log", "a")  # noqa: SIM115 (closed when the run ends)
@@ -375,7 +376,7 @@ cd "${{SLURM_SUBMIT_DIR:-.}}"
 RUNS=({runs})
 RUN=${{RUNS[$SLURM_ARRAY_TASK_ID]:?no run for array task $SLURM_ARRAY_TASK_ID}}
 export WANDB_MODE=${{WANDB_MODE:-offline}}
-exec python scripts/pipeline.py "$RUN"
+exec "${{PYTHON:-python}}" scripts/pipeline.py "$RUN"   # the environment's python (activate it, or set PYTHON)
 """
 
 

@@ -224,18 +224,29 @@ def test_tiny_ablation_killed_mid_run_resumes_and_skips_finished_runs(micro):
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     deadline = time.time() + 300
-    for line in first.stdout:
+    for line in first.stdout:  # the first run finished and the second one started: kill it mid-run
         seen.append(line)
-        if "apo_zero-s0: done in" in line or time.time() > deadline:
+        if "kto-s0: running" in line or time.time() > deadline:
             break
+    stage_log = run_dir / "runs" / "kto-s0" / "logs" / "apo.log"  # the ablated stage keeps its name
+    while not stage_log.is_file() and time.time() < deadline:  # its stage is running (not only the pipeline)
+        time.sleep(0.2)
+    time.sleep(1.0)
     first.send_signal(signal.SIGKILL)  # the harshest stop: no handler runs in the ablation process
     first.wait()
     assert any("apo_zero-s0: done in" in line for line in seen), "".join(seen)[-3000:]
-    kto0 = run_dir / "runs" / "kto-s0"
-    for _ in range(120):  # the running run got SIGTERM from the kernel (parent death) and stops cleanly
-        if "interrupted" in (kto0 / "ablation.log").read_text() or "done in" in (kto0 / "ablation.log").read_text():
+    import psutil
+
+    def orphans() -> list:  # the running run's processes: it got SIGTERM from the kernel (parent death) and stops
+        return [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+
+    for _ in range(240):
+        if not orphans():
             break
         time.sleep(0.5)
+    assert not orphans(), "a run outlived the killed ablation"
+    log = (run_dir / "runs" / "kto-s0" / "ablation.log").read_text()
+    assert "interrupted" in log, log[-2000:]  # stopped mid-run, not finished
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "apo_zero-s0: finished earlier (skipped)" in second.stdout
@@ -249,7 +260,7 @@ def test_tiny_ablation_killed_mid_run_resumes_and_skips_finished_runs(micro):
     assert "| **apo_zero** |" in table and "| kto | script kto, recipe recipes/tiny_kto.yaml |" in table
     assert (run_dir / "plots" / "metric.png").is_file() and (run_dir / "plots" / "curves.png").is_file()
     # every run's stage trained with its own seed and script
-    kto_s1 = yaml.safe_load((run_dir / "runs" / "kto-s1" / "configs" / "kto.yaml").read_text())
+    kto_s1 = yaml.safe_load((run_dir / "runs" / "kto-s1" / "configs" / "apo.yaml").read_text())
     assert kto_s1["seed"] == 1 and kto_s1["loss_type"] == "kto"
     # a third call has nothing left to run
     third = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -263,8 +274,10 @@ def test_tiny_ablation_killed_mid_run_resumes_and_skips_finished_runs(micro):
     assert "#SBATCH --array=0-3\n" in text and "--requeue" in text and "--report_only true" in text
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     task = subprocess.run(["bash", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**env, "SLURM_ARRAY_TASK_ID": "1", "SLURM_SUBMIT_DIR": str(ROOT)})
+                          env={**env, "SLURM_ARRAY_TASK_ID": "1", "SLURM_SUBMIT_DIR": str(ROOT),
+                               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
     assert task.returncode == 0, task.stdout[-2000:] + task.stderr[-2000:]
-    assert "kto: skipped (finished earlier)" in task.stdout  # task 1 = kto at seed 0, already finished
+    assert "apo: skipped (finished earlier)" in task.stdout  # task 1 = kto at seed 0, already finished
+    assert f'"{run_dir}/runs/kto-s0/pipeline.yaml"' in text.split("RUNS=(")[1].split(")")[0].split()[1]
     runs = plan(AblationConfig(**{**yaml.safe_load(RECIPE.read_text()), "run_dir": str(run_dir)}))
     assert [r.name for r in runs][:2] == ["apo_zero-s0", "dpo-s0"]  # the recipe's own plan: seed-major
