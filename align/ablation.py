@@ -20,6 +20,7 @@ the metric's mean and interval over seeds; written to `<run_dir>/ablation.md`, `
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -32,6 +33,8 @@ from pathlib import Path
 
 import yaml
 
+from align.cli import RecipeError, load_recipe
+from align.pipeline import read_marker
 from align.pipeline_plan import (
     LAUNCHERS,
     REF,
@@ -153,8 +156,6 @@ def _base_stages(cfg: AblationConfig) -> list[dict]:
     if base["from_stage"] not in names:
         raise ValueError(f"base.from_stage={base['from_stage']!r} is not a stage of {base['pipeline']}; stages: {names}")
     cut = names.index(base["from_stage"])
-    from align.pipeline import read_marker
-
     earlier = {s.name: s.config for s in resolved[:cut]}
     for s in resolved[:cut]:
         if s.makes_model and read_marker(s.output_dir) is None:
@@ -245,8 +246,6 @@ def script_types(script: str) -> tuple:
 def check(runs: list[Run]) -> None:
     """Resolve every run's pipeline and check each stage's config against its script's dataclasses (keys and value
     types), so a typo in one variant fails now, in one line, not after the other runs spent their time."""
-    from align.cli import RecipeError, load_recipe
-
     types: dict[str, tuple] = {}
     for run in runs:
         stages = resolve_stages(PipelineConfig(**run.pipeline))
@@ -274,10 +273,6 @@ def write_runs(runs: list[Run]) -> None:
 
 def finished(run: Run) -> bool:
     """Every stage of the run done (the pipeline's markers), and the evaluated stage evaluated."""
-    import json
-
-    from align.pipeline import read_marker
-
     try:
         stages = json.loads((run.dir / "manifest.json").read_text()).get("stages", [])
     except (OSError, ValueError):
