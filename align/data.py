@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import datasets
@@ -116,10 +117,20 @@ def load_source(spec: str, split: str | None = None, **args) -> datasets.Dataset
     if spec.startswith(BUILTIN_PREFIX):
         streaming = args.pop("streaming", False)
         return _streamed(call_builtin(spec[len(BUILTIN_PREFIX) :], split, args), streaming)
-    if _looks_local(spec):
-        return _load_local(spec, split, args)
-    config, streaming = args.pop("config", None), args.pop("streaming", False)
-    return load_split(spec, split or "train", config, streaming, **args)
+    try:
+        if _looks_local(spec):
+            return _load_local(spec, split, dict(args))
+        config, streaming = args.pop("config", None), args.pop("streaming", False)
+        return load_split(spec, split or "train", config, streaming, **args)
+    except TypeError as err:  # datasets' loaders take no unknown keyword: a builtin's dataset_args left in a recipe
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        if bad is None:
+            raise
+        raise ValueError(
+            f"dataset_args key {bad.group(1)!r} is not an argument of the loader of {spec!r}: dataset_args go to the "
+            f"loader of dataset_name (builtin sources take their own, e.g. num and mode for builtin:tasks); drop it "
+            f"(`--dataset_args null` on the command line) or name an argument that loader takes"
+        ) from None
 
 
 def _load_optional(spec: str, split: str | None, args: dict) -> datasets.Dataset | None:

@@ -201,9 +201,17 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implem
             raise ValueError(f"dtype '{dtype}' is not a torch dtype; use auto, float32, bfloat16 or float16")
         dtype = getattr(torch, dtype)
     path = resolve_model_path(name_or_path)
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=attn_implementation or default_attn_implementation(), **kwargs
-    )
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementation or default_attn_implementation(), **kwargs
+        )
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":
+            raise
+        # a truncated or corrupt weights file (a copy cut short, a full disk during a save): name it, not a traceback
+        raise OSError(f"model {name_or_path}: its weights file cannot be read ({' '.join(str(err).split())}); the "
+                      "file is truncated or corrupt: copy or save the model again, or point model_name_or_path at an "
+                      "intact checkpoint") from None
 
 
 def load_tokenizer(name_or_path: str, **kwargs):

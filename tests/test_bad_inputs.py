@@ -133,7 +133,19 @@ SETUPS = {
     "corrupt_checkpoint": lambda w, d, out: _checkpoint(out, w, complete=True, optimizer=b"\x00torn write"),
     "foreign_checkpoint": lambda w, d, out: _checkpoint(out, w, complete=True, foreign=True),
     "sorted_pairs": _sorted_pairs,
+    "pairs_file": lambda w, d, out: _jsonl(d / "pairs.jsonl", w["pair_rows"]),
+    "truncated_model": lambda w, d, out: _truncated_copy(w["model"], d / "truncated_model"),
 }
+
+
+def _truncated_copy(model: str, to: Path) -> None:
+    """The model directory with its weights file cut in half (a copy that stopped, a full disk during a save)."""
+    import shutil
+
+    shutil.copytree(model, to)
+    weights = to / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
 
 
 def _materialize(name: str, world, tmp_path: Path) -> tuple[dict, str, Path]:
