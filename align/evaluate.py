@@ -63,7 +63,7 @@ from align.data import load_source
 from align.distributed import world
 from align.harness import find_lighteval, run_lighteval
 from align.models import load_model, load_tokenizer, resolve_model_path
-from align.rollout import BACKENDS, get_engine
+from align.rollout import BACKENDS, choose_backend, get_engine
 from align.scoring import mc_picks, mc_summary, pad_id, sequence_logprobs, shuffle_choices
 from data_gen.tasks import make_tasks, to_pretrain_text
 
@@ -364,7 +364,8 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     if own_engine:
         # hf shares the model already loaded; vllm (and auto, which may pick it) loads the directory itself
         source = model if cfg.rollout_backend == "hf" else resolve_model_path(cfg.model_name_or_path)
-        engine = get_engine(source, backend=cfg.rollout_backend, tokenizer=tokenizer, **(cfg.rollout_kwargs or {}))
+        engine = get_engine(source, backend=cfg.rollout_backend, tokenizer=tokenizer,
+                            **engine_knobs(cfg, source, model.config))
     try:
         if "generative" in cfg.suites:
             t = time.perf_counter()
@@ -413,6 +414,21 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         tmp.write_text(json.dumps(results, indent=1, default=str))
         os.replace(tmp, out_dir / "eval_results.json")  # a reader never sees half a file
     return results
+
+
+# Room for the longest eval prompt (a few-shot GSM8K question, a HumanEval header) beside the generation budget.
+PROMPT_ROOM = 1024
+
+
+def engine_knobs(cfg: EvalConfig, source, config) -> dict:
+    """`rollout_kwargs`, and for a vLLM engine a context that holds a prompt AND `max_new_tokens`: its default
+    (min(model context, 4096)) would cut a 4,096-token answer at 4,096 minus the prompt and count it truncated."""
+    knobs = dict(cfg.rollout_kwargs or {})
+    backend = choose_backend(source) if cfg.rollout_backend == "auto" else cfg.rollout_backend
+    if backend == "vllm" and "max_model_len" not in knobs:
+        context = getattr(config, "max_position_embeddings", None) or cfg.max_new_tokens + PROMPT_ROOM
+        knobs["max_model_len"] = min(context, max(cfg.max_new_tokens, cfg.vibe_max_new_tokens) + PROMPT_ROOM)
+    return knobs
 
 
 def prompts_digest(prompts) -> str:

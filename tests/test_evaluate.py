@@ -261,6 +261,23 @@ def test_chat_loss_scores_the_answer_after_its_prompt_and_the_report_pairs_it(mo
     assert paired_loss(before, before)["word"] == "within noise"
 
 
+def test_a_vllm_eval_engine_holds_the_prompt_and_the_whole_generation_budget():
+    """SmolLM3's eval asks 4,096 new tokens: vLLM's default context (min(model, 4096)) would cut every long answer at
+    4,096 minus its prompt and count it truncated; the engine gets room for both (never past the model's context)."""
+    from types import SimpleNamespace
+
+    from align.evaluate import PROMPT_ROOM, engine_knobs
+
+    def cfg(**kw):
+        return EvalConfig(model_name_or_path="m", rollout_backend="vllm", max_new_tokens=4096, **kw)
+
+    assert engine_knobs(cfg(), "m", SimpleNamespace(max_position_embeddings=65536)) == {"max_model_len": 4096 + PROMPT_ROOM}
+    assert engine_knobs(cfg(), "m", SimpleNamespace(max_position_embeddings=2048)) == {"max_model_len": 2048}
+    assert engine_knobs(cfg(rollout_kwargs={"max_model_len": 9000}), "m", None) == {"max_model_len": 9000}
+    hf = EvalConfig(model_name_or_path="m", rollout_backend="hf", max_new_tokens=4096)
+    assert engine_knobs(hf, "m", None) == {}
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="model_name_or_path"):
         EvalConfig()
