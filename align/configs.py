@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import trl
 from trl import ModelConfig
 
+from align.distributed import launched_world_size
+
 __all__ = ["ScriptArguments", "ModelConfig", "StageArgs", "rename_deprecated"]
 
 logger = logging.getLogger(__name__)
@@ -81,6 +83,12 @@ class StageArgs:
         metadata={"help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter); "
                   "false saves the adapter alone to output_dir."},
     )
+    global_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Sequences per optimizer step over all ranks, as published recipes state it (SmolLM3's SFT: "
+                  "128). gradient_accumulation_steps is then derived from it, per_device_train_batch_size and the "
+                  "launched world size, so the same recipe trains at the same batch on 8 GPUs or 64; it must divide."},
+    )
 
 
 def rename_deprecated(config, renamed: dict[str, str]) -> None:
@@ -130,6 +138,26 @@ def keep_freed_memory() -> bool:
                 and libc.mallopt(m_top_pad, 64 << 20))
 
 
+def apply_global_batch(args, world_size: int | None = None) -> None:
+    """`global_batch_size` -> gradient_accumulation_steps = global / (per_device_train_batch_size x world size);
+    the world size is the launcher's (WORLD_SIZE). A global batch the ranks cannot split evenly is refused."""
+    target = getattr(args, "global_batch_size", None)
+    if not target:
+        return
+    if world_size is None:
+        world_size = launched_world_size()
+    per_step = args.per_device_train_batch_size * world_size
+    if target % per_step:
+        raise ValueError(
+            f"global_batch_size={target} is not a multiple of per_device_train_batch_size x ranks = "
+            f"{args.per_device_train_batch_size} x {world_size} = {per_step}: change per_device_train_batch_size or "
+            "the number of processes, or unset global_batch_size and set gradient_accumulation_steps"
+        )
+    args.gradient_accumulation_steps = target // per_step
+    logger.info("global batch %d = %d per device x %d ranks x %d accumulation steps", target,
+                args.per_device_train_batch_size, world_size, args.gradient_accumulation_steps)
+
+
 def apply_device_defaults(args) -> None:
     """Make a TRL/transformers training config run on the machine at hand. Call it at the top of a
     stage config's `__post_init__`, before `super().__post_init__()`.
@@ -143,6 +171,7 @@ def apply_device_defaults(args) -> None:
     import torch
 
     check_launch()
+    apply_global_batch(args)
     if not torch.cuda.is_available():
         args.use_cpu = True
         keep_freed_memory()

@@ -192,3 +192,25 @@ def test_old_key_names_still_load_as_the_new_ones_with_one_warning(recipe, caplo
     assert (cfg.rollout_backend, cfg.rollout_kwargs, cfg.backend, cfg.engine_kwargs) == ("hf", {"batch_size": 4}, None, None)
     with pytest.raises(ValueError, match="rollout_backend"):
         EvalConfig(model_name_or_path="m", rollout_backend="vlm")
+
+
+@pytest.mark.parametrize("world, expected", [(1, 128), (8, 16), (64, 2)])
+def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expected, monkeypatch, tmp_path):
+    """smollm3_sft.yaml states SmolLM3's global batch (128), not an accumulation for one topology: 8 nodes x 8 GPUs
+    accumulate 2 steps, one 8-GPU node 16, one process 128, so all train at 128 sequences a step."""
+    from types import SimpleNamespace
+
+    from align.configs import apply_global_batch
+    from align.sft import SFTConfig as OurSFTConfig
+
+    _, t, _ = parse(ScriptArguments, OurSFTConfig, ModelConfig,
+                    args=[str(ROOT / "recipes" / "smollm3_sft.yaml"), "--output_dir", str(tmp_path / "o")])
+    assert t.global_batch_size == 128 and t.gradient_accumulation_steps == 128  # this process: one rank
+    monkeypatch.setenv("WORLD_SIZE", str(world))  # what the launcher announces to every rank
+    args = SimpleNamespace(global_batch_size=t.global_batch_size, per_device_train_batch_size=1,
+                           gradient_accumulation_steps=1)
+    apply_global_batch(args)
+    assert args.gradient_accumulation_steps == expected and world * expected == 128
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"global_batch_size=128 is not a multiple of .* 1 x 3 = 3"):
+        apply_global_batch(args)
