@@ -18,6 +18,7 @@ Without a process group every helper is the identity, so single-process code pat
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
@@ -84,8 +85,10 @@ def full_model(model: torch.nn.Module, accelerator: Any):
 
     if accelerator is None:  # a model no trainer has wrapped yet (no DeepSpeed hooks): gather it whole
         gathered = _gatherer(any(hasattr(p, "ds_id") for p in model.parameters()))(list(model.parameters()))
-    else:
-        gathered = unwrap_model_for_generation(model, accelerator)
+    else:  # the checkpointing the trainer set (LoRA + ZeRO-3 wants TRL's use_reentrant=True) comes back unchanged
+        inner = accelerator.unwrap_model(model)
+        gathered = unwrap_model_for_generation(model, accelerator,
+                                               gradient_checkpointing_kwargs=checkpointing_kwargs(inner))
     with gathered as unwrapped:
         unwrapped = model if accelerator is None else unwrapped
         was_training = unwrapped.training
@@ -95,6 +98,20 @@ def full_model(model: torch.nn.Module, accelerator: Any):
                 yield unwrapped
         finally:
             unwrapped.train(was_training)
+
+
+def checkpointing_kwargs(model: torch.nn.Module) -> dict | None:
+    """The kwargs gradient checkpointing was enabled with (transformers keeps them in each layer's
+    `_gradient_checkpointing_func` partial), None when it is off. TRL's `unwrap_model_for_generation` turns
+    checkpointing off for generation and back on with the kwargs it is given: without them it falls back to
+    transformers' default (`use_reentrant=False`), undoing what the trainer chose after the first generation."""
+    if not getattr(model, "is_gradient_checkpointing", False):
+        return None
+    for module in model.modules():
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if isinstance(func, functools.partial):
+            return dict(func.keywords)
+    return None
 
 
 def _hf_name(name: str) -> str:

@@ -140,3 +140,22 @@ def test_build_sampler_refuses_an_unknown_backend_and_trl_means_none():
     with pytest.raises(ValueError, match="rollout_backend"):
         build_sampler("sglang", None, tiny_llama(), "", None, None)
     assert build_sampler("trl", None, tiny_llama(), "", None, None) is None
+
+
+def test_full_model_gives_the_trainers_checkpointing_back_unchanged():
+    """TRL's unwrap turns gradient checkpointing off for generation and back on with the kwargs it is handed; with
+    none it re-enabled transformers' default (use_reentrant=False), undoing TRL's use_reentrant=True for LoRA +
+    ZeRO-3 after the first hf-engine generation. full_model hands back what the trainer set."""
+    from accelerate import Accelerator
+
+    from align.distributed import checkpointing_kwargs, full_model
+
+    model = tiny_llama()
+    assert checkpointing_kwargs(model) is None
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    assert checkpointing_kwargs(model) == {"use_reentrant": True}
+    accelerator = Accelerator(cpu=True)
+    wrapped = accelerator.prepare(model)
+    with full_model(wrapped, accelerator) as whole:
+        assert not whole.is_gradient_checkpointing  # off while generating
+    assert model.is_gradient_checkpointing and checkpointing_kwargs(model) == {"use_reentrant": True}
