@@ -323,7 +323,9 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     if cfg.num_threads > 0:
         torch.set_num_threads(cfg.num_threads)
     tokenizer = tokenizer or load_tokenizer(cfg.model_name_or_path)
-    model = model or load_model(cfg.model_name_or_path, dtype=cfg.dtype)
+    if model is None:  # on the GPU when there is one: a 3B model's loss and MC suites on a CPU take hours, and with
+        # flash-attn installed load_model picks flash_attention_2, which fails on CPU tensors
+        model = load_model(cfg.model_name_or_path, dtype=cfg.dtype).to(eval_device())
     model.eval()
     out_dir = Path(cfg.output_dir or Path(cfg.model_name_or_path) / "eval")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -414,6 +416,13 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         tmp.write_text(json.dumps(results, indent=1, default=str))
         os.replace(tmp, out_dir / "eval_results.json")  # a reader never sees half a file
     return results
+
+
+def eval_device() -> torch.device:
+    """Where the evaluated model lives: this rank's GPU when there is one (LOCAL_RANK under a launcher), else CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
+    return torch.device("cpu")
 
 
 # Room for the longest eval prompt (a few-shot GSM8K question, a HumanEval header) beside the generation budget.

@@ -278,6 +278,28 @@ def test_a_vllm_eval_engine_holds_the_prompt_and_the_whole_generation_budget():
     assert engine_knobs(hf, "m", None) == {}
 
 
+def test_the_evaluated_model_goes_to_this_ranks_gpu_when_there_is_one(model, tok, monkeypatch, tmp_path):
+    """Per-stage evaluation loaded the model without a device: on a GPU machine the loss/MC suites ran on the CPU
+    (and flash-attn's kernel failed on CPU tensors). With CUDA present the model goes to cuda:LOCAL_RANK."""
+    import align.evaluate as ev
+
+    moved = []
+
+    class Loaded(torch.nn.Module):
+        def to(self, device):
+            moved.append(device)
+            return model
+
+    monkeypatch.setattr(ev, "load_model", lambda *a, **k: Loaded())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert ev.eval_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(ev, "eval_device", lambda: torch.device("cpu"))  # this machine has no GPU to move to
+    cfg = EvalConfig(model_name_or_path="unused", output_dir=str(tmp_path / "ev"), suites=["loss"], loss_num_texts=2)
+    ev.evaluate(cfg, tokenizer=tok)
+    assert moved == [torch.device("cpu")]
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="model_name_or_path"):
         EvalConfig()
