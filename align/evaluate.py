@@ -409,6 +409,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         "stats": stats,
         "details": details,
         "seconds": seconds,
+        "device": str(next(model.parameters()).device),
         "config": asdict(cfg),
     }
     if is_main:

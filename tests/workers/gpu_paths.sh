@@ -4,7 +4,7 @@
 # MODELS_DIR holds the micro pipeline's outputs (configs/, midtrain/, sft/, apo/: `python scripts/pipeline.py
 # recipes/micro_pipeline.yaml`). Checks: (1) SFT with Liger kernels trains with the loss of the run without them;
 # (2) FSDP2 (accelerate, fsdp2.yaml, one GPU) pushes full tensors (`DTensor.full_tensor()`) to a rollout engine
-# with its own copy, and the saved model equals the gathered weights.
+# with its own copy, and the saved model equals the gathered weights; (3) evaluation on the GPU (see below).
 set -uo pipefail
 M=${1:?models dir}; OUT=${2:?out dir}
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -27,3 +27,9 @@ python -m accelerate.commands.launch --config_file recipes/accelerate_configs/fs
     --save_strategy no --learning_rate 1e-3 --report_to none --rollout_backend hf --rollout_kwargs '{dtype: bfloat16}' \
     > "$OUT/fsdp.log" 2>&1; echo "fsdp2 rc $?"
 cat "$OUT/fsdp/result.json" 2>/dev/null | python -c "import json,sys; d=json.load(sys.stdin); print({k: v for k, v in d.items() if k != 'ranks'}); [print({k: r[k] for k in ('backend','pushes','copy_diff')}, 'greedy parity', r['engine_ids'] == r['model_ids']) for r in d['ranks']]"
+# (3) per-stage evaluation on the GPU (issue 40): the evaluated model lands on cuda:LOCAL_RANK, and a vLLM engine's
+# context holds a 4,096-token answer beside its prompt (truncated share must stay low with max_new_tokens 4096)
+python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
+    --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --modes no_think --max_new_tokens 4096 \
+    --rollout_backend vllm > "$OUT/eval.log" 2>&1; echo "eval rc $?"
+python -c "import json,sys; r=json.load(open(sys.argv[1])); print('eval device', r['device'], 'truncated', r['metrics'].get('truncated/tasks/no_think'))" "$OUT/eval/eval_results.json"
