@@ -67,9 +67,10 @@ class SFTConfig(StageArgs, trl.SFTConfig):
                   "follow the source (the preflight data-order check says so)."},
     )
     packing_layout: str = field(
-        default="rows",
+        default="auto",
         metadata={"help": "With packing: 'rows' keeps [batch, max_length] rows with per-document attention (fast "
-                  "with sdpa/CPU); 'flat' is TRL's single flattened row (for flash-attention varlen kernels)."},
+                  "with sdpa/CPU); 'flat' is TRL's single flattened row (for flash-attention varlen kernels); "
+                  "'auto' (default): rows on a CPU, flat on a GPU."},
     )
     document_attention: bool = field(
         default=True,
@@ -88,8 +89,7 @@ class SFTConfig(StageArgs, trl.SFTConfig):
         apply_device_defaults(self)
         if self.mask_method not in MASK_METHODS:
             raise ValueError(f"mask_method={self.mask_method!r}; choose from {list(MASK_METHODS)}")
-        if self.packing_layout not in ("rows", "flat"):
-            raise ValueError(f"packing_layout={self.packing_layout!r}; choose 'rows' or 'flat'")
+        self.packing_layout = resolve_packing_layout(self.packing_layout, torch.cuda.is_available())
         if self.bucket_batches < 1:
             raise ValueError(f"bucket_batches must be >= 1, got {self.bucket_batches}")
         if self.use_liger_kernel and not torch.cuda.is_available():
@@ -154,6 +154,20 @@ class RowPackedCollator(DataCollatorForLanguageModeling):
             positions[row] = torch.cat([torch.arange(k) for k in lengths])
         labels[positions == 0] = -100  # a document's first token is never predicted from the previous document
         return {"input_ids": ids, "labels": labels, "position_ids": positions}
+
+
+def resolve_packing_layout(layout: str, cuda: bool) -> str:
+    """'auto' -> rows on a CPU (per-document sdpa over padded buckets), flat on a GPU (one row with sequence
+    boundaries, what flash-attention's varlen kernel takes without the buckets' host syncs). An explicit 'rows' on a
+    GPU is kept, with one warning."""
+    if layout not in ("auto", "rows", "flat"):
+        raise ValueError(f"packing_layout={layout!r}; choose 'auto', 'rows' or 'flat'")
+    if layout == "auto":
+        return "flat" if cuda else "rows"
+    if layout == "rows" and cuda:
+        logger.warning("packing_layout: rows on a GPU runs per-bucket sdpa with host syncs; 'flat' (or 'auto') lets "
+                       "flash-attention's varlen kernel take the packed row")
+    return layout
 
 
 class SFTTrainer(trl.SFTTrainer):

@@ -268,3 +268,23 @@ def test_compact_lm_head_scores_only_labelled_positions_with_the_same_logprobs_a
     assert full_grads.keys() == compact_grads.keys()
     for name, grad in full_grads.items():
         assert torch.allclose(grad, compact_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("layout, cuda, expected", [
+    ("auto", False, "rows"), ("auto", True, "flat"), ("rows", False, "rows"), ("rows", True, "rows"),
+    ("flat", False, "flat"), ("flat", True, "flat"),
+])
+def test_packing_layout_auto_picks_by_device(layout, cuda, expected, caplog):
+    """Per-document rows are the CPU's fast path; on a GPU flash-attention's varlen kernel wants the flat row (the
+    rows' buckets cost host syncs there), so 'auto' picks by device and an explicit 'rows' on a GPU warns."""
+    from align.sft import resolve_packing_layout
+
+    assert resolve_packing_layout(layout, cuda) == expected
+    assert ("host syncs" in caplog.text) == (layout == "rows" and cuda)
+
+
+def test_bad_packing_layout_names_the_choices():
+    from align.sft import resolve_packing_layout
+
+    with pytest.raises(ValueError, match="choose 'auto', 'rows' or 'flat'"):
+        resolve_packing_layout("packed", False)
