@@ -71,7 +71,7 @@ from align.distill_teacher import (  # noqa: F401  (re-exported: the teacher sid
     teacher_prompt_map,
     teacher_samples,
 )
-from align.distributed import full_model, gather_shards, is_zero3, shard
+from align.distributed import full_model, gather_shards, is_zero3, launched_world_size, shard
 from align.models import resolve_model_path
 from align.rollout import SamplingParams
 from align.sampler import Sampler, build_sampler
@@ -256,6 +256,11 @@ def check_teacher_placement(args: DistillConfig) -> None:
         raise ValueError("teacher_device / teacher_quantization place the teacher on one device, which DeepSpeed "
                          "ZeRO-3 (it shards the teacher like the student) cannot do: drop them, or launch with "
                          "recipes/accelerate_configs/zero2.yaml or ddp.yaml")
+    ranks = launched_world_size()
+    if args.teacher_device and ranks > 1:
+        raise ValueError(f"teacher_device={args.teacher_device} would put all {ranks} ranks' teachers on that one GPU: "
+                         "drop it (each rank's teacher then sits on the rank's own GPU, 8-bit with "
+                         "teacher_quantization if it must be small) or run one process")
 
 
 def prepare_conversations(data, args: DistillConfig, eval_num_prompts: int) -> dict:

@@ -12,6 +12,7 @@ what this module returns.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 
@@ -47,7 +48,8 @@ def load_teacher(name_or_path: str, args: DistillConfig, dtype: str | torch.dtyp
     if args.teacher_quantization:
         four = args.teacher_quantization == "4bit"
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=four, load_in_8bit=not four)
-        kwargs["device_map"] = {"": args.teacher_device or "cuda:0"}
+        # this rank's own GPU unless the recipe names one (one process: a second GPU for the teacher)
+        kwargs["device_map"] = {"": args.teacher_device or f"cuda:{int(os.environ.get('LOCAL_RANK', '0') or 0)}"}
     model = load_model(name_or_path, dtype=dtype, **kwargs)
     model.eval()
     if model.dtype != torch.float32 and not args.teacher_quantization:

@@ -380,3 +380,31 @@ def test_engine_adapter_samples_per_unique_prompt_and_syncs():
     assert completions == [[5, 0], [5, 1, 0], [7, 0], [7, 1, 0]]  # stop token appended once
     gen.sync_weights()
     assert set(engine.synced) == {"weight", "bias"} and gen.num_syncs == 1
+
+
+def test_the_smollm3_pipeline_places_its_teacher_where_the_launch_allows(monkeypatch):
+    """The pipeline launched distill under zero3.yaml with teacher_device cuda:1 + 8bit, which check_teacher_placement
+    refuses (the CPU rehearsal nulls both keys, so it never saw it). Each distill stage's own launch config must
+    accept its recipe's teacher keys, and a fixed teacher_device is refused on more than one rank."""
+    import yaml
+
+    from align import distill
+    from align.pipeline_plan import ROOT as REPO_ROOT
+
+    pipeline = yaml.safe_load((REPO_ROOT / "recipes" / "smollm3_pipeline.yaml").read_text())
+    stages = [s for s in pipeline["stages"] if s["script"] == "distill"]
+    assert stages
+    for s in stages:
+        zero = yaml.safe_load((REPO_ROOT / s["accelerate_config"]).read_text()).get("deepspeed_config", {})
+        recipe = yaml.safe_load((REPO_ROOT / s["recipe"]).read_text())
+        args = DistillConfig(output_dir="/tmp/unused", teacher_model_name_or_path=recipe["teacher_model_name_or_path"],
+                             teacher_device=recipe.get("teacher_device"),
+                             teacher_quantization=recipe.get("teacher_quantization"))
+        monkeypatch.setattr(distill, "is_zero3", lambda stage=zero.get("zero_stage"): stage == 3)
+        monkeypatch.setenv("WORLD_SIZE", "8")
+        distill.check_teacher_placement(args)  # one node of 8 GPUs: accepted
+    args.teacher_device = "cuda:1"
+    with pytest.raises(ValueError, match="all 8 ranks' teachers on that one GPU"):
+        distill.check_teacher_placement(args)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    distill.check_teacher_placement(args)  # one process: a second GPU for the teacher is fine
