@@ -365,13 +365,16 @@ SLURM = """#!/bin/bash
 #SBATCH --array=0-{last}
 #SBATCH --ntasks=1
 #SBATCH --requeue
+#SBATCH --signal=B:SIGTERM@120
 #SBATCH --output={slurm_dir}/%x-%A_%a.out
 set -euo pipefail
 cd "${{SLURM_SUBMIT_DIR:-.}}"
 RUNS=({runs})
 RUN=${{RUNS[$SLURM_ARRAY_TASK_ID]:?no run for array task $SLURM_ARRAY_TASK_ID}}
 export WANDB_MODE=${{WANDB_MODE:-offline}}
-exec "${{PYTHON:-python}}" scripts/pipeline.py "$RUN"   # the environment's python (activate it, or set PYTHON)
+# exec: the pipeline becomes the batch shell, so Slurm's SIGTERM (B:, two minutes before preemption) reaches it and it
+# stops its stage cleanly; the environment's python (activate it, or set PYTHON)
+exec "${{PYTHON:-python}}" scripts/pipeline.py "$RUN"
 """
 
 

@@ -422,3 +422,12 @@ def test_micro_pipeline_end_to_end(tmp_path):
                            timeout=300, cwd=ROOT)
     assert again.returncode == 0 and again.stdout.count("skipped (finished earlier)") == len(stages)
 
+
+
+def test_the_slurm_template_sends_the_preemption_signal_to_the_pipelines_not_only_the_batch_shell():
+    """`--signal=B:SIGTERM@120` reaches only the batch shell, which srun does not forward: the pipelines on the nodes
+    would be killed at the deadline without saving. Without `B:` Slurm signals every job step (the srun tasks)."""
+    text = (ROOT / "recipes" / "slurm" / "smolalign.slurm").read_text()
+    signal_lines = [line for line in text.splitlines() if line.startswith("#SBATCH --signal=")]
+    assert signal_lines and all("B:" not in line.split()[1] for line in signal_lines)
+    assert "srun " in text and subprocess.run(["bash", "-n", str(ROOT / "recipes" / "slurm" / "smolalign.slurm")]).returncode == 0
