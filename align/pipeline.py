@@ -297,6 +297,22 @@ def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_t
     return rec
 
 
+def leader_finished(stage: Stage, cfg: PipelineConfig) -> bool:
+    """Machine 0 is done with `stage`: its marker is written AND, when machine 0 evaluates it, the evaluation is
+    recorded. A follower that launched stage k+1 on the marker alone waited at the rendezvous while machine 0 still
+    evaluated stage k; a long evaluation outlasted torch's 600 s rendezvous timeout."""
+    if read_marker(stage.output_dir) is None:
+        return False
+    if not (stage.eval and cfg.eval_recipe):
+        return True
+    try:
+        records = json.loads((Path(cfg.run_dir) / "manifest.json").read_text()).get("stages", [])
+    except (OSError, ValueError):
+        return False
+    rec = next((r for r in records if r["name"] == stage.name), {})
+    return "returncode" in (rec.get("eval") or {})
+
+
 def follow_stage(stage: Stage, cfg: PipelineConfig, run_dir: Path, env: dict, log: Path, tick, console,
                  label: str, why: str) -> None:
     """A machine other than 0 in a multi-node run: launch its ranks of a distributed stage (the launcher meets
@@ -314,7 +330,7 @@ def follow_stage(stage: Stage, cfg: PipelineConfig, run_dir: Path, env: dict, lo
         if rc != 0:
             raise RuntimeError(f"stage '{stage.name}' failed on machine {cfg.machine_rank} (exit code {rc}); see "
                                f"{log}. Re-run the pipeline on every machine to resume it.")
-    while read_marker(stage.output_dir) is None:
+    while not leader_finished(stage, cfg):
         recorded = Path(cfg.run_dir) / "manifest.json"
         status = next((s.get("status") for s in (json.loads(recorded.read_text()).get("stages", [])
                                                   if recorded.is_file() else []) if s["name"] == stage.name), None)

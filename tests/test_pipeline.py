@@ -431,3 +431,24 @@ def test_the_slurm_template_sends_the_preemption_signal_to_the_pipelines_not_onl
     signal_lines = [line for line in text.splitlines() if line.startswith("#SBATCH --signal=")]
     assert signal_lines and all("B:" not in line.split()[1] for line in signal_lines)
     assert "srun " in text and subprocess.run(["bash", "-n", str(ROOT / "recipes" / "slurm" / "smolalign.slurm")]).returncode == 0
+
+
+def test_a_follower_machine_waits_for_the_leaders_evaluation_not_only_the_marker(tmp_path):
+    """Two machines: machine 0 writes stage k's marker, then evaluates it; a follower that launched stage k+1 on the
+    marker alone sat at the rendezvous through that evaluation (torch gives up after 600 s)."""
+    from align.pipeline import MARKER, PipelineConfig, Stage, leader_finished, write_json_atomic
+
+    out = tmp_path / "sft"
+    cfg = PipelineConfig(run_dir=str(tmp_path), eval_recipe="recipes/tiny_eval.yaml")
+    stage = Stage(name="sft", script="sft", recipe=None, overrides={}, config={"output_dir": str(out)})
+    manifest = tmp_path / "manifest.json"
+    write_json_atomic(manifest, {"stages": [{"name": "sft", "status": "running"}]})
+    assert not leader_finished(stage, cfg)
+    write_json_atomic(out / MARKER, {"stage": "sft", "finished": 1.0})
+    write_json_atomic(manifest, {"stages": [{"name": "sft", "status": "done"}]})  # machine 0 is evaluating
+    assert not leader_finished(stage, cfg)
+    write_json_atomic(manifest, {"stages": [{"name": "sft", "status": "done", "eval": {"returncode": 0}}]})
+    assert leader_finished(stage, cfg)
+    stage.eval = False  # a stage machine 0 does not evaluate: the marker is enough
+    write_json_atomic(manifest, {"stages": [{"name": "sft", "status": "done"}]})
+    assert leader_finished(stage, cfg)
