@@ -188,13 +188,34 @@ def lm_loss(model, batch: dict[str, torch.Tensor], z_loss: float = 0.0) -> torch
     return loss
 
 
-def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5) -> float:
-    """Achievable matmul FLOP/s on this device (the MFU denominator on machines without a spec-sheet peak)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+# Dense bf16/fp16 tensor-core peaks (spec sheets, SXM parts) by device-name fragment: the MFU denominator on a GPU.
+GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+
+
+def peak_flops(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
+    """The MFU denominator on the device the model trains on: a GPU's spec-sheet peak when its name is known (half
+    precision; fp32 counts at half of it, TF32), else a measured matmul on that device. (It once measured the CPU's
+    matmul on a GPU machine, so MFU was against the wrong device.)"""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for fragment, flops in GPU_PEAK_FLOPS.items():
+            if fragment in name:
+                return flops if dtype in (torch.bfloat16, torch.float16) else flops / 2
+    return measure_matmul_flops(dtype, device=device)
+
+
+def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5,
+                         device: torch.device | str = "cpu") -> float:
+    """Achievable matmul FLOP/s on `device` (the MFU denominator on machines without a spec-sheet peak)."""
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     a @ b  # warm-up
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync()
     t = time.perf_counter()
     for _ in range(reps):
         a @ b
+    sync()
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
@@ -338,7 +359,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     )
     flops_tok = flops_per_token(raw.config, cfg.seq_len)
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
-    peak = cfg.peak_flops or measure_matmul_flops(dtype)
+    peak = cfg.peak_flops or peak_flops(dtype, acc.device)
     run_config = {**asdict(model_args), **asdict(cfg), "total_steps": total_steps}
     acc.print(f"model: {description}; {total_steps} steps x {tokens_per_step} tokens")
     log = Logger(cfg.report_to, cfg.output_dir, cfg.run_name, acc.is_main_process, total_steps, step, run_config)

@@ -363,3 +363,20 @@ def test_pretrain_runs_the_preflight_and_stops_on_a_bad_output_dir(tmp_path, mon
     with pytest.raises(PreflightPassed):
         train(tiny_model_args(), tiny_config(tmp_path / "ok"))
     assert not (tmp_path / "ok" / "model.safetensors").exists()  # nothing was trained
+
+
+def test_mfu_is_against_the_training_devices_peak(monkeypatch):
+    """MFU's denominator is the device the model trains on: a GPU's spec-sheet peak by name (fp32 = TF32, half),
+    a measured matmul on that device otherwise; it once measured the CPU's matmul on a GPU machine."""
+    import torch
+
+    from pretrain import train as pt
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert pt.peak_flops(torch.bfloat16, torch.device("cuda", 0)) == 989e12
+    assert pt.peak_flops(torch.float32, torch.device("cuda", 0)) == 989e12 / 2
+    measured = []
+    monkeypatch.setattr(pt, "measure_matmul_flops", lambda dtype, device="cpu": measured.append(device) or 1e11)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    assert pt.peak_flops(torch.bfloat16, torch.device("cuda", 1)) == 1e11 and measured == [torch.device("cuda", 1)]
+    assert pt.peak_flops(torch.float32, "cpu") == 1e11 and measured[-1] == torch.device("cpu")
