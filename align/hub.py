@@ -46,13 +46,15 @@ def mirror_path(spec: str) -> str:
 
 
 def _main_process_first():
-    """Under torch.distributed, rank 0 prepares a split while the others wait, then they read its cache."""
+    """Under torch.distributed, each machine's local rank 0 prepares a split while that machine's other ranks wait,
+    then they read its cache. Per machine, not globally: HF caches are usually node-local, and a global rank 0
+    warming only its own node's cache left every rank of the other nodes downloading and preparing at once."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         from accelerate import PartialState
 
-        return PartialState().main_process_first()
+        return PartialState().local_main_process_first()
     return contextlib.nullcontext()
 
 

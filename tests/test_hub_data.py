@@ -100,3 +100,31 @@ def test_an_unreachable_hub_id_is_a_file_not_found_error(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset_builder", offline)
     with pytest.raises(FileNotFoundError, match="read as a hub id.*builtin:NAME"):
         load_source("org/typo")
+
+
+def test_hub_splits_are_prepared_once_per_machine_not_once_per_job(monkeypatch):
+    """Node-local caches: the first rank of each machine prepares, that machine's other ranks wait (accelerate's
+    local_main_process_first), not the job's rank 0 alone."""
+    import contextlib
+
+    import accelerate
+    import torch.distributed as dist
+
+    from align import hub
+
+    used = []
+
+    class State:
+        def local_main_process_first(self):
+            used.append("local")
+            return contextlib.nullcontext()
+
+        def main_process_first(self):
+            used.append("global")
+            return contextlib.nullcontext()
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(accelerate, "PartialState", State)
+    with hub._main_process_first():
+        pass
+    assert used == ["local"]
