@@ -99,14 +99,15 @@ def model_config(args: ModelArguments, vocab_size: int, special: dict[str, int] 
     return SmolLM3Config(no_rope_layers=no_rope_layers, **common)
 
 
-def build_model(args: ModelArguments, vocab_size: int, special: dict[str, int] | None = None, seed: int = 0):
-    """A freshly initialised causal LM (fp32, sdpa attention). Same seed -> same weights on every rank."""
+def build_model(args: ModelArguments, vocab_size: int, special: dict[str, int] | None = None, seed: int = 0,
+                attn_implementation: str = "sdpa"):
+    """A freshly initialised causal LM (fp32; sdpa attention unless told). Same seed -> same weights on every rank."""
     from transformers import AutoModelForCausalLM
 
     config = model_config(args, vocab_size, special)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
     if model.generation_config is not None and config.eos_token_id is not None:
         model.generation_config.eos_token_id = config.eos_token_id
         model.generation_config.pad_token_id = config.pad_token_id

@@ -27,7 +27,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 import data_gen  # noqa: F401  (registers builtin:tasks, a source the pretraining recipes mix in)
 from align.checkpoint import clean_staging, is_deepspeed, load_loop_checkpoint, resolve_resume, save_loop_checkpoint
@@ -35,6 +34,7 @@ from align.configs import check_launch, keep_freed_memory
 from align.distributed import param_ndim, zero3_init_disabled
 from align.preflight import preflight_pretrain
 from pretrain.data import PackedStream
+from pretrain.loss import lm_loss
 from pretrain.model import ModelArguments, build_model, describe, flops_per_token, grow_depth
 from pretrain.tokenizer import SPECIAL_TOKENS
 from pretrain.tracking import Logger, plot_losses
@@ -91,6 +91,14 @@ class PretrainConfig:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the global grad norm (0 = off)."})
     z_loss: float = field(default=0.0, metadata={"help": "Coefficient of the z-loss (logsumexp^2); off as SmolLM3."})
+    loss_chunk_tokens: int = field(default=0, metadata={
+        "help": "Compute the LM head and loss this many positions at a time (activation-checkpointed; 0 = all at once): "
+                "a 64k row's fp32 logits over a 128k vocabulary are 33.6 GB whole (pretrain/loss.py)."})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Recompute each decoder layer's activations in the backward (long context: 32k/64k rows)."})
+    attn_implementation: str = field(default="auto", metadata={
+        "help": "auto: flash_attention_2 on a GPU with flash-attn installed (packed rows attend per document by their "
+                "position ids, no T x T mask), else sdpa; or sdpa / flash_attention_2 explicitly."})
     mixed_precision: str = field(default="bf16", metadata={"help": "'bf16' (autocast) or 'no' (fp32)."})
     seed: int = field(default=0, metadata={"help": "Seed of init and data order (same on every rank)."})
     eval_steps: int = field(default=50, metadata={"help": "Held-out eval every N steps (0 = only at the end)."})
@@ -178,16 +186,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lm_loss(model, batch: dict[str, torch.Tensor], z_loss: float = 0.0) -> torch.Tensor:
-    """Mean next-token cross-entropy (+ z-loss) of a packed batch; no attention mask so positions mask documents."""
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
-    logits = logits.float().view(-1, logits.size(-1))  # (B*T, V)
-    loss = F.cross_entropy(logits, batch["targets"].view(-1))
-    if z_loss:
-        loss = loss + z_loss * torch.logsumexp(logits, dim=-1).pow(2).mean()
-    return loss
-
-
 # Dense bf16/fp16 tensor-core peaks (spec sheets, SXM parts) by device-name fragment: the MFU denominator on a GPU.
 GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
 
@@ -239,14 +237,14 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, eval_batches: dict[str, dict], autocast) -> dict[str, float]:
+def evaluate(model, eval_batches: dict[str, dict], autocast, chunk_tokens: int = 0) -> dict[str, float]:
     """Held-out loss per source and their plain mean (`eval_loss`), plus perplexity."""
     was_training = model.training
     model.eval()
     out = {}
     with autocast():
         for name, batch in eval_batches.items():
-            out[f"eval_loss/{name}"] = lm_loss(model, batch).item()
+            out[f"eval_loss/{name}"] = lm_loss(model, batch, chunk_tokens=chunk_tokens).item()
     model.train(was_training)
     if out:
         out["eval_loss"] = sum(out.values()) / len(out)
@@ -254,14 +252,26 @@ def evaluate(model, eval_batches: dict[str, dict], autocast) -> dict[str, float]
     return out
 
 
+def attention(name: str) -> str:
+    """The attention kernel: 'auto' is flash_attention_2 on a GPU with flash-attn installed (packed rows then attend
+    per document from their position ids, varlen, with no [B, 1, T, T] mask: 4.3 GB at 64k), else sdpa."""
+    if name != "auto":
+        return name
+    import importlib.util
+
+    return "flash_attention_2" if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") else "sdpa"
+
+
 def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer, special: dict[str, int]):
     if not cfg.init_from:
-        return build_model(model_args, len(tokenizer), special, seed=cfg.seed)
+        return build_model(model_args, len(tokenizer), special, seed=cfg.seed,
+                           attn_implementation=attention(cfg.attn_implementation))
     from transformers import AutoModelForCausalLM
 
     if not os.path.isdir(cfg.init_from):
         raise FileNotFoundError(f"init_from={cfg.init_from!r} is not a model directory; pretrain it first")
-    model = AutoModelForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32,
+                                                 attn_implementation=attention(cfg.attn_implementation))
     # Long-context stage: a larger RoPE base (and advertised length) on the continued model.
     if model_args.rope_theta:
         model.config.rope_parameters["rope_theta"] = model_args.rope_theta
@@ -311,6 +321,8 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     special = {t: i for t, i in ids.items() if i is not None and i != tokenizer.unk_token_id}
     with zero3_init_disabled():  # built whole (the same on every rank); DeepSpeed partitions it in prepare()
         model = _load_or_build_model(model_args, cfg, tokenizer, special)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))} for s in cfg.stages]
     stream = PackedStream(
         cfg.sources,
@@ -380,7 +392,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
             # accumulate(): no DDP sync until the last micro-batch; backward() scales by 1/grad_accum_steps (DeepSpeed
             # scales itself, and steps its engine inside the last backward: the guard below sees that step after it)
             with acc.accumulate(model):
-                loss = lm_loss(model, batch, cfg.z_loss)
+                loss = lm_loss(model, batch, cfg.z_loss, cfg.loss_chunk_tokens)
                 acc.backward(loss)
             loss_sum += loss.detach().float().cpu() / cfg.grad_accum_steps
         loss_val = acc.reduce(loss_sum, "mean").item() if acc.num_processes > 1 else loss_sum.item()
@@ -435,7 +447,8 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         pause = time.perf_counter()
         if (cfg.eval_steps and step % cfg.eval_steps == 0) or step == total_steps:
             evals.append(
-                {"step": step, "tokens": step * tokens_per_step, **evaluate(model, eval_batches, acc.autocast)}
+                {"step": step, "tokens": step * tokens_per_step,
+                 **evaluate(model, eval_batches, acc.autocast, cfg.loss_chunk_tokens)}
             )
             log.log({k: v for k, v in evals[-1].items() if k.startswith("eval")}, step)
         if cfg.save_steps and step % cfg.save_steps == 0 and step < total_steps:

@@ -79,3 +79,80 @@ def test_bad_rope_scaling_is_a_value_error_naming_the_key(spec, message):
 
     with pytest.raises(ValueError, match=message):
         set_rope_scaling(SmolLM3Config(num_hidden_layers=1), spec)
+
+
+# ------------------------------------------------------------------ long rows: logits in chunks (pretrain/loss.py)
+
+
+def _vocab_heavy_model(vocab: int = 8192, seed: int = 0):
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = SmolLM3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=8192,
+                           tie_word_embeddings=True, no_rope_layers=[1, 0], pad_token_id=0, bos_token_id=None,
+                           eos_token_id=1)
+    return SmolLM3ForCausalLM(config)
+
+
+def _packed_batch(vocab: int, rows: int, length: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, length + 1), generator=g)
+    pos = torch.arange(length).repeat(rows, 1)
+    pos[:, length // 3 :] -= length // 3  # a second document starts a third of the way in
+    targets = ids[:, 1:].clone()
+    targets[0, :5] = -100  # and a few positions carry no loss
+    return {"input_ids": ids[:, :-1], "position_ids": pos, "targets": targets}
+
+
+@pytest.mark.parametrize("z_loss", [0.0, 1e-3])
+def test_chunked_logits_give_the_whole_batch_loss_and_gradients(z_loss):
+    from pretrain.loss import lm_loss
+
+    model = _vocab_heavy_model(vocab=512)
+    batch = _packed_batch(512, rows=2, length=96)
+    whole = lm_loss(model, batch, z_loss)
+    grads = torch.autograd.grad(whole, list(model.parameters()))
+    for chunk in (32, 40, 96, 500):  # even, ragged, one chunk, longer than the row
+        chunked = lm_loss(model, batch, z_loss, chunk_tokens=chunk)
+        assert chunked.item() == pytest.approx(whole.item(), rel=1e-6, abs=1e-6)
+        for a, b in zip(grads, torch.autograd.grad(chunked, list(model.parameters()))):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+_PEAK = """
+import resource, sys, torch
+sys.path.insert(0, {tests!r}); sys.path.insert(0, {root!r})
+from test_long_context import _vocab_heavy_model, _packed_batch
+from pretrain.loss import lm_loss
+torch.set_num_threads(1)
+model = _vocab_heavy_model(vocab=32768)
+batch = _packed_batch(32768, rows=2, length=2048)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+lm_loss(model, batch, chunk_tokens={chunk}).backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_chunked_logits_hold_a_fraction_of_the_whole_batch_peak_memory():
+    """2 x 2,048 positions x a 32,768-token vocabulary: the whole-batch fp32 logits (and their softmax and gradient)
+    are ~0.5 GB apiece; 512 positions at a time need a quarter of one. Peak RSS growth of a forward+backward in a
+    fresh process, whole vs chunked."""
+    import subprocess
+
+    peaks = {}
+    for chunk in (0, 512):
+        code = _PEAK.format(tests=os.path.dirname(__file__), root=ROOT, chunk=chunk)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        peaks[chunk] = float(out.stdout.strip().splitlines()[-1])  # MiB
+    assert peaks[512] < 0.5 * peaks[0], peaks
+
+
+def test_long_context_recipes_chunk_the_logits_and_checkpoint_the_layers():
+    import yaml
+
+    for name in ("smollm3_long_context_32k.yaml", "smollm3_long_context_64k.yaml"):
+        recipe = yaml.safe_load(open(os.path.join(ROOT, "recipes", name)).read())
+        assert recipe["loss_chunk_tokens"] and recipe["gradient_checkpointing"] is True, name
+        assert recipe.get("attn_implementation", "auto") == "auto", name

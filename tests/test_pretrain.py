@@ -239,8 +239,8 @@ def test_nan_loss_skip_or_stop_naming_the_step(tmp_path, monkeypatch):
 
     real = pt.lm_loss
 
-    def poisoned(model, batch, z_loss=0.0):
-        loss = real(model, batch, z_loss)
+    def poisoned(model, batch, z_loss=0.0, chunk_tokens=0):
+        loss = real(model, batch, z_loss, chunk_tokens)
         poisoned.calls += 1
         return loss * float("nan") if poisoned.calls == 4 else loss
 
