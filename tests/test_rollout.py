@@ -7,6 +7,9 @@ model (tests/conftest.py) and are ordered so the engine starts twice: tied, then
 """
 
 import copy
+import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -511,3 +514,63 @@ def test_vllm_untied_parity_before_and_after_update(vllm_engine, model_dirs):
     after = _greedy(engine)
     assert after == _reference(trained) and after != before
     engine.update_weights(model.named_parameters())
+
+
+_LOCKSTEP = r"""
+import json, os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {root!r})
+from transformers import LlamaConfig, LlamaForCausalLM
+from align.rollout import SamplingParams
+from align.rollout.hf import HFEngine
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                                     eos_token_id=3, pad_token_id=0))
+calls = []
+model.register_forward_hook(lambda *a: calls.append(1))
+prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]] if rank == 0 else [[20, 21]]  # 3 batches vs 1
+params = SamplingParams(temperature=1.0, max_new_tokens=24, n=1, seed=rank, stop_token_ids=[3, 4, 5, 6, 7])
+locked = HFEngine(model, batch_size=1, lockstep=True).generate(prompts, params)
+n_locked = len(calls)
+plain = HFEngine(model, batch_size=1, lockstep=False).generate(prompts, params)
+n_plain = len(calls) - n_locked
+valid = [len(r[0].completion_ids) <= 24 and (r[0].finish_reason == "length") == (r[0].completion_ids[-1] not in
+         params.stop_token_ids) and not set(r[0].completion_ids[:-1]) & set(params.stop_token_ids) for r in locked]
+greedy = SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=[3, 4, 5, 6, 7])
+same = [a[0].completion_ids == b[0].completion_ids for a, b in
+        zip(HFEngine(model, batch_size=1, lockstep=True).generate(prompts, greedy),
+            HFEngine(model, batch_size=1, lockstep=False).generate(prompts, greedy))]
+print(json.dumps({{"locked": n_locked, "plain": n_plain, "valid": valid, "same": same}}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_under_a_sharded_model_every_rank_runs_the_same_forwards(tmp_path):
+    """FSDP all-gathers parameters in every forward: a rank whose rows all stopped (or that has fewer batches) must
+    keep stepping until every rank is done, or the others wait in an all-gather forever. Two gloo ranks with 3 and 1
+    prompts and stops that end rows at different steps: a plain decode runs different numbers of forwards per rank
+    (the hang), the lockstep decode the same on both, with valid samples and the plain decode's greedy completions. (FSDP itself needs GPUs:
+    HFEngine turns lockstep on when parameters are DTensors across ranks.)"""
+    import json
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "lockstep.py"
+    script.write_text(_LOCKSTEP.format(root=str(Path(__file__).resolve().parents[1])))
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, "RANK": str(r)}) for r in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    ranks = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert ranks[0]["plain"] != ranks[1]["plain"]  # what FSDP would hang on
+    assert ranks[0]["locked"] == ranks[1]["locked"]
+    # sampled completions are valid (stopped at their first stop token, or ran the budget); they may differ from a
+    # plain decode's, since the rows kept in the batch draw from the shared generator; greedy ones are identical
+    assert all(all(r["valid"]) for r in ranks) and all(all(r["same"]) for r in ranks)

@@ -108,6 +108,35 @@ def _inverse_cdf(weights: torch.Tensor, total: torch.Tensor, generator: torch.Ge
     return (chosen * block + inside).squeeze(-1)
 
 
+def _sharded_across_ranks(model: Any) -> bool:
+    """FSDP2 shards parameters as DTensors across ranks: each forward all-gathers them (collective)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def _reduce(value: int, op, model: Any) -> int:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], device=model.device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=op)
+    return int(t.item())
+
+
+def _global_max(value: int, model: Any) -> int:
+    import torch.distributed as dist
+
+    return _reduce(value, dist.ReduceOp.MAX, model)
+
+
+def _global_all(flag: bool, model: Any) -> bool:
+    import torch.distributed as dist
+
+    return bool(_reduce(int(flag), dist.ReduceOp.MIN, model))
+
+
 class HFEngine:
     backend = "hf"
 
@@ -119,6 +148,7 @@ class HFEngine:
         batch_size: int = 64,
         pad_token_id: int | None = None,
         onednn: bool = True,
+        lockstep: bool | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"hf rollout batch_size={batch_size} must be >= 1")
@@ -136,6 +166,10 @@ class HFEngine:
         self.model.eval()
         self.batch_size = batch_size
         self.onednn = onednn  # CPU: fp32 linears through prepacked oneDNN while generating (hf_decode.py)
+        # FSDP: every forward all-gathers parameters, so every rank must run the same forwards: in lockstep, the
+        # ranks decode as many batches (one with fewer runs empty ones) and as many steps (until every rank's rows
+        # stopped); without it a rank that finished early left the others waiting in an all-gather (a hang)
+        self.lockstep = _sharded_across_ranks(self.model) if lockstep is None else lockstep
         self.num_packed_linears = 0  # how many the last generate call multiplied through oneDNN
         self.tokenizer = tokenizer
         config = self.model.config
@@ -173,8 +207,14 @@ class HFEngine:
         try:
             with native, fast_decode_attention(self.model), packed as num_packed:
                 self.num_packed_linears = num_packed or 0
-                for start in range(0, len(order), per_batch):
-                    chunk = order[start : start + per_batch]
+                starts = list(range(0, len(order), per_batch))
+                # lockstep: agree on the number of batches first (collectives pair up in call order)
+                total = _global_max(len(starts), self.model) if self.lockstep else len(starts)
+                for b in range(total):
+                    if b >= len(starts):  # this rank has fewer batches: an empty one keeps the others company
+                        self._decode([[self.pad_token_id]], 1, params, stop, generator, ghost=True)
+                        continue
+                    chunk = order[starts[b] : starts[b] + per_batch]
                     rows = self._decode([list(prompts[i]) for i in chunk], copies, params, stop, generator)
                     for j, i in enumerate(chunk):
                         results[i] = rows[j * copies : (j + 1) * copies]
@@ -200,6 +240,7 @@ class HFEngine:
         params: SamplingParams,
         stop: list[int],
         generator: torch.Generator | None,
+        ghost: bool = False,
     ) -> list[Rollout]:
         device = self.model.device
         width = max(len(p) for p in prompts)
@@ -218,7 +259,7 @@ class HFEngine:
         tokens = torch.full((num_rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long)
         logps = torch.zeros(num_rows, params.max_new_tokens)
         lengths = torch.full((num_rows,), params.max_new_tokens, dtype=torch.long)
-        stopped = torch.zeros(num_rows, dtype=torch.bool)
+        stopped = torch.full((num_rows,), ghost, dtype=torch.bool)  # a ghost batch only keeps other ranks company
         alive = torch.arange(num_rows, device=device)  # original row of each row still in the batch
         last_pos = positions[:, -1:]
         for step in range(params.max_new_tokens):
@@ -226,7 +267,13 @@ class HFEngine:
             tokens[alive.cpu(), step] = nxt.cpu()
             logps[alive.cpu(), step] = lp.float().cpu()
             hit = torch.isin(nxt, stop_t)
-            if hit.any():
+            if self.lockstep:  # rows stay in the batch (their later tokens are dropped) until every rank is done
+                hit &= ~stopped.to(hit.device)
+                lengths[alive[hit].cpu()] = step + 1
+                stopped[alive[hit].cpu()] = True
+                if _global_all(bool(stopped.all()), self.model):
+                    break
+            elif hit.any():
                 done = alive[hit].cpu()
                 lengths[done] = step + 1
                 stopped[done] = True
