@@ -574,3 +574,42 @@ def test_under_a_sharded_model_every_rank_runs_the_same_forwards(tmp_path):
     # sampled completions are valid (stopped at their first stop token, or ran the budget); they may differ from a
     # plain decode's, since the rows kept in the batch draw from the shared generator; greedy ones are identical
     assert all(all(r["valid"]) for r in ranks) and all(all(r["same"]) for r in ranks)
+
+
+def test_a_vllm_servers_logprobs_mode_is_read_before_importance_sampling_trusts_it():
+    """Importance ratios need the sampled distribution's log-probs: vLLM gives them only with `--logprobs-mode
+    processed_logprobs` (TRL's vllm-serve sets it; a plain `vllm serve` does not). The engine reads the mode from the
+    server's /server_info (a stub HTTP server here), and GRPO refuses a raw one when its correction is on."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from align.rollout.vllm_server import server_logprobs_kind
+
+    mode = {"value": "raw_logprobs"}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            if not self.path.startswith("/server_info"):
+                self.send_response(404)
+                self.end_headers()
+                return
+            body = json.dumps({"vllm_config": {"model_config": {"logprobs_mode": mode["value"]}}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert server_logprobs_kind(url) == "raw"
+        mode["value"] = "processed_logprobs"
+        assert server_logprobs_kind(url) == "sampling"
+    finally:
+        server.shutdown()
+    assert server_logprobs_kind(url, timeout=0.5) == "sampling"  # nothing answers: TRL's default, with a warning

@@ -35,6 +35,22 @@ from align.rollout.base import Rollout, SamplingParams, check_prompts, default_s
 logger = logging.getLogger(__name__)
 
 
+def server_logprobs_kind(url: str, timeout: float = 10.0) -> str:
+    """The kind of log-probs a vLLM server returns, from its `/server_info` (the dev-mode endpoint TRL's weight sync
+    needs anyway): "sampling" for `processed_logprobs` (temperature and top-k/p applied), "raw" otherwise. A server
+    that does not say is taken as TRL's (processed), with one warning."""
+    import requests
+
+    try:
+        info = requests.get(f"{url.rstrip('/')}/server_info", params={"config_format": "json"}, timeout=timeout)
+        mode = info.json()["vllm_config"]["model_config"]["logprobs_mode"]
+    except Exception as err:  # no dev mode, an older vLLM, another server: cannot check
+        logger.warning("could not read the vLLM server's logprobs mode from %s/server_info (%s): assuming "
+                       "processed_logprobs, as `trl vllm-serve` starts it", url, type(err).__name__)
+        return "sampling"
+    return "sampling" if str(mode).startswith("processed") else "raw"
+
+
 class VLLMServerEngine:
     backend = "vllm-server"
 
@@ -70,6 +86,10 @@ class VLLMServerEngine:
             self.default_stop = default_stop_ids(config, getattr(model, "generation_config", None))
         if not self.default_stop and tokenizer is not None and tokenizer.eos_token_id is not None:
             self.default_stop = [tokenizer.eos_token_id]
+        # Importance sampling needs the log-probs of the distribution sampled from: vLLM returns those only when its
+        # server runs with --logprobs-mode processed_logprobs (TRL's vllm-serve sets it; a plain `vllm serve` does
+        # not). GRPO refuses a "raw" engine when its correction is on (align/grpo.py).
+        self.logprobs_kind = server_logprobs_kind(url, timeout=min(timeout, 30.0))
         self.communicator_ready = False
         self.metadata: list[tuple[str, str, list[int]]] | None = None  # what a weight push sends, learnt once
 
