@@ -82,8 +82,9 @@ class Sampler:
             self.accelerator.wait_for_everyone()  # nobody samples from the server before it has the new weights
 
     def sync(self, model, step: int) -> None:
-        """Push when the engine holds its own copy and the weights changed since the last push (step moved)."""
-        if self.synced_step == step:
+        """Push when the engine holds its own copy and the weights changed since the last push (step moved), or the
+        engine dropped its weights while it slept (level 2: nothing to generate with until the next push)."""
+        if self.synced_step == step and not getattr(self.engine, "weights_discarded", False):
             return
         if not self.shares(model):
             self.push(model)
@@ -106,7 +107,9 @@ class Sampler:
         finally:
             unwrapped.train(was_training)
         if self.sleep_between:
-            self.engine.sleep()  # free the accelerator's memory for the training pass; generate() wakes it
+            # Level 2 drops the weights rather than copying them to host memory and back (level 1): the next
+            # generation is preceded by a push of the trained weights anyway (sync sees `weights_discarded`).
+            self.engine.sleep(level=2)
         return out
 
     def close(self, model=None) -> None:

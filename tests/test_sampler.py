@@ -35,12 +35,15 @@ class RecordingEngine:
 
     def update_weights(self, named):
         self.pushed.append({n: t.clone() for n, t in named})
+        self.weights_discarded = False
 
     def generate(self, prompts, params):
         return [[SimpleNamespace(completion_ids=[1], finish_reason="stop")] for _ in prompts]
 
-    def sleep(self):
+    def sleep(self, level: int = 1):
         self.slept += 1
+        self.levels = [*getattr(self, "levels", []), level]
+        self.weights_discarded = level >= 2
 
     def close(self):
         pass
@@ -127,6 +130,13 @@ def test_a_sleeping_engine_sleeps_after_each_generation():
     sampler.generate(model, [[1, 2]], SamplingParams(temperature=0))
     sampler.generate(model, [], SamplingParams(temperature=0))  # a rank with no prompts still takes part
     assert engine.slept == 2 and model.training
+    # level 2: the weights are dropped, not copied to the host and back; the next sync pushes even at the same
+    # step (several generations between two optimizer steps), so the engine never samples without weights
+    assert engine.levels == [2, 2] and engine.weights_discarded
+    sampler.sync(model, step=7)
+    sampler.generate(model, [[1]], SamplingParams(temperature=0))
+    sampler.sync(model, step=7)  # same step, but the engine slept at level 2 after generating: push again
+    assert len(engine.pushed) == 2 and not engine.weights_discarded
 
 
 def test_shards_gather_back_in_order():

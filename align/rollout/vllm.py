@@ -163,6 +163,7 @@ class VLLMEngine:
         self.logprobs_kind = logprobs_kind
         self._warned_kind = False
         self.sleeping = False
+        self.weights_discarded = False
         fix_vllm_patched_model()  # the trainer's transformers classes may have just been patched
         if live is not None:
             fix_vllm_patched_model(live)
@@ -188,6 +189,9 @@ class VLLMEngine:
                            "(start the engine with the knob logprobs_kind=%r)", self.logprobs_kind,
                            params.logprobs_kind, params.logprobs_kind)
             self._warned_kind = True
+        if self.weights_discarded:
+            raise RuntimeError("this vLLM engine slept at level 2 and dropped its weights: push weights "
+                               "(update_weights) before generating")
         self.wake_up()
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
         base = dict(
@@ -244,17 +248,21 @@ class VLLMEngine:
         if self.sleeping:
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(named_params)})
+        self.weights_discarded = False
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         logger.debug("vllm weights updated in %.2f s", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ memory (GPU)
 
     def sleep(self, level: int = 1) -> None:
-        """Free GPU memory between rollouts (GPU and enable_sleep_mode only); generate() wakes it up."""
+        """Free GPU memory between rollouts (GPU and enable_sleep_mode only); generate() wakes it up. Level 1 moves
+        the weights to host memory (and back on waking); level 2 drops them: the caller pushes weights before the
+        next generation (`weights_discarded` says so; generate refuses until then)."""
         if not torch.cuda.is_available():
             return
         self.llm.sleep(level=level)
         self.sleeping = True
+        self.weights_discarded = level >= 2
 
     def wake_up(self) -> None:
         if self.sleeping:
