@@ -57,6 +57,7 @@ def describe(variant: dict) -> str:
         return str(variant["description"])
     parts = [f"script {variant['script']}"] if variant.get("script") else []
     parts += [f"recipe {variant['recipe']}"] if variant.get("recipe") else []
+    parts += [f"without {', '.join(variant['remove'])}"] if variant.get("remove") else []
     parts += [f"{k}={v}" for k, v in (variant.get("overrides") or {}).items()]
     for stage, over in (variant.get("stage_overrides") or {}).items():
         parts += [f"{stage}.{k}={v}" for k, v in over.items()]
