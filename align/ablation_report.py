@@ -132,6 +132,11 @@ def markdown(cfg: AblationConfig, res: dict, plots: list[str]) -> str:
             lines.append(f"| {name} | {v['changes']} | {cell} | {diff} | {p} | {verdict} | {s['num_seeds']}/"
                          f"{len(cfg.seeds)} | {v['seconds'] / 60:.1f} min |")
         lines.append("")
+    tests = sum(1 for v in res["variants"] for m in metrics if "vs_baseline" in v["metrics"][m])
+    if tests > 1:
+        lines += [f"{tests} variant-vs-baseline tests in these tables: with no real differences, about "
+                  f"{0.05 * tests:.1f} of them would read better or worse at p < 0.05 by chance; a lone verdict near "
+                  "p = 0.05 among them is weak evidence.", ""]
     missing = [f"{r['variant']}-s{r['seed']}" for r in res["runs"] if not r["finished"]]
     if missing:
         lines += [f"Not finished yet ({len(missing)}): {', '.join(missing)}. Run the same command again to continue.", ""]

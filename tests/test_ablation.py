@@ -90,6 +90,11 @@ def test_paired_over_seeds_by_hand():
     a, b = ([0] * 30 + [1] * 70, [1] * 100), ([1] * 100, [0] * 30 + [1] * 70)
     two = paired_over_seeds([a, b])
     assert two["tau"] > 0.2 and two["verdict"] == "within noise" and abs(two["difference"]) < 1e-9
+    # a seed where nothing changed does not outweigh one where many prompts moved: every prompt weighs the same
+    moved = ([0] * 20 + [1] * 5 + [0] * 75, [1] * 20 + [0] * 5 + [0] * 75)  # 20 gained, 5 lost
+    still = ([1] * 30 + [0] * 70, [1] * 30 + [0] * 70)
+    r = paired_over_seeds([moved, still, still])
+    assert r["difference"] == pytest.approx(15 / 300) and r["per_seed"][0]["difference"] == pytest.approx(0.15)
     with pytest.raises(ValueError, match="same items"):
         paired_over_seeds([([0, 1], [1])])
 
