@@ -251,10 +251,12 @@ def _accepts_none(annotation) -> bool:
     return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
 
 
-# A rank other than 0 waits this long before printing its own error: when every rank fails alike, rank 0 prints and
-# exits first and the launcher stops the others in the meantime, so the user reads the line once; an error of that
-# rank alone still gets printed (then the launcher stops the rest: no rank is left waiting in a collective).
-OTHER_RANK_ERROR_DELAY_S = 5.0
+# One error line per launch. Rank 0 leaves a marker beside its line; a rank other than 0 that fails waits up to this
+# long for that marker and, seeing it, exits without printing (rank 0 already said it, usually the same thing). With
+# no marker by then (an error of that rank alone, or rank 0 on another machine) it prints its own line, tagged with
+# its rank; the launcher then stops the rest, so no rank is left waiting in a collective. A bare sleep was not
+# enough: on a loaded machine rank 0's exit can take longer than any fixed delay.
+OTHER_RANK_ERROR_DELAY_S = 20.0
 
 
 def launch_rank() -> int:
@@ -262,13 +264,33 @@ def launch_rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
+def _error_marker() -> str | None:
+    """A path the ranks of one launch on one machine share (they are children of one launcher process)."""
+    if "RANK" not in os.environ:
+        return None
+    import tempfile
+
+    launch = f"{os.getppid()}-{os.environ.get('MASTER_PORT', '')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return os.path.join(tempfile.gettempdir(), f"smolalign-error-{launch}")
+
+
 def fail(message: str, code: int = 1) -> typing.NoReturn:
-    rank = launch_rank()
+    rank, marker = launch_rank(), _error_marker()
     if rank > 0:
         import time
 
-        time.sleep(OTHER_RANK_ERROR_DELAY_S)
+        deadline = time.monotonic() + OTHER_RANK_ERROR_DELAY_S
+        while time.monotonic() < deadline:
+            if marker and os.path.exists(marker) and os.path.getmtime(marker) > time.time() - 600:
+                raise SystemExit(code)
+            time.sleep(0.2)
         message = f"[rank {rank}] {message}"
+    elif marker:
+        try:
+            with open(marker, "w") as f:
+                f.write(message)
+        except OSError:
+            pass
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 

@@ -214,3 +214,26 @@ def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expec
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match=r"global_batch_size=128 is not a multiple of .* 1 x 3 = 3"):
         apply_global_batch(args)
+
+
+def test_a_launch_prints_one_error_line_rank_0s_and_another_rank_still_speaks_alone(monkeypatch, capsys, tmp_path):
+    """Every rank failing alike: rank 0 prints and leaves a marker, rank 1 sees it and exits silently (no fixed sleep
+    to race a loaded machine). Rank 1 failing alone (no marker): it prints its own line, tagged with its rank."""
+    from align import cli
+
+    monkeypatch.setenv("MASTER_PORT", f"{tmp_path.stat().st_ino % 60000}")  # one launch per test run
+    monkeypatch.setattr(cli, "OTHER_RANK_ERROR_DELAY_S", 1.0)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as alone:
+        cli.fail("only rank 1 has this problem")
+    assert alone.value.code == 1 and capsys.readouterr().err == "smolalign: error: [rank 1] only rank 1 has this problem\n"
+
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        cli.fail("every rank has this problem", code=2)
+    assert capsys.readouterr().err == "smolalign: error: every rank has this problem\n"
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as silent:
+        cli.fail("every rank has this problem", code=2)
+    assert silent.value.code == 2 and capsys.readouterr().err == ""
