@@ -180,7 +180,13 @@ def resolve_refs(value, known: dict[str, dict], where: str, used: set | None = N
     whole = REF.fullmatch(value)
     if whole:
         return lookup(whole)
-    return REF.sub(lambda m: str(lookup(m)), value)
+    text = REF.sub(lambda m: str(lookup(m)), value)
+    rest = REF.sub("", value)
+    if "${" in rest:  # `${stages.sft.output_dir}` or `${sft output_dir}` would pass on as literal text
+        bad = rest[rest.index("${") :].split("}")[0] + "}"
+        raise ValueError(f"{where}: '{bad}' is not a reference; write ${{stage.key}} (e.g. ${{sft.output_dir}}) or "
+                         f"${{run_dir}}")
+    return text
 
 
 def resolve_stages(cfg: PipelineConfig) -> list[Stage]:

@@ -3,11 +3,19 @@ r"""Code verification: run the completion's program against the row's tests in t
 ``code_reward(completions, tests, entry_point=None)`` takes the last fenced ```python block of each
 completion (or the raw text after any ``<think>`` block when there is no fence), runs it and the row's
 ``tests`` in ``rewards.sandbox`` (no network, no host files, no parent environment, CPU/memory/process/
-file limits, a wall-clock kill), and scores 1.0 when every test passed, 0.0 on failure, timeout or crash,
-None (abstain) for a row without tests. Tests are human-eval style (a ``check(candidate)`` function,
-called on ``entry_point``), plain ``assert`` statements, or stdin/stdout cases: a list of
-``{"input": ..., "output": ...}`` (or its JSON text), each run as a program whose output this process
-compares with the expected one (trailing spaces and blank lines ignored).
+file limits, a wall-clock kill), and scores 1.0 when every test passed, 0.0 on failure, timeout or crash.
+Tests are human-eval style (a ``check(candidate)`` function, called on ``entry_point``), plain ``assert``
+statements (one text, or a list of them), or stdin/stdout cases: a list of ``{"input": ..., "output": ...}`` (or its JSON text), each run as
+a program (its stdin the case's input, ``exit()``/``quit()`` available) that must exit with status 0 and
+print the expected output. Outputs are compared line by line, as competitive judges do: trailing whitespace
+of each line and trailing blank lines are ignored; leading whitespace, blank lines inside, case and
+everything else count.
+
+None (abstain, as TRL and ``rewards.score`` read it: the row adds nothing to the total) for a row no
+solution can pass or fail: no tests, or tests that are a data error (``rewards.checks.data_error``: they
+do not parse, check nothing — no ``assert``, ``raise`` or ``assert*``/``fail*`` call — or define
+``check(candidate)`` with no entry point and no call of ``check``). Each kind of data error is warned once
+per process. Tests that reach no check at run time, or never call the solution, score 0.
 
 The verdict comes from ``rewards.judge``: the tests run in a second sandbox and see only plain data the
 solution returns, so a solution cannot forge a pass (see that module). Rows run in parallel (``num_workers``,
@@ -22,9 +30,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Any
 
+from rewards.checks import data_error
 from rewards.judge import execute
 from rewards.match import completion_text, strip_think
 from rewards.sandbox import SandboxLimits, run_program
@@ -67,7 +78,24 @@ def io_cases(tests: Any) -> list[tuple[str, str]] | None:
     return None
 
 
+def _tests_source(tests: Any) -> str:
+    r"""Assert-style tests as one source text: a string as it is, a list of strings (MBPP's ``test_list``) joined
+    by lines.
+
+    >>> _tests_source(["assert f(1) == 2", "assert f(2) == 3"])
+    'assert f(1) == 2\nassert f(2) == 3'
+    """
+    if isinstance(tests, (list, tuple)) and all(isinstance(t, str) for t in tests):
+        return "\n".join(tests)
+    return str(tests)
+
+
 def _lines(text: str) -> list[str]:
+    r"""The output as compared: lines without their trailing whitespace, without trailing blank lines.
+
+    >>> _lines("1 2 \n\n3\n\n\n") == _lines("1 2\n\n3"), _lines(" 1") == _lines("1")
+    (True, False)
+    """
     return [line.rstrip() for line in text.rstrip().splitlines()]
 
 
@@ -78,6 +106,12 @@ def passes_io(code: str, cases: list[tuple[str, str]], limits: SandboxLimits, is
         if not r.passed or _lines(r.stdout) != _lines(expected):
             return False
     return True
+
+
+@lru_cache(maxsize=16)
+def _warn_data_error(problem: str) -> None:
+    warnings.warn(f"code_reward: {problem}: those rows get None (abstain). Check the dataset's 'tests' and "
+                  "'entry_point' columns.", stacklevel=3)
 
 
 def _per_row(value: Any, n: int, name: str) -> list:
@@ -109,6 +143,8 @@ def code_reward(
     [1.0, 0.0]
     >>> code_reward(["import sys; sys.exit(0)"], tests=["assert False"])
     [0.0]
+    >>> code_reward(["def add(a, b):\n    return 0"], tests=["def check(f):\n    assert f(2, 3) == 5\n"])  # no entry
+    [None]
     >>> code_reward(["print(sum(map(int, input().split())))"], tests=[[{"input": "2 3", "output": "5"}]])
     [1.0]
     """
@@ -116,11 +152,16 @@ def code_reward(
     tests = _per_row(tests, n, "tests")
     entry_points = _per_row(entry_point, n, "entry_point")
     limits = SandboxLimits(wall_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_procs=max_procs)
-    jobs = [
-        (i, extract_code(completion_text(c)), t, ep)
-        for i, (c, t, ep) in enumerate(zip(completions, tests, entry_points))
-        if t is not None and (str(t).strip() if isinstance(t, str) else len(t))
-    ]
+    jobs = []
+    for i, (c, t, ep) in enumerate(zip(completions, tests, entry_points)):
+        if t is None or not (str(t).strip() if isinstance(t, str) else len(t)):
+            continue  # no tests: abstain
+        if io_cases(t) is None:
+            problem = data_error(_tests_source(t), ep)
+            if problem is not None:  # a data error no completion can pass or fail: abstain, warned once
+                _warn_data_error(problem.partition(":")[0])
+                continue
+        jobs.append((i, extract_code(completion_text(c)), t, ep))
     scores: list[float | None] = [None] * n
 
     def run(job: tuple[int, str, Any, str | None]) -> tuple[int, float]:
@@ -128,7 +169,8 @@ def code_reward(
         cases = io_cases(t)
         if cases is not None:
             return i, float(passes_io(code, cases, limits, isolation))
-        return i, 1.0 if execute(code, str(t), ep, limits=limits, isolation=isolation).passed else 0.0
+        judged = execute(code, _tests_source(t), ep, limits=limits, isolation=isolation, require_call=True)
+        return i, 1.0 if judged.passed else 0.0
 
     workers = num_workers or min(4, os.cpu_count() or 1)
     if workers <= 1 or len(jobs) <= 1:

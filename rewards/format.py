@@ -3,14 +3,18 @@ r"""Format rewards: is the completion shaped the way our chat format asks?
 Our assistant targets are ``<think>\n{reasoning}\n</think>\nThe answer is \boxed{answer}.`` in think mode
 and ``The answer is \boxed{answer}.`` in no_think mode (see data_gen/tasks.py). ``think_format_reward``
 checks the first shape, ``answer_format_reward`` only that one final ``\boxed{}`` answer is given (after the
-reasoning, if any; ``rewards.answer.final_answer``), and ``mode_format_reward`` the shape each row's ASKED mode
+reasoning, if any; ``rewards.extract.final_answer``), and ``mode_format_reward`` the shape each row's ASKED mode
 wants (hybrid-reasoning RL: think rows need reasoning with real content, no_think rows none). All return 1.0 / 0.0. Small weights on them help a cold
 policy find the format without swamping the correctness reward.
 
 What they refuse (each a way to collect format credit without the format): an empty think block, or one
-holding no word at all (``<think>...</think>``, zero-width spaces); a second think block or stray tags after
-it; a think block that does not open the completion (tags inside a code block or after a preamble); no
-boxed answer, an empty one, or several different ones.
+holding no word at all (``<think>...</think>``, zero-width spaces, Hangul fillers); a second think block or stray
+tags after it; a think block that does not open the completion (tags inside a code block or after a preamble); no
+boxed answer, an empty-looking one (``\boxed{\,}``, ``\boxed{\phantom{3}}``), or several different ones.
+
+What is visible is decided in ``rewards.visible`` (shared with ``final_answer`` and the repetition
+penalty): invisible characters are not read, a word needs a letter or digit with ink (``reasoning_words``), and a
+box holds an answer only if something in it prints (``box_is_visible``).
 
 Run the examples: ``python -m pytest --doctest-modules rewards/format.py``.
 """
@@ -20,25 +24,30 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rewards.answer import completion_text, final_answer
+from rewards.extract import completion_text, final_answer
 from rewards.length import prompt_mode
+from rewards.visible import (  # noqa: F401  (DEFAULT_IGNORABLE, is_ignorable, visible_text: re-exported)
+    DEFAULT_IGNORABLE,
+    box_is_visible,
+    has_visible,
+    is_ignorable,
+    reasoning_words,
+    visible_text,
+)
 
 # One think block at the very start, non-empty reasoning, then an answer part.
 _THINK = re.compile(r"\A\s*<think>(?P<think>.*?)</think>(?P<answer>.*)\Z", re.DOTALL)
-# Blank characters Unicode files as letters (Hangul fillers, the halfwidth filler, the blank Braille cell): they
-# show nothing, so they are not reasoning.
-_FILLERS = str.maketrans("", "", "\u115f\u1160\u3164\uffa0\u2800")
-_WORD = re.compile(r"[^\W_]")  # a letter or digit: reasoning that says something
-_WORDS = re.compile(r"[^\W_]+")
 
 
-def reasoning_words(text: str) -> int:
-    """How many words (runs of letters or digits, blank filler letters removed) a reasoning text holds.
+def boxed_answer(text: str) -> str | None:
+    r"""The one final boxed answer (``rewards.extract.final_answer``, which skips boxes that print nothing) when it
+    is visible, else None (a box too long for ``final_answer`` to check is checked here).
 
-    >>> reasoning_words("3 + 4 = 7, so the sum is 7"), reasoning_words("\u3164\u3164 \u3164")
-    (8, 0)
+    >>> boxed_answer("The answer is \\boxed{4}."), boxed_answer("\\boxed{\\,}"), boxed_answer("4")
+    ('4', None, None)
     """
-    return len(_WORDS.findall(text.translate(_FILLERS)))
+    answer = final_answer(text)
+    return answer if answer is not None and box_is_visible(answer) else None
 
 
 def think_format_reward(completions: list, think_in_prompt: bool = False, **kwargs: Any) -> list[float]:
@@ -66,11 +75,11 @@ def think_format_reward(completions: list, think_in_prompt: bool = False, **kwar
         m = _THINK.match(text)
         ok = (
             m is not None
-            and _WORD.search(m.group("think").translate(_FILLERS)) is not None
+            and reasoning_words(m.group("think")) >= 1
             and "<think>" not in m.group("think")
             and "<think>" not in m.group("answer")
             and "</think>" not in m.group("answer")
-            and final_answer(m.group("answer")) is not None
+            and boxed_answer(m.group("answer")) is not None
         )
         scores.append(1.0 if ok else 0.0)
     return scores
@@ -83,7 +92,7 @@ def answer_format_reward(completions: list, **kwargs: Any) -> list[float]:
     ...                       "\\boxed{3} \\boxed{4}"])
     [1.0, 0.0, 0.0, 0.0, 0.0]
     """
-    return [1.0 if final_answer(completion_text(c)) is not None else 0.0 for c in completions]
+    return [1.0 if boxed_answer(completion_text(c)) is not None else 0.0 for c in completions]
 
 
 def mode_format_reward(completions: list, mode: list[str | None] | None = None, prompts: list | None = None,
@@ -134,7 +143,7 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
         else:
             m = _THINK.match(text)
             rest = text if m is None else m.group("answer")
-            empty = m is None or not m.group("think").translate(_FILLERS).strip()
-            ok = empty and "<think>" not in rest and "</think>" not in rest and final_answer(rest) is not None
+            empty = m is None or not has_visible(m.group("think"))
+            ok = empty and "<think>" not in rest and "</think>" not in rest and boxed_answer(rest) is not None
             scores.append(1.0 if ok else 0.0)
     return scores

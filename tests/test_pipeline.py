@@ -92,6 +92,9 @@ def test_references_resolve_with_types_text_and_nesting():
         resolve_refs("${grpo.output_dir}", known, "s")
     with pytest.raises(ValueError, match="stage 'sft' has no key 'lr'"):
         resolve_refs("${sft.lr}", known, "s")
+    for typo in ("${stages.sft.output_dir}", "from ${sft output_dir}/x", "${sft.output_dir"):  # not left as text
+        with pytest.raises(ValueError, match="is not a reference; write"):
+            resolve_refs(typo, known, "s")
 
 
 def test_stage_resolution_merges_recipe_and_overrides_and_checks_input(fake, tmp_path):

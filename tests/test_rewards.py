@@ -38,14 +38,19 @@ FIXTURES = Path(__file__).parent / "fixtures"
 MODULES = [
     "rewards.registry",
     "rewards.answer",
+    "rewards.extract",
+    "rewards.numbers",
     "rewards.match",
     "rewards.math",
     "rewards.code",
     "rewards.judge",
     "rewards.sandbox",
+    "rewards.limits",
+    "rewards.checks",
     "rewards.wire",
     "rewards.verifier",
     "rewards.format",
+    "rewards.visible",
     "rewards.length",
     "rewards.repetition",
 ]
@@ -425,7 +430,7 @@ def test_code_reward_rows_entry_points_and_abstain():
     [
         ("42", "42", True),
         ("42.0", "42", True),
-        ("\\frac{84}{2}", "42", True),
+        ("\\frac{84}{2}", "42", False),  # a reducible fraction is a division (84 / 2), not a stated number
         ("x = 42", "42", True),
         ("42 apples", "42", True),
         ("41", "42", False),

@@ -29,8 +29,8 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
   training distance) and `accuracy` (greedy answers checked by the one scorer, `align.scoring`), with a paired
   McNemar test of the accuracy on those same prompts (`paired`). Written to `<output_dir>/distill_eval.json`.
 
-The config is align/distill_config.py, the teacher's side (its tokenizer, placement and view of each prompt)
-align/distill_teacher.py, the held-out metrics align/distill_metrics.py; this module holds the trainer, the engine
+The config is align/distill/config.py, the teacher's side (its tokenizer, placement and view of each prompt)
+align/distill/teacher.py, the held-out metrics align/distill/metrics.py; this module holds the trainer, the engine
 adapter and `main`, which takes the shared steps of align/stage.py in their order.
 
 How to run:
@@ -47,27 +47,20 @@ import torch
 from accelerate.utils import set_seed as set_rank_seed
 
 from align import stage
-from align.distill_config import LOSSES, TOKENIZER_MODES, DistillConfig  # noqa: F401  (re-exported)
-from align.distill_metrics import (  # noqa: F401  (re-exported: the metrics' public home stays align.distill)
-    _same_vocab_divergence,
-    _uld_divergence,
-    divergence,
+from align.distill.config import DistillConfig
+from align.distill.loss import check_plain_head, chunked_jsd, hidden_states_as_logits
+from align.distill.metrics import (
     evaluate,
-    greedy_completions,
     teacher_accuracy,
-    verifiable_accuracy,
 )
-from align.distill_teacher import (  # noqa: F401  (re-exported: the teacher side's public home stays align.distill)
-    MODE_FLAGS,
+from align.distill.teacher import (
     FewShotPool,
     TeacherOnDevice,
     _prompt_part,
     load_teacher,
     load_teacher_tokenizer,
     resolve_tokenizer_mode,
-    same_vocabulary,
     teacher_hints,
-    teacher_messages,
     teacher_prompt_map,
     teacher_samples,
 )
@@ -149,6 +142,12 @@ class DistillTrainer(GOLDTrainer):
         if teacher_device:
             teacher = self.accelerator.unwrap_model(self.teacher_model).to(teacher_device)
             self.teacher_model = TeacherOnDevice(teacher, teacher_device, self.accelerator.device)
+        if self.args.loss_chunk_tokens:
+            if self.use_uld_loss:
+                raise ValueError("loss_chunk_tokens is for the same-tokenizer path; this teacher's tokenizer differs "
+                                 "(GOLD's ULD loss needs whole rows): set loss_chunk_tokens: 0")
+            for m in (self.model, self.teacher_model):
+                check_plain_head(self.accelerator.unwrap_model(m))
 
     def attach_sampler(self, sampler: Sampler | None) -> None:
         """Student sampling through our sampler: GOLD calls it as its `vllm_generation` (None: TRL's generate)."""
@@ -177,7 +176,6 @@ class DistillTrainer(GOLDTrainer):
         student's completion positions and TRL's generalized JSD compares the two there."""
         tok = self.processing_class
         ids, mask, labels = inputs["input_ids"], inputs["attention_mask"], inputs["labels"]
-        outputs_student = model(input_ids=ids, attention_mask=mask, use_cache=False)
         rows, spans = [], []
         for b in range(ids.shape[0]):
             done = (labels[b] != -100).nonzero().flatten().tolist()
@@ -188,6 +186,13 @@ class DistillTrainer(GOLDTrainer):
             rows.append(t_prompt + ids[b, done].tolist())
             spans.append((done, len(t_prompt)))
         t_ids, t_mask = _right_pad(rows, self.pad_token_id or 0)
+        if self.args.loss_chunk_tokens:  # the logits before each completion token predict it, in both sequences
+            at = [(b, torch.tensor(done, device=ids.device) - 1, torch.arange(start - 1, start - 1 + len(done),
+                                                                                device=ids.device))
+                  for b, (done, start) in enumerate(spans) if done]
+            return self._chunked_loss(model, ids, mask, t_ids.to(ids.device), t_mask.to(ids.device), at,
+                                      num_items_in_batch), None
+        outputs_student = model(input_ids=ids, attention_mask=mask, use_cache=False)
         self.teacher_model.eval()
         with torch.no_grad():
             t_logits = self.teacher_model(input_ids=t_ids.to(ids.device), attention_mask=t_mask.to(ids.device)).logits
@@ -202,7 +207,34 @@ class DistillTrainer(GOLDTrainer):
         )
         return loss, outputs_student
 
+    def _chunked_loss(self, model, ids, mask, t_ids, t_mask, spans, num_items_in_batch) -> torch.Tensor:
+        """The generalized JSD of TRL's whole-logits path, `loss_chunk_tokens` positions at a time (align/distill/
+        loss.py). `spans`: (row, the student positions whose logits predict a completion token, the teacher's
+        positions whose logits predict the same tokens)."""
+        with hidden_states_as_logits(model) as student_head:
+            student = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        self.teacher_model.eval()
+        with torch.no_grad(), hidden_states_as_logits(self.teacher_model) as teacher_head:
+            teacher = self.teacher_model(input_ids=t_ids, attention_mask=t_mask).logits
+        s_rows = [student[b, pos] for b, pos, _ in spans]
+        t_rows = [teacher[b, pos] for b, _, pos in spans]
+        hidden_s = torch.cat(s_rows) if s_rows else student[:, :0].flatten(0, 1)
+        hidden_t = torch.cat(t_rows) if t_rows else teacher[:, :0].flatten(0, 1)
+        total = chunked_jsd(hidden_s, hidden_t, student_head, teacher_head, beta=self.beta,
+                            temperature=self.temperature, chunk=self.args.loss_chunk_tokens)
+        count = num_items_in_batch if num_items_in_batch is not None else max(hidden_s.size(0), 1)
+        return total / (count.to(total.device) if isinstance(count, torch.Tensor) else count)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.args.loss_chunk_tokens and not return_outputs and not self.teacher_prompts:
+            ids, mask = inputs["input_ids"], inputs["attention_mask"]
+            scored = inputs["labels"][:, 1:] != -100  # the logits at position i predict token i + 1
+            spans = []
+            for b in range(ids.shape[0]):
+                pos = scored[b].nonzero().flatten()
+                if len(pos):  # the teacher reads the same sequence: its positions are the student's
+                    spans.append((b, pos, pos))
+            return self._chunked_loss(model, ids, mask, ids, mask, spans, num_items_in_batch)
         if not self.use_uld_loss and self.teacher_prompts:
             loss, outputs = self._same_vocab_teacher_view_loss(model, inputs, num_items_in_batch)
             return (loss, outputs) if return_outputs else loss

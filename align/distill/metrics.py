@@ -1,12 +1,12 @@
 """Distillation's held-out metrics: teacher-student divergence and verifiable accuracy on greedy completions.
 
-Why a module of its own: `align/distill.py` measures before and after training with these, and they are plain
+Why a module of its own: `align/distill/trainer.py` measures before and after training with these, and they are plain
 functions of two models, their tokenizers and prompts (no trainer), so a benchmark or a test can call them alone.
 Answers are generated through the shared engine and checked by the one scorer (`align.scoring`).
 same tokenizer: exact per-token reverse and forward KL on the student's greedy completions; cross tokenizer:
 ULD's sorted-probability L1 on byte-aligned spans, the GOLD training distance.
 
-    from align.distill_metrics import evaluate
+    from align.distill.metrics import evaluate
     metrics = evaluate(student, teacher, student_tok, teacher_tok, rows, mode="same", max_new_tokens=64,
                        uld_args=None, teacher_prompts={})
 

@@ -1,5 +1,5 @@
-"""Distillation's config: TRL's GOLDConfig (GKD + ULD) with our fields, beside the stage (align/distill.py) as TRL keeps
-`*_config.py` beside `*_trainer.py`, so the teacher side (align/distill_teacher.py) and the stage both read it.
+"""Distillation's config: TRL's GOLDConfig (GKD + ULD) with our fields, beside the stage (align/distill/trainer.py) as TRL keeps
+`*_config.py` beside `*_trainer.py`, so the teacher side (align/distill/teacher.py) and the stage both read it.
 
     python scripts/distill.py recipes/tiny_distill.yaml --loss forward_kl --rollout_backend auto
 """
@@ -32,7 +32,7 @@ class DistillConfig(StageArgs, GOLDConfig):
 
     loss: str = field(
         default="reverse_kl",
-        metadata={"help": f"Distillation objective: one of {list(LOSSES)} (see align/distill.py)."},
+        metadata={"help": f"Distillation objective: one of {list(LOSSES)} (see align/distill/trainer.py)."},
     )
     tokenizer_mode: str = field(
         default="auto",
@@ -53,6 +53,12 @@ class DistillConfig(StageArgs, GOLDConfig):
                                 "student's `dtype`). bfloat16 halves its memory and, on CPUs with bf16 matrix units "
                                 "(AMX, AVX512-BF16), runs its forward several times faster; its logits are handed "
                                 "to the loss in float32."}
+    )
+    loss_chunk_tokens: int = field(
+        default=0, metadata={"help": "0: the loss takes both models' whole logits (TRL's path). N > 0: the heads and "
+                             "the divergence run over N completion positions at a time, so no batch x length x "
+                             "vocabulary logits are built (align/distill/loss.py); same loss and gradients. "
+                             "Same-tokenizer path only (not GOLD's cross-tokenizer ULD)."}
     )
     teacher_quantization: str | None = field(
         default=None, metadata={"help": "Load the teacher in 8bit or 4bit (bitsandbytes) to save memory; GPU only."}
@@ -100,6 +106,11 @@ class DistillConfig(StageArgs, GOLDConfig):
             raise ValueError(f"teacher_dtype {self.teacher_dtype!r}: choose float32, bfloat16, float16 or leave unset")
         if self.teacher_quantization not in (None, "8bit", "4bit"):
             raise ValueError(f"teacher_quantization {self.teacher_quantization!r}: choose 8bit, 4bit or leave unset")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"loss_chunk_tokens must be >= 0 (0 = whole logits), got {self.loss_chunk_tokens}")
+        if self.loss_chunk_tokens and self.tokenizer_mode == "cross":
+            raise ValueError("loss_chunk_tokens is for the same-tokenizer path; GOLD's cross-tokenizer ULD loss needs "
+                             "whole rows: set loss_chunk_tokens: 0 or tokenizer_mode: same")
         beta, lmbda = LOSSES[self.loss]
         self.beta = self.beta if beta is None else beta
         self.lmbda = self.lmbda if lmbda is None else lmbda

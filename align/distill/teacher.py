@@ -2,7 +2,7 @@
 
 Why a module of its own: the teacher sees each prompt its own way (its chat template in the cross-tokenizer path,
 mode flags stripped, solved demonstrations first with `teacher_few_shot`, privileged context with `teacher_hint`),
-and with `loss: sequence_kd` it writes the answers the student learns. align/distill.py builds the trainer around
+and with `loss: sequence_kd` it writes the answers the student learns. align/distill/trainer.py builds the trainer around
 what this module returns.
 
     teacher_tok = load_teacher_tokenizer(args.teacher_model_name_or_path)
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import torch
 from transformers import BitsAndBytesConfig
 
-from align.distill_config import DistillConfig
-from align.distill_metrics import greedy_completions
+from align.distill.config import DistillConfig
+from align.distill.metrics import greedy_completions
 from align.models import load_model, load_tokenizer
 
 MODE_FLAGS = ("/no_think", "/think")

@@ -1,0 +1,94 @@
+"""What a row's tests check, read from their text with ``ast`` (nothing runs here).
+
+- ``data_error(tests, entry_point)``: can this row score any solution? Not when the tests do not parse, check
+  nothing (no ``assert``, no ``raise``, no call of an ``assert*``/``fail*`` function), or define
+  ``check(candidate)``, never call it, and the row names no entry point. ``rewards.code`` abstains on such a row
+  (a data error, warned once per kind) before running anything; the judge fails it.
+- ``count_checks(tree)``: instruments the tests so that each check a run reaches calls ``CHECK_COUNTER()``;
+  the judge needs at least one (a loop over an empty output reaches none, ``print('ok')`` has none).
+
+Why a module of its own: this is the judging of the tests' text, not of a run, and two places use it:
+``rewards.code`` (through ``data_error``) and the judge's sandbox, which ``rewards.judge`` ships
+``is_check_call`` and ``count_checks`` to as source (``inspect.getsource``). So these functions import ``ast``
+inside themselves and use nothing of this module but each other and ``CHECK_COUNTER``.
+"""
+
+from __future__ import annotations
+
+CHECK_COUNTER = "__judge_check__"  # the name the instrumented tests call at each check they reach
+
+
+def is_check_call(node) -> bool:
+    """A call of a function or method named ``assert*`` or ``fail*`` (unittest's ``assertEqual``, a helper)."""
+    import ast
+
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    return name.startswith(("assert", "fail"))
+
+
+def data_error(tests: str, entry_point: str | None = None) -> str | None:
+    """Why ``tests`` cannot score any solution (a data error: the row abstains), else None. The text before the
+    first colon names the kind of error.
+
+    >>> data_error("def check(candidate):\\n    assert candidate(1) == 2\\n", entry_point="")
+    'the tests define check(candidate) but no entry point names the function to check'
+    >>> data_error("print('ok')"), data_error("assert f(1) == 2")
+    ('the tests check nothing (no assert, no raise, no assert*/fail* call)', None)
+    """
+    import ast
+
+    try:
+        tree = ast.parse(tests, "tests.py")
+    except (SyntaxError, ValueError) as e:  # ValueError: a null byte
+        return f"the tests do not parse: {type(e).__name__}: {e}"
+    nodes = list(ast.walk(tree))
+    if not any(isinstance(n, (ast.Assert, ast.Raise)) or is_check_call(n) for n in nodes):
+        return "the tests check nothing (no assert, no raise, no assert*/fail* call)"
+    defines = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "check" for n in tree.body)
+    called = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "check" for n in nodes)
+    if defines and not called and not (entry_point or "").strip():
+        return "the tests define check(candidate) but no entry point names the function to check"
+    return None
+
+
+def count_checks(tree):
+    """Instrument a parsed test module: each check it reaches calls ``CHECK_COUNTER()``. A check is an
+    ``assert``, the test of an ``if`` whose body raises, a call of an ``assert*``/``fail*`` function (counted
+    when it returns), or an exception caught by a ``try`` whose body or ``else`` asserts or raises."""
+    import ast
+
+    def tick(at):
+        return ast.copy_location(ast.Expr(ast.Call(ast.Name(CHECK_COUNTER, ast.Load()), [], [])), at)
+
+    def has(stmts, kinds):
+        return any(isinstance(n, kinds) for s in stmts for n in ast.walk(s))
+
+    class Count(ast.NodeTransformer):
+        def visit_Assert(self, node):
+            self.generic_visit(node)
+            return [tick(node), node]
+
+        def visit_If(self, node):
+            self.generic_visit(node)
+            return [tick(node), node] if has(node.body, ast.Raise) else node
+
+        def visit_Try(self, node):
+            guarded = has(node.body + node.orelse, (ast.Raise, ast.Assert))
+            self.generic_visit(node)
+            if guarded:
+                for handler in node.handlers:
+                    handler.body.insert(0, tick(handler))
+            return node
+
+        visit_TryStar = visit_Try
+
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            if is_check_call(node):
+                return ast.copy_location(ast.Call(ast.Name(CHECK_COUNTER, ast.Load()), [node], []), node)
+            return node
+
+    return ast.fix_missing_locations(Count().visit(tree))

@@ -1,0 +1,215 @@
+r"""What prints: the one reading of "visible" that every reward shares.
+
+It is its own module because two floors of rewards need it and neither may import the other: ``rewards.extract``
+(``final_answer``, read by ``math_reward`` and ``exact_match_reward``) must skip a box that prints nothing exactly
+as the format rewards (``rewards.format``, which import ``final_answer``) refuse one, and ``rewards.repetition``
+compares loops by the same visible text. It imports nothing of ours.
+
+Only what is visible counts (``visible_text``, ``has_visible``, ``reasoning_words``, ``box_is_visible``):
+
+- a character is dropped before anything is read when it is Default_Ignorable_Code_Point (Unicode
+  DerivedCoreProperties: zero-width spaces and joiners, bidi controls, the soft hyphen, Hangul fillers, variation
+  selectors, tag characters) or a format control (category Cf); the rest is read in NFKC form;
+- a word is a run of letters, digits and combining marks holding at least one letter or digit that shows ink by
+  itself: category L or N but not a modifier letter (Lm: the tatweel, IPA marks) and not an inkless character (the
+  blank Braille cell U+2800, U+FFFC, U+1D159). A combining mark alone is no word. Han ideographs and Hiragana are
+  a word each (as in Unicode's word boundaries, UAX #29), and so is each letter of Thai, Lao, Myanmar and Khmer
+  (written without spaces), so unspaced reasoning is counted;
+- a box holds an answer when, after LaTeX that prints nothing is removed (spacing commands, ``~``, ``\phantom``
+  and its kin with their argument, ``\hspace{..}``/``\kern``/``\rule``, colour and label arguments, style switches,
+  ``\left.``, ``$``, comments, empty groups, and commands whose every argument is empty, such as ``\text{}``), it
+  still holds a visible character: a command (``\pi``) or a letter, digit, symbol or bracket; sentence
+  punctuation alone (``\boxed{.}``) is no answer.
+
+Run the examples: ``python -m pytest --doctest-modules rewards/visible.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+# ------------------------------------------------------------------------------------------ visible text
+
+# Default_Ignorable_Code_Point (DerivedCoreProperties.txt, unchanged since Unicode 14): characters that render as
+# nothing (tests/test_red_team_format.py checks the table against the `regex` package).
+DEFAULT_IGNORABLE = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F),
+    (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)  # fmt: skip
+# Printing characters without ink that are not default-ignorable: the blank Braille cell, the object replacement
+# character, the null notehead (a font scan of every L/N/P/S glyph found no other blank one).
+INKLESS = frozenset("\u2800\ufffc\U0001d159")
+
+
+def is_ignorable(ch: str) -> bool:
+    """True for a default-ignorable or format-control character: it is dropped before text is read."""
+    cp = ord(ch)
+    return unicodedata.category(ch) == "Cf" or any(lo <= cp <= hi for lo, hi in DEFAULT_IGNORABLE)
+
+
+class _Table(dict):
+    """A ``str.translate`` table filled on first sight of each character by ``rule(ch)``."""
+
+    def __init__(self, rule: Any) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, cp: int) -> Any:
+        value = self[cp] = self.rule(chr(cp))
+        return value
+
+
+_DROP = _Table(lambda ch: None if is_ignorable(ch) else ord(ch))
+
+
+# Scripts written without spaces between words (Line_Break=SA): Thai, Lao, Myanmar, Khmer. Like Han ideographs and
+# Hiragana, each letter of theirs counts as a word (an upper bound: the true words need a dictionary).
+_UNSPACED = ((0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF))
+
+
+def _kind(ch: str) -> str:
+    """w: a letter or digit with ink, s: one that is a word by itself (Han, Hiragana, _UNSPACED), l: a modifier letter,
+    m: a combining mark, p: a visible symbol or punctuation, space: nothing visible."""
+    cat = unicodedata.category(ch)
+    if ch in INKLESS or cat[0] not in "LNMPS":
+        return " "
+    if cat[0] in "PS":
+        return "p"
+    if cat[0] == "M":
+        return "m"
+    if cat == "Lm":
+        return "l"
+    if any(lo <= ord(ch) <= hi for lo, hi in _UNSPACED):
+        return "s"
+    name = unicodedata.name(ch, "")
+    return "s" if name.startswith(("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HIRAGANA")) else "w"
+
+
+_KINDS = _Table(_kind)
+_RUNS = re.compile(r"[wlm]+|s")
+
+
+def visible_text(text: str) -> str:
+    """``text`` in NFKC form without default-ignorable or format characters.
+
+    >>> visible_text("th\u200be \uff43\u00ada\u2060t\U000e0041"), visible_text("\u3164\ufe0f")
+    ('the cat', '')
+    """
+    return unicodedata.normalize("NFKC", text.translate(_DROP)).translate(_DROP)
+
+
+def has_visible(text: str) -> bool:
+    r"""True when ``text`` shows anything: a letter, digit, symbol or punctuation with ink.
+
+    >>> has_visible("\n \u200b\u3164\u2800\u0301"), has_visible("...")
+    (False, True)
+    """
+    return any(k in "wslp" for k in visible_text(text).translate(_KINDS))
+
+
+def reasoning_words(text: str) -> int:
+    """How many words a reasoning text shows (the module's rule: a word needs a letter or digit with ink).
+
+    >>> reasoning_words("3 + 4 = 7, so the sum is 7"), reasoning_words("\u3164\u3164 \u3164 \u2800 \u0640\u0640")
+    (8, 0)
+    >>> reasoning_words("th\u200bi\u200bs"), reasoning_words("三加四等于七"), reasoning_words("삼 더하기 사")
+    (1, 6, 3)
+    """
+    runs = _RUNS.findall(visible_text(text).translate(_KINDS))
+    return sum(1 for run in runs if run == "s" or "w" in run)
+
+
+# ------------------------------------------------------------------------------------------ visible boxes
+
+_NUM = r"[-+]?\s*(?:\d+(?:\.\d*)?|\.\d+)"
+_DIM = _NUM + r"\s*[a-z]{2}"
+_OPT = r"(?:\s*\[[^\[\]{}]*\])?"
+_GLUE = rf"{_DIM}(?:\s*(?:plus|minus)\s*(?:(?:{_NUM})?\s*fil+|{_DIM}))*"  # 1em plus 2pt minus 1fil
+# LaTeX that prints nothing (with the arguments it consumes). Ordered: ``\left.`` before ``\left``.
+_NO_INK = re.compile(
+    r"(?<!\\)%[^\n]*|\\\\" + _OPT + r"|\\[,:;!> \n/@-]|(?<!\\)~|(?<!\\)\$|\\[()\[\]]"
+    r"|\\(?:left|right|middle|[bB]igg?[lrm]?)\s*\."
+    r"|\\(?:[hv]space\*?|mspace|label|color|textcolor|colorbox|pagecolor|tag\*)" + _OPT + r"\s*\{[^{}]*\}"
+    r"|\\rule" + _OPT + r"\s*\{[^{}]*\}\s*\{[^{}]*\}"
+    r"|\\(?:kern|mkern|hskip|mskip|vskip|hglue|vglue)\s*(?:\{[^{}]*\}|" + _GLUE + ")"
+    r"|\\(?:quad|qquad|enspace|enskip|thinspace|medspace|thickspace|negthinspace|negmedspace|negthickspace"
+    r"|space|nobreakspace|nobreak|allowbreak|hfill|hfil|hss|vfill|vfil|break|newline|linebreak|par|relax|null"
+    r"|empty|strut|mathstrut|displaystyle|textstyle|scriptstyle|scriptscriptstyle|left|right|middle"
+    r"|[bB]igg?[lrm]?|limits|nolimits|nonumber|notag|noindent|centering|normalfont|normalsize|footnotesize"
+    r"|scriptsize|tiny|small|large|Large|LARGE|huge|Huge|bf|it|rm|sf|tt|sl|sc|em|bfseries|mdseries|itshape"
+    r"|upshape|slshape|scshape|rmfamily|sffamily|ttfamily|boldmath|unboldmath)(?![a-zA-Z])\*?"
+)
+_PHANTOM = re.compile(r"\\(?:[hv]?phantom)(?![a-zA-Z])\s*")
+_COMMAND = re.compile(r"\\(?:[a-zA-Z]+|.)", re.DOTALL)
+# A command with its optional arguments and the space after it, an escaped character, a brace, or a run of text.
+_TOKEN = re.compile(r"\\[a-zA-Z]+\*?(?:\s*\[[^\[\]{}]*\])*\s*|\\.|[{}]|[^\\{}]+", re.DOTALL)
+# Blank characters read as a space (a line end stays: it ends a % comment), combining marks dropped (alone they
+# print nothing; on a letter, the letter prints).
+_BOX_BLANKS = _Table(lambda ch: ord(ch) if ch == "\n" else {" ": " ", "m": None}.get(_KINDS[ord(ch)], ord(ch)))
+_SYNTAX = re.compile(r"[{}^_&\\.,;:!?\s]")  # TeX syntax, a nameless backslash, sentence punctuation
+
+
+_DEPTH = {"{": 1, "}": -1}
+
+
+def _drop_phantoms(s: str) -> str:
+    """Remove ``\\phantom``, ``\\hphantom``, ``\\vphantom`` and the argument each takes (a group or one token)."""
+    while m := _PHANTOM.search(s):
+        j = m.end()
+        if s.startswith("{", j):
+            depth = 0
+            while j < len(s):
+                depth += _DEPTH.get(s[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+        elif c := _COMMAND.match(s, j):
+            j = c.end()
+        else:
+            j += 1
+        s = s[: m.start()] + s[j:]
+    return s
+
+
+def _drop_empty_groups(s: str) -> str:
+    """Remove every group with nothing in it and every command whose argument is such a group (``\\text{}``,
+    ``{{ }}``, ``\\frac{}{}``), innermost first, in one pass."""
+    out: list[str | None] = []  # None: a command emptied of its argument (still owns the groups after it)
+    opened: list[tuple[int, int | None]] = []  # (where a group opened, where the command it belongs to is)
+    for token in _TOKEN.findall(s):
+        if token == "{":
+            last = out[-1] if out else ""
+            owner = len(out) - 1 if last is None or (last.startswith("\\") and last[1:2].isalpha()) else None
+            opened.append((len(out), owner))
+            out.append(token)
+        elif token == "}" and opened:
+            start, owner = opened.pop()
+            if all(out[i] is None or out[i].isspace() for i in range(start + 1, len(out))):
+                del out[start:]
+                if owner is not None:
+                    out[owner] = None
+            else:
+                out.append(token)
+        else:
+            out.append(token)
+    return "".join(piece for piece in out if piece is not None)
+
+
+def box_is_visible(content: str) -> bool:
+    r"""True when a box's content prints something once LaTeX that prints nothing is removed (module docstring).
+
+    >>> [box_is_visible(b) for b in ["~", "\\,\\quad", "{}", "\\text{ }", "\\phantom{3}", "\\hspace{1em}", "\u200b"]]
+    [False, False, False, False, False, False, False]
+    >>> [box_is_visible(b) for b in ["\\frac{1}{2}", "\\text{yes}", "-3", "x^2", "\\pi", "\\{\\}", "0"]]
+    [True, True, True, True, True, True, True]
+    """
+    s, previous = visible_text(content).translate(_BOX_BLANKS), None
+    while s != previous:
+        previous = s
+        s = _drop_empty_groups(_NO_INK.sub(" ", _drop_phantoms(s)))
+    if _COMMAND.search(s):  # a command or escaped symbol that prints (\pi, \infty, \{, \%)
+        return True
+    return any(k in "wslp" for k in _SYNTAX.sub("", s).translate(_KINDS))
