@@ -77,10 +77,15 @@ def _convert_gguf(name: str, target: Path) -> None:
     # Write to a temporary sibling, then rename: a crash never leaves a half-written model that a later run would
     # load. Only the holder of the lock (builtin_model_dir) gets here.
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    # transformers writes a model only on torch.distributed rank 0 (`should_save_on_this_rank`); the converter is
+    # whichever rank holds the lock, and must write the whole model whatever its rank.
+    model.should_save_on_this_rank = lambda is_main_process=True: True
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
+        if not (tmp / "config.json").exists() or not list(tmp.glob("*.safetensors")):
+            raise OSError(f"converting builtin:{name} wrote no model into {tmp}")
         if target.exists():  # an earlier converter's directory without config.json: never loadable
             shutil.rmtree(target)
         os.rename(tmp, target)

@@ -111,6 +111,10 @@ if sys.argv[1] == "hang":  # write the weights, then stall before the rename: th
         save(self, *args, **kwargs)
         time.sleep(600)
     transformers.PreTrainedModel.save_pretrained = slow_save
+if sys.argv[1] == "rank1":  # as a launched rank other than 0 (transformers saves models on rank 0 only)
+    import transformers.distributed.mixin as mixin
+    mixin._is_torch_distributed_initialized = lambda: True
+    mixin._get_torch_distributed_rank = lambda: 1
 from align.models import resolve_model_path
 print(resolve_model_path("builtin:smollm2-135m-instruct"))
 """
@@ -126,7 +130,8 @@ def _converter(mode: str, cache) -> subprocess.Popen:
 def test_a_killed_converter_leaves_no_lock_and_no_half_model_and_racers_convert_once(tmp_path):
     """SIGKILL a converter with its weights half-way to the cache (written, not renamed): no model appears; then
     two processes start at once on that cache: one converts (one line in conversions.log), the other waits for it,
-    the killed one's temporary directory is gone, and the directory loads."""
+    the killed one's temporary directory is gone, and the directory loads. The racers look like launched rank 1
+    (transformers writes models on torch.distributed rank 0 only; the converter must write whatever its rank)."""
     import signal
     import time
 
@@ -142,7 +147,7 @@ def test_a_killed_converter_leaves_no_lock_and_no_half_model_and_racers_convert_
     assert list(models.glob(".smollm2-135m-instruct-*")), "the killed converter left its temporary directory"
     assert not (models / "smollm2-135m-instruct").exists() and not (models / "conversions.log").exists()
 
-    racers = [_converter("plain", tmp_path) for _ in range(2)]
+    racers = [_converter("rank1", tmp_path) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in racers]
     assert [p.returncode for p in racers] == [0, 0], [err[-2000:] for _, err in outs]
     target = models / "smollm2-135m-instruct"
