@@ -1,4 +1,5 @@
-"""Truncated importance sampling between the engine that sampled and the trainer that learns, without a pass of its own.
+"""Truncated importance sampling between the engine that sampled and the trainer that learns, without a pass of its own
+(and the loss pass's other hooks: the LM head on completion tokens only, `padding_free` passes from align/packing.py).
 
 TRL corrects for the engine/trainer mismatch (`vllm_importance_sampling_correction`) with the ratio
 pi_trainer(token) / pi_engine(token), and gets pi_trainer from an extra no-grad forward pass over every generation
@@ -17,6 +18,7 @@ import math
 import torch
 
 from align.fused_head import compact_lm_head
+from align.packing import packed_attention, packed_logps
 
 
 def importance_ratio(trainer_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
@@ -89,10 +91,34 @@ class LossPassImportanceSampling:
         finally:
             self._pending_importance = None
 
+    def _padding_free(self, args: tuple, kwargs: dict) -> bool:
+        """`padding_free: true` and a text-only batch (images and their fields take TRL's padded path)."""
+        extra = {k: v for k, v in kwargs.items() if k not in ("batch_size", "compute_entropy", "compute_aux_loss")}
+        return (bool(getattr(self.args, "padding_free", False)) and not args and not kwargs.get("compute_aux_loss")
+                and all(v is None for v in extra.values()))
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        if not getattr(self.args, "padding_free", False):
+            return super().training_step(model, inputs, *args, **kwargs)
+        with packed_attention(self.accelerator.unwrap_model(model)):  # the backward's recomputed forwards too
+            return super().training_step(model, inputs, *args, **kwargs)
+
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         with compact_lm_head():  # the LM head on the completion tokens only, on a CPU too (align/fused_head.py)
-            out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
-                                                             **kwargs)
+            if self._padding_free(args, kwargs):  # one row of real tokens per chunk of rows (align/packing.py)
+                size = kwargs.get("batch_size") or input_ids.size(0)
+                parts = []
+                with packed_attention(model):
+                    for start in range(0, input_ids.size(0), size):
+                        parts.append(packed_logps(model, input_ids[start : start + size],
+                                                  attention_mask[start : start + size], logits_to_keep,
+                                                  compute_entropy=bool(kwargs.get("compute_entropy")),
+                                                  autocast=self.accelerator.autocast))
+                logps = torch.cat([p[0] for p in parts])
+                out = (logps, torch.cat([p[1] for p in parts]) if kwargs.get("compute_entropy") else None, None)
+            else:
+                out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                                 *args, **kwargs)
         inputs, self._pending_importance = self._pending_importance, None
         if inputs is not None:
             logps, sampled = out[0].detach(), inputs["sampling_per_token_logps"]

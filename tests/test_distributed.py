@@ -303,6 +303,18 @@ def test_grpo_hf_engine_with_dynamic_sampling_under_zero3(micro, tmp_path):
     assert report["world_size"] == 2 and report["before"]["num_prompts"] == report["after"]["num_prompts"] == 4
 
 
+def test_grpo_padding_free_under_zero3_trains_as_the_padded_pass(micro, tmp_path):
+    """`padding_free: true` on 2 ZeRO-3 ranks (the packed row through DeepSpeed's gathered layers, per-sequence
+    attention in the forward and the backward): the same samples (hf engine, same seeds) give the padded run's
+    first-step loss and rewards."""
+    args = [micro / "configs" / "grpo.yaml", "--rollout_backend", "hf", "--max_steps", "1", "--save_steps", "1"]
+    ok(launch("scripts/grpo.py", *args, "--output_dir", tmp_path / "padded"))
+    ok(launch("scripts/grpo.py", *args, "--padding_free", "true", "--output_dir", tmp_path / "packed"))
+    padded, packed = (next(h for h in log_history(tmp_path / d) if "loss" in h) for d in ("padded", "packed"))
+    assert packed["reward"] == padded["reward"]
+    assert packed["loss"] == pytest.approx(padded["loss"], rel=1e-4, abs=1e-6)
+
+
 # ----------------------------------------------------------------------------------------------- distillation
 
 

@@ -603,3 +603,96 @@ def _model(tiny):
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_pretrained(tiny["model"])
+
+
+def _padded_rl_batch(vocab: int, prompts: list[int], completions: list[int], seed: int = 0):
+    """TRL's GRPO layout: prompts left-padded, completions right-padded; attention_mask 0 on padding."""
+    g = torch.Generator().manual_seed(seed)
+    pw, cw = max(prompts), max(completions)
+    ids = torch.randint(3, vocab, (len(prompts), pw + cw), generator=g)
+    mask = torch.zeros_like(ids)
+    for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        mask[b, pw - p : pw + c] = 1
+    return ids.masked_fill(mask == 0, 0), mask, cw
+
+
+@pytest.mark.parametrize("gradient_checkpointing", [False, True])
+def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradients(tiny, gradient_checkpointing):
+    """align/packing.py: every sequence's real tokens in one row (position ids restarting, per-sequence attention,
+    labels shifted inside each sequence) give TRL's padded pass's per-token log-probs and entropies in its
+    (rows, logits_to_keep) layout, zeros where a row has no token, and the same gradients (the backward re-runs the
+    forward under gradient checkpointing: the per-sequence attention must hold there too)."""
+    import contextlib
+    import types
+
+    import trl
+    from transformers import AutoModelForCausalLM
+    from trl.trainer import utils as trl_utils
+
+    from align.packing import pack, packed_attention, packed_logps
+
+    padded_pass = getattr(trl.GRPOTrainer._get_per_token_logps_and_entropies, "__wrapped__",
+                          trl.GRPOTrainer._get_per_token_logps_and_entropies)  # without TRL's profiling wrapper
+    model = AutoModelForCausalLM.from_pretrained(tiny["model"], attn_implementation="sdpa")
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train()
+    ids, mask, keep = _padded_rl_batch(model.config.vocab_size, prompts=[5, 9, 3, 7], completions=[11, 2, 6, 1])
+    packed = pack(ids, mask, keep)
+    assert packed["input_ids"].shape == (1, int(mask.sum())) and int((packed["shift_labels"] != -100).sum()) == 20
+
+    def run(padding_free: bool):
+        model.zero_grad()
+        if padding_free:
+            with packed_attention(model):
+                lp, ent = packed_logps(model, ids, mask, keep, compute_entropy=True)
+                (lp.sum() + 0.1 * ent.sum()).backward()
+        else:
+            fake = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext))
+            lp, ent, _ = padded_pass(fake, model, ids, mask, keep,
+                                                                             compute_entropy=True)
+            (lp * mask[:, -keep:]).sum().add(0.1 * (ent * mask[:, -keep:]).sum()).backward()
+            lp, ent = lp * mask[:, -keep:], ent * mask[:, -keep:]  # TRL's loss masks these positions
+        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    padded_lp, padded_ent, padded_grads = run(False)
+    packed_lp, packed_ent, packed_grads = run(True)
+    assert packed_lp.shape == padded_lp.shape == (4, keep)
+    torch.testing.assert_close(packed_lp, padded_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed_ent, padded_ent, rtol=1e-5, atol=1e-5)
+    assert (packed_lp[mask[:, -keep:] == 0] == 0).all() and (packed_lp[mask[:, -keep:] == 1] != 0).all()
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert model.config._attn_implementation == "sdpa"  # the model's own attention again after the pass
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_padding_free_grpo_trains_as_the_padded_trainer(tiny, tmp_path, beta, monkeypatch):
+    """`padding_free: true`: the same engine samples (scripted, completions of random length), and the per-step
+    losses, rewards and the trained weights equal the padded trainer's (the reference model's pass too, beta > 0)."""
+    import align.importance as importance
+
+    packed_rows = []
+    real = importance.packed_logps
+    monkeypatch.setattr(importance, "packed_logps", lambda model, ids, *a, **k: packed_rows.append(len(ids)) or
+                        real(model, ids, *a, **k))
+    runs = {}
+    for padding_free in (False, True):
+        engine = ScriptedEngine(rollout, range(10, len(tiny["tokenizer"])))
+        trainer = _trainer(tiny, _args(tmp_path / str(padding_free), padding_free=padding_free, beta=beta,
+                                       max_completion_length=24), [length_reward], engine)
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "loss" in h]
+        runs[padding_free] = logs, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    (padded, w_padded), (packed, w_packed) = runs[False], runs[True]
+    assert len(padded) == len(packed) == 3
+    assert sum(packed_rows) == 3 * 8 * (2 if beta else 1)  # every row of every step packed (+ the reference pass)
+    for a, b in zip(padded, packed, strict=True):
+        assert b["reward"] == a["reward"] and b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+        if beta:
+            assert b["kl"] == pytest.approx(a["kl"], rel=1e-3, abs=1e-6)
+    # Adam at lr 5e-2 turns summation-order noise in a near-zero gradient into up to one step's size, so the
+    # weights agree to a fraction of one step (1e-3 = 2%), not to rounding
+    for name, weight in w_padded.items():
+        torch.testing.assert_close(w_packed[name], weight, rtol=0, atol=1e-3, msg=name)
