@@ -264,8 +264,60 @@ class _EngineResync(TrainerCallback):
             logger.info("resumed at step %d: rollout engine weights synced", state.global_step)
 
 
+# A stage stopped by SIGTERM (Slurm preemption, scancel, a spot instance, the pipeline stopping it) exits with this
+# code after saving: 128 + SIGTERM, what a shell reports for a process the signal ended.
+PREEMPTED_EXIT_CODE = 143
+
+
+class _SaveOnSigterm(TrainerCallback):
+    """SIGTERM during training: finish the current optimizer step, save a checkpoint (atomically, as every save) and
+    stop; the stage then exits with PREEMPTED_EXIT_CODE and the same command resumes from that checkpoint. On several
+    ranks the ranks agree at each step end (a one-number all-reduce) so that all of them save the same step."""
+
+    def __init__(self, trainer):
+        self.trainer, self.requested, self.previous = trainer, False, None
+
+    def _handler(self, signum, frame):
+        self.requested = True
+        logger.warning("SIGTERM: finishing this step, saving a checkpoint, then stopping (re-run to resume)")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handler)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stop = self.requested
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([1.0 if stop else 0.0], device=self.trainer.accelerator.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+        if stop:
+            control.should_save = control.should_training_stop = True
+            self.trainer._smolalign_preempted = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
+
+
+def exit_if_preempted(trainer) -> None:
+    """After `trainer.train()`: a run stopped by SIGTERM (its checkpoint saved) ends here, with PREEMPTED_EXIT_CODE,
+    before the stage saves a final model or evaluates what is only part of the training."""
+    if getattr(trainer, "_smolalign_preempted", False):
+        logger.warning("stopped by SIGTERM at step %d; checkpoint saved in %s: run the same command to resume",
+                       trainer.state.global_step, trainer.args.output_dir)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+
 def install(trainer, script_args=None) -> NonFiniteGuard:
-    """Atomic checkpoints, engine resync after resume and the non-finite guard on an HF/TRL trainer."""
+    """Atomic checkpoints, engine resync after resume, the non-finite guard and save-on-SIGTERM on an HF/TRL
+    trainer."""
     if getattr(trainer, "_smolalign_checkpoint_installed", False):
         return trainer._smolalign_guard
     trainer._save_checkpoint = _atomic_save(trainer, trainer._save_checkpoint)
@@ -277,6 +329,7 @@ def install(trainer, script_args=None) -> NonFiniteGuard:
                            checkpoint_path=lambda step: checkpoint_path(trainer.args.output_dir, step))
     trainer.add_callback(guard)
     trainer.add_callback(_EngineResync(trainer))
+    trainer.add_callback(_SaveOnSigterm(trainer))
     trainer._smolalign_checkpoint_installed, trainer._smolalign_guard = True, guard
     return guard
 

@@ -204,6 +204,11 @@ def _last_line(log: Path) -> str:
     return lines[-1][:90] if lines else ""
 
 
+# How long a stopped stage gets to save before SIGKILL: below Slurm's `--signal=SIGTERM@120` notice
+# (recipes/slurm/smolalign.slurm). torchrun's agent, which also gets the signal, allows its workers 30 s.
+STOP_GRACE_S = 100
+
+
 def run_logged(cmd: list[str], env: dict, log: Path, on_tick=None) -> int:
     """Run `cmd` with its output appended to `log`; call on_tick(last log line) ~twice a second."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -220,9 +225,9 @@ def run_logged(cmd: list[str], env: dict, log: Path, on_tick=None) -> int:
                     on_tick(_last_line(log))
                 time.sleep(0.5)
         except BaseException:
-            try:
+            try:  # the stage finishes its step and saves a checkpoint on SIGTERM (align.checkpoint): give it time
                 os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
+                proc.wait(timeout=STOP_GRACE_S)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(proc.pid, signal.SIGKILL)
             raise

@@ -43,7 +43,7 @@ from transformers import set_seed
 import data_gen  # noqa: F401  (registers builtin:tasks with align.data for every stage's data)
 from align import models
 from align.chat import setup_chat_format
-from align.checkpoint import install, resume_checkpoint
+from align.checkpoint import exit_if_preempted, install, resume_checkpoint
 from align.cpu_attention import fp32_attention
 from align.data import get_dataset
 from align.distributed import zero3_init_disabled
@@ -119,6 +119,7 @@ def train(trainer, training_args) -> dict:
     trained model attends in fp32 (align/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
     with fp32_attention(trainer.model):
         result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
+    exit_if_preempted(trainer)  # SIGTERM: the checkpoint is saved; no final model, no evaluation
     metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if losses:

@@ -37,7 +37,7 @@ import torch
 torch.set_num_threads(1)
 import datasets, trl
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from align.checkpoint import install, resume_checkpoint
+from align.checkpoint import exit_if_preempted, install, resume_checkpoint
 
 model_dir, data, out, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 
@@ -57,6 +57,7 @@ install(trainer)
 resume = resume_checkpoint(args)
 print(f"RESUME {resume}", flush=True)
 trainer.train(resume_from_checkpoint=resume)
+exit_if_preempted(trainer)
 with open(os.path.join(out, "log_history.json"), "w") as f:
     json.dump(trainer.state.log_history, f)
 '''
@@ -134,6 +135,47 @@ def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tin
     names = [p.name for p in list_checkpoints(out, complete_only=False)]
     assert names == [f"checkpoint-{s}" for s in (9, 12)], names  # the final step is saved too
     assert not list(out.glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_it_stops_at_and_resumes_to_the_uninterrupted_losses_twice(tiny, tmp_path):
+    """Preemption (Slurm's SIGTERM, scancel, the pipeline stopping a stage): the run finishes its step, saves a
+    checkpoint of that step, exits with PREEMPTED_EXIT_CODE; the same command resumes there. SIGTERM once before the
+    first periodic checkpoint (step 3) and once more in the resumed run, then a last run to the end: the per-step
+    losses equal an uninterrupted run's."""
+    from align.checkpoint import PREEMPTED_EXIT_CODE
+
+    max_steps = 10
+    ref = _launch(tiny, tmp_path / "ref", max_steps)
+    out_ref, _ = ref.communicate(timeout=300)
+    assert ref.returncode == 0, out_ref[-3000:]
+    out = tmp_path / "preempted"
+    first_stop = random.Random().randint(1, 2)  # before the first periodic checkpoint
+    stops = []
+    for stop_at in (first_stop, random.Random().randint(first_stop + 2, max_steps - 2)):
+        job = _launch(tiny, out, max_steps)
+        seen, log = [], []
+        for line in job.stdout:
+            log.append(line)
+            if (m := re.search(r"STEP (\d+)", line)) and int(m.group(1)) >= stop_at and not seen:
+                seen.append(int(m.group(1)))
+                job.send_signal(signal.SIGTERM)
+        job.wait(timeout=120)
+        assert job.returncode == PREEMPTED_EXIT_CODE, "".join(log)[-3000:]
+        latest = latest_checkpoint(out)
+        assert latest is not None and is_complete(latest), "".join(log)[-3000:]
+        stopped = int(Path(latest).name.split("-")[1])
+        assert seen[0] <= stopped <= seen[0] + 1  # the step it was in when the signal came
+        assert not (out / "log_history.json").exists()
+        stops.append(stopped)
+    last = _launch(tiny, out, max_steps)
+    log, _ = last.communicate(timeout=300)
+    assert last.returncode == 0, log[-3000:]
+    assert [int(s) for s in re.findall(r"STEP (\d+)", log)][0] == stops[-1] + 1
+    want, got = _losses(tmp_path / "ref"), _losses(out)
+    assert sorted(got) == sorted(want) == list(range(1, max_steps + 1))
+    for step in want:
+        assert math.isclose(got[step], want[step], rel_tol=1e-5, abs_tol=1e-6), (step, got[step], want[step])
 
 
 # ----------------------------------------------------------------------------- in-process: the helpers
