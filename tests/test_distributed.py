@@ -322,7 +322,8 @@ def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path)
     args = [ROOT / "recipes" / "tiny_distill.yaml", "--model_name_or_path", micro / "midtrain",
             "--teacher_model_name_or_path", micro / "sft_strong", "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_completion_length", "16", "--max_length", "128", "--distill_eval_max_new_tokens", "16",
-            "--eval_num_prompts", "6", "--save_strategy", "steps", "--save_steps", "1", "--report_to", "none",
+            "--eval_num_prompts", "6", "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1",
+            "--report_to", "none",
             "--dataset_args", "{num: 32, mode: mixed, seed: 0}"]
     ok(python("scripts/distill.py", *args, "--output_dir", tmp_path / "one"))
     ok(launch("scripts/distill.py", *args, "--output_dir", tmp_path / "two"))
