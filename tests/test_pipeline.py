@@ -5,6 +5,7 @@ pipeline's own logic is tested in seconds; the slow test runs recipes/micro_pipe
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -434,6 +435,26 @@ def test_the_slurm_template_sends_the_preemption_signal_to_the_pipelines_not_onl
     signal_lines = [line for line in text.splitlines() if line.startswith("#SBATCH --signal=")]
     assert signal_lines and all("B:" not in line.split()[1] for line in signal_lines)
     assert "srun " in text and subprocess.run(["bash", "-n", str(ROOT / "recipes" / "slurm" / "smolalign.slurm")]).returncode == 0
+
+
+@pytest.mark.parametrize("pipeline_rc, requeued", [(130, True), (143, True), (1, False), (0, False)])
+def test_the_slurm_template_requeues_a_job_stopped_by_sigterm_only(tmp_path, pipeline_rc, requeued):
+    """recipes/slurm/smolalign.slurm with stub `srun` (the pipelines end with `pipeline_rc`) and `scontrol` on the
+    PATH: a pipeline stopped by SIGTERM (130; a stage's own 143) requeues the job; a failure or a finished run does
+    not; the job's exit code is the pipelines'."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "srun").write_text(f"#!/bin/bash\nexit {pipeline_rc}\n")
+    (stubs / "scontrol").write_text(f'#!/bin/bash\nif [ "$1" = show ]; then echo node1; else echo "$@" >> {tmp_path}/calls; fi\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1",
+           "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
+    job = subprocess.run(["bash", str(ROOT / "recipes" / "slurm" / "smolalign.slurm"), "recipes/smol135m_pipeline.yaml"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert job.returncode == pipeline_rc, job.stderr
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    assert calls == (["requeue 4242"] if requeued else [])
 
 
 def test_a_follower_machine_waits_for_the_leaders_evaluation_not_only_the_marker(tmp_path):
