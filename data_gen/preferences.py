@@ -40,11 +40,12 @@ from align.distributed import barrier, init_from_launcher, leave_launcher, rank_
 from align.models import load_tokenizer
 from align.rollout import BACKENDS, SamplingParams, get_engine
 from rewards import RoutedReward, get_rewards, route_accuracy, score
+from rewards.length import prompt_mode
 
 logger = logging.getLogger(__name__)
 
 METHODS = ("strong_weak", "graded")
-MODES = ("think", "no_think", "none")
+MODES = ("think", "no_think", "none", "row")  # row: each row's own /think or /no_think flag (think if none)
 FORMATS = ("jsonl", "parquet", "disk")
 PROMPT_KEYS = ("prompt", "messages", "prompt_messages", "think", "chosen", "rejected", "completion")
 
@@ -57,7 +58,10 @@ class PreferenceDataConfig:
     policy_model: str | None = field(default=None, metadata={"help": "graded: the model that samples and is graded."})
     strong_mode: str = field(default="think", metadata={"help": "Reasoning mode of the strong model: " + "/".join(MODES)})
     weak_mode: str = field(default="think", metadata={"help": "Reasoning mode of the weak model: " + "/".join(MODES)})
-    policy_mode: str = field(default="think", metadata={"help": "Reasoning mode of the graded policy."})
+    policy_mode: str = field(
+        default="think",
+        metadata={"help": "Reasoning mode of the graded policy; `row`: each prompt's own flag (both modes in one set)."},
+    )
     prompt_mode: str | None = field(
         default=None,
         metadata={"help": "Mode flag written into the pairs' prompt (default: strong_mode, or policy_mode)."},
@@ -73,6 +77,10 @@ class PreferenceDataConfig:
     )
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
     max_new_tokens: int = field(default=256, metadata={"help": "Completion budget per answer."})
+    max_new_tokens_by_mode: dict | None = field(
+        default=None,
+        metadata={"help": "Budget per reasoning mode, e.g. {think: 160, no_think: 48} (others: max_new_tokens)."},
+    )
     drop_identical: bool = field(default=True, metadata={"help": "Drop pairs whose chosen equals rejected."})
     verify_chosen: bool = field(
         default=True, metadata={"help": "strong_weak: drop pairs whose chosen fails the verifier (rows with answer)."}
@@ -120,6 +128,9 @@ class PreferenceDataConfig:
             raise ValueError("method graded with temperature 0 samples the same answer n times; set temperature > 0")
         if self.batch_size < 1 or (self.max_pairs is not None and self.max_pairs < 1):
             raise ValueError("batch_size and max_pairs must be >= 1")
+        bad = sorted(set(self.max_new_tokens_by_mode or {}) - {"think", "no_think", "none"})
+        if bad:
+            raise ValueError(f"max_new_tokens_by_mode keys {bad}: use think, no_think or none")
         if self.rewards and self.reward_weights and len(self.rewards) != len(self.reward_weights):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} entries for {len(self.rewards)} rewards")
 
@@ -127,8 +138,15 @@ class PreferenceDataConfig:
 # ----------------------------------------------------------------------------- prompts and generation
 
 
+def row_mode(row: dict, mode: str) -> str:
+    """The mode a row is asked in: `mode`, or for `row` the prompt's own flag (think when it has none)."""
+    return (prompt_mode(row["prompt"]) or "think") if mode == "row" else mode
+
+
 def chat_prompt(row: dict, mode: str) -> list[dict]:
-    """The conversational prompt of a row in `mode`: a system flag ("/think", "/no_think"; none for "none")."""
+    """The conversational prompt of a row in `mode`: a system flag ("/think", "/no_think"; none for "none";
+    for "row" the row's own flag)."""
+    mode = row_mode(row, mode)
     prompt = row["prompt"]
     messages = [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if messages and messages[0]["role"] == "system":  # replace the row's own flag, keep its text
@@ -157,10 +175,11 @@ class Generator:
     mode: str
 
     def prompt_ids(self, row: dict) -> list[int]:
-        kwargs = {} if self.mode == "none" else {"enable_thinking": self.mode == "think"}
+        mode = row_mode(row, self.mode)
+        kwargs = {} if mode == "none" else {"enable_thinking": mode == "think"}
         if getattr(self.tokenizer, "chat_template", None):
             text = self.tokenizer.apply_chat_template(
-                chat_prompt(row, self.mode), tokenize=False, add_generation_prompt=True, **kwargs
+                chat_prompt(row, mode), tokenize=False, add_generation_prompt=True, **kwargs
             )
         else:  # a base model without a template: the pretraining text form
             text = f"Question: {row['prompt'] if isinstance(row['prompt'], str) else row['prompt'][-1]['content']}\nAnswer:"
@@ -183,12 +202,21 @@ class Generator:
         return self.tokenizer.decode(ids, skip_special_tokens=False).strip()
 
     def generate(self, rows: list[dict], n: int, cfg: PreferenceDataConfig, seed: int) -> list[list[str]]:
-        knobs = dict(n=n, max_new_tokens=cfg.max_new_tokens, stop_token_ids=self.stop_ids(), seed=seed,
-                     temperature=cfg.temperature, logprobs=False)  # pairs need text only
-        if cfg.temperature > 0:
-            knobs["top_p"] = cfg.top_p
-        groups = self.engine.generate([self.prompt_ids(r) for r in rows], SamplingParams(**knobs))
-        return [[self.decode(r.completion_ids) for r in group] for group in groups]
+        """`n` answers per row; rows asked in different modes are generated in one call per mode, each with its
+        mode's budget (`max_new_tokens_by_mode`)."""
+        modes = [row_mode(r, self.mode) for r in rows]
+        out: list[list[str]] = [[] for _ in rows]
+        for mode in sorted(set(modes)):
+            idx = [i for i, m in enumerate(modes) if m == mode]
+            budget = (cfg.max_new_tokens_by_mode or {}).get(mode, cfg.max_new_tokens)
+            knobs = dict(n=n, max_new_tokens=budget, stop_token_ids=self.stop_ids(), seed=seed,
+                         temperature=cfg.temperature, logprobs=False)  # pairs need text only
+            if cfg.temperature > 0:
+                knobs["top_p"] = cfg.top_p
+            groups = self.engine.generate([self.prompt_ids(rows[i]) for i in idx], SamplingParams(**knobs))
+            for i, group in zip(idx, groups):
+                out[i] = [self.decode(r.completion_ids) for r in group]
+        return out
 
 
 def build_generator(name: str, model: str, mode: str, cfg: PreferenceDataConfig) -> Generator:
@@ -259,6 +287,12 @@ def graded_batch(rows, policy: Generator, cfg, seed: int) -> tuple[list[dict], d
     for row, group in zip(rows, samples):
         scored = [(s, t) for s, t in zip(flat_scores[k : k + len(group)], group) if s is not None]
         k += len(group)
+        mode = row_mode(row, policy.mode)
+        # how strong each side is on these prompts: the policy's mean score (its pass@1) and best-of-n's
+        for key, v in ((f"{mode}/prompts", 1), (f"{mode}/samples", len(scored)),
+                       (f"{mode}/sample_score_sum", sum(s for s, _ in scored)),
+                       (f"{mode}/best_of_n_score_sum", max((s for s, _ in scored), default=0.0))):
+            counts[key] = counts.get(key, 0) + v
         if len(scored) < 2:
             counts["unscored"] += 1
             continue
@@ -270,8 +304,9 @@ def graded_batch(rows, policy: Generator, cfg, seed: int) -> tuple[list[dict], d
             counts["identical"] += 1
         else:
             pairs.append(_pair(row, cfg, best[1], worst[1], chosen_score=best[0], rejected_score=worst[0],
-                               chosen_model=policy.name, rejected_model=policy.name,
+                               chosen_model=policy.name, rejected_model=policy.name, mode=mode,
                                mean_score=sum(s for s, _ in scored) / len(scored)))
+            counts[f"{mode}/kept"] = counts.get(f"{mode}/kept", 0) + 1
     return pairs, counts
 
 
@@ -380,6 +415,21 @@ def _export(cfg: PreferenceDataConfig, data: dict[str, list[dict]]) -> dict[str,
     return {s: str(out) for s in splits}
 
 
+def strength(counts: dict) -> dict:
+    """Per split and mode: the policy's accuracy on the prompts (mean sample score: the rejected side's source)
+    against best-of-n's (the chosen side's source), and the pairs kept. Graded sets only."""
+    out = {}
+    for split, c in counts.items():
+        for mode in sorted({k.split("/")[0] for k in c if k.endswith("/prompts")}):
+            n, samples = c.get(f"{mode}/prompts", 0), c.get(f"{mode}/samples", 0)
+            out[f"{split}/{mode}"] = {
+                "prompts": int(n), "kept": int(c.get(f"{mode}/kept", 0)),
+                "policy_accuracy": c.get(f"{mode}/sample_score_sum", 0) / samples if samples else None,
+                "best_of_n_accuracy": c.get(f"{mode}/best_of_n_score_sum", 0) / n if n else None,
+            }
+    return out
+
+
 def _card_markdown(card: dict) -> str:
     lines = [f"# Preference pairs ({card['method']})", "", f"Made by `{card['command']}` in {card['seconds']:.0f} s.",
              "", "| split | prompts | kept | " + " | ".join(card["filters"]) + " |",
@@ -387,6 +437,14 @@ def _card_markdown(card: dict) -> str:
     for split, c in card["counts"].items():
         cells = [str(int(c.get(k, 0))) for k in ("prompts", "kept", *card["filters"])]
         lines.append(f"| {split} | " + " | ".join(cells) + " |")
+    if card.get("strength"):
+        lines += ["", "How strong each side's source is on these prompts (chosen: best of n verified samples; "
+                  "rejected: the policy's own wrong answers):", "",
+                  "| split/mode | prompts | pairs | policy accuracy (pass@1) | best-of-n accuracy |", "|---|---|---|---|---|"]
+        for key, v in card["strength"].items():
+            fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+            lines.append(f"| {key} | {v['prompts']} | {v['kept']} | {fmt(v['policy_accuracy'])} | "
+                         f"{fmt(v['best_of_n_accuracy'])} |")
     lines += ["", "Models: " + ", ".join(f"{k}={v}" for k, v in card["models"].items()),
               "", "Sampling: " + ", ".join(f"{k}={v}" for k, v in card["sampling"].items()), ""]
     return "\n".join(lines)
@@ -422,6 +480,7 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
         "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
                      "num_samples": cfg.num_samples if cfg.method == "graded" else 1, "seed": cfg.seed,
                      "rollout_backend": cfg.rollout_backend, "prompt_mode": cfg.prompt_mode},
+        "strength": strength(counts) if cfg.method == "graded" else {},
         "config": asdict(cfg), "seconds": time.perf_counter() - start,
         "command": "python scripts/generate_preferences.py",
     }

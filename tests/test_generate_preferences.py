@@ -155,6 +155,48 @@ def test_graded_pairs_best_vs_worst_and_all_equal_dropped(tmp_path, tok):
     assert card["sampling"]["num_samples"] == 3 and card["sampling"]["temperature"] == 0.8
 
 
+def test_graded_pairs_in_both_modes_keep_each_rows_mode_budget_and_measure_both_sides(tmp_path, tok):
+    """policy_mode `row`: every prompt is asked in its own mode (the no_think one with the template's empty think
+    block) under that mode's budget, its pair keeps its flag, and the card says how strong each side's source is
+    per mode: the policy's pass@1 against best-of-n."""
+    from data_gen.tasks import prompt_messages
+
+    rows = _rows(8)
+    for i, r in enumerate(rows):
+        r["prompt"] = prompt_messages(r, "think" if i % 2 == 0 else "no_think")
+    gold = {r["prompt"][-1]["content"]: r["answer"] for r in rows}
+    order = list(gold)
+
+    def policy(q, k):  # think prompts: samples 0 and 1 right of 4; no_think prompts 1 and 3: sample 2 right only
+        i = order.index(q)
+        right = k in (0, 1) if i % 2 == 0 else (i in (1, 3) and k == 2)
+        return _boxed(gold[q]) if right else _boxed(int(gold[q]) + 1 + k)
+
+    class Budgeted(ScriptedEngine):
+        def generate(self, prompts, params):
+            self.budgets = getattr(self, "budgets", []) + [params.max_new_tokens] * len(prompts)
+            return super().generate(prompts, params)
+
+    engine = Budgeted(tok, policy)
+    cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=4,
+                               max_new_tokens_by_mode={"think": 40, "no_think": 12},
+                               output_dir=str(tmp_path / "g"), batch_size=8)
+    card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", engine, tok, "row")})
+    by_text = dict(zip(engine.seen, engine.budgets))
+    for text, budget in by_text.items():
+        assert (budget, text.endswith("<think>\n\n</think>\n")) == ((12, True) if "/no_think" in text else (40, False))
+    pairs = [json.loads(x) for x in (tmp_path / "g" / "train.jsonl").read_text().splitlines()]
+    assert sorted(order.index(p["prompt"][-1]["content"]) for p in pairs) == [0, 1, 2, 3, 4, 6]
+    for p in pairs:
+        i = order.index(p["prompt"][-1]["content"])
+        assert p["mode"] == ("think" if i % 2 == 0 else "no_think")
+        assert p["prompt"][0] == {"role": "system", "content": f"/{p['mode']}"}
+    st = card["strength"]
+    assert st["train/think"] == {"prompts": 4, "kept": 4, "policy_accuracy": 0.5, "best_of_n_accuracy": 1.0}
+    assert st["train/no_think"] == {"prompts": 4, "kept": 2, "policy_accuracy": 0.125, "best_of_n_accuracy": 0.5}
+    assert "| train/no_think | 4 | 2 | 0.125 | 0.500 |" in (tmp_path / "g" / "README.md").read_text()
+
+
 def test_resume_after_interruption_duplicates_nothing(tmp_path, tok):
     rows = _rows(20)
     gold = {r["prompt"]: r["answer"] for r in rows}
