@@ -45,7 +45,9 @@ def strip_generation_markers(template: str) -> str:
 
 # SmolLM3's chat format, written for this project: ChatML turns, a system turn carrying the reasoning mode
 # ("/think" unless enable_thinking=False; a /think or /no_think flag in the system text overrides it), an empty
-# <think> block opening every no_think assistant turn, earlier turns' <think> blocks stripped, and
+# <think> block opening every no_think assistant turn, the <think> blocks of assistant turns before the last user
+# turn stripped (those after it, e.g. a tool-calling turn and the answer after the tool's reply, keep them: what
+# the model saw when it wrote the answer), and
 # {% generation %} markers around each assistant content + <|im_end|>. (SmolLM3's released template adds a
 # metadata and tools header to the system turn; clone it byte for byte with chat_template_path:
 # HuggingFaceTB/SmolLM3-3B.)
@@ -59,13 +61,13 @@ SMOLLM3_TEMPLATE = (
     "{%- set ns.system = sys.replace('/no_think', '').replace('/think', '').strip() -%}"
     "{%- set loop_messages = messages[1:] -%}"
     "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for m in loop_messages -%}{%- if m['role'] == 'assistant' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
+    "{%- for m in loop_messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
     "{%- endfor -%}"
     "{{- '<|im_start|>system\\n' + (ns.system + '\\n' if ns.system else '') + ns.mode + '<|im_end|>\\n' -}}"
     "{%- for m in loop_messages -%}"
     "{%- set content = m['content'] if m['content'] is string else '' -%}"
     "{%- if m['role'] == 'assistant' -%}"
-    "{%- if loop.index0 != ns.last and '</think>' in content -%}"
+    "{%- if loop.index0 < ns.last and '</think>' in content -%}"
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
     "{%- if ns.mode == '/no_think' and '<think>' not in content -%}{{- '<think>\\n\\n</think>\\n' -}}{%- endif -%}"

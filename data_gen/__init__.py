@@ -5,3 +5,4 @@ them without importing data_gen: every stage and script that loads data imports 
 """
 
 import data_gen.tasks  # noqa: F401  (registers builtin:tasks)
+import data_gen.tool_tasks  # noqa: F401  (registers builtin:tool_tasks)

@@ -42,6 +42,7 @@ from rewards.registry import (
     score,
 )
 from rewards.repetition import repetition_penalty_reward
+from rewards.tools import environment_reward, tool_call_reward
 from rewards.verifier import RoutedReward, route_accuracy, verifier_reward
 
 REWARDS.update(
@@ -57,6 +58,8 @@ REWARDS.update(
         cosine_length_reward,
         repetition_penalty_reward,
         verifier_reward,
+        tool_call_reward,
+        environment_reward,
     )
 )
 

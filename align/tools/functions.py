@@ -1,0 +1,229 @@
+"""Tools and environments: what a model may call, named in a recipe like a reward.
+
+TRL's conventions (`GRPOTrainer(tools=..., environment_factory=...)`):
+- a tool is a Python function with a type hint on every argument and a docstring with an `Args:` section; its
+  JSON schema (what the model is shown) comes from the signature (`transformers.utils.get_json_schema`). A
+  function without them is refused at start with one line naming the function and what is missing;
+- an environment is a small class: `reset(row)` starts one rollout's state from its dataset row (the prompt, from
+  the same row, holds the task), each public typed and documented method is a tool bound to that rollout's
+  state, and an optional `reward()` scores the rollout at its end (the `environment_reward` reward reads it).
+
+A recipe names tools by registry key (`calculator`, `python`, `search`) or dotted / file path
+(`my_lab.tools:lookup`, `./tools.py:lookup`), environments by path (`my_lab.envs:Inventory`).
+
+    from align.tools import load_tools
+    tools = load_tools(["calculator", "my_lab.tools:lookup"])
+    tools["calculator"].schema   # {"type": "function", "function": {"name": "calculator", ...}}
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import math
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+PYTHON_TOOL = "python"
+JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+              "array": (list, tuple), "object": (dict,), "null": (type(None),)}
+
+
+@dataclass
+class Tool:
+    """One callable tool: its name, the function, its JSON schema and where it came from (its spec)."""
+
+    name: str
+    func: Callable
+    schema: dict
+    spec: str
+
+    @property
+    def parameters(self) -> dict:
+        return self.schema["function"].get("parameters", {})
+
+
+def tool_from_function(func: Callable, spec: str | None = None, name: str | None = None) -> Tool:
+    """A Tool from a typed, documented function; one clear line when it is not one."""
+    from transformers.utils import get_json_schema
+
+    label = spec or getattr(func, "__qualname__", repr(func))
+    if not callable(func):
+        raise ValueError(f"tool {label!r} is not a function; a tool is a typed Python function with a docstring")
+    if not inspect.getdoc(func):
+        raise ValueError(f"tool {label!r} has no docstring: write one line saying what it does, then an Args: "
+                         "section describing each argument (docs/tools.md)")
+    untyped = [p.name for p in inspect.signature(func).parameters.values()
+               if p.name != "self" and p.annotation is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if untyped:
+        raise ValueError(f"tool {label!r}: arguments {untyped} have no type hints; the model is shown a JSON schema "
+                         "built from them (e.g. `def add(a: int, b: int) -> int`)")
+    try:
+        schema = get_json_schema(func)
+    except Exception as e:  # transformers' DocstringParsingException / TypeHintParsingException
+        raise ValueError(f"tool {label!r}: {e} (docs/tools.md shows a tool transformers can describe)") from None
+    if name:
+        schema["function"]["name"] = name
+    return Tool(schema["function"]["name"], func, schema, spec or schema["function"]["name"])
+
+
+def resolve(spec: str, kind: str = "tool") -> Any:
+    """A registry key, `module:attr` or `path/file.py:attr` -> the object."""
+    if kind == "tool" and spec in TOOLS:
+        return TOOLS[spec]
+    if ":" not in spec:
+        known = f" Registered tools: {sorted(TOOLS)}." if kind == "tool" else ""
+        raise ValueError(f"unknown {kind} {spec!r}.{known} Name your own by dotted path ('my_lab.tools:lookup') or "
+                         "file path ('./tools.py:lookup')")
+    module_part, attr = spec.rsplit(":", 1)
+    if module_part.endswith(".py") or "/" in module_part:
+        from rewards.registry import _load_file_module
+
+        module, _ = _load_file_module(module_part)
+    else:
+        try:
+            module = importlib.import_module(module_part)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"{kind} {spec!r}: cannot import {module_part!r} ({e}); put its directory on "
+                             "PYTHONPATH or name the file ('./tools.py:lookup')") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"{kind} {spec!r}: {module_part!r} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def load_tools(specs: Iterable[str | Callable]) -> dict[str, Tool]:
+    """Resolve and check every tool; two tools with one name are refused."""
+    tools: dict[str, Tool] = {}
+    for spec in specs or []:
+        func = spec if callable(spec) else resolve(str(spec))
+        tool = tool_from_function(func, spec=spec if isinstance(spec, str) else None)
+        if tool.name in tools:
+            raise ValueError(f"two tools are named {tool.name!r} ({tools[tool.name].spec}, {tool.spec}); rename one")
+        tools[tool.name] = tool
+    return tools
+
+
+class Environment:
+    """Base class of a tool environment (TRL's `environment_factory` shape). One instance per rollout.
+
+    Subclass it: `reset(row)` sets the rollout's state from its dataset row; public methods with type hints and docstrings are the tools; `reward()` (optional) scores the rollout."""
+
+    def reset(self, row: dict) -> str | None:  # noqa: ARG002 - a subclass reads the row
+        return None
+
+
+ENV_RESERVED = {"reset", "reward"}
+
+
+def environment_tools(env_class: type) -> dict[str, Tool]:
+    """The tools an environment class exposes (its public methods, checked like functions)."""
+    if not (isinstance(env_class, type) and callable(getattr(env_class, "reset", None))):
+        raise ValueError(f"environment {env_class!r} must be a class with a reset(row) method (align.tools.Environment)")
+    tools = {}
+    for name, member in inspect.getmembers(env_class, inspect.isfunction):
+        if name.startswith("_") or name in ENV_RESERVED:
+            continue
+        tools[name] = tool_from_function(member, spec=f"{env_class.__qualname__}.{name}", name=name)
+    if not tools:
+        raise ValueError(f"environment {env_class.__qualname__} has no tools: give it a public typed, documented method")
+    return tools
+
+
+def check_arguments(tool: Tool, arguments: Any) -> str | None:
+    """Why `arguments` do not fit the tool's schema (missing, unknown or wrongly typed), or None."""
+    if not isinstance(arguments, dict):
+        return f"arguments must be a JSON object, got {type(arguments).__name__}"
+    props = tool.parameters.get("properties", {})
+    missing = [k for k in tool.parameters.get("required", []) if k not in arguments]
+    unknown = [k for k in arguments if k not in props]
+    if missing or unknown:
+        return "; ".join(filter(None, [missing and f"missing arguments {missing}",
+                                       unknown and f"unknown arguments {unknown} (it takes {sorted(props)})"]))
+    for key, value in arguments.items():
+        wanted = props[key].get("type")
+        types = wanted if isinstance(wanted, list) else [wanted] if wanted else []
+        ok = not types or any(isinstance(value, JSON_TYPES.get(t, object)) and not (
+            t in ("integer", "number") and isinstance(value, bool)) for t in types)
+        if not ok:
+            return f"argument {key!r} must be {'/'.join(types)}, got {type(value).__name__} {value!r:.40}"
+    return None
+
+
+# ----------------------------------------------------------------------------- builtin tools
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+MAX_DIGITS = 100  # a calculator result or operand beyond this is refused, not computed
+
+
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
+        return _UNOPS[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
+            raise ValueError("exponent too large for the calculator")
+        value = _BINOPS[type(node.op)](left, right)
+        if isinstance(value, int) and abs(value) >= 10**MAX_DIGITS:
+            raise ValueError(f"result has more than {MAX_DIGITS} digits")
+        return value
+    raise ValueError(f"not arithmetic: {ast.unparse(node)!r:.40} (numbers, + - * / // % ** and parentheses)")
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly.
+
+    Args:
+        expression: Numbers with + - * / // % ** and parentheses, e.g. "48213 * 907 + 15".
+    """
+    if len(expression) > 500:
+        raise ValueError("expression longer than 500 characters")
+    value = _evaluate(ast.parse(expression.replace("^", "**").replace("×", "*").replace(",", ""), mode="eval"))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("result is not a finite number")
+        value = int(value) if value.is_integer() else round(value, 10)
+    return str(value)
+
+
+def python(code: str) -> str:
+    """Run a Python program and return what it printed.
+
+    Args:
+        code: A complete Python program; print the values you need. Standard library only, no files or network.
+    """
+    from rewards.limits import SandboxLimits
+    from rewards.sandbox import run_program
+
+    result = run_program(code, limits=SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=256, output_bytes=1 << 16))
+    out = result.stdout[-2000:]
+    if result.timed_out:
+        return out + "\nError: the program timed out"
+    if not result.passed:
+        err = result.stderr.strip().splitlines()
+        return out + "\nError: " + (err[-1] if err else f"exit status {result.returncode}")
+    return out if out.strip() else "(the program printed nothing)"
+
+
+def search(query: str) -> str:
+    """Look a name up in the offline reference table and return the matching entries.
+
+    Args:
+        query: Words to look for, e.g. the name of a place or item.
+    """
+    from data_gen.tool_tasks import search_documents
+
+    hits = search_documents(query, k=3)
+    return "\n".join(hits) if hits else "no entry matches"
+
+
+TOOLS: dict[str, Callable] = {"calculator": calculator, PYTHON_TOOL: python, "search": search}

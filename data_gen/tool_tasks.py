@@ -1,0 +1,155 @@
+"""Task families where a tool is the way to the answer, and tool-use SFT traces (`builtin:tool_tasks`).
+
+A 135M model cannot do these in its head; with the right call they are one step:
+- `tool_arithmetic`: a product or sum of 4-6 digit numbers -> `calculator`;
+- `tool_count`: how many times a letter occurs in a 60-120 character string -> `python` (`print(s.count("a"))`);
+- `tool_lookup`: a number from an offline table of made-up places (no model has seen them) -> `search`.
+Rows have the `builtin:tasks` shape (prompt, answer, family, reward, think) plus `tools` (the tool names offered:
+all three, so picking the right one is part of the task), `tool` and `call` (the right tool and its call, JSON),
+`prompt_messages` (system turn with the tools described, the mode flag, the question) and `messages`
+(an SFT trace: the assistant's call, the tool's reply as a `tool` turn, the answer; the assistant-only loss mask
+trains the calls and the answer, never the tool's reply).
+
+    align.data.load_source("builtin:tool_tasks", split="train", num=400, mode="mixed")
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+
+from data_gen.tasks import MODES, _mode_of, prompt_id
+
+FAMILIES = {"tool_arithmetic": "calculator", "tool_count": "python", "tool_lookup": "search"}
+_SYLLABLES = ["var", "nol", "kes", "tri", "bam", "dor", "quen", "lis", "mar", "zet", "hul", "pry", "sov", "ganth",
+              "wel", "obr", "tesk", "fim", "rau", "dil"]
+_FIELDS = ["population", "height in metres", "founding year", "number of bridges"]
+
+
+def _table(seed: int = 1234, size: int = 240) -> list[dict]:
+    """The offline reference table: made-up places with four numbers each (fixed by the seed)."""
+    rng = random.Random(seed)
+    names, rows = set(), []
+    while len(rows) < size:
+        name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.choice((2, 3)))).capitalize()
+        if name in names:
+            continue
+        names.add(name)
+        rows.append({"name": name, "population": rng.randint(1_000, 900_000), "height in metres": rng.randint(2, 2_900),
+                     "founding year": rng.randint(1100, 1990), "number of bridges": rng.randint(0, 90)})
+    return rows
+
+
+TABLE = _table()
+
+
+def _document(row: dict) -> str:
+    return f"{row['name']}: " + "; ".join(f"{f} {row[f]}" for f in _FIELDS)
+
+
+def search_documents(query: str, k: int = 3) -> list[str]:
+    """The `search` tool's index: the table's entries ranked by words shared with the query (names first)."""
+    words = {w for w in re.findall(r"[a-z]+", query.lower()) if len(w) > 2}
+    scored = []
+    for row in TABLE:
+        name_hit = row["name"].lower() in words
+        overlap = len(words & set(re.findall(r"[a-z]+", _document(row).lower())))
+        if name_hit or overlap:
+            scored.append((not name_hit, -overlap, row["name"], _document(row)))
+    return [doc for *_, doc in sorted(scored)[:k]] if any(not s[0] for s in scored) else []
+
+
+def _arithmetic(rng: random.Random) -> tuple[str, str, str, dict]:
+    a, b = rng.randint(1_000, 999_999), rng.randint(100, 99_999)
+    op = rng.choice(["*", "+"])
+    expr = f"{a} {op} {b}"
+    q = f"What is {a} {'times' if op == '*' else 'plus'} {b}?"
+    return q, str(a * b if op == "*" else a + b), "calculator", {"expression": expr}
+
+
+def _count(rng: random.Random) -> tuple[str, str, str, dict]:
+    letter = rng.choice("abcdeilnorst")
+    s = "".join(rng.choice(string.ascii_lowercase[:12]) for _ in range(rng.randint(60, 120)))
+    q = f'How many times does the letter "{letter}" appear in "{s}"?'
+    return q, str(s.count(letter)), "python", {"code": f'print("{s}".count("{letter}"))'}
+
+
+def _lookup(rng: random.Random) -> tuple[str, str, str, dict]:
+    row, f = rng.choice(TABLE), rng.choice(_FIELDS)
+    return f"What is the {f} of {row['name']}?", str(row[f]), "search", {"query": row["name"]}
+
+
+MAKERS = {"tool_arithmetic": _arithmetic, "tool_count": _count, "tool_lookup": _lookup}
+
+
+def tool_reply(name: str, arguments: dict) -> str:
+    """What the builtin tool answers (the SFT trace shows the real reply)."""
+    from align.tools.functions import TOOLS
+
+    return str(TOOLS[name](**arguments))
+
+
+def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: int = 0) -> list[dict]:
+    """`num` rows cycling over the families; train and test draw disjoint prompts (by hash) for one seed."""
+    families = list(families or FAMILIES)
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown tool families {unknown}; choose from {sorted(FAMILIES)}")
+    rng = random.Random(f"{seed}:{split}")
+    rows, seen = [], set()
+    while len(rows) < num:
+        fam = families[len(rows) % len(families)]
+        q, answer, tool, args = MAKERS[fam](rng)
+        pid = prompt_id(q)
+        if pid in seen or (int(pid, 16) % 5 == 0) != (split == "test"):  # a fifth of all prompts are test prompts
+            continue
+        seen.add(pid)
+        rows.append({"prompt": q, "answer": answer, "family": fam, "reward": "math_reward",
+                     "tools": sorted(FAMILIES.values()), "tool": tool, "call": json.dumps({"name": tool, "arguments": args}),
+                     "think": f"I cannot do this reliably in my head; the {tool} tool can."})
+    return rows
+
+
+def trace_messages(row: dict, mode: str, schemas: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(prompt messages, SFT trace) for a row in `mode`."""
+    from align.tools.loop import with_tools
+    from align.tools.parse import call_text
+
+    prompt = with_tools([{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": row["prompt"]}],
+                        schemas)
+    spec = json.loads(row["call"])
+    call = call_text(spec["name"], spec["arguments"])
+    reply = tool_reply(spec["name"], spec["arguments"])
+    think = f"<think>\n{row['think']}\n</think>\n" if mode == "think" else ""
+    answer = (f"<think>\nThe tool says {reply.strip()}.\n</think>\n" if mode == "think" else "") + \
+        f"The answer is \\boxed{{{row['answer']}}}."
+    return prompt, prompt + [{"role": "assistant", "content": think + call},
+                             {"role": "tool", "name": spec["name"], "content": reply},
+                             {"role": "assistant", "content": answer}]
+
+
+def tool_tasks_dataset(split: str | None = "train", families=None, num: int = 300, seed: int = 0,
+                       mode: str = "mixed"):
+    """`builtin:tool_tasks`: rows + `prompt_messages` (tools in the system turn) + `messages` (SFT traces)."""
+    import datasets
+
+    from align.tools.functions import load_tools
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if isinstance(families, str):
+        families = [f.strip() for f in families.split(",") if f.strip()]
+    rows = make_tool_tasks(families, num=num, split=split or "train", seed=seed)
+    schemas = {name: t.schema for name, t in load_tools(sorted(set(FAMILIES.values()))).items()}
+    for row in rows:
+        m = _mode_of(row, mode, seed)
+        row["prompt_messages"], row["messages"] = trace_messages(row, m, [schemas[t] for t in row["tools"]])
+        row["mode"] = m
+    return datasets.Dataset.from_list(rows)
+
+
+from align.sources import register_builtin  # noqa: E402
+
+register_builtin("tool_tasks", tool_tasks_dataset)

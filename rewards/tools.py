@@ -1,0 +1,32 @@
+"""Per-call reward terms for tool-use rollouts (align.tools): they read the columns the tool loop adds to each
+completion's row, so the accuracy verifier stays on the final answer and these stay optional.
+
+- ``tool_call_reward``: the mean over a rollout's calls of +1 for a call that ran (status ok) and -1 for a wasted
+  one (malformed, unknown tool, wrong arguments, raised, timed out, out of memory, or made in the last allowed turn
+  where its answer is never read); 0 for a rollout without calls, None for a row without a tool loop (abstain).
+- ``environment_reward``: the environment's own ``reward()`` at the end of the rollout (None without one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def tool_call_reward(completions: list, tool_calls: list | None = None, **kwargs: Any) -> list[float | None]:
+    if tool_calls is None:
+        return [None] * len(completions)
+    out: list[float | None] = []
+    for calls in tool_calls:
+        if calls is None:
+            out.append(None)
+        elif not calls:
+            out.append(0.0)
+        else:
+            out.append(sum(1.0 if c.get("status") == "ok" else -1.0 for c in calls) / len(calls))
+    return out
+
+
+def environment_reward(completions: list, env_reward: list | None = None, **kwargs: Any) -> list[float | None]:
+    if env_reward is None:
+        return [None] * len(completions)
+    return [None if r is None else float(r) for r in env_reward]
