@@ -53,6 +53,7 @@ from align.models import resolve_model_path
 from align.rollout import SamplingParams, choose_backend, get_engine
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
 from align.scoring import paired_change
+from align.tools.grpo import ToolUse, add_tools_to_prompts, build_tool_loop
 from rewards.verifier import ACCURACY_VERIFIERS
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,19 @@ class GRPOConfig(StageArgs, trl.GRPOConfig):
                   "capped at vllm_importance_sampling_clip_max, as verl's TIS; our default), sequence_truncate, "
                   "token_mask, sequence_mask (TRL's default)."},
     )
+    tools: list[str] | None = field(
+        default=None,
+        metadata={"help": "Tools the policy may call across turns (align/tools): registry keys (calculator, python, "
+                  "search), dotted or file paths of typed, documented functions ('my_lab.tools:lookup')."},
+    )
+    environment: str | None = field(
+        default=None,
+        metadata={"help": "An environment class by path ('my_lab.envs:Inventory'): one instance per rollout, reset "
+                  "from its row; its public typed methods are tools; its reward() is environment_reward."},
+    )
+    max_turns: int = field(default=4, metadata={"help": "Policy turns per tool-use rollout at most."})
+    tool_timeout_s: float = field(default=10.0, metadata={"help": "Seconds a user tool call may take."})
+    tool_memory_mb: int = field(default=512, metadata={"help": "Memory a user tool may add, in MB."})
     max_completion_length: int | None = field(
         default=256,
         metadata={"help": "Most tokens a completion may have. Must fit the answers: main() refuses a budget below the "
@@ -153,13 +167,22 @@ class GRPOConfig(StageArgs, trl.GRPOConfig):
             raise ValueError(f"reward_kwargs must be a mapping {{reward name: {{arg: value}}}}, got {self.reward_kwargs!r}")
         if self.prompt_mode is not None and self.chat_template_kwargs is None:
             self.chat_template_kwargs = {"enable_thinking": self.prompt_mode == "think"}
+        if isinstance(self.tools, str):
+            self.tools = [self.tools]
+        if (self.tools or self.environment) and self.rollout_backend == "trl":
+            raise ValueError("tools run in the shared rollout engine's turn loop: set rollout_backend auto, hf, vllm "
+                             "or vllm-server (not trl)")
+        if (self.tools or self.environment) and self.dynamic_sampling:
+            raise ValueError("dynamic_sampling with tools is not supported yet: set dynamic_sampling: false")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         super().__post_init__()
 
 
 # ----------------------------------------------------------------------------------------------- the trainer
 
 
-class GRPOTrainer(LossPassImportanceSampling, trl.GRPOTrainer):
+class GRPOTrainer(ToolUse, LossPassImportanceSampling, trl.GRPOTrainer):
     """TRL's GRPOTrainer with generation by a shared rollout engine and DAPO dynamic sampling.
 
     `engine=None` keeps TRL's own generation. The engine receives token ids (TRL renders the chat template) and
@@ -394,6 +417,10 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     data = stage.load_data(script_args)
     train = prepare_prompts(data["train"], training_args.prompt_mode, training_args.system_prompt)
     test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
+    tool_loop = build_tool_loop(training_args, tokenizer)  # a tool without hints or docstring fails here
+    if tool_loop is not None:
+        train = add_tools_to_prompts(train, tool_loop)
+        test = add_tools_to_prompts(test, tool_loop) if test is not None else None
     needed = sorted({c for f in reward_funcs for c in required_reward_columns(f)})
     require_columns(train, ["prompt", *needed], "grpo")
     budget = check_completion_budget(train, tokenizer, training_args.max_completion_length)
@@ -411,6 +438,8 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
         logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw")
     stage.prepare(trainer, script_args, "grpo", raw_train=train, reward_funcs=reward_funcs, chat_template=chat_template)
+    if tool_loop is not None:
+        trainer.use_tools(tool_loop)
 
     report: dict = {"rewards": trainer.reward_func_names, "completion_budget": budget,
                     "world_size": trainer.accelerator.num_processes}
@@ -423,7 +452,10 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
 
         def evaluate() -> dict:  # every rank: its share of the rows, then everyone's results
             sampler.sync(trainer.model_wrapped, trainer.state.global_step)
-            return heldout_accuracy(lambda ids, p: sampler.generate(trainer.model_wrapped, ids, p), tokenizer,
+            generate = lambda ids, p: sampler.generate(trainer.model_wrapped, ids, p)  # noqa: E731
+            if tool_loop is not None:  # accuracy with the tools, through the same turn loop as training
+                generate = tool_loop.as_generate(generate)
+            return heldout_accuracy(generate, tokenizer,
                                     eval_rows, params, accuracy_verifier(training_args.reward_funcs),
                                     training_args.chat_template_kwargs, chat_template)
 

@@ -123,7 +123,7 @@ def trace_messages(row: dict, mode: str, schemas: list[dict]) -> tuple[list[dict
     call = call_text(spec["name"], spec["arguments"])
     reply = tool_reply(spec["name"], spec["arguments"])
     think = f"<think>\n{row['think']}\n</think>\n" if mode == "think" else ""
-    answer = (f"<think>\nThe tool says {reply.strip()}.\n</think>\n" if mode == "think" else "") + \
+    answer = (f"<think>\nFrom the tool's reply, the answer is {row['answer']}.\n</think>\n" if mode == "think" else "") + \
         f"The answer is \\boxed{{{row['answer']}}}."
     return prompt, prompt + [{"role": "assistant", "content": think + call},
                              {"role": "tool", "name": spec["name"], "content": reply},

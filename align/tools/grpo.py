@@ -88,3 +88,26 @@ def policy_completions(completions: list, policy_text: list[str]) -> list:
     if completions and isinstance(completions[0], list):
         return [[{"role": "assistant", "content": text}] for text in policy_text]
     return list(policy_text)
+
+
+class ToolUse:
+    """GRPOTrainer mixin: with a tool loop, TRL's `rollout_func` runs it and rewards read the policy's text."""
+
+    tool_loop: ToolLoop | None = None
+
+    def use_tools(self, loop: ToolLoop) -> None:
+        if self.sampler is None:
+            raise ValueError("tools need the shared rollout engine (rollout_backend auto/hf/vllm/vllm-server)")
+        self.tool_loop, self.rollout_func = loop, tool_rollout
+
+    def _score(self, batch):
+        self._tool_rows = batch  # the environment of each rollout resets from its row
+        return super()._score(batch)
+
+    def _generate(self, prompts):
+        out = super()._generate(prompts)
+        if self.tool_loop is None:
+            return out
+        prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images = out
+        completions = policy_completions(completions, extra.pop("policy_text"))
+        return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images

@@ -167,6 +167,27 @@ class ToolLoop:
                 t.env_reward = self.runner.finish(keys[id(t)])
         return groups
 
+    def as_generate(self, generate):
+        """An engine-shaped `generate(prompt_ids, params)` whose rollouts run the tool loop and hold only what the
+        policy wrote (its turns' ids), for callers that score text: held-out accuracy, evaluation."""
+        from align.rollout.base import Rollout
+
+        def run(prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
+            systems = [self._system_of(ids) for ids in prompt_ids]
+            groups = self.rollout(generate, prompt_ids, params, systems=systems)
+            return [[Rollout(t.prompt_ids, [i for i, m in zip(t.completion_ids, t.mask) if m], None,
+                             "length" if t.finish_reason == "length" else "stop") for t in group] for group in groups]
+
+        return run
+
+    def _system_of(self, prompt_ids: list[int]) -> str | None:
+        """The system text of a ChatML-style prompt (it decides the template's next assistant header)."""
+        text = self.tok.decode(prompt_ids, skip_special_tokens=False)
+        head = "<|im_start|>system\n"
+        if head not in text:
+            return None
+        return text.split(head, 1)[1].split(self.end_text, 1)[0]
+
     @staticmethod
     def summary(trajectories: list[Trajectory]) -> dict[str, float]:
         """Per-batch tool metrics: calls per rollout, share of rollouts that called, statuses, turns, per tool."""

@@ -150,6 +150,8 @@ class ToolRunner:
                 return "timeout", f"the tool did not answer within {self.timeout_s:g} s and was stopped"
             return self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            if self._proc is not None:
+                self._proc.join(2)
             code = self._proc.exitcode if self._proc is not None else None
             self._restart()
             return "crashed", f"the tool's process died (exit code {code})"

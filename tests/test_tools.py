@@ -1,0 +1,342 @@
+"""align/tools: typed tools, call parsing, contained execution and the multi-turn loop's exact trajectories.
+
+The loop runs against scripted engines (token ids in, token ids out: each turn's text decided from the context, so
+calls, answers and their ids are known) and, for the cross-engine check, a tiny real model on the hf and vllm
+engines behind the same scripted first turn."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from align.rollout.base import SamplingParams
+from align.tools import (
+    ToolCall,
+    ToolLoop,
+    ToolRunner,
+    call_text,
+    check_arguments,
+    load_tools,
+    parse_tool_calls,
+    with_tools,
+)
+from rewards.tools import environment_reward, tool_call_reward
+
+FIX = Path(__file__).parent / "fixtures" / "tool_fixtures.py"
+
+
+def spec(name: str) -> str:
+    return f"{FIX}:{name}"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from data_gen.tool_tasks import make_tool_tasks, trace_messages
+    from pretrain.tokenizer import train_tokenizer
+
+    schemas = [t.schema for t in load_tools(["calculator", "python", "search"]).values()]
+    texts = [m["content"] for r in make_tool_tasks(num=60) for m in trace_messages(r, "think", schemas)[1]]
+    return train_tokenizer(texts, vocab_size=500)
+
+
+# ----------------------------------------------------------------------------------------------- tools and schemas
+
+
+def test_a_tool_is_a_typed_documented_function_and_the_others_are_refused_in_one_line():
+    tools = load_tools(["calculator", spec("add")])
+    assert tools["add"].schema["function"]["parameters"]["properties"] == {
+        "a": {"type": "integer", "description": "The first number."},
+        "b": {"type": "integer", "description": "The second number."}}
+    for bad, why in ((spec("undocumented"), "no docstring"), (spec("untyped"), "no type hints"),
+                     ("calculater", "unknown tool"), (spec("nothing"), "has no attribute")):
+        with pytest.raises(ValueError, match=why) as e:
+            load_tools([bad])
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("args, problem", [
+    ({"a": 1, "b": 2}, None),
+    ({"a": 1}, "missing arguments ['b']"),
+    ({"a": 1, "b": 2, "c": 3}, "unknown arguments ['c']"),
+    ({"a": "1", "b": 2}, "argument 'a' must be integer"),
+    ({"a": True, "b": 2}, "argument 'a' must be integer"),
+    ([1, 2], "must be a JSON object"),
+])
+def test_arguments_are_checked_against_the_schema(args, problem):
+    tool = load_tools([spec("add")])["add"]
+    got = check_arguments(tool, args)
+    assert (got is None) if problem is None else (problem in got)
+
+
+@pytest.mark.parametrize("expression, value", [("48213 * 907 + 15", "43729206"), ("7 / 2", "3.5"), ("2^10", "1024"),
+                                               ("(3 + 4) * -2", "-14"), ("1,000 + 1", "1001")])
+def test_calculator_is_exact(expression, value):
+    from align.tools.functions import calculator
+
+    assert calculator(expression) == value
+
+
+@pytest.mark.parametrize("expression", ["__import__('os')", "9 ** 9 ** 9", "open('x')", "1e308 * 10"])
+def test_calculator_refuses_what_is_not_bounded_arithmetic(expression):
+    from align.tools.functions import calculator
+
+    with pytest.raises(ValueError):
+        calculator(expression)
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+
+
+def test_calls_are_parsed_in_both_formats_and_malformed_ones_are_named():
+    text = ('<think>maybe <tool_call>{"name": "nope", "arguments": {}}</tool_call></think>\n'
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
+            '<code>print(1)</code><tool_call>{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}</tool_call>'
+            '<tool_call>{name: calculator}</tool_call><tool_call>["a"]</tool_call><tool_call>{"name": "x"')
+    calls = parse_tool_calls(text, python_tool=True)
+    assert [(c.name, c.arguments, c.error is None) for c in calls[:4]] == [
+        ("calculator", {"expression": "2+2"}, True), ("python", {"code": "print(1)"}, True),
+        ("search", {"query": "x"}, True), ("", {}, False)]
+    assert "not valid JSON" in calls[3].error and '{"name"' in calls[4].error and "not closed" in calls[5].error
+    assert [c.name for c in parse_tool_calls(text)] == ["calculator", "search", "", "", ""]  # no python tool offered
+    assert parse_tool_calls("<think>only thinking <tool_call>") == []
+    assert parse_tool_calls(call_text("add", {"a": 1, "b": 2}))[0] == ToolCall("add", {"a": 1, "b": 2})
+
+
+# ----------------------------------------------------------------------------------------------- containment
+
+
+def test_a_raising_hanging_memory_hungry_or_dying_tool_becomes_a_message_and_the_runner_goes_on():
+    runner = ToolRunner([spec("add"), spec("boom"), spec("hang"), spec("hog"), spec("die"), "calculator"],
+                        timeout_s=3, memory_mb=64)
+    try:
+        cases = [("add", {"a": 2, "b": 3}, "ok", "5"), ("boom", {"x": "q"}, "raised", "RuntimeError: tool failed on q"),
+                 ("hang", {"seconds": 60}, "timeout", "did not answer within 3 s"),
+                 ("add", {"a": 1, "b": 1}, "ok", "2"),
+                 ("hog", {"mb": 1024}, "memory", "ran out of memory (limit 64 MB)"),
+                 ("hog", {"mb": 8}, "ok", "held 8388608"),
+                 ("die", {"code": 3}, "crashed", "exit code 3"),
+                 ("add", {"a": 4, "b": 4}, "ok", "8"),
+                 ("nope", {}, "unknown_tool", "unknown tool 'nope'"),
+                 ("add", {"a": "x", "b": 1}, "bad_arguments", "must be integer"),
+                 ("calculator", {"expression": "2**3"}, "ok", "8")]
+        for name, args, status, text in cases:
+            got = runner.call("r0", ToolCall(name, args))
+            assert (got.status, text in got.text) == (status, True), (name, got)
+        assert runner.call("r0", ToolCall("", error="bad json")).status == "malformed"
+    finally:
+        runner.close()
+
+
+def test_the_python_tool_runs_model_code_in_the_sandbox():
+    runner = ToolRunner(["python"])
+    ok = runner.call("r", ToolCall("python", {"code": 'print("abcab".count("a"))'}))
+    escape = runner.call("r", ToolCall("python", {"code": "import os; print(open('/etc/hostname').read()); "
+                                                  "print(os.environ.get('HOME'))"}))
+    loop = runner.call("r", ToolCall("python", {"code": "while True: pass"}))
+    assert (ok.status, ok.text.strip()) == ("ok", "2")
+    assert "None" in escape.text or "Error" in escape.text  # no host environment inside
+    assert "timed out" in loop.text or "Error" in loop.text
+
+
+def test_an_environment_keeps_state_per_rollout_and_is_remade_after_a_crash():
+    runner = ToolRunner([spec("die")], environment=spec("Counter"), timeout_s=5)
+    try:
+        runner.start("a", {"start": 0, "target": 3})
+        runner.start("b", {"start": 10, "target": 11})
+        assert runner.call("a", ToolCall("increment", {"by": 2})).text == "2"
+        assert runner.call("b", ToolCall("increment", {"by": 1})).text == "11"
+        assert runner.call("a", ToolCall("increment", {"by": 1})).text == "3"
+        assert runner.finish("a") == 1.0
+        crash = runner.call("b", ToolCall("die", {"code": 1}))
+        assert crash.status == "crashed" and "state was reset" in crash.text
+        assert runner.call("b", ToolCall("increment", {"by": 1})).text == "11"  # remade from its row: 10 + 1
+        assert runner.finish("b") == 1.0
+    finally:
+        runner.close()
+
+
+# ----------------------------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class _Rollout:
+    prompt_ids: list
+    completion_ids: list
+    logprobs: list
+    finish_reason: str
+
+
+class TurnEngine:
+    """Answers each context with `policy(context_text, turn_index)`, tokenized one character per token where it can
+    (not how the tokenizer would: re-tokenizing the decoded text gives other ids), then <|im_end|>."""
+
+    def __init__(self, tok, policy):
+        self.tok, self.policy = tok, policy
+        self.end = tok.convert_tokens_to_ids("<|im_end|>")
+        self.contexts: list[list[int]] = []
+        self.emitted: list[list[int]] = []
+
+    def encode(self, text):
+        ids = []
+        for ch in text:
+            ids += self.tok(ch, add_special_tokens=False)["input_ids"]
+        return ids
+
+    def generate(self, prompts, params):
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p)
+            group = []
+            for k in range(params.n):
+                ids = self.encode(self.policy(text, k))[: params.max_new_tokens]
+                stop = len(ids) < params.max_new_tokens
+                ids = ids + [self.end] if stop else ids
+                self.contexts.append(list(p))
+                self.emitted.append(ids)
+                group.append(_Rollout(list(p), ids, [-0.01 * (i + 1) for i in range(len(ids))],
+                                      "stop" if stop else "length"))
+            out.append(group)
+        return out
+
+
+def _prompt(tok, question, schemas):
+    msgs = with_tools([{"role": "system", "content": "/no_think"}, {"role": "user", "content": question}], schemas)
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"], msgs[0]["content"]
+
+
+def calc_policy(text, k):
+    """Sample 0 calls the calculator and then answers with its result; sample 1 answers at once (wrongly)."""
+    if "<|im_start|>tool" in text:
+        result = text.rsplit("<|im_start|>tool\n", 1)[1].split("<|im_end|>")[0]
+        return f"The answer is \\boxed{{{result}}}."
+    return call_text("calculator", {"expression": "123 * 45"}) if k == 0 else "The answer is \\boxed{5}."
+
+
+def test_trajectories_keep_the_sampled_ids_exactly_and_mask_the_tool_tokens(tok):
+    runner = ToolRunner(["calculator"])
+    loop = ToolLoop(tok, runner, max_turns=3)
+    ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
+    engine = TurnEngine(tok, calc_policy)
+    (called, direct), = loop.rollout(engine.generate, [ids], SamplingParams(n=2, max_new_tokens=200, seed=0),
+                                     systems=[system])
+    assert (called.turns, direct.turns, called.finish_reason, direct.finish_reason) == (2, 1, "stop", "stop")
+    assert called.calls == [{"turn": 1, "name": "calculator", "status": "ok"}] and direct.calls == []
+    # the policy's ids are exactly what the engine emitted, turn after turn; the rest is the inserted tool turn
+    turn1, turn2 = engine.emitted[0], engine.emitted[2]
+    policy = [i for i, m in zip(called.completion_ids, called.mask) if m]
+    assert policy == turn1 + turn2 and called.completion_ids[: len(turn1)] == turn1
+    assert tok(tok.decode(turn1), add_special_tokens=False)["input_ids"] != turn1  # re-tokenizing would differ
+    inserted = called.completion_ids[len(turn1): len(called.completion_ids) - len(turn2)]
+    assert set(called.mask[len(turn1): len(turn1) + len(inserted)]) == {0}
+    # the tool turn and the next assistant header as the template writes them (no_think: an empty think block)
+    assert tok.decode(inserted) == "\n<|im_start|>tool\n5535<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n"
+    # turn 2 was generated from exactly prompt + turn 1 + tool tokens; engine log-probs kept, nan where inserted
+    assert engine.contexts[2] == ids + turn1 + inserted
+    assert called.logprobs[: len(turn1)] == [-0.01 * (i + 1) for i in range(len(turn1))]
+    assert all(math.isnan(x) for x in called.logprobs[len(turn1): len(turn1) + len(inserted)])
+    assert "\\boxed{5535}" in called.policy_text and "5535<" not in called.policy_text.replace("{5535}", "")
+    assert ToolLoop.summary([called, direct])["tools/calls_per_rollout"] == 0.5
+
+
+def test_the_loop_stops_at_max_turns_and_the_token_budget_and_counts_wasted_calls(tok):
+    def looping(text, k):
+        return call_text("calculator", {"expression": "1+1"}) if k == 0 else '<tool_call>{"name": "calc'
+
+    loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=2)
+    ids, system = _prompt(tok, "Loop forever", loop.schemas)
+    (t, open_call), = loop.rollout(TurnEngine(tok, looping).generate, [ids],
+                                   SamplingParams(n=2, max_new_tokens=400), systems=[system])
+    assert (t.turns, t.finish_reason) == (2, "max_turns")
+    assert [c["status"] for c in t.calls] == ["ok", "unanswered"]
+    assert open_call.calls[0]["status"] == "malformed" and open_call.turns == 2  # told it was malformed, went on
+    short = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=5, max_tokens=70)
+    (b,), = short.rollout(TurnEngine(tok, looping).generate, [ids], SamplingParams(n=1, max_new_tokens=400),
+                          systems=[system])
+    assert b.finish_reason in ("budget", "length") and len(b.completion_ids) <= 70
+    assert tool_call_reward([None, None], tool_calls=[t.calls, []]) == [0.0, 0.0]
+    assert tool_call_reward([None], tool_calls=[open_call.calls])[0] < 0
+
+
+def test_an_environment_rollout_resets_from_its_row_and_pays_its_reward(tok):
+    def counting(text, k):
+        n = text.count("<|im_start|>tool")
+        return call_text("increment", {"by": 1}) if n < 2 else "done"
+
+    loop = ToolLoop(tok, ToolRunner([], environment=spec("Counter")), max_turns=4)
+    try:
+        ids, system = _prompt(tok, "Count to the target", loop.schemas)
+        groups = loop.rollout(TurnEngine(tok, counting).generate, [ids, ids], SamplingParams(n=1, max_new_tokens=300),
+                              rows=[{"start": 0, "target": 2}, {"start": 5, "target": 2}], systems=[system] * 2)
+        assert [g[0].env_reward for g in groups] == [1.0, 0.0]
+        assert environment_reward([0, 0], env_reward=[g[0].env_reward for g in groups]) == [1.0, 0.0]
+    finally:
+        loop.runner.close()
+
+
+def test_tool_replies_render_through_the_chat_template_for_each_mode(tok):
+    from align.chat import CHATML_TEMPLATE, SMOLLM3_TEMPLATE
+    from align.tools.runner import ToolResult
+
+    loop = ToolLoop(tok, ToolRunner(["calculator"]))
+    reply = [ToolResult("calculator", "4", "ok")]
+    rendered = {}
+    old = tok.chat_template
+    try:
+        for name, template, system in (("chatml", CHATML_TEMPLATE, "/no_think"), ("think", SMOLLM3_TEMPLATE, "/think"),
+                                       ("no_think", SMOLLM3_TEMPLATE, "/no_think")):
+            tok.chat_template = template
+            rendered[name] = tok.decode(loop.suffix_ids(reply, system))
+    finally:
+        tok.chat_template = old
+    assert rendered["chatml"] == rendered["think"] == "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
+    assert rendered["no_think"] == rendered["think"] + "<think>\n\n</think>\n"
+
+
+def test_sft_traces_train_the_calls_and_answers_not_the_tool_replies(tok):
+    from align.chat import SMOLLM3_TEMPLATE, assistant_masks
+    from data_gen.tool_tasks import make_tool_tasks, trace_messages
+
+    schemas = [t.schema for t in load_tools(["calculator", "python", "search"]).values()]
+    row = make_tool_tasks(["tool_lookup"], num=1)[0]
+    _, messages = trace_messages(row, "think", schemas)
+    for template in (None, SMOLLM3_TEMPLATE):
+        out = assistant_masks(tok, messages, chat_template=template)
+        trained = tok.decode([i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m])
+        assert call_text("search", json.loads(row["call"])["arguments"]) in trained
+        assert "\\boxed{" + row["answer"] + "}" in trained
+        assert messages[3]["content"] not in trained  # the tool's reply
+        assert "I cannot do this reliably" in trained  # the calling turn keeps its think block (after the last user)
+
+
+# ----------------------------------------------------------------------------------------------- real engines
+
+
+@pytest.mark.vllm
+def test_hf_and_vllm_trajectories_agree_greedily_across_turns(tmp_path, tok, tiny_model, vllm_engine):
+    """A scripted first turn calls the calculator; every later turn is the real tiny model's greedy continuation
+    of prompt + call + tool tokens: both engines give the same ids, turn after turn."""
+    from align.rollout import get_engine
+
+    model = tiny_model(tmp_path / "m", tok, seed=3, max_position_embeddings=512)
+    loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3)
+    ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
+    call = TurnEngine(tok, lambda t, k: call_text("calculator", {"expression": "123 * 45"}))
+
+    def scripted_first(engine):
+        def generate(prompts, params):
+            return call.generate(prompts, params) if prompts[0] == ids else engine.generate(prompts, params)
+        return generate
+
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40)
+    out = {}
+    for name, engine in (("hf", get_engine(model, backend="hf", tokenizer=tok)), ("vllm", vllm_engine(model))):
+        (t,), = loop.rollout(scripted_first(engine), [ids], params, systems=[system])
+        out[name] = t
+    assert out["hf"].turns == out["vllm"].turns == 2
+    assert out["hf"].completion_ids == out["vllm"].completion_ids and out["hf"].mask == out["vllm"].mask
+    assert sum(out["hf"].mask) > len(call.emitted[0])  # the model's own second turn is in it
