@@ -100,6 +100,15 @@ class ToolUse:
             raise ValueError("tools need the shared rollout engine (rollout_backend auto/hf/vllm/vllm-server)")
         self.tool_loop, self.rollout_func = loop, tool_rollout
 
+    @property
+    def _last_loaded_step(self):
+        """TRL syncs its own vLLM before a rollout_func when the step moved; ours syncs in tool_rollout."""
+        return self.state.global_step
+
+    @_last_loaded_step.setter
+    def _last_loaded_step(self, value):
+        pass
+
     def _score(self, batch):
         self._tool_rows = batch  # the environment of each rollout resets from its row
         return super()._score(batch)

@@ -1,0 +1,124 @@
+"""Tool-use GRPO (align/tools/grpo.py): rollouts through the turn loop, rewards on what the policy wrote, the loss and
+importance ratios on policy tokens only, tool metrics logged. A scripted engine decides each turn (half the samples
+call the calculator and answer with its result, half answer at once and wrongly), so rewards are known."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+import torch
+
+from align.grpo import GRPOConfig, GRPOTrainer, prepare_prompts
+from align.rollout.base import Rollout
+from align.tools import call_text
+from align.tools.grpo import add_tools_to_prompts, build_tool_loop
+from data_gen.tool_tasks import make_tool_tasks
+from rewards import math_reward, tool_call_reward
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, tiny_model):
+    from pretrain.tokenizer import train_tokenizer
+
+    torch.set_num_threads(2)
+    rows = make_tool_tasks(["tool_arithmetic"], num=40, seed=0)
+    texts = [r["prompt"] + " " + call_text("calculator", {"expression": "1 * 2"}) + " \\boxed{" + r["answer"] + "}"
+             for r in rows]
+    tok = train_tokenizer(texts * 3, vocab_size=400)
+    root = tmp_path_factory.mktemp("tools_grpo")
+    return {"model": tiny_model(root / "model", tok, seed=0, max_position_embeddings=1024), "tokenizer": tok,
+            "rows": rows}
+
+
+class CalcEngine:
+    """Even samples call the calculator with the row's expression, then answer with the tool's reply; odd samples
+    answer 7 at once. Tokens are the tokenizer's own; log-probs a fixed -0.5."""
+
+    def __init__(self, tok):
+        self.tok, self.end = tok, tok.convert_tokens_to_ids("<|im_end|>")
+        self.pushed = 0
+
+    def generate(self, prompts, params):
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p)
+            group = []
+            for k in range(params.n):
+                if "<|im_start|>tool\n" in text:
+                    reply = text.rsplit("<|im_start|>tool\n", 1)[1].split("<|im_end|>")[0]
+                    answer = f"The answer is \\boxed{{{reply}}}."
+                elif k % 2 == 0:
+                    q = text.rsplit("What is ", 1)[1].split("?")[0]
+                    expr = q.replace(" times ", " * ").replace(" plus ", " + ")
+                    answer = call_text("calculator", {"expression": expr})
+                else:
+                    answer = "The answer is \\boxed{7}."
+                ids = self.tok(answer, add_special_tokens=False)["input_ids"] + [self.end]
+                group.append(Rollout(list(p), ids, [-0.5] * len(ids), "stop"))
+            out.append(group)
+        return out
+
+    def update_weights(self, named_params):
+        self.pushed += 1
+
+    def close(self):
+        pass
+
+
+def _trainer(tiny, tmp_path, **kw):
+    from transformers import AutoModelForCausalLM
+
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=160, learning_rate=1e-3, logging_steps=1, save_strategy="no",
+                      report_to="none", seed=0, bf16=False, lr_scheduler_type="constant", tools=["calculator"],
+                      max_turns=3, reward_funcs=["math_reward", "tool_call_reward"], **kw)
+    rows = [{"prompt": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": r["prompt"]}],
+             "answer": r["answer"], "reward": "math_reward"} for r in tiny["rows"]]
+    loop = build_tool_loop(args, tiny["tokenizer"])
+    train = add_tools_to_prompts(prepare_prompts(datasets.Dataset.from_list(rows)), loop)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny["model"])
+    trainer = GRPOTrainer(model=model, reward_funcs=[math_reward, tool_call_reward], args=args, train_dataset=train,
+                          processing_class=tiny["tokenizer"], engine=CalcEngine(tiny["tokenizer"]))
+    trainer.use_tools(loop)
+    return trainer
+
+
+def test_tool_grpo_rewards_the_policys_answer_and_trains_only_its_tokens(tiny, tmp_path):
+    trainer = _trainer(tiny, tmp_path)
+    seen = []
+    score = trainer._generate_and_score_completions
+
+    def capture(inputs):
+        out = score(inputs)
+        seen.append(out)
+        return out
+
+    trainer._generate_and_score_completions = capture
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "tools/calls_per_rollout" in h]
+    assert logs and all(h["tools/calls_per_rollout"] == 0.5 and h["tools/status/ok"] == 0.5 for h in logs)
+    # callers are right (math 1, call +1), direct answers wrong (0, no call 0): mean rewards 0.5 and 0.5
+    assert all(h["rewards/math_reward/mean"] == 0.5 and h["rewards/tool_call_reward/mean"] == 0.5 for h in logs)
+    batch = seen[0]
+    mask, cmask = batch["tool_mask"], batch["completion_mask"]
+    tok = tiny["tokenizer"]
+    for row in range(mask.shape[0]):
+        ids = batch["completion_ids"][row][cmask[row].bool()].tolist()
+        inserted = [i for i, m in zip(ids, mask[row][cmask[row].bool()].tolist()) if not m]
+        if row % 2 == 0:  # a caller: exactly the tool turn and the next header are masked
+            assert tok.decode(inserted).startswith("\n<|im_start|>tool\n") and tok.decode(inserted).endswith(
+                "<|im_start|>assistant\n<think>\n\n</think>\n")
+        else:
+            assert inserted == []
+    # the loss counts policy tokens only: the same as with the tool tokens cut out of completion_mask, and not the
+    # same as with them counted
+    trainer.model.train()
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, dict(batch)).item()
+        cut = dict(batch, completion_mask=cmask * mask, tool_mask=torch.ones_like(mask))
+        counted = dict(batch, tool_mask=torch.ones_like(mask))
+        cut_loss, counted_loss = (trainer.compute_loss(trainer.model, b).item() for b in (cut, counted))
+        # equal to float noise (3e-4 relative seen; the tool tokens' own weight is ~100x the loss: -0.33 vs -0.003)
+        assert loss == pytest.approx(cut_loss, rel=1e-3)
+        assert abs(loss - counted_loss) > 10 * abs(loss)
