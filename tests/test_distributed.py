@@ -14,6 +14,7 @@ FSDP is GPU-only (accelerate runs it as plain DDP on a CPU): its test is skipped
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -313,6 +314,26 @@ def test_grpo_padding_free_under_zero3_trains_as_the_padded_pass(micro, tmp_path
     padded, packed = (next(h for h in log_history(tmp_path / d) if "loss" in h) for d in ("padded", "packed"))
     assert packed["reward"] == padded["reward"]
     assert packed["loss"] == pytest.approx(padded["loss"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_tool_use_grpo_under_zero3(micro, tmp_path, lora):
+    """Tool-use GRPO on 2 ZeRO-3 ranks (tests/workers/tools_grpo.py): scripted first turns call the calculator, the
+    sharded model writes the turns after the tool's reply; half the rollouts called on every rank, the tool tokens
+    are masked, the losses are finite."""
+    extra = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear"] if lora else []
+    ok(launch("tests/workers/tools_grpo.py", tmp_path, micro / "configs" / "grpo.yaml", "--output_dir",
+              tmp_path / "train", "--bf16", "false", "--save_strategy", "no", "--report_to", "none", "--max_steps", "2",
+              "--tools", "[calculator]", "--max_turns", "2", "--max_completion_length", "128",
+              "--dynamic_sampling", "false", *extra))
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["world_size"] == 2 and result["distributed_type"].endswith("DEEPSPEED")
+    assert result["calls_per_rollout"] and all(c == 0.5 for c in result["calls_per_rollout"])
+    assert all(1.0 < t <= 1.5 for t in result["turns_mean"])  # callers took a second turn, the others one
+    for rank in result["ranks"]:  # on every rank: callers have tool tokens masked, direct answers none
+        for batch in rank["inserted_tokens"]:
+            assert [n > 0 for n in batch] == [k % 2 == 0 for k in range(len(batch))]
+    assert result["losses"] and all(math.isfinite(x) for x in result["losses"])
 
 
 # ----------------------------------------------------------------------------------------------- distillation
