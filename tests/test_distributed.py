@@ -327,7 +327,7 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora):
               "--tools", "[calculator]", "--max_turns", "2", "--max_completion_length", "128",
               "--dynamic_sampling", "false", *extra))
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["world_size"] == 2 and result["distributed_type"].endswith("DEEPSPEED")
+    assert result["world_size"] == 2 and result["distributed_type"].endswith("DEEPSPEED") and result["lora"] == lora
     assert result["calls_per_rollout"] and all(c == 0.5 for c in result["calls_per_rollout"])
     assert all(1.0 < t <= 1.5 for t in result["turns_mean"])  # callers took a second turn, the others one
     for rank in result["ranks"]:  # on every rank: callers have tool tokens masked, direct answers none

@@ -67,6 +67,7 @@ def main() -> None:
     if acc.is_main_process:
         history = trainer.state.log_history
         result = {"world_size": acc.num_processes, "distributed_type": str(acc.distributed_type), "ranks": ranks,
+                  "lora": hasattr(policy, "peft_config"),
                   "calls_per_rollout": [h["tools/calls_per_rollout"] for h in history if "tools/calls_per_rollout" in h],
                   "turns_mean": [h["tools/turns_mean"] for h in history if "tools/turns_mean" in h],
                   "losses": [h["loss"] for h in history if "loss" in h]}
