@@ -69,7 +69,7 @@ from data_gen.tasks import make_tasks, to_pretrain_text
 
 logger = logging.getLogger(__name__)
 
-SUITES = ("loss", "mc", "generative", "vibe")
+SUITES = ("loss", "mc", "generative", "vibe", "tools")
 MODES = ("think", "no_think", "plain")
 MC_SETS = ("tasks", "hellaswag", "truthfulqa")
 # How a cloze pick compares options: per character (lighteval's LogProbCharNorm, the reported HellaSwag metric) or raw
@@ -95,7 +95,9 @@ class EvalConfig:
     model_name_or_path: str = field(default="", metadata={"help": "Checkpoint: HF model dir, hub id or builtin:NAME."})
     output_dir: str | None = field(default=None, metadata={"help": "Where results go; default <model dir>/eval."})
     stage: str | None = field(default=None, metadata={"help": "Label of the stage that made the model (report)."})
-    suites: list[str] = field(default_factory=lambda: list(SUITES), metadata={"help": f"Any of {SUITES}."})
+    suites: list[str] = field(default_factory=lambda: list(SUITES[:4]), metadata={"help": f"Any of {SUITES}."})
+    tool_rows: int = field(default=48, metadata={"help": "tools suite: held-out builtin:tool_tasks rows (align/tools)."})
+    tool_max_turns: int = field(default=3, metadata={"help": "tools suite: policy turns per rollout at most."})
     loss_num_texts: int = field(default=32, metadata={"help": "Held-out task texts for the loss suite."})
     loss_sources: list[str] = field(
         default_factory=list, metadata={"help": "Extra held-out text sources 'spec[:num]' (column 'text')."}
@@ -361,7 +363,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
             details[f"mc/{name}"] = {"chance": res["chance"], "cf_norm": MC_NORM[name], "shuffled": cfg.mc_shuffle,
                                      "order": [it.get("order") for it in items], "picks": res["picks"]}
         seconds["mc"] = time.perf_counter() - t
-    wants_engine = "generative" in cfg.suites or "vibe" in cfg.suites
+    wants_engine = bool({"generative", "vibe", "tools"} & set(cfg.suites))
     own_engine = engine is None and wants_engine
     if own_engine:
         # hf shares the model already loaded; vllm (and auto, which may pick it) loads the directory itself
@@ -388,6 +390,17 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                         "outcomes": {"correct": [int(x["correct"]) for x in samples],
                                      "formatted": [int(is_formatted(x["completion"], mode)) for x in samples]}}
             seconds["generative"] = time.perf_counter() - t
+        if "tools" in cfg.suites:  # align/tools/evaluate.py: calls and accuracy with the tools vs without
+            from align.tools.evaluate import tool_suite
+            from data_gen.tool_tasks import make_tool_tasks
+
+            t = time.perf_counter()
+            rows = make_tool_tasks(num=cfg.tool_rows, split="test", seed=cfg.seed)
+            found = tool_suite(engine, tokenizer, rows, [m for m in cfg.modes if m != "plain"], cfg.max_new_tokens,
+                               cfg.tool_max_turns)
+            for part, into in zip(found, (metrics, stats, details)):
+                into.update(part)
+            seconds["tools"] = time.perf_counter() - t
         if "vibe" in cfg.suites and is_main:  # fixed prompts for a person to read: one rank writes them
             t = time.perf_counter()
             md = vibe_markdown(engine, tokenizer, cfg.modes, cfg.vibe_max_new_tokens, cfg.stage or cfg.model_name_or_path)
@@ -437,7 +450,8 @@ def engine_knobs(cfg: EvalConfig, source, config) -> dict:
     backend = choose_backend(source) if cfg.rollout_backend == "auto" else cfg.rollout_backend
     if backend == "vllm" and "max_model_len" not in knobs:
         context = getattr(config, "max_position_embeddings", None) or cfg.max_new_tokens + PROMPT_ROOM
-        knobs["max_model_len"] = min(context, max(cfg.max_new_tokens, cfg.vibe_max_new_tokens) + PROMPT_ROOM)
+        room = PROMPT_ROOM + (cfg.tool_max_turns * (cfg.max_new_tokens + 64) if "tools" in cfg.suites else 0)
+        knobs["max_model_len"] = min(context, max(cfg.max_new_tokens, cfg.vibe_max_new_tokens) + room)
     return knobs
 
 

@@ -225,7 +225,8 @@ def test_trajectories_keep_the_sampled_ids_exactly_and_mask_the_tool_tokens(tok)
     (called, direct), = loop.rollout(engine.generate, [ids], SamplingParams(n=2, max_new_tokens=200, seed=0),
                                      systems=[system])
     assert (called.turns, direct.turns, called.finish_reason, direct.finish_reason) == (2, 1, "stop", "stop")
-    assert called.calls == [{"turn": 1, "name": "calculator", "status": "ok"}] and direct.calls == []
+    assert called.calls == [{"turn": 1, "name": "calculator", "status": "ok", "arguments": {"expression": "123 * 45"}}]
+    assert direct.calls == []
     # the policy's ids are exactly what the engine emitted, turn after turn; the rest is the inserted tool turn
     turn1, turn2 = engine.emitted[0], engine.emitted[2]
     policy = [i for i, m in zip(called.completion_ids, called.mask) if m]
@@ -396,3 +397,54 @@ def test_the_loop_runs_on_the_vllm_server_engine_against_a_stub_server(tok):
         server.shutdown()
     assert [i for i, m in zip(called.completion_ids, called.mask) if m] == sent[0] + sent[2]
     assert called.turns == 2 and "\\boxed{5535}" in called.policy_text and direct.calls == []
+
+
+def solver(text, k):
+    """A perfect tool user: the right call for the question, then the reply as the answer; without tools, 0."""
+    import re
+
+    if "<tools>" not in text:
+        return "The answer is \\boxed{0}."
+    if "<|im_start|>tool\n" in text:
+        reply = text.rsplit("<|im_start|>tool\n", 1)[1].split("<|im_end|>")[0].strip()
+        return "The answer is \\boxed{" + (reply.split("; ")[0].split()[-1] if ":" in reply else reply) + "}."
+    q = text.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+    if m := re.match(r"What is (\d+) (times|plus) (\d+)\?", q):
+        return call_text("calculator", {"expression": f"{m[1]} {'*' if m[2] == 'times' else '+'} {m[3]}"})
+    if m := re.match(r'How many times does the letter "(\w)" appear in "(\w+)"\?', q):
+        return call_text("python", {"code": f'print("{m[2]}".count("{m[1]}"))'})
+    m = re.match(r"What is the (.+) of (\w+)\?", q)
+    return call_text("search", {"query": m[2]})
+
+
+def test_the_tool_suite_scores_calls_and_accuracy_with_and_without_tools(tmp_path, tok, tiny_model):
+    from align.evaluate import EvalConfig, evaluate
+
+    class Engine(TurnEngine):
+        def encode(self, text):
+            return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    lookups_fixed = {}
+
+    def policy(text, k):  # a lookup answer must name the asked field: take it from the search reply
+        import re
+
+        if "<|im_start|>tool\n" in text and "population" in text.rsplit("<|im_start|>tool\n", 1)[1]:
+            q = text.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+            field = re.match(r"What is the (.+) of (\w+)\?", q)[1]
+            reply = text.rsplit("<|im_start|>tool\n", 1)[1].split("<|im_end|>")[0]
+            value = reply.split(field + " ", 1)[1].split(";")[0].strip()
+            lookups_fixed[q] = value
+            return "The answer is \\boxed{" + value + "}."
+        return solver(text, k)
+
+    model = tiny_model(tmp_path / "m", tok, seed=0, max_position_embeddings=1024)
+    cfg = EvalConfig(model_name_or_path=model, output_dir=str(tmp_path / "eval"), suites=["tools"], tool_rows=12,
+                     modes=["no_think"], max_new_tokens=160)
+    res = evaluate(cfg, engine=Engine(tok, policy))
+    m = res["metrics"]
+    assert m["tools/majority_tool"] == pytest.approx(4 / 12)  # the trivial baseline: always the commonest tool
+    for key in ("called", "parseable", "right_tool", "right_args", "acc_with_tools"):
+        assert m[f"tools/no_think/{key}"] == 1.0, key
+    assert m["tools/no_think/acc_without_tools"] < 0.2 and m["tools/no_think/paired_p"] < 0.01
+    assert lookups_fixed and res["details"]["tools/no_think"]["outcomes"]["with_tools"] == [1] * 12

@@ -34,7 +34,7 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)  # 1: sampled by the policy; 0: inserted tool tokens
     logprobs: list[float] = field(default_factory=list)  # the engine's, per completion token (nan where inserted)
     turns: int = 0
-    calls: list[dict] = field(default_factory=list)  # {"turn", "name", "status"} per call, in order
+    calls: list[dict] = field(default_factory=list)  # {"turn", "name", "status", "arguments"} per call, in order
     finish_reason: str = "stop"  # stop | length (a turn hit the budget) | max_turns | budget (a tool answer did)
     policy_text: str = ""  # what the policy wrote, its turns decoded and joined: what rewards read
     env_reward: float | None = None
@@ -147,11 +147,13 @@ class ToolLoop:
                         t.finish_reason = "stop"
                         continue
                     if turn >= self.max_turns:  # no turn left to read an answer: the calls are not run
-                        t.calls += [{"turn": turn, "name": c.name, "status": "unanswered"} for c in calls]
+                        t.calls += [{"turn": turn, "name": c.name, "status": "unanswered", "arguments": c.arguments}
+                                    for c in calls]
                         t.finish_reason = "max_turns"
                         continue
                     answers = [self.runner.call(keys[id(t)], c) for c in calls]
-                    t.calls += [{"turn": turn, "name": a.name, "status": a.status} for a in answers]
+                    t.calls += [{"turn": turn, "name": a.name, "status": a.status, "arguments": c.arguments}
+                                for a, c in zip(answers, calls)]
                     suffix = self.suffix_ids(answers, systems[g])
                     if len(t.completion_ids) + len(suffix) >= budget:
                         t.finish_reason = "budget"
