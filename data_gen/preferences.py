@@ -139,8 +139,11 @@ class PreferenceDataConfig:
 
 
 def row_mode(row: dict, mode: str) -> str:
-    """The mode a row is asked in: `mode`, or for `row` the prompt's own flag (think when it has none)."""
-    return (prompt_mode(row["prompt"]) or "think") if mode == "row" else mode
+    """The mode a row is asked in: `mode`, or for `row` the row's own flag (its `prompt_messages`' system turn, as
+    builtin:tasks writes it, else its prompt's; think when it has none)."""
+    if mode != "row":
+        return mode
+    return prompt_mode(row.get("prompt_messages")) or prompt_mode(row["prompt"]) or "think"
 
 
 def chat_prompt(row: dict, mode: str) -> list[dict]:

@@ -162,9 +162,10 @@ def test_graded_pairs_in_both_modes_keep_each_rows_mode_budget_and_measure_both_
     from data_gen.tasks import prompt_messages
 
     rows = _rows(8)
-    for i, r in enumerate(rows):
-        r["prompt"] = prompt_messages(r, "think" if i % 2 == 0 else "no_think")
-    gold = {r["prompt"][-1]["content"]: r["answer"] for r in rows}
+    for i, r in enumerate(rows):  # builtin:tasks' shape: the question in `prompt`, the flag in `prompt_messages`
+        r["prompt_messages"] = prompt_messages(r, "think" if i % 2 == 0 else "no_think")
+    rows[6]["prompt"] = rows[6].pop("prompt_messages")  # or a prompt that carries its own flag
+    gold = {(r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]): r["answer"] for r in rows}
     order = list(gold)
 
     def policy(q, k):  # think prompts: samples 0 and 1 right of 4; no_think prompts 1 and 3: sample 2 right only
