@@ -122,3 +122,42 @@ def test_tool_grpo_rewards_the_policys_answer_and_trains_only_its_tokens(tiny, t
         # equal to float noise (3e-4 relative seen; the tool tokens' own weight is ~100x the loss: -0.33 vs -0.003)
         assert loss == pytest.approx(cut_loss, rel=1e-3)
         assert abs(loss - counted_loss) > 10 * abs(loss)
+
+
+def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, monkeypatch):
+    """On-policy distillation with the calculator: the student's rollouts run the turn loop (scripted: half call and
+    answer with the reply), the teacher reads the whole trajectory, and no label falls on a tool token."""
+    import align.distill.trainer as distill
+    from align.configs import ModelConfig, ScriptArguments
+    from align.distill import DistillConfig
+    from align.sampler import Sampler
+
+    tok = tiny["tokenizer"]
+    monkeypatch.setattr(distill, "build_sampler", lambda *a, seed=0, **k: Sampler(CalcEngine(tok), a[5], seed=seed))
+    seen = []
+    inner = distill.DistillTrainer.compute_loss
+
+    def capture(self, model, inputs, *a, **k):
+        seen.append({key: inputs[key].clone() for key in ("input_ids", "labels")})
+        return inner(self, model, inputs, *a, **k)
+
+    monkeypatch.setattr(distill.DistillTrainer, "compute_loss", capture)
+    script = ScriptArguments(dataset_name="builtin:tool_tasks", eval_num_prompts=4, eval_after=False,
+                             dataset_args={"families": ["tool_arithmetic"], "num": 16, "mode": "no_think"})
+    args = DistillConfig(output_dir=str(tmp_path / "d"), teacher_model_name_or_path=tiny["model"], max_steps=2,
+                         per_device_train_batch_size=4, learning_rate=1e-3, lr_scheduler_type="constant",
+                         max_completion_length=96, max_length=1000, logging_steps=1, save_strategy="no",
+                         report_to="none", seed=0, bf16=False, rollout_backend="hf", lmbda=1.0, distill_eval=False,
+                         tools=["calculator"], max_turns=3)
+    metrics = distill.main(script, args, ModelConfig(model_name_or_path=tiny["model"], dtype="float32"))
+    assert metrics["tool_tokens_masked"] > 0 and seen
+    trained_tool_tokens = 0
+    for batch in seen:
+        for ids, labels in zip(batch["input_ids"], batch["labels"]):
+            scored = tok.decode(ids[labels != -100].tolist())
+            trained_tool_tokens += scored.count("<|im_start|>tool")
+            assert "<tool_call>" in scored or "\\boxed{" in scored  # the student's own writing is scored
+    assert trained_tool_tokens == 0
+    with pytest.raises(ValueError, match="plain view"):
+        distill.check_tool_distillation(DistillConfig(output_dir=str(tmp_path / "x"), teacher_model_name_or_path="t",
+                                                      tools=["calculator"], teacher_hint=" ({answer})"), False)

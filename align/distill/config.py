@@ -85,6 +85,15 @@ class DistillConfig(StageArgs, GOLDConfig):
                   "e.g. ' (The correct final answer is {answer}.)', appended to the last user turn the teacher sees "
                   "(and to its demonstrations'). The student never sees it."},
     )
+    tools: list[str] | None = field(
+        default=None,
+        metadata={"help": "Tools the student may call while it samples (align/tools; as GRPO's `tools`): the teacher "
+                  "reads the whole trajectory, the loss covers the student's tokens only."},
+    )
+    environment: str | None = field(default=None, metadata={"help": "A tool environment class by path (align/tools)."})
+    max_turns: int = field(default=4, metadata={"help": "Student turns per tool-use rollout at most."})
+    tool_timeout_s: float = field(default=10.0, metadata={"help": "Seconds a user tool call may take."})
+    tool_memory_mb: int = field(default=512, metadata={"help": "Memory a user tool may add, in MB."})
     distill_eval: bool = field(
         default=True, metadata={"help": "Measure held-out divergence and verifiable accuracy before and after."}
     )
@@ -111,6 +120,8 @@ class DistillConfig(StageArgs, GOLDConfig):
         if self.loss_chunk_tokens and self.tokenizer_mode == "cross":
             raise ValueError("loss_chunk_tokens is for the same-tokenizer path; GOLD's cross-tokenizer ULD loss needs "
                              "whole rows: set loss_chunk_tokens: 0 or tokenizer_mode: same")
+        if isinstance(self.tools, str):
+            self.tools = [self.tools]
         beta, lmbda = LOSSES[self.loss]
         self.beta = self.beta if beta is None else beta
         self.lmbda = self.lmbda if lmbda is None else lmbda

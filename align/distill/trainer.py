@@ -48,6 +48,13 @@ from accelerate.utils import set_seed as set_rank_seed
 
 from align import stage
 from align.distill.config import DistillConfig
+from align.tools.distill import (
+    add_tools_to_conversations,
+    check_tool_distillation,
+    mask_tool_labels,
+    tool_completions,
+)
+from align.tools.grpo import build_tool_loop
 from align.distill.loss import check_plain_head, chunked_jsd, hidden_states_as_logits
 from align.distill.metrics import (
     evaluate,
@@ -104,6 +111,11 @@ class EngineGeneration:
         # GOLD repeats each prompt num_generations times in the batch: sample n per unique prompt
         unique = [list(p) for p in prompts[::num_generations]]
         params = SamplingParams(n=num_generations, seed=self.sampler.next_seed(), **self.params)
+        loop = getattr(self.trainer, "tool_loop", None)
+        if loop is not None:  # align/tools/distill.py: whole trajectories; the trainer masks the tool tokens' labels
+            completions, self.trainer._tool_masks = tool_completions(
+                loop, lambda ids, p: self.sampler.generate(self.trainer.model_wrapped, ids, p), unique, params)
+            return prompts, completions, None, None
         groups = self.sampler.generate(self.trainer.model_wrapped, unique, params)
         completions = []
         for group in groups:
@@ -156,6 +168,21 @@ class DistillTrainer(GOLDTrainer):
             stop = [i for i in {self._tokenizer.eos_token_id, self.pad_token_id} if i is not None]
             self.vllm_generation = EngineGeneration(sampler, self, self.args, stop)
             self.use_vllm, self.vllm_sync_frequency, self._last_vllm_sync_step = True, 1, -1
+
+    tool_loop = None  # align.tools.ToolLoop when the recipe names tools (main)
+    _tool_masks: list[list[int]] | None = None
+
+    def _process_completions_to_buffer(self, slices, on_policy_indices, local_slice_indices, completion_ids,
+                                       prompt_ids_list, prompts_text, max_completion_length):
+        super()._process_completions_to_buffer(slices, on_policy_indices, local_slice_indices, completion_ids,
+                                               prompt_ids_list, prompts_text, max_completion_length)
+        if self.tool_loop is not None and self._tool_masks is not None:
+            rows: dict[int, list[list[int]]] = {i: [] for i in on_policy_indices}
+            for i, slice_idx in enumerate(local_slice_indices):
+                rows[slice_idx].append(self._tool_masks[i])
+            self.tool_tokens_masked = getattr(self, "tool_tokens_masked", 0) + mask_tool_labels(
+                self._buffered_inputs, rows, max_completion_length)
+            self._tool_masks = None
 
     def sync_engine(self) -> None:
         """After a resume (align.checkpoint): the engine gets the restored weights before the first step."""
@@ -249,7 +276,10 @@ class DistillTrainer(GOLDTrainer):
 def to_conversations(dataset, name: str = "train"):
     """{messages} rows (last turn assistant) for GOLD; task rows' prompt_messages + assistant text also work."""
     cols = set(dataset.column_names)
-    if "messages" in cols:
+    # a tool-use trace (builtin:tool_tasks) holds the calls and replies before its answer: on-policy sampling starts
+    # from its question (prompt_messages), where the student makes its own calls
+    trace = "messages" in cols and len(dataset) and any(m["role"] == "tool" for m in dataset[0]["messages"])
+    if "messages" in cols and not (trace and {"prompt_messages", "answer"} <= cols):
         return dataset.select_columns(["messages"])
     if {"prompt_messages", "answer"} <= cols:
         def conv(row):
@@ -350,6 +380,9 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
 
     conv = prepare_conversations(stage.load_data(script_args), args, script_args.eval_num_prompts)
     eval_rows = conv["eval_rows"]
+    tool_loop = build_tool_loop(args, student_tok)  # a tool without hints or docstring fails here
+    if tool_loop is not None:
+        conv["train"] = add_tools_to_conversations(conv["train"], tool_loop)
 
     student = stage.load_model(model_args)
     teacher = load_teacher(args.teacher_model_name_or_path, args, dtype=args.teacher_dtype or model_args.dtype or "auto")
@@ -359,6 +392,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         args.teacher_tokenizer_name_or_path = resolve_model_path(args.teacher_model_name_or_path)
     logger.info("distillation: loss=%s mode=%s beta=%s lmbda=%s backend=%s", args.loss, mode, args.beta, args.lmbda,
                 args.rollout_backend)
+    check_tool_distillation(args, args.use_uld_loss)
     train = teacher_answers(conv, teacher, teacher_tok, args) if args.loss == "sequence_kd" else conv["train"]
     teacher_prompts = teacher_view(conv, student_tok, teacher_tok, args, mode)
 
@@ -371,6 +405,10 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         args.rollout_backend, args.rollout_kwargs, trainer.accelerator.unwrap_model(trainer.model),
         resolve_model_path(model_args.model_name_or_path), student_tok, trainer.accelerator, seed=args.seed,
         max_model_len=args.max_length))
+    if tool_loop is not None:
+        if trainer.sampler is None:
+            raise ValueError("tools need the shared rollout engine: set rollout_backend auto, hf, vllm or vllm-server")
+        trainer.tool_loop = tool_loop
     stage.prepare(trainer, script_args, "distill", raw_train=train)
 
     metrics: dict = {"loss": args.loss, "tokenizer_mode": mode, "world_size": trainer.accelerator.num_processes}
@@ -389,6 +427,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     metrics["train"] = stage.train(trainer, args)
     metrics["teacher_prompt_misses"] = trainer.teacher_prompt_misses
     metrics["engine_calls"] = trainer.sampler.num_calls if trainer.sampler is not None else 0
+    metrics["tool_tokens_masked"] = getattr(trainer, "tool_tokens_masked", 0)
     stage.save(trainer, student_tok, args)
     if measure:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
