@@ -65,7 +65,9 @@ from align.harness import find_lighteval, run_lighteval
 from align.models import load_model, load_tokenizer, resolve_model_path
 from align.rollout import BACKENDS, choose_backend, get_engine
 from align.scoring import mc_picks, mc_summary, pad_id, sequence_logprobs, shuffle_choices
+from align.tools.evaluate import tool_suite
 from data_gen.tasks import make_tasks, to_pretrain_text
+from data_gen.tool_tasks import make_tool_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -391,9 +393,6 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                                      "formatted": [int(is_formatted(x["completion"], mode)) for x in samples]}}
             seconds["generative"] = time.perf_counter() - t
         if "tools" in cfg.suites:  # align/tools/evaluate.py: calls and accuracy with the tools vs without
-            from align.tools.evaluate import tool_suite
-            from data_gen.tool_tasks import make_tool_tasks
-
             t = time.perf_counter()
             rows = make_tool_tasks(num=cfg.tool_rows, split="test", seed=cfg.seed)
             found = tool_suite(engine, tokenizer, rows, [m for m in cfg.modes if m != "plain"], cfg.max_new_tokens,

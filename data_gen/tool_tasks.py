@@ -17,48 +17,16 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import string
 
+from align.sources import register_builtin
+from align.tools.functions import FIELDS as _FIELDS
+from align.tools.functions import TABLE, TOOLS, load_tools, search_documents  # noqa: F401  (the search tool's table)
+from align.tools.loop import with_tools
+from align.tools.parse import call_text
 from data_gen.tasks import MODES, _mode_of, prompt_id
 
 FAMILIES = {"tool_arithmetic": "calculator", "tool_count": "python", "tool_lookup": "search"}
-_SYLLABLES = ["var", "nol", "kes", "tri", "bam", "dor", "quen", "lis", "mar", "zet", "hul", "pry", "sov", "ganth",
-              "wel", "obr", "tesk", "fim", "rau", "dil"]
-_FIELDS = ["population", "height in metres", "founding year", "number of bridges"]
-
-
-def _table(seed: int = 1234, size: int = 240) -> list[dict]:
-    """The offline reference table: made-up places with four numbers each (fixed by the seed)."""
-    rng = random.Random(seed)
-    names, rows = set(), []
-    while len(rows) < size:
-        name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.choice((2, 3)))).capitalize()
-        if name in names:
-            continue
-        names.add(name)
-        rows.append({"name": name, "population": rng.randint(1_000, 900_000), "height in metres": rng.randint(2, 2_900),
-                     "founding year": rng.randint(1100, 1990), "number of bridges": rng.randint(0, 90)})
-    return rows
-
-
-TABLE = _table()
-
-
-def _document(row: dict) -> str:
-    return f"{row['name']}: " + "; ".join(f"{f} {row[f]}" for f in _FIELDS)
-
-
-def search_documents(query: str, k: int = 3) -> list[str]:
-    """The `search` tool's index: the table's entries ranked by words shared with the query (names first)."""
-    words = {w for w in re.findall(r"[a-z]+", query.lower()) if len(w) > 2}
-    scored = []
-    for row in TABLE:
-        name_hit = row["name"].lower() in words
-        overlap = len(words & set(re.findall(r"[a-z]+", _document(row).lower())))
-        if name_hit or overlap:
-            scored.append((not name_hit, -overlap, row["name"], _document(row)))
-    return [doc for *_, doc in sorted(scored)[:k]] if any(not s[0] for s in scored) else []
 
 
 def _arithmetic(rng: random.Random) -> tuple[str, str, str, dict]:
@@ -86,8 +54,6 @@ MAKERS = {"tool_arithmetic": _arithmetic, "tool_count": _count, "tool_lookup": _
 
 def tool_reply(name: str, arguments: dict) -> str:
     """What the builtin tool answers (the SFT trace shows the real reply)."""
-    from align.tools.functions import TOOLS
-
     return str(TOOLS[name](**arguments))
 
 
@@ -114,9 +80,6 @@ def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: i
 
 def trace_messages(row: dict, mode: str, schemas: list[dict]) -> tuple[list[dict], list[dict]]:
     """(prompt messages, SFT trace) for a row in `mode`."""
-    from align.tools.loop import with_tools
-    from align.tools.parse import call_text
-
     prompt = with_tools([{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": row["prompt"]}],
                         schemas)
     spec = json.loads(row["call"])
@@ -135,8 +98,6 @@ def tool_tasks_dataset(split: str | None = "train", families=None, num: int = 30
     """`builtin:tool_tasks`: rows + `prompt_messages` (tools in the system turn) + `messages` (SFT traces)."""
     import datasets
 
-    from align.tools.functions import load_tools
-
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if isinstance(families, str):
@@ -149,7 +110,5 @@ def tool_tasks_dataset(split: str | None = "train", families=None, num: int = 30
         row["mode"] = m
     return datasets.Dataset.from_list(rows)
 
-
-from align.sources import register_builtin  # noqa: E402
 
 register_builtin("tool_tasks", tool_tasks_dataset)

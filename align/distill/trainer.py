@@ -48,13 +48,6 @@ from accelerate.utils import set_seed as set_rank_seed
 
 from align import stage
 from align.distill.config import DistillConfig
-from align.tools.distill import (
-    add_tools_to_conversations,
-    check_tool_distillation,
-    mask_tool_labels,
-    tool_completions,
-)
-from align.tools.grpo import build_tool_loop
 from align.distill.loss import check_plain_head, chunked_jsd, hidden_states_as_logits
 from align.distill.metrics import (
     evaluate,
@@ -76,6 +69,13 @@ from align.models import resolve_model_path
 from align.rollout import SamplingParams
 from align.sampler import Sampler, build_sampler
 from align.scoring import paired_change
+from align.tools.distill import (
+    add_tools_to_conversations,
+    check_tool_distillation,
+    mask_tool_labels,
+    tool_completions,
+)
+from align.tools.grpo import build_tool_loop
 from data_gen.tasks import assistant_text
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x

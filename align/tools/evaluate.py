@@ -18,6 +18,7 @@ from collections import Counter
 
 from align.rollout.base import SamplingParams
 from align.scoring import paired_change, wilson_interval
+from align.tools.functions import TOOLS
 from align.tools.loop import ToolLoop, with_tools
 from align.tools.runner import ToolRunner
 from rewards.math import math_reward
@@ -31,10 +32,8 @@ def _ids(tokenizer, messages) -> list[int]:
 
 
 def _right_args(call: dict, row: dict) -> bool:
-    from data_gen.tool_tasks import tool_reply
-
     try:
-        reply = tool_reply(call["name"], call.get("arguments") or {})
+        reply = str(TOOLS[call["name"]](**(call.get("arguments") or {})))
     except Exception:  # noqa: BLE001 - a call that fails is not right
         return False
     return reply.strip() == row["answer"] or row["answer"] in re.findall(r"-?\d+", reply)

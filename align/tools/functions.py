@@ -23,9 +23,17 @@ import importlib
 import inspect
 import math
 import operator
+import random
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from transformers.utils import get_json_schema
+
+from rewards.limits import SandboxLimits
+from rewards.registry import _load_file_module
+from rewards.sandbox import run_program
 
 PYTHON_TOOL = "python"
 JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
@@ -48,8 +56,6 @@ class Tool:
 
 def tool_from_function(func: Callable, spec: str | None = None, name: str | None = None) -> Tool:
     """A Tool from a typed, documented function; one clear line when it is not one."""
-    from transformers.utils import get_json_schema
-
     label = spec or getattr(func, "__qualname__", repr(func))
     if not callable(func):
         raise ValueError(f"tool {label!r} is not a function; a tool is a typed Python function with a docstring")
@@ -81,8 +87,6 @@ def resolve(spec: str, kind: str = "tool") -> Any:
                          "file path ('./tools.py:lookup')")
     module_part, attr = spec.rsplit(":", 1)
     if module_part.endswith(".py") or "/" in module_part:
-        from rewards.registry import _load_file_module
-
         module, _ = _load_file_module(module_part)
     else:
         try:
@@ -201,9 +205,6 @@ def python(code: str) -> str:
     Args:
         code: A complete Python program; print the values you need. Standard library only, no files or network.
     """
-    from rewards.limits import SandboxLimits
-    from rewards.sandbox import run_program
-
     result = run_program(code, limits=SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=256, output_bytes=1 << 16))
     out = result.stdout[-2000:]
     if result.timed_out:
@@ -214,14 +215,55 @@ def python(code: str) -> str:
     return out if out.strip() else "(the program printed nothing)"
 
 
+# ----------------------------------------------------------------------------- the search tool's offline table
+# Made-up places with four numbers each, fixed by a seed: no model has seen them, so a question about one is answered
+# only by looking it up (data_gen/tool_tasks.py's `tool_lookup` family asks them).
+
+_SYLLABLES = ["var", "nol", "kes", "tri", "bam", "dor", "quen", "lis", "mar", "zet", "hul", "pry", "sov", "ganth",
+              "wel", "obr", "tesk", "fim", "rau", "dil"]
+FIELDS = ["population", "height in metres", "founding year", "number of bridges"]
+
+
+def _table(seed: int = 1234, size: int = 240) -> list[dict]:
+    """The offline reference table: made-up places with four numbers each (fixed by the seed)."""
+    rng = random.Random(seed)
+    names, rows = set(), []
+    while len(rows) < size:
+        name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.choice((2, 3)))).capitalize()
+        if name in names:
+            continue
+        names.add(name)
+        rows.append({"name": name, "population": rng.randint(1_000, 900_000), "height in metres": rng.randint(2, 2_900),
+                     "founding year": rng.randint(1100, 1990), "number of bridges": rng.randint(0, 90)})
+    return rows
+
+
+TABLE = _table()
+
+
+def _document(row: dict) -> str:
+    return f"{row['name']}: " + "; ".join(f"{f} {row[f]}" for f in FIELDS)
+
+
+def search_documents(query: str, k: int = 3) -> list[str]:
+    """The `search` tool's index: the table's entries ranked by words shared with the query (names first)."""
+    words = {w for w in re.findall(r"[a-z]+", query.lower()) if len(w) > 2}
+    scored = []
+    for row in TABLE:
+        name_hit = row["name"].lower() in words
+        overlap = len(words & set(re.findall(r"[a-z]+", _document(row).lower())))
+        if name_hit or overlap:
+            scored.append((not name_hit, -overlap, row["name"], _document(row)))
+    return [doc for *_, doc in sorted(scored)[:k]] if any(not s[0] for s in scored) else []
+
+
+
 def search(query: str) -> str:
     """Look a name up in the offline reference table and return the matching entries.
 
     Args:
         query: Words to look for, e.g. the name of a place or item.
     """
-    from data_gen.tool_tasks import search_documents
-
     hits = search_documents(query, k=3)
     return "\n".join(hits) if hits else "no entry matches"
 

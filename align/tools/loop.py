@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from align.rollout.base import SamplingParams
+from align.rollout.base import Rollout, SamplingParams
 from align.tools.functions import PYTHON_TOOL
 from align.tools.parse import parse_tool_calls, tools_system_text
 from align.tools.runner import ToolResult, ToolRunner
@@ -172,8 +172,6 @@ class ToolLoop:
     def as_generate(self, generate):
         """An engine-shaped `generate(prompt_ids, params)` whose rollouts run the tool loop and hold only what the
         policy wrote (its turns' ids), for callers that score text: held-out accuracy, evaluation."""
-        from align.rollout.base import Rollout
-
         def run(prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
             systems = [self._system_of(ids) for ids in prompt_ids]
             groups = self.rollout(generate, prompt_ids, params, systems=systems)
