@@ -211,6 +211,12 @@ def eval_outcomes(stage: dict, metric: str) -> dict | None:
         details = json.loads(Path(stage["eval"]["results"]).read_text())["details"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if kind == "tools":  # tools/<mode>/<share> (align/tools/evaluate.py)
+        mode, _, share = where.partition("/")
+        tools = details.get(f"tools/{mode}") or {}
+        key = {"acc_with_tools": "with_tools", "acc_without_tools": "without_tools", "right_tool": "right_tool"}
+        items = (tools.get("outcomes") or {}).get(key.get(share, ""))
+        return None if items is None else {"items": items, "prompts": tools.get("prompts_sha")}
     gen = details.get(f"gen/{where}") or {}
     items = (gen.get("outcomes") or {}).get({"acc": "correct", "format": "formatted"}.get(kind, ""))
     return None if items is None else {"items": items, "prompts": gen.get("prompts_sha")}

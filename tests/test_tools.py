@@ -448,3 +448,19 @@ def test_the_tool_suite_scores_calls_and_accuracy_with_and_without_tools(tmp_pat
         assert m[f"tools/no_think/{key}"] == 1.0, key
     assert m["tools/no_think/acc_without_tools"] < 0.2 and m["tools/no_think/paired_p"] < 0.01
     assert lookups_fixed and res["details"]["tools/no_think"]["outcomes"]["with_tools"] == [1] * 12
+
+
+def test_the_report_pairs_two_stages_on_the_tool_suites_items(tmp_path):
+    """A pipeline stage that targets tools/<mode>/acc_with_tools is judged by the paired test on the same rows."""
+    from align.report import eval_outcomes, paired_eval
+
+    def stage(name, with_tools):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"details": {"tools/think": {"prompts_sha": "abc", "outcomes": {
+            "with_tools": with_tools, "without_tools": [0] * len(with_tools), "right_tool": with_tools}}}}))
+        return {"eval": {"results": str(path)}}
+
+    before, after = stage("a", [0] * 10), stage("b", [1] * 9 + [0])
+    assert eval_outcomes(after, "tools/think/acc_with_tools")["items"] == [1] * 9 + [0]
+    paired = paired_eval(before, after, "tools/think/acc_with_tools")
+    assert (paired["gained"], paired["lost"]) == (9, 0) and paired["p_value"] < 0.01

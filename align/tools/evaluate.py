@@ -13,6 +13,7 @@ system turn (the turn loop runs the calls), once without tools (one turn). Per m
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 
@@ -75,6 +76,7 @@ def tool_suite(engine, tokenizer, rows: list[dict], modes: list[str], max_new_to
             metrics[f"tools/{mode}/paired_p"] = paired["p_value"]
             details[f"tools/{mode}"] = {
                 "paired_without_vs_with": paired, "families": [r["family"] for r in rows],
+                "prompts_sha": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
                 "outcomes": {"with_tools": with_ok, "without_tools": without_ok, "right_tool": right_tool},
                 "samples": [{"prompt": r["prompt"], "policy": t.policy_text[:400], "calls": t.calls}
                             for r, t in list(zip(rows, trajectories))[:6]]}
