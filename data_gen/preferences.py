@@ -35,6 +35,7 @@ from typing import Any
 from align.configs import rename_deprecated
 from align.data import get_dataset
 from align.distributed import barrier, init_from_launcher, leave_launcher, world
+from align.answers import is_formatted
 from align.models import load_tokenizer
 from align.rollout import BACKENDS, SamplingParams, get_engine
 from data_gen.preference_files import _export, generate_split, row_id  # noqa: F401  (row_id: public here too)
@@ -81,6 +82,11 @@ class PreferenceDataConfig:
         metadata={"help": "Budget per reasoning mode, e.g. {think: 160, no_think: 48} (others: max_new_tokens)."},
     )
     drop_identical: bool = field(default=True, metadata={"help": "Drop pairs whose chosen equals rejected."})
+    mode_format: bool = field(
+        default=True,
+        metadata={"help": "graded: a chosen answer must be in its mode's form (a think block under /think, none under "
+                  "/no_think); off-mode answers rank below on-mode ones of the same score (counted: chosen_off_mode)."},
+    )
     verify_chosen: bool = field(
         default=True, metadata={"help": "strong_weak: drop pairs whose chosen fails the verifier (rows with answer)."}
     )
@@ -292,14 +298,20 @@ def graded_batch(rows, policy: Generator, cfg, seed: int) -> tuple[list[dict], d
         if len(scored) < 2:
             counts["unscored"] += 1
             continue
-        best = max(scored, key=lambda st: st[0])  # first of the best, last of the worst: deterministic
-        worst = min(reversed(scored), key=lambda st: st[0])
-        if best[0] == worst[0]:
+        # rank by (score, in the asked mode's form): a right answer in the wrong mode (a think block under
+        # /no_think, none under /think) is never chosen, and loses to the same answer in the right form
+        formed = mode in ("think", "no_think") and cfg.mode_format
+        ranked = [(s, float(is_formatted(t, mode)) if formed else 1.0, t) for s, t in scored]
+        best = max(ranked, key=lambda st: st[:2])  # first of the best, last of the worst: deterministic
+        worst = min(reversed(ranked), key=lambda st: st[:2])
+        if best[:2] == worst[:2]:
             counts["all_equal"] += 1
-        elif cfg.drop_identical and best[1] == worst[1]:
+        elif best[1] < 1.0:
+            counts["chosen_off_mode"] = counts.get("chosen_off_mode", 0) + 1
+        elif cfg.drop_identical and best[2] == worst[2]:
             counts["identical"] += 1
         else:
-            pairs.append(_pair(row, cfg, best[1], worst[1], chosen_score=best[0], rejected_score=worst[0],
+            pairs.append(_pair(row, cfg, best[2], worst[2], chosen_score=best[0], rejected_score=worst[0],
                                chosen_model=policy.name, rejected_model=policy.name, mode=mode,
                                mean_score=sum(s for s, _ in scored) / len(scored)))
             counts[f"{mode}/kept"] = counts.get(f"{mode}/kept", 0) + 1
@@ -356,7 +368,7 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
     else:
         def make(batch, seed):
             return graded_batch(batch, generators["policy"], cfg, seed)
-        filters = ["unscored", "all_equal", "identical", "over_max_pairs"]
+        filters = ["unscored", "all_equal", "chosen_off_mode", "identical", "over_max_pairs"]
     start = time.perf_counter()
     counts = {}
     for split, rows in data.items():

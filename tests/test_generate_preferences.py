@@ -141,7 +141,7 @@ def test_graded_pairs_best_vs_worst_and_all_equal_dropped(tmp_path, tok):
         return _boxed(gold[q]) if (i % 2 == 0 and k == 1) else _boxed(int(gold[q]) + 1 + k)
 
     cfg = PreferenceDataConfig(method="graded", policy_model="p", num_samples=3, output_dir=str(tmp_path / "g"),
-                               batch_size=3)
+                               batch_size=3, mode_format=False)  # ranked by score alone (the mode's form: below)
     card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy), tok,
                                                                             "think")})
     c = card["counts"]["train"]
@@ -179,7 +179,7 @@ def test_graded_pairs_in_both_modes_keep_each_rows_mode_budget_and_measure_both_
             return super().generate(prompts, params)
 
     engine = Budgeted(tok, policy)
-    cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=4,
+    cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=4, mode_format=False,
                                max_new_tokens_by_mode={"think": 40, "no_think": 12},
                                output_dir=str(tmp_path / "g"), batch_size=8)
     card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", engine, tok, "row")})
@@ -319,3 +319,34 @@ def test_tiny_preferences_recipe_parses():
     script, cfg = parse(ScriptArguments, PreferenceDataConfig, args=[str(path)])
     assert (cfg.method, cfg.strong_model, cfg.weak_model) == ("strong_weak", "outputs/tiny/sft_strong", "outputs/tiny/sft")
     assert script.dataset_name == "builtin:tasks" and cfg.prompt_mode == "think" and cfg.temperature == 0.0
+
+
+def test_a_chosen_answer_is_right_and_in_its_modes_form(tmp_path, tok):
+    """A right answer with a think block under /no_think is never chosen: it loses to the same answer without one
+    (a format pair), and a prompt whose only right answers are off-mode is dropped (chosen_off_mode)."""
+    from data_gen.tasks import prompt_messages
+
+    rows = _rows(3)
+    for r in rows:
+        r["prompt_messages"] = prompt_messages(r, "no_think")
+    gold = {r["prompt"]: r["answer"] for r in rows}
+    order = [r["prompt"] for r in rows]
+
+    def policy(q, k):
+        right, i = _boxed(gold[q]), order.index(q)
+        think = "<think>\nlet me see\n</think>\n"
+        table = [[think + right, right, _boxed(int(gold[q]) + 1)],            # right off-mode, right, wrong
+                 [think + right, think + right, _boxed(int(gold[q]) + 1)],    # right only off-mode
+                 [think + right, right, think + _boxed(int(gold[q]) + 1)]]    # wrong off-mode is the worst
+        return table[i][k]
+
+    cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=3,
+                               output_dir=str(tmp_path / "g"), batch_size=3)
+    card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy), tok,
+                                                                            "row")})
+    pairs = {order.index(json.loads(x)["prompt"][-1]["content"]): json.loads(x)
+             for x in (tmp_path / "g" / "train.jsonl").read_text().splitlines()}
+    assert sorted(pairs) == [0, 2] and card["counts"]["train"]["chosen_off_mode"] == 1
+    for i in (0, 2):
+        assert pairs[i]["chosen"][0]["content"] == _boxed(gold[order[i]])  # right, no think block
+    assert pairs[2]["rejected"][0]["content"].startswith("<think>")  # wrong and off-mode: the worst
