@@ -342,7 +342,7 @@ def _card_markdown(card: dict) -> str:
         lines.append(f"| {split} | " + " | ".join(cells) + " |")
     if card.get("strength"):
         lines += ["", "How strong each side's source is on these prompts (chosen: best of n verified samples; "
-                  "rejected: the policy's own wrong answers):", "",
+                  "rejected: the policy's worst answer, wrong or off-mode):", "",
                   "| split/mode | prompts | pairs | policy accuracy (pass@1) | best-of-n accuracy |", "|---|---|---|---|---|"]
         for key, v in card["strength"].items():
             fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
