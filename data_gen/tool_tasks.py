@@ -89,7 +89,7 @@ def trace_messages(row: dict, mode: str, schemas: list[dict]) -> tuple[list[dict
     answer = (f"<think>\nFrom the tool's reply, the answer is {row['answer']}.\n</think>\n" if mode == "think" else "") + \
         f"The answer is \\boxed{{{row['answer']}}}."
     return prompt, prompt + [{"role": "assistant", "content": think + call},
-                             {"role": "tool", "name": spec["name"], "content": reply},
+                             {"role": "tool", "content": reply},  # role/content only: mixes with other chats
                              {"role": "assistant", "content": answer}]
 
 

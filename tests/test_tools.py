@@ -464,3 +464,17 @@ def test_the_report_pairs_two_stages_on_the_tool_suites_items(tmp_path):
     assert eval_outcomes(after, "tools/think/acc_with_tools")["items"] == [1] * 9 + [0]
     paired = paired_eval(before, after, "tools/think/acc_with_tools")
     assert (paired["gained"], paired["lost"]) == (9, 0) and paired["p_value"] < 0.01
+
+
+def test_tool_traces_mix_with_other_chat_data():
+    """A recipe mixes builtin:tool_tasks traces with builtin:tasks conversations: the messages share one schema."""
+    import data_gen  # noqa: F401  (registers the builtins)
+    from align.configs import ScriptArguments
+    from align.data import get_dataset
+
+    mixture = {"seed": 0, "test_split_size": 2, "datasets": [
+        {"id": "builtin:tool_tasks", "args": {"num": 6, "mode": "mixed"}, "columns": ["messages"]},
+        {"id": "builtin:tasks", "args": {"num": 6, "mode": "mixed"}, "columns": ["messages"]}]}
+    data = get_dataset(ScriptArguments(dataset_mixture=mixture))
+    roles = [[m["role"] for m in row["messages"]] for split in data.values() for row in split]
+    assert roles and sum("tool" in r for r in roles) == len(roles) / 2
