@@ -64,12 +64,16 @@ def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: i
     if unknown:
         raise ValueError(f"unknown tool families {unknown}; choose from {sorted(FAMILIES)}")
     rng = random.Random(f"{seed}:{split}")
-    rows, seen = [], set()
+    rows, seen, misses = [], set(), 0
     while len(rows) < num:
         fam = families[len(rows) % len(families)]
         q, answer, tool, args = MAKERS[fam](rng)
         pid = prompt_id(q)
         if pid in seen or (int(pid, 16) % 5 == 0) != (split == "test"):  # a fifth of all prompts are test prompts
+            misses += 1
+            if misses > 50 * num + 5_000:  # tool_lookup has 4 questions per place of the table (960), no more
+                raise ValueError(f"builtin:tool_tasks has fewer than {num} distinct {split} prompts for "
+                                 f"{families} ({len(rows)} found); ask for fewer (num) or leave tool_lookup out")
             continue
         seen.add(pid)
         rows.append({"prompt": q, "answer": answer, "family": fam, "reward": "math_reward",

@@ -478,3 +478,11 @@ def test_tool_traces_mix_with_other_chat_data():
     data = get_dataset(ScriptArguments(dataset_mixture=mixture))
     roles = [[m["role"] for m in row["messages"]] for split in data.values() for row in split]
     assert roles and sum("tool" in r for r in roles) == len(roles) / 2
+
+
+def test_asking_for_more_tool_rows_than_exist_is_one_clear_error():
+    from data_gen.tool_tasks import make_tool_tasks
+
+    assert len(make_tool_tasks(["tool_lookup"], num=180, split="test")) == 180
+    with pytest.raises(ValueError, match="fewer than 400 distinct test prompts"):
+        make_tool_tasks(["tool_lookup"], num=400, split="test")
