@@ -161,3 +161,14 @@ def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, m
     with pytest.raises(ValueError, match="plain view"):
         distill.check_tool_distillation(DistillConfig(output_dir=str(tmp_path / "x"), teacher_model_name_or_path="t",
                                                       tools=["calculator"], teacher_hint=" ({answer})"), False)
+
+
+def test_trls_own_vllm_bookkeeping_is_kept_without_tools(tiny, tmp_path):
+    """The mixin answers TRL's "last loaded step" only for tool rollouts; TRL's own vLLM path still sees its value."""
+    trainer = _trainer(tiny, tmp_path)
+    assert trainer._last_loaded_step == trainer.state.global_step  # tools: our tool_rollout syncs
+    trainer.tool_loop = None
+    trainer._last_loaded_step = -1
+    assert trainer._last_loaded_step == -1
+    trainer._last_loaded_step = 7
+    assert trainer._last_loaded_step == 7

@@ -102,12 +102,15 @@ class ToolUse:
 
     @property
     def _last_loaded_step(self):
-        """TRL syncs its own vLLM before a rollout_func when the step moved; ours syncs in tool_rollout."""
-        return self.state.global_step
+        """TRL syncs its own vLLM before a rollout_func when the step moved; with tools ours syncs in tool_rollout
+        (TRL's own vLLM path, `rollout_backend: trl`, keeps TRL's bookkeeping)."""
+        if self.tool_loop is not None:
+            return self.state.global_step
+        return self.__dict__.get("_trl_last_loaded_step", -1)
 
     @_last_loaded_step.setter
     def _last_loaded_step(self, value):
-        pass
+        self.__dict__["_trl_last_loaded_step"] = value
 
     def _score(self, batch):
         self._tool_rows = batch  # the environment of each rollout resets from its row
