@@ -13,6 +13,13 @@ from typing import Any
 
 
 def tool_call_reward(completions: list, tool_calls: list | None = None, **kwargs: Any) -> list[float | None]:
+    """+1 per call that ran, -1 per wasted one, averaged over the rollout's calls; 0 without calls.
+
+    >>> tool_call_reward(["a", "b", "c"], tool_calls=[[{"status": "ok"}, {"status": "malformed"}], [], None])
+    [0.0, 0.0, None]
+    >>> tool_call_reward(["a"], tool_calls=[[{"status": "ok"}]])
+    [1.0]
+    """
     if tool_calls is None:
         return [None] * len(completions)
     out: list[float | None] = []
@@ -27,6 +34,11 @@ def tool_call_reward(completions: list, tool_calls: list | None = None, **kwargs
 
 
 def environment_reward(completions: list, env_reward: list | None = None, **kwargs: Any) -> list[float | None]:
+    """The environment's own reward() at the end of each rollout (None where it has none).
+
+    >>> environment_reward(["a", "b"], env_reward=[1, None])
+    [1.0, None]
+    """
     if env_reward is None:
         return [None] * len(completions)
     return [None if r is None else float(r) for r in env_reward]

@@ -53,6 +53,7 @@ MODULES = [
     "rewards.visible",
     "rewards.length",
     "rewards.repetition",
+    "rewards.tools",
 ]
 
 
@@ -78,6 +79,8 @@ def test_registry_keys_are_function_names():
         "cosine_length_reward",
         "repetition_penalty_reward",
         "verifier_reward",
+        "tool_call_reward",
+        "environment_reward",
     }
     for key, func in REWARDS.items():
         assert key == func.__name__ and key.endswith("_reward")
