@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from align.rollout.base import SamplingParams
+from align.rollout.base import Rollout, SamplingParams
 from align.tools import (
     ToolCall,
     ToolLoop,
@@ -162,14 +161,6 @@ def test_an_environment_keeps_state_per_rollout_and_is_remade_after_a_crash():
 # ----------------------------------------------------------------------------------------------- the loop
 
 
-@dataclass
-class _Rollout:
-    prompt_ids: list
-    completion_ids: list
-    logprobs: list
-    finish_reason: str
-
-
 class TurnEngine:
     """Answers each context with `policy(context_text, turn_index)`, tokenized one character per token where it can
     (not how the tokenizer would: re-tokenizing the decoded text gives other ids), then <|im_end|>."""
@@ -197,7 +188,7 @@ class TurnEngine:
                 ids = ids + [self.end] if stop else ids
                 self.contexts.append(list(p))
                 self.emitted.append(ids)
-                group.append(_Rollout(list(p), ids, [-0.01 * (i + 1) for i in range(len(ids))],
+                group.append(Rollout(list(p), ids, [-0.01 * (i + 1) for i in range(len(ids))],
                                       "stop" if stop else "length"))
             out.append(group)
         return out
