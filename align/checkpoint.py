@@ -237,6 +237,7 @@ def _atomic_save(trainer, original):
                 self._get_output_dir = saved
             else:
                 del self._get_output_dir
+        _save_resume_state(self, os.path.join(staging_root, name))
         self.accelerator.wait_for_everyone()
         if args.should_save:
             staged = os.path.join(staging_root, name)
@@ -252,14 +253,44 @@ def _atomic_save(trainer, original):
     return types.MethodType(save_checkpoint, trainer)
 
 
+# What a trainer keeps outside the Trainer's own state and RNG files, per rank: the rollout sampler's call count
+# (each generation's seed comes from it), a dynamic-sampling refill stream. A trainer that has such state defines
+# `resume_state() -> dict` (JSON) and `load_resume_state(dict)`; every checkpoint then holds one file per rank.
+RESUME_STATE = "smolalign_rank{rank}.json"
+
+
+def _save_resume_state(trainer, checkpoint_dir: str) -> None:
+    if not callable(getattr(trainer, "resume_state", None)):
+        return
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    path = os.path.join(checkpoint_dir, RESUME_STATE.format(rank=trainer.accelerator.process_index))
+    with open(path, "w") as f:
+        json.dump(trainer.resume_state(), f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class _EngineResync(TrainerCallback):
-    """After a resume, push the restored weights to a trainer's own rollout engine before the first step."""
+    """After a resume: the trainer's own per-rank state back from the checkpoint (`RESUME_STATE`), so the
+    generations after the resume are the ones an uninterrupted run makes, and the restored weights pushed to its
+    rollout engine before the first step."""
 
     def __init__(self, trainer):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.global_step > 0 and callable(getattr(self.trainer, "sync_engine", None)):
+        if state.global_step <= 0:
+            return
+        if callable(getattr(self.trainer, "load_resume_state", None)):
+            path = os.path.join(checkpoint_path(args.output_dir, state.global_step),
+                                RESUME_STATE.format(rank=self.trainer.accelerator.process_index))
+            if os.path.isfile(path):
+                with open(path) as f:
+                    self.trainer.load_resume_state(json.load(f))
+            else:
+                logger.warning("resumed at step %d without %s: generation seeds restart (the samples after the "
+                               "resume differ from an uninterrupted run's)", state.global_step, path)
+        if callable(getattr(self.trainer, "sync_engine", None)):
             self.trainer.sync_engine()
             logger.info("resumed at step %d: rollout engine weights synced", state.global_step)
 

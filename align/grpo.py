@@ -236,6 +236,20 @@ class GRPOTrainer(ToolUse, LossPassImportanceSampling, trl.GRPOTrainer):
     def importance_sampling(self) -> bool:
         return self.sampler is not None and self.use_vllm
 
+    # -- resume (align.checkpoint.RESUME_STATE) -----------------------------------------------------------------
+
+    def resume_state(self) -> dict:
+        version, internal, gauss = self._refill_rng.getstate()
+        return {"sampler": None if self.sampler is None else self.sampler.state_dict(),
+                "refill_rng": [version, list(internal), gauss], "refill_order": list(self._refill_order)}
+
+    def load_resume_state(self, state: dict) -> None:
+        if self.sampler is not None and state.get("sampler"):
+            self.sampler.load_state_dict(state["sampler"])
+        version, internal, gauss = state["refill_rng"]
+        self._refill_rng.setstate((version, tuple(internal), gauss))
+        self._refill_order = list(state["refill_order"])
+
     # -- generation ---------------------------------------------------------------------------------------------
 
     def engine_shares_model(self) -> bool:

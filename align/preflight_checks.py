@@ -205,7 +205,9 @@ def check_checkpoint(path: str, model: torch.nn.Module | None) -> str | None:
     if weight_files and model is not None:
         from safetensors import safe_open
 
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        # a ZeRO-3 parameter holds only its shard here (shape (0,)): its full shape is `ds_shape`
+        expected = {k: tuple(getattr(v, "ds_shape", v.shape)) for k, v in model.named_parameters()}
+        expected.update({k: tuple(v.shape) for k, v in model.named_buffers()})
         expected.update({k.removeprefix("base_model.model."): s for k, s in list(expected.items())})
         for f in weight_files:
             try:

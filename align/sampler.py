@@ -59,6 +59,13 @@ class Sampler:
         bypasses = getattr(self.engine, "bypasses_autocast", None)
         return bool(bypasses and bypasses())
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the call count the next seeds continue from (align.checkpoint.RESUME_STATE)."""
+        return {"num_calls": self.num_calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.num_calls = int(state["num_calls"])
+
     def next_seed(self) -> int:
         """The sampling seed of the next generation call: per rank, per call, reproducible for (seed, world size)."""
         self.num_calls += 1

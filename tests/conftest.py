@@ -67,3 +67,43 @@ def save_tiny_model(path, tokenizer, *, seed: int = 0, arch: str = "llama", hidd
 @pytest.fixture(scope="session")
 def tiny_model():
     return save_tiny_model
+
+
+# ----------------------------------------------------------------------------------------------- the micro world
+# Owner: the distributed tier (tests/test_distributed.py) and the kill tier (tests/test_kill.py), which both start
+# from its models and stage recipes (`micro / "configs" / "<stage>.yaml"`).
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory):
+    """recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory. It runs with
+    an empty model cache, as on a machine that never ran the project: its GOLD stage is the first to need the
+    builtin SmolLM2-135M, which two ZeRO-3 ranks then find unconverted (tests/test_distributed.py checks the log).
+    SMOLALIGN_TEST_MICRO=<run_dir> reuses a finished run instead (development only: the distributed tier's checks
+    of how it ran then read that run)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    if os.environ.get("SMOLALIGN_TEST_MICRO"):
+        return Path(os.environ["SMOLALIGN_TEST_MICRO"])
+    root = Path(__file__).resolve().parents[1]
+    configs = root / "recipes" / "accelerate_configs"
+    tmp = tmp_path_factory.mktemp("micro_zero3")
+    recipe = yaml.safe_load((root / "recipes" / "micro_pipeline.yaml").read_text())
+    recipe.update(run_dir=str(tmp / "run"), launcher="accelerate", num_processes=2,
+                  accelerate_config=str(configs / "zero3.yaml"))
+    (tmp / "micro.yaml").write_text(yaml.safe_dump(recipe))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "SMOLALIGN_CACHE": str(tmp / "cache")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    env.pop("SMOLALIGN_DEBUG", None)
+    proc = subprocess.run([sys.executable, "scripts/pipeline.py", str(tmp / "micro.yaml")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+    logs = {p.name: p.read_text()[-1500:] for p in (tmp / "run" / "logs").glob("*.log")}
+    assert proc.returncode == 0, (proc.stdout[-3000:], logs)
+    return tmp / "run"

@@ -81,22 +81,7 @@ def losses(output_dir: Path) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------------- the models
-
-
-@pytest.fixture(scope="session")
-def micro(tmp_path_factory) -> Path:
-    """recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory. It runs with
-    an empty model cache, as on a machine that never ran the project: its GOLD stage is the first to need the
-    builtin SmolLM2-135M, which two ZeRO-3 ranks then find unconverted (tests/test_distributed.py checks the log)."""
-    tmp = tmp_path_factory.mktemp("micro_zero3")
-    recipe = yaml.safe_load((ROOT / "recipes" / "micro_pipeline.yaml").read_text())
-    recipe.update(run_dir=str(tmp / "run"), launcher="accelerate", num_processes=2,
-                  accelerate_config=str(CONFIGS / "zero3.yaml"))
-    (tmp / "micro.yaml").write_text(yaml.safe_dump(recipe))
-    proc = python("scripts/pipeline.py", tmp / "micro.yaml", timeout=900, SMOLALIGN_CACHE=str(tmp / "cache"))
-    logs = {p.name: p.read_text()[-1500:] for p in (tmp / "run" / "logs").glob("*.log")}
-    assert proc.returncode == 0, (proc.stdout[-3000:], logs)
-    return tmp / "run"
+# `micro` (conftest.py): recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks, shared with the kill tier.
 
 
 def test_micro_pipeline_under_zero3_on_two_ranks(micro):

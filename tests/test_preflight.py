@@ -125,6 +125,13 @@ def test_checkpoint_readability(tmp_path):
     write_marker(str(ckpt), 1)
     assert check_checkpoint(str(ckpt), model) is None
     assert "belongs to another model" in check_checkpoint(str(ckpt), torch.nn.Linear(4, 5))
+    # under ZeRO-3 a rank's parameter is its shard (shape (0,)) and DeepSpeed keeps the full shape in `ds_shape`
+    sharded = torch.nn.Linear(4, 3)
+    for p in sharded.parameters():
+        p.ds_shape, p.data = p.shape, torch.empty(0)
+    assert check_checkpoint(str(ckpt), sharded) is None
+    sharded.weight.ds_shape = torch.Size([5, 4])
+    assert "has shape (3, 4) but the model's is (5, 4)" in check_checkpoint(str(ckpt), sharded)
     (ckpt / "optimizer.pt").write_bytes(b"torn")
     assert "optimizer.pt is corrupt" in check_checkpoint(str(ckpt), model)
     (ckpt / "trainer_state.json").write_text("{")

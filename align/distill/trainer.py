@@ -184,6 +184,14 @@ class DistillTrainer(GOLDTrainer):
                 self._buffered_inputs, rows, max_completion_length)
             self._tool_masks = None
 
+    def resume_state(self) -> dict:
+        """Per rank in every checkpoint (align.checkpoint.RESUME_STATE): the sampler's call count."""
+        return {"sampler": None if self.sampler is None else self.sampler.state_dict()}
+
+    def load_resume_state(self, state: dict) -> None:
+        if self.sampler is not None and state.get("sampler"):
+            self.sampler.load_state_dict(state["sampler"])
+
     def sync_engine(self) -> None:
         """After a resume (align.checkpoint): the engine gets the restored weights before the first step."""
         if self.sampler is not None:
