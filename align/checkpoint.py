@@ -295,46 +295,79 @@ class _EngineResync(TrainerCallback):
             logger.info("resumed at step %d: rollout engine weights synced", state.global_step)
 
 
+class FinishedAtResume(Exception):
+    """Raised inside `trainer.train()` when it resumed from the run's last step (`max_steps`), before a step is taken:
+    the HF Trainer's loop takes one optimizer step before its first `global_step >= max_steps` check, so re-running
+    a run killed after its final checkpoint (during the final save or evaluation) would train a step past the end.
+    align.stage.train catches it: the checkpoint's weights, loaded by then, are the final model."""
+
+
+class _NoStepPastTheEnd(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            raise FinishedAtResume(state.global_step)
+
+
 # A stage stopped by SIGTERM (Slurm preemption, scancel, a spot instance, the pipeline stopping it) exits with this
 # code after saving: 128 + SIGTERM, what a shell reports for a process the signal ended.
 PREEMPTED_EXIT_CODE = 143
 
 
-class _SaveOnSigterm(TrainerCallback):
-    """SIGTERM during training: finish the current optimizer step, save a checkpoint (atomically, as every save) and
-    stop; the stage then exits with PREEMPTED_EXIT_CODE and the same command resumes from that checkpoint. On several
-    ranks the ranks agree at each step end (a one-number all-reduce) so that all of them save the same step."""
+class SigtermFlag:
+    """SIGTERM as a flag a loop reads at a safe point (a step's end, a batch's end) instead of dying mid-write.
+    `install()` (main thread only; elsewhere it is a no-op) and `restore()` put the previous handler back;
+    `agreed(device)` is True on every rank once any rank got the signal (a one-number all-reduce: call it at the
+    same point on every rank), `requested` on this rank alone."""
 
-    def __init__(self, trainer):
-        self.trainer, self.requested, self.previous = trainer, False, None
+    def __init__(self, what: str = "finishing this step, saving a checkpoint, then stopping (re-run to resume)"):
+        self.requested, self.previous, self.what = False, None, what
 
     def _handler(self, signum, frame):
         self.requested = True
-        logger.warning("SIGTERM: finishing this step, saving a checkpoint, then stopping (re-run to resume)")
+        logger.warning("SIGTERM: %s", self.what)
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def install(self) -> SigtermFlag:
         import signal
         import threading
 
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGTERM, self._handler)
+        return self
 
-    def on_step_end(self, args, state, control, **kwargs):
-        stop = self.requested
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([1.0 if stop else 0.0], device=self.trainer.accelerator.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            stop = bool(flag.item())
-        if stop:
-            control.should_save = control.should_training_stop = True
-            self.trainer._smolalign_preempted = True
-
-    def on_train_end(self, args, state, control, **kwargs):
+    def restore(self) -> None:
         import signal
 
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
             self.previous = None
+
+    def agreed(self, device=None) -> bool:
+        stop = self.requested
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([1.0 if stop else 0.0], device=device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+
+class _SaveOnSigterm(TrainerCallback):
+    """SIGTERM during training: finish the current optimizer step, save a checkpoint (atomically, as every save) and
+    stop; the stage then exits with PREEMPTED_EXIT_CODE and the same command resumes from that checkpoint. On several
+    ranks the ranks agree at each step end (SigtermFlag.agreed) so that all of them save the same step."""
+
+    def __init__(self, trainer):
+        self.trainer, self.flag = trainer, SigtermFlag()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.flag.install()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.flag.agreed(self.trainer.accelerator.device):
+            control.should_save = control.should_training_stop = True
+            self.trainer._smolalign_preempted = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.flag.restore()
 
 
 def exit_if_preempted(trainer) -> None:
@@ -347,8 +380,8 @@ def exit_if_preempted(trainer) -> None:
 
 
 def install(trainer, script_args=None) -> NonFiniteGuard:
-    """Atomic checkpoints, engine resync after resume, the non-finite guard and save-on-SIGTERM on an HF/TRL
-    trainer."""
+    """Atomic checkpoints, engine resync after resume, the non-finite guard, save-on-SIGTERM and no step past
+    `max_steps` after a resume on an HF/TRL trainer."""
     if getattr(trainer, "_smolalign_checkpoint_installed", False):
         return trainer._smolalign_guard
     trainer._save_checkpoint = _atomic_save(trainer, trainer._save_checkpoint)
@@ -360,6 +393,7 @@ def install(trainer, script_args=None) -> NonFiniteGuard:
                            checkpoint_path=lambda step: checkpoint_path(trainer.args.output_dir, step))
     trainer.add_callback(guard)
     trainer.add_callback(_EngineResync(trainer))
+    trainer.add_callback(_NoStepPastTheEnd())
     trainer.add_callback(_SaveOnSigterm(trainer))
     trainer._smolalign_checkpoint_installed, trainer._smolalign_guard = True, guard
     return guard

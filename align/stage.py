@@ -43,7 +43,7 @@ from transformers import set_seed
 import data_gen  # noqa: F401  (registers builtin:tasks with align.data for every stage's data)
 from align import models
 from align.chat import setup_chat_format
-from align.checkpoint import exit_if_preempted, install, resume_checkpoint
+from align.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint
 from align.cpu_attention import fp32_attention
 from align.data import get_dataset
 from align.distributed import zero3_init_disabled
@@ -117,10 +117,16 @@ def train(trainer, training_args) -> dict:
     """Train, resuming from the latest complete checkpoint in output_dir (align.checkpoint.resume_checkpoint);
     return the trainer's numeric metrics with the first and last logged loss. On a CPU under bf16 autocast the
     trained model attends in fp32 (align/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
+    resume = resume_checkpoint(training_args)
     with fp32_attention(trainer.model):
-        result = trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
+        try:
+            result = trainer.train(resume_from_checkpoint=resume)
+        except FinishedAtResume as done:
+            logger.info("resumed from %s at step %s, the run's last: nothing left to train (its weights are the final "
+                        "model)", resume, done)
+            result = None
     exit_if_preempted(trainer)  # SIGTERM: the checkpoint is saved; no final model, no evaluation
-    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    metrics = {} if result is None else {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if losses:
         metrics["first_logged_loss"], metrics["last_logged_loss"] = losses[0], losses[-1]

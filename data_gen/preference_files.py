@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
+from align.checkpoint import PREEMPTED_EXIT_CODE, SigtermFlag
 from align.distributed import barrier, rank_seed, shard, world
+
+logger = logging.getLogger(__name__)
 
 
 def row_id(row: dict) -> str:
@@ -69,8 +73,30 @@ def generate_split(split: str, rows: list[dict], make_batch, cfg) -> dict:
     mine = shard(rows, rank, size)
     batches = [mine[i : i + cfg.batch_size] for i in range(0, len(mine), cfg.batch_size)]
     max_pairs = None if cfg.max_pairs is None else -(-cfg.max_pairs // size)  # each rank its share of the cap
-    start = time.perf_counter()
     bar = tqdm(total=len(batches), desc=f"pairs/{split}", unit="batch", initial=len(progress), disable=rank != 0)
+    # preemption: finish the batch in hand (its pairs and progress line land), then exit PREEMPTED_EXIT_CODE; each
+    # rank on its own (ranks may hold different numbers of batches left, so no collective here)
+    sigterm = SigtermFlag("finishing this batch, then stopping (re-run the same command to resume)").install()
+    try:
+        _generate_batches(batches, done, pairs, pairs_path, progress_path, make_batch, cfg, max_pairs, bar, sigterm)
+    finally:
+        sigterm.restore()
+    bar.close()
+    barrier()  # every rank's files are complete before anyone counts or exports them
+    totals: dict[str, float] = {}
+    lines = _merged(work, split, size, 1)
+    for p in lines:
+        for key, v in p["counts"].items():
+            totals[key] = totals.get(key, 0) + v
+        totals["seconds"] = totals.get("seconds", 0.0) + p["seconds"]
+    totals["batches_resumed"] = len(progress)
+    return totals
+
+
+def _generate_batches(batches, done, pairs, pairs_path, progress_path, make_batch, cfg, max_pairs, bar,
+                      sigterm) -> None:
+    rank, size = world()
+    start = time.perf_counter()
     for k, batch in enumerate(batches):
         if max_pairs is not None and len(pairs) >= max_pairs:
             break
@@ -88,16 +114,10 @@ def generate_split(split: str, rows: list[dict], make_batch, cfg) -> dict:
         pairs += new
         bar.update(1)
         bar.set_postfix(kept=len(pairs))
-    bar.close()
-    barrier()  # every rank's files are complete before anyone counts or exports them
-    totals: dict[str, float] = {}
-    lines = _merged(work, split, size, 1)
-    for p in lines:
-        for key, v in p["counts"].items():
-            totals[key] = totals.get(key, 0) + v
-        totals["seconds"] = totals.get("seconds", 0.0) + p["seconds"]
-    totals["batches_resumed"] = len(progress)
-    return totals
+        if sigterm.requested and k < len(batches) - 1:
+            logger.warning("stopped by SIGTERM after batch %d of %d; re-run the same command to resume", k + 1,
+                           len(batches))
+            raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
 def _export(cfg, data: dict[str, list[dict]]) -> dict[str, str]:

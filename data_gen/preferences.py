@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from align.answers import is_formatted
 from align.configs import rename_deprecated
 from align.data import get_dataset
 from align.distributed import barrier, init_from_launcher, leave_launcher, world
-from align.answers import is_formatted
 from align.models import load_tokenizer
 from align.rollout import BACKENDS, SamplingParams, get_engine
 from data_gen.preference_files import _export, generate_split, row_id  # noqa: F401  (row_id: public here too)

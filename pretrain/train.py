@@ -29,7 +29,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 import data_gen  # noqa: F401  (registers builtin:tasks, a source the pretraining recipes mix in)
-from align.checkpoint import clean_staging, is_deepspeed, load_loop_checkpoint, resolve_resume, save_loop_checkpoint
+from align.checkpoint import (
+    PREEMPTED_EXIT_CODE,
+    SigtermFlag,
+    clean_staging,
+    is_deepspeed,
+    load_loop_checkpoint,
+    resolve_resume,
+    save_loop_checkpoint,
+)
 from align.configs import check_launch, keep_freed_memory
 from align.distributed import param_ndim, zero3_init_disabled
 from align.preflight import preflight_pretrain
@@ -381,6 +389,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         return save_loop_checkpoint(cfg.output_dir, step, acc, model, optimizer, state, tokenizer, cfg.save_total_limit)
 
     running, t_interval, tokens_interval = None, time.perf_counter(), 0
+    sigterm = SigtermFlag().install()  # preemption: finish the step, checkpoint it, exit PREEMPTED_EXIT_CODE
     model.train()
     while step < total_steps:
         lr = lr_at(step, cfg, total_steps)
@@ -456,12 +465,20 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         if cfg.stop_after_steps and step >= cfg.stop_after_steps and step < total_steps:
             checkpoint()
             log.close()
+            sigterm.restore()
             return {"step": step, "history": history, "stopped": True}
+        if step < total_steps and sigterm.agreed(acc.device):
+            path = checkpoint()
+            log.close()
+            acc.print(f"stopped by SIGTERM at step {step}; checkpoint saved at {path}: run the same command with "
+                      "--resume_from_checkpoint auto to resume")
+            raise SystemExit(PREEMPTED_EXIT_CODE)
         if step % cfg.logging_steps == 0:
             t_interval, tokens_interval = time.perf_counter(), 0
         else:
             t_interval += time.perf_counter() - pause  # eval/checkpoint time does not count against tokens/s
     log.close()
+    sigterm.restore()
 
     result = {
         "step": step,

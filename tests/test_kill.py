@@ -1,14 +1,16 @@
-"""The kill tier: every stage, launched as users launch it (`python scripts/<stage>.py <recipe>`), SIGKILLed at a
-random step after its first checkpoint, then re-run with the same command, ends with the uninterrupted run's
-per-step losses (GRPO: losses and rewards), bitwise, in one process; preference generation, killed between batches,
-ends with the uninterrupted run's rows, none twice and none lost.
+"""The kill tier: every stage, launched as users launch it (`python scripts/<stage>.py <recipe>`, or `accelerate
+launch` on 2 ranks), stopped at a random step and re-run with the same command, ends with the uninterrupted run's
+per-step losses (GRPO: losses and rewards) — bitwise in one process, within 1e-6 on 2 ranks:
+- SIGKILL after the first checkpoint (a lost node: the launcher and every rank at once);
+- SIGTERM (preemption) before the first checkpoint and again in the resumed run: each time the stage saves the
+  step it is in and exits with PREEMPTED_EXIT_CODE.
+Preference generation, stopped between batches either way, ends with the uninterrupted run's rows, none twice and
+none lost. A kill during a checkpoint write: tests/test_resume.py (a torn save is skipped, the previous one loads).
 
 The models and stage recipes are the micro chain's (the session fixture `micro` in conftest.py, shared with the
-distributed tier). One uninterrupted reference run per stage; each stage's three runs take ~30-60 s on 2 cores.
-A kill during a checkpoint write is covered in tests/test_resume.py (a torn save is skipped, the previous one
-loads); SIGTERM (preemption) on one and two ranks there and in tests/test_distributed.py.
+distributed tier); one uninterrupted reference run per stage and rank count serves both signals.
 
-    python -m pytest tests/test_kill.py
+    python -m pytest tests/test_kill.py                      # ~10 min on 2 cores
 """
 
 from __future__ import annotations
@@ -52,13 +54,13 @@ def _run(cmd: list[str], timeout: int = 400) -> str:
     return proc.stdout + proc.stderr
 
 
-def _kill_at(cmd: list[str], step_seen, kill_at: int, timeout: int = 400) -> tuple[int, str]:
-    """Start `cmd` in a session of its own, read its console as it comes (\\r or \\n ends a piece), SIGKILL the
-    whole session once `step_seen(text)` (the steps finished so far) reaches `kill_at`; return (exit code,
-    console)."""
+def _signal_at(cmd: list[str], step_seen, at: int, sig: int, timeout: int = 400) -> tuple[int, str]:
+    """Start `cmd` in a session of its own, read its console as it comes (\\r or \\n ends a piece), send `sig` to
+    the whole session (the launcher and every rank, as a lost node or Slurm's notice reaches them) once
+    `step_seen(text)` (the steps finished so far) reaches `at`; return (exit code, console)."""
     job = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            start_new_session=True)
-    console, piece = [], b""
+    console, piece, sent = [], b"", False
     try:
         while True:
             ch = job.stdout.read(1)
@@ -68,9 +70,11 @@ def _kill_at(cmd: list[str], step_seen, kill_at: int, timeout: int = 400) -> tup
             if ch in (b"\n", b"\r"):
                 console.append(piece.decode(errors="replace"))
                 piece = b""
-                if step_seen("".join(console)) >= kill_at:
-                    os.killpg(job.pid, signal.SIGKILL)  # the launcher and every rank it started, as a node dies
-                    break
+                if not sent and step_seen("".join(console)) >= at:
+                    os.killpg(job.pid, sig)
+                    sent = True
+                    if sig == signal.SIGKILL:
+                        break
         return job.wait(timeout=timeout), "".join(console)
     finally:
         if job.poll() is None:
@@ -94,21 +98,7 @@ def _history(out: Path) -> list[dict]:
     return [h for h in json.loads((Path(last) / "trainer_state.json").read_text())["log_history"] if "loss" in h]
 
 
-def _killed_then_resumed(cmd: list[str], out: Path, step_seen) -> int:
-    """SIGKILL `cmd` at a random step after its first checkpoint, check what it left, re-run it to the end;
-    return the step it resumed from."""
-    kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)
-    code, console = _kill_at(cmd, step_seen, kill_at)
-    assert code == -signal.SIGKILL, f"the run ended by itself (code {code}) before step {kill_at}:\n{console[-3000:]}"
-    latest = latest_checkpoint(str(out))
-    assert latest is not None and is_complete(latest), console[-3000:]
-    resumed_from = int(re.search(r"(\d+)$", Path(latest).name).group(1))
-    assert SAVE_STEPS <= resumed_from <= kill_at + 1
-    _run(cmd)
-    return resumed_from
-
-
-# ----------------------------------------------------------------------------------------------- TRL stages
+# ----------------------------------------------------------------------------------------------- the stages
 
 
 def _trl_args(out: Path) -> list[str]:
@@ -117,8 +107,13 @@ def _trl_args(out: Path) -> list[str]:
             "--disable_tqdm", "false"]
 
 
-def _stage_command(micro: Path, stage: str, out: Path) -> list[str]:
+def _command(micro: Path, stage: str, out: Path) -> list[str]:
+    """The stage's command as a user runs it in one process (`_launched` makes it an accelerate launch)."""
     configs = micro / "configs"
+    if stage == "pretrain":
+        return [sys.executable, "scripts/run_pretrain.py", str(configs / "pretrain_small.yaml"), "--output_dir",
+                str(out), "--max_steps", str(MAX_STEPS), "--save_steps", str(SAVE_STEPS), "--micro_batch_size", "2",
+                "--mixed_precision", "no", "--resume_from_checkpoint", "auto"]
     if stage == "sft":
         return [sys.executable, "scripts/sft.py", str(configs / "sft.yaml"), *_trl_args(out), "--eval_after", "false"]
     if stage == "apo":
@@ -139,84 +134,6 @@ def _stage_command(micro: Path, stage: str, out: Path) -> list[str]:
     raise KeyError(stage)
 
 
-TRL_STAGES = ["sft", "apo", "grpo_hf", pytest.param("grpo_vllm", marks=pytest.mark.vllm), "distill"]
-
-
-@pytest.mark.parametrize("stage", TRL_STAGES)
-def test_sigkill_at_a_random_step_then_rerun_gives_the_uninterrupted_run(micro, tmp_path, stage):
-    if stage == "grpo_vllm":
-        pytest.importorskip("vllm")
-    _run(_stage_command(micro, stage, tmp_path / "whole"))
-    want = _history(tmp_path / "whole")
-    assert [h["step"] for h in want] == list(range(1, MAX_STEPS + 1))
-    if stage.startswith("grpo"):  # the refill stream was used, so its state had to survive the kill
-        assert max(h["dynamic_sampling/rounds"] for h in want) == 2
-
-    out = tmp_path / "killed"
-    resumed_from = _killed_then_resumed(_stage_command(micro, stage, out), out, _trainer_steps)
-    got = _history(out)
-    assert [h["step"] for h in got] == list(range(1, MAX_STEPS + 1))
-    keys = ["loss"] + (["reward", "reward_std"] if stage.startswith("grpo") else [])
-    for w, g in zip(want, got):
-        assert {k: g[k] for k in keys} == {k: w[k] for k in keys}, (f"resumed from step {resumed_from}", w, g)
-    assert not list(out.glob(".tmp-*"))  # no staging left behind by the kill
-
-
-# ----------------------------------------------------------------------------------------------- pretraining
-
-
-def test_pretraining_sigkill_then_rerun_gives_the_uninterrupted_losses(micro, tmp_path):
-    def command(out: Path) -> list[str]:
-        return [sys.executable, "scripts/run_pretrain.py", str(micro / "configs" / "pretrain_small.yaml"),
-                "--output_dir", str(out), "--max_steps", str(MAX_STEPS), "--save_steps", str(SAVE_STEPS),
-                "--mixed_precision", "no", "--resume_from_checkpoint", "auto"]
-
-    def losses(out: Path) -> list[float]:
-        return [h["loss"] for h in json.loads((out / "metrics.json").read_text())["history"]]
-
-    _run(command(tmp_path / "whole"))
-    out = tmp_path / "killed"
-    kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)
-    code, console = _kill_at(command(out), _pretrain_steps, kill_at)
-    assert code == -signal.SIGKILL, console[-3000:]
-    assert not (out / "metrics.json").exists()
-    rerun = _run(command(out))
-    assert "resumed from" in rerun
-    assert len(losses(out)) == MAX_STEPS and losses(out) == losses(tmp_path / "whole")
-
-
-# ----------------------------------------------------------------------------------------------- preference pairs
-
-
-def test_preference_generation_sigkill_then_rerun_writes_every_row_once(micro, tmp_path):
-    def command(out: Path) -> list[str]:
-        return [sys.executable, "scripts/generate_preferences.py", str(micro / "configs" / "preferences.yaml"),
-                "--output_dir", str(out), "--batch_size", "4"]
-
-    def rows(out: Path, split: str) -> list[dict]:
-        return [json.loads(x) for x in (out / f"{split}.jsonl").read_text().splitlines()]
-
-    _run(command(tmp_path / "whole"))
-    out = tmp_path / "killed"
-    progress = out / ".work" / "train.progress.jsonl"
-    kill_after = random.Random().randint(1, 3)  # batches of 4 of the 24 train prompts
-
-    def batches_done(_console: str) -> int:
-        return len(progress.read_text().splitlines()) if progress.exists() else 0
-
-    code, console = _kill_at(command(out), batches_done, kill_after)
-    assert code == -signal.SIGKILL, console[-3000:]
-    assert not (out / "train.jsonl").exists()
-    _run(command(out))
-    for split in ("train", "test"):
-        want, got = rows(tmp_path / "whole", split), rows(out, split)
-        assert len({r["id"] for r in got}) == len(got)  # none twice
-        assert got == want, split  # none lost, each as the uninterrupted run made it
-
-
-# ----------------------------------------------------------------------------------------------- two ranks
-
-
 def _launched(cmd: list[str], config: str) -> list[str]:
     """`python scripts/x.py ...` as `accelerate launch --config_file <config>.yaml --num_processes 2 ...`."""
     import socket
@@ -229,44 +146,185 @@ def _launched(cmd: list[str], config: str) -> list[str]:
             "--main_process_port", str(port), *cmd[1:]]
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("stage", ["sft", "apo", "grpo_hf", "distill"])
-def test_sigkill_on_two_zero3_ranks_then_rerun_gives_the_uninterrupted_run(micro, tmp_path, stage):
-    """The same on 2 DeepSpeed ZeRO-3 ranks: the launcher and both ranks killed at once (a node lost), the same
-    `accelerate launch` command re-run; per-step losses (GRPO: and rewards) within 1e-6 of the uninterrupted run."""
-    _run(_launched(_stage_command(micro, stage, tmp_path / "whole"), "zero3"))
-    want = _history(tmp_path / "whole")
+def _stage_command(micro: Path, stage: str, out: Path, ranks: int) -> list[str]:
+    cmd = _command(micro, stage, out)
+    return cmd if ranks == 1 else _launched(cmd, "zero2" if stage == "pretrain" else "zero3")
+
+
+def _steps_seen(stage: str, resumed_at: int = 0):
+    """The global step a run has finished, from its console (a resumed trainer logs only the steps it runs)."""
+    if stage == "pretrain":
+        return _pretrain_steps  # the bar starts at the resumed step
+    return lambda console: resumed_at + _trainer_steps(console)
+
+
+def _records(stage: str, out: Path) -> list[dict]:
+    """Per step: the loss (GRPO: and the rewards), from the final metrics (pretraining) or the last checkpoint."""
+    if stage == "pretrain":
+        return [{"step": h["step"], "loss": h["loss"]} for h in json.loads((out / "metrics.json").read_text())["history"]]
+    keys = ["step", "loss"] + (["reward", "reward_std"] if stage.startswith("grpo") else [])
+    return [{k: h[k] for k in keys} for h in _history(out)]
+
+
+def _same_run(stage: str, got: list[dict], want: list[dict], ranks: int, what: str) -> None:
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, MAX_STEPS + 1)), what
+    for w, g in zip(want, got):
+        if ranks == 1:  # bitwise
+            assert g == w, (what, w, g)
+        else:
+            assert g == pytest.approx(w, rel=1e-6, abs=1e-6), (what, w, g)
+
+
+@pytest.fixture(scope="module")
+def reference(micro, tmp_path_factory):
+    """One uninterrupted run per (stage, ranks), shared by the kill and the SIGTERM tests."""
+    done: dict[tuple[str, int], list[dict]] = {}
+
+    def get(stage: str, ranks: int) -> list[dict]:
+        if (stage, ranks) not in done:
+            out = tmp_path_factory.mktemp(f"whole_{stage}_{ranks}")
+            _run(_stage_command(micro, stage, out, ranks))
+            done[stage, ranks] = _records(stage, out)
+            get.dirs[stage, ranks] = out
+            if stage.startswith("grpo"):  # the refill stream was used, so its state has to survive a stop
+                rounds = [h["dynamic_sampling/rounds"] for h in _history(out) if "dynamic_sampling/rounds" in h]
+                assert max(rounds) == 2
+        return done[stage, ranks]
+
+    get.dirs = {}
+    return get
+
+
+STAGES = ["pretrain", "sft", "apo", "grpo_hf", pytest.param("grpo_vllm", marks=pytest.mark.vllm), "distill"]
+TWO_RANK_STAGES = ["pretrain", "sft", "apo", "grpo_hf", "distill"]
+
+
+def _needs(stage: str) -> None:
+    if stage == "grpo_vllm":
+        pytest.importorskip("vllm")
+
+
+# ----------------------------------------------------------------------------------------------- SIGKILL
+
+
+def _kill_and_rerun(micro, reference, tmp_path, stage: str, ranks: int) -> None:
+    _needs(stage)
+    want = reference(stage, ranks)
     out = tmp_path / "killed"
+    cmd = _stage_command(micro, stage, out, ranks)
     kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)
-    code, console = _kill_at(_launched(_stage_command(micro, stage, out), "zero3"), _trainer_steps, kill_at)
-    assert code == -signal.SIGKILL, console[-3000:]
+    code, console = _signal_at(cmd, _steps_seen(stage), kill_at, signal.SIGKILL)
+    assert code == -signal.SIGKILL, f"the run ended by itself (code {code}) before step {kill_at}:\n{console[-3000:]}"
     latest = latest_checkpoint(str(out))
     assert latest is not None and is_complete(latest), console[-3000:]
-    assert sorted(p.name for p in Path(latest).glob("smolalign_rank*.json")) == (
-        ["smolalign_rank0.json", "smolalign_rank1.json"] if stage in ("grpo_hf", "distill") else [])
-    _run(_launched(_stage_command(micro, stage, out), "zero3"))
-    got = _history(out)
-    assert [h["step"] for h in got] == [h["step"] for h in want] == list(range(1, MAX_STEPS + 1))
-    keys = ["loss"] + (["reward", "reward_std"] if stage.startswith("grpo") else [])
-    for w, g in zip(want, got):
-        for k in keys:
-            assert g[k] == pytest.approx(w[k], rel=1e-6, abs=1e-6), (k, w, g)
+    resumed_from = int(re.search(r"(\d+)$", Path(latest).name).group(1))
+    assert SAVE_STEPS <= resumed_from <= kill_at + 1
+    if stage in ("grpo_hf", "grpo_vllm", "distill"):  # the sampler's state, one file per rank
+        assert sorted(p.name for p in Path(latest).glob("smolalign_rank*.json")) == [
+            f"smolalign_rank{r}.json" for r in range(ranks)]
+    rerun = _run(cmd)
+    if stage == "pretrain":
+        assert "resumed from" in rerun and not list((out / "checkpoints").glob(".tmp-*"))
+    else:
+        assert not list(out.glob(".tmp-*"))  # no staging left behind by the kill
+    _same_run(stage, _records(stage, out), want, ranks, f"killed at step {kill_at}, resumed from {resumed_from}")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_sigkill_at_a_random_step_then_rerun_gives_the_uninterrupted_run(micro, reference, tmp_path, stage):
+    _kill_and_rerun(micro, reference, tmp_path, stage, ranks=1)
 
 
 @pytest.mark.distributed
-def test_pretraining_sigkill_on_two_zero2_ranks_then_rerun_gives_the_uninterrupted_losses(micro, tmp_path):
-    def command(out: Path) -> list[str]:
-        return _launched([sys.executable, "scripts/run_pretrain.py", str(micro / "configs" / "pretrain_small.yaml"),
-                          "--output_dir", str(out), "--max_steps", str(MAX_STEPS), "--save_steps", str(SAVE_STEPS),
-                          "--micro_batch_size", "2", "--mixed_precision", "no", "--resume_from_checkpoint", "auto"],
-                         "zero2")
+@pytest.mark.parametrize("stage", TWO_RANK_STAGES)
+def test_sigkill_on_two_ranks_then_rerun_gives_the_uninterrupted_run(micro, reference, tmp_path, stage):
+    """The launcher and both ranks killed at once (a node lost), the same `accelerate launch` command re-run
+    (ZeRO-3; ZeRO-2 for pretraining): per-step losses within 1e-6 of the uninterrupted run's."""
+    _kill_and_rerun(micro, reference, tmp_path, stage, ranks=2)
 
-    def losses(out: Path) -> list[float]:
-        return [h["loss"] for h in json.loads((out / "metrics.json").read_text())["history"]]
+
+@pytest.mark.parametrize("stage", ["sft", "apo", "grpo_hf"])
+def test_rerunning_a_finished_run_trains_nothing(micro, reference, stage):
+    """A run killed after its final checkpoint (in the final save or evaluation) is re-run: it resumes at its last
+    step and must not train past it (the HF Trainer's loop takes a step before it checks max_steps)."""
+    want = reference(stage, 1)
+    out = reference.dirs[stage, 1]
+    final = (out / "model.safetensors").read_bytes()
+    _run(_stage_command(micro, stage, out, 1))  # (SFT's 6 steps end an epoch: HF's loop would not step there)
+    assert (out / "model.safetensors").read_bytes() == final
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{MAX_STEPS - SAVE_STEPS}",
+                                                                f"checkpoint-{MAX_STEPS}"]
+    assert _records(stage, out) == want
+
+
+# ----------------------------------------------------------------------------------------------- SIGTERM
+
+
+def _preempted_twice_then_finished(micro, reference, tmp_path, stage: str, ranks: int) -> None:
+    """SIGTERM (Slurm's preemption notice, sent to every process of the job) once before the first periodic
+    checkpoint and once more in the resumed run; each time the stage saves the step it is in and exits with
+    PREEMPTED_EXIT_CODE; a last run finishes."""
+    from align.checkpoint import PREEMPTED_EXIT_CODE
+
+    _needs(stage)
+    want = reference(stage, ranks)
+    out = tmp_path / "preempted"
+    cmd = _stage_command(micro, stage, out, ranks)
+    first = 1  # before the first periodic checkpoint (step SAVE_STEPS)
+    stops = []
+    for stop_at in (first, random.Random().randint(first + 2, MAX_STEPS - 1)):
+        code, console = _signal_at(cmd, _steps_seen(stage, stops[-1] if stops else 0), stop_at, signal.SIGTERM)
+        # one process exits PREEMPTED_EXIT_CODE; a launcher whose ranks did so reports a failure of its own
+        assert code == PREEMPTED_EXIT_CODE if ranks == 1 else code != 0, (code, console[-3000:])
+        latest = latest_checkpoint(str(out))
+        assert latest is not None and is_complete(latest), console[-3000:]
+        stopped = int(re.search(r"(\d+)$", Path(latest).name).group(1))
+        assert stop_at <= stopped <= stop_at + 1, (stop_at, stopped)  # the step it was in when the signal came
+        stops.append(stopped)
+    _run(cmd)
+    _same_run(stage, _records(stage, out), want, ranks, f"stopped at steps {stops}")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_sigterm_twice_then_rerun_gives_the_uninterrupted_run(micro, reference, tmp_path, stage):
+    _preempted_twice_then_finished(micro, reference, tmp_path, stage, ranks=1)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", ["pretrain", "grpo_hf"])
+def test_sigterm_twice_on_two_ranks_then_rerun_gives_the_uninterrupted_run(micro, reference, tmp_path, stage):
+    _preempted_twice_then_finished(micro, reference, tmp_path, stage, ranks=2)
+
+
+# ----------------------------------------------------------------------------------------------- preference pairs
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_preference_generation_stopped_then_rerun_writes_every_row_once(micro, tmp_path, sig):
+    from align.checkpoint import PREEMPTED_EXIT_CODE
+
+    def command(out: Path) -> list[str]:
+        return [sys.executable, "scripts/generate_preferences.py", str(micro / "configs" / "preferences.yaml"),
+                "--output_dir", str(out), "--batch_size", "4"]
+
+    def rows(out: Path, split: str) -> list[dict]:
+        return [json.loads(x) for x in (out / f"{split}.jsonl").read_text().splitlines()]
 
     _run(command(tmp_path / "whole"))
-    out = tmp_path / "killed"
-    code, console = _kill_at(command(out), _pretrain_steps, random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1))
-    assert code == -signal.SIGKILL, console[-3000:]
+    out = tmp_path / "stopped"
+    progress = out / ".work" / "train.progress.jsonl"
+    stop_after = random.Random().randint(1, 3)  # batches of 4 of the 24 train prompts
+
+    def batches_done(_console: str) -> int:
+        return len(progress.read_text().splitlines()) if progress.exists() else 0
+
+    code, console = _signal_at(command(out), batches_done, stop_after, sig)
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else PREEMPTED_EXIT_CODE), console[-3000:]
+    if sig == signal.SIGTERM:  # the batch in hand finished: its pairs and progress line landed, no more
+        assert batches_done("") in (stop_after, stop_after + 1)
+    assert not (out / "train.jsonl").exists()
     _run(command(out))
-    assert losses(out) == pytest.approx(losses(tmp_path / "whole"), rel=1e-6, abs=1e-6)
+    for split in ("train", "test"):
+        want, got = rows(tmp_path / "whole", split), rows(out, split)
+        assert len({r["id"] for r in got}) == len(got)  # none twice
+        assert got == want, split  # none lost, each as the uninterrupted run made it
