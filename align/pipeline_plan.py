@@ -11,6 +11,7 @@ align/pipeline.py runs the plan (and documents how).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,13 +231,50 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
         stage.parent = next((s.name for s in stages if start and s.output_dir == str(start)), None)
         if stage.launcher not in (None, *LAUNCHERS):
             raise ValueError(f"stage '{name}': launcher={stage.launcher!r}; choose one of {LAUNCHERS}")
-        if stage.accelerate_config and not Path(stage.accelerate_config).is_file():
-            raise FileNotFoundError(f"stage '{name}': accelerate_config '{stage.accelerate_config}' not found")
-        if cfg.accelerate_config and not Path(cfg.accelerate_config).is_file():
-            raise FileNotFoundError(f"accelerate_config '{cfg.accelerate_config}' not found")
+        if stage.accelerate_config:
+            check_accelerate_config(stage.accelerate_config, f"stage '{name}': ")
+        if cfg.accelerate_config:
+            check_accelerate_config(cfg.accelerate_config)
         known[name] = config
         stages.append(stage)
     for n in [*cfg.rerun, *([cfg.until] if cfg.until else [])]:
         if n not in known:
             raise ValueError(f"'{n}' (in rerun/until) is not a stage; stages: {[s.name for s in stages]}")
     return stages
+
+
+def check_accelerate_config(path: str, where: str = "") -> None:
+    """An accelerate config the pipeline will launch with: it exists, parses, and holds what `accelerate launch`
+    reads (its keys, a known distributed_type, a ZeRO stage DeepSpeed has); else one line naming the problem at
+    start, not an accelerate traceback on every rank when the stage launches."""
+    import difflib
+    import enum
+
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import DistributedType
+
+    fix = "fix it or start from one of recipes/accelerate_configs/*.yaml"
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{where}accelerate_config '{path}' not found")
+    try:
+        config = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{where}accelerate_config '{path}' is not valid YAML{at} ({getattr(e, 'problem', e)}): "
+                         f"{fix}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}accelerate_config '{path}' must be a mapping of accelerate keys: {fix}")
+    known = {f.name for f in dataclasses.fields(ClusterConfig)}
+    for key in config:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise ValueError(f"{where}accelerate_config '{path}': unknown key '{key}'{hint}: {fix}")
+    kinds = [d.value for d in DistributedType] if isinstance(DistributedType, enum.EnumMeta) else []
+    kind = config.get("distributed_type", "NO")
+    if kinds and kind not in kinds:
+        raise ValueError(f"{where}accelerate_config '{path}': distributed_type {kind!r} is not one of {kinds}")
+    stage = (config.get("deepspeed_config") or {}).get("zero_stage") if kind == "DEEPSPEED" else None
+    if stage is not None and stage not in (0, 1, 2, 3):
+        raise ValueError(f"{where}accelerate_config '{path}': deepspeed_config.zero_stage {stage!r} is not 0, 1, 2 or 3")

@@ -98,6 +98,37 @@ def test_references_resolve_with_types_text_and_nesting():
             resolve_refs(typo, known, "s")
 
 
+@pytest.mark.parametrize("text, message", [
+    ("distributed_type: DEEPSPEED\n  zero_stage: 3\n", "is not valid YAML at line 2"),
+    ("- DEEPSPEED\n", "must be a mapping of accelerate keys"),
+    ("distributed_type: DEEPSPEED\nnum_procesess: 2\n", "unknown key 'num_procesess' \\(did you mean 'num_processes'\\?\\)"),
+    ("distributed_type: DEEPSPEEDX\n", "distributed_type 'DEEPSPEEDX' is not one of \\['NO', 'MULTI_CPU'"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 4}\n", "zero_stage 4 is not 0, 1, 2 or 3"),
+])
+def test_a_broken_accelerate_config_is_one_line_at_start(fake, tmp_path, text, message):
+    """What `accelerate launch` would fail on with a traceback on every rank when the stage starts, the pipeline
+    names at start (the shipped configs pass: test_shipped_accelerate_configs_pass_the_check)."""
+    path = tmp_path / "acc.yaml"
+    path.write_text(text)
+    bad = fake()
+    bad.stages[1]["accelerate_config"] = str(path)
+    with pytest.raises(ValueError, match=f"stage 'sft': accelerate_config '{path}'.*{message}"):
+        resolve_stages(bad)
+    bad = fake()
+    bad.accelerate_config = str(path)
+    with pytest.raises(ValueError, match=message):
+        resolve_stages(bad)
+
+
+def test_shipped_accelerate_configs_pass_the_check():
+    from align.pipeline_plan import check_accelerate_config
+
+    shipped = sorted((ROOT / "recipes" / "accelerate_configs").glob("*.yaml"))
+    assert len(shipped) >= 4
+    for path in shipped:
+        check_accelerate_config(str(path))
+
+
 def test_stage_resolution_merges_recipe_and_overrides_and_checks_input(fake, tmp_path):
     cfg = fake(tracking="wandb")
     base, sft = resolve_stages(cfg)
