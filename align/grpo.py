@@ -318,7 +318,8 @@ class GRPOTrainer(ToolUse, LossPassImportanceSampling, trl.GRPOTrainer):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = out
         # hybrid reasoning: reward, accuracy, format and length per asked mode (rows of every rank, as `out` holds)
-        rows = gather_objects([(row_mode(x), len(c), t) for x, c, t in zip(inputs, completion_ids_list, completions)])
+        rows = gather_objects([(row_mode(x), len(c), self.format_view(t))
+                               for x, c, t in zip(inputs, completion_ids_list, completions)])
         metrics = per_mode_metrics([r for part in rows for r in part], out, self.reward_weights, self.reward_func_names)
         for key, value in metrics.items():
             self._metrics["train" if self.model.training else "eval"][key].append(value)

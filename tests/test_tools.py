@@ -232,6 +232,9 @@ def test_trajectories_keep_the_sampled_ids_exactly_and_mask_the_tool_tokens(tok)
     assert called.logprobs[: len(turn1)] == [-0.01 * (i + 1) for i in range(len(turn1))]
     assert all(math.isnan(x) for x in called.logprobs[len(turn1): len(turn1) + len(inserted)])
     assert "\\boxed{5535}" in called.policy_text and "5535<" not in called.policy_text.replace("{5535}", "")
+    # the answer turn alone (a mode's format is judged on it), the last of the policy's turns
+    assert called.answer_text == tok.decode(turn2, skip_special_tokens=True) and called.policy_text.endswith(called.answer_text)
+    assert direct.answer_text == direct.policy_text
     assert ToolLoop.summary([called, direct])["tools/calls_per_rollout"] == 0.5
 
 

@@ -172,3 +172,26 @@ def test_trls_own_vllm_bookkeeping_is_kept_without_tools(tiny, tmp_path):
     assert trainer._last_loaded_step == -1
     trainer._last_loaded_step = 7
     assert trainer._last_loaded_step == 7
+
+
+def test_a_multi_turn_answer_is_judged_in_format_by_its_answer_turn():
+    """Think mode over two turns: each turn opens its own think block, so the joined text never has the one-block
+    form; GRPO's per-mode format metric reads the answer turn (ToolUse.format_view), without tools the whole text."""
+    from align.tools.grpo import ToolUse
+    from rewards.format import mode_format_reward
+
+    call = "<think>\nI should use the calculator for this product\n</think>\n<tool_call>{...}</tool_call>"
+    answer = "<think>\nthe tool said 5535 so that is the product here\n</think>\nThe answer is \\boxed{5535}."
+    joined = call + "\n" + answer
+    assert mode_format_reward([joined], mode=["think"]) == [0.0]
+    assert mode_format_reward([answer], mode=["think"]) == [1.0]
+
+    class Trainer(ToolUse):
+        tool_loop = object()
+
+    trainer = Trainer()
+    trainer._answer_turns = {joined: answer}
+    assert trainer.format_view([{"role": "assistant", "content": joined}]) == answer
+    assert trainer.format_view("not a tool rollout") == "not a tool rollout"
+    trainer.tool_loop = None
+    assert trainer.format_view(joined) == joined

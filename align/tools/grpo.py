@@ -14,6 +14,7 @@ from typing import Any
 from align.distributed import gather_objects
 from align.tools.loop import ToolLoop, Trajectory, with_tools
 from align.tools.runner import ToolRunner
+from rewards.extract import completion_text
 
 
 def build_tool_loop(args, tokenizer) -> ToolLoop | None:
@@ -69,6 +70,7 @@ def tool_rollout(prompts: list, trainer) -> dict:
         "logprobs": [t.logprobs for t in flat] if trainer.importance_sampling else None,
         "env_mask": [t.mask for t in flat],
         "policy_text": [t.policy_text for t in flat],
+        "answer_text": [t.answer_text for t in flat],
         "tool_calls": [t.calls for t in flat],
         "env_reward": [t.env_reward for t in flat],
         "turns": [t.turns for t in flat],
@@ -121,5 +123,13 @@ class ToolUse:
         if self.tool_loop is None:
             return out
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images = out
-        completions = policy_completions(completions, extra.pop("policy_text"))
+        policy_text = extra.pop("policy_text")
+        self._answer_turns = dict(zip(policy_text, extra.pop("answer_text", policy_text)))
+        completions = policy_completions(completions, policy_text)
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images
+
+    def format_view(self, completion) -> str:
+        """The text a mode's format metric judges: with tools, the trajectory's last turn (each turn of a multi-turn
+        answer opens its own think block in think mode, so the joined turns never have the one-block form)."""
+        text = completion_text(completion)
+        return getattr(self, "_answer_turns", {}).get(text, text) if self.tool_loop is not None else text

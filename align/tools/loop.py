@@ -37,6 +37,7 @@ class Trajectory:
     calls: list[dict] = field(default_factory=list)  # {"turn", "name", "status", "arguments"} per call, in order
     finish_reason: str = "stop"  # stop | length (a turn hit the budget) | max_turns | budget (a tool answer did)
     policy_text: str = ""  # what the policy wrote, its turns decoded and joined: what rewards read
+    answer_text: str = ""  # its last turn (the answer): what a mode's format is judged on, turn by turn templates
     env_reward: float | None = None
 
     @property
@@ -166,6 +167,7 @@ class ToolLoop:
         finally:
             for _, t in flat:
                 t.policy_text = "\n".join(texts[id(t)])
+                t.answer_text = texts[id(t)][-1] if texts[id(t)] else ""
                 t.env_reward = self.runner.finish(keys[id(t)])
         return groups
 
