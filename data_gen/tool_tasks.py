@@ -3,9 +3,12 @@
 A 135M model cannot do these in its head; with the right call they are one step:
 - `tool_arithmetic`: a product or sum of 4-6 digit numbers -> `calculator`;
 - `tool_count`: how many times a letter occurs in a 60-120 character string -> `python` (`print(s.count("a"))`);
-- `tool_lookup`: a number from an offline table of made-up places (no model has seen them) -> `search`.
+- `tool_lookup`: a number from an offline table of made-up places (no model has seen them) -> `search`;
+- `tool_difference` (two turns of calls): one place's number minus another's -> `search` twice in one turn, then
+  `calculator` on the two replies: a chain where the second call needs what the first ones returned.
 Rows have the `builtin:tasks` shape (prompt, answer, family, reward, think) plus `tools` (the tool names offered:
-all three, so picking the right one is part of the task), `tool` and `call` (the right tool and its call, JSON),
+all three, so picking the right one is part of the task), `tool` and `call` (the right first tool and its call,
+JSON), `calls` (every call, JSON: a list of turns, each a list of calls),
 `prompt_messages` (system turn with the tools described, the mode flag, the question) and `messages`
 (an SFT trace: the assistant's call, the tool's reply as a `tool` turn, the answer; the assistant-only loss mask
 trains the calls and the answer, never the tool's reply).
@@ -26,7 +29,10 @@ from align.tools.loop import with_tools
 from align.tools.parse import call_text
 from data_gen.tasks import MODES, _mode_of, prompt_id
 
-FAMILIES = {"tool_arithmetic": "calculator", "tool_count": "python", "tool_lookup": "search"}
+FAMILIES = {"tool_arithmetic": "calculator", "tool_count": "python", "tool_lookup": "search",
+            "tool_difference": "search"}  # the family's first tool
+# What `families` unset gives (the 135M tool chain's data); tool_difference, the harder chain, is asked for by name.
+DEFAULT_FAMILIES = ["tool_arithmetic", "tool_count", "tool_lookup"]
 
 
 def _arithmetic(rng: random.Random) -> tuple[str, str, str, dict]:
@@ -49,7 +55,24 @@ def _lookup(rng: random.Random) -> tuple[str, str, str, dict]:
     return f"What is the {f} of {row['name']}?", str(row[f]), "search", {"query": row["name"]}
 
 
-MAKERS = {"tool_arithmetic": _arithmetic, "tool_count": _count, "tool_lookup": _lookup}
+def _difference(rng: random.Random) -> tuple[str, str, list[list[dict]]]:
+    a, b = rng.sample(TABLE, 2)
+    f = rng.choice(_FIELDS)
+    q = f"What is the {f} of {a['name']} minus the {f} of {b['name']}?"
+    turns = [[{"name": "search", "arguments": {"query": a["name"]}}, {"name": "search", "arguments": {"query": b["name"]}}],
+             [{"name": "calculator", "arguments": {"expression": f"{a[f]} - {b[f]}"}}]]
+    return q, str(a[f] - b[f]), turns
+
+
+def _one_call(maker):
+    def make(rng: random.Random) -> tuple[str, str, list[list[dict]]]:
+        q, answer, tool, args = maker(rng)
+        return q, answer, [[{"name": tool, "arguments": args}]]
+    return make
+
+
+MAKERS = {"tool_arithmetic": _one_call(_arithmetic), "tool_count": _one_call(_count), "tool_lookup": _one_call(_lookup),
+          "tool_difference": _difference}
 
 
 def tool_reply(name: str, arguments: dict) -> str:
@@ -58,8 +81,9 @@ def tool_reply(name: str, arguments: dict) -> str:
 
 
 def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: int = 0) -> list[dict]:
-    """`num` rows cycling over the families; train and test draw disjoint prompts (by hash) for one seed."""
-    families = list(families or FAMILIES)
+    """`num` rows cycling over the families (unset: DEFAULT_FAMILIES); train and test draw disjoint prompts (by hash)
+    for one seed."""
+    families = list(families or DEFAULT_FAMILIES)
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         raise ValueError(f"unknown tool families {unknown}; choose from {sorted(FAMILIES)}")
@@ -67,7 +91,7 @@ def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: i
     rows, seen, misses = [], set(), 0
     while len(rows) < num:
         fam = families[len(rows) % len(families)]
-        q, answer, tool, args = MAKERS[fam](rng)
+        q, answer, turns = MAKERS[fam](rng)
         pid = prompt_id(q)
         if pid in seen or (int(pid, 16) % 5 == 0) != (split == "test"):  # a fifth of all prompts are test prompts
             misses += 1
@@ -76,25 +100,30 @@ def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: i
                                  f"{families} ({len(rows)} found); ask for fewer (num) or leave tool_lookup out")
             continue
         seen.add(pid)
+        tool = turns[0][0]["name"]
         rows.append({"prompt": q, "answer": answer, "family": fam, "reward": "math_reward",
-                     "tools": sorted(FAMILIES.values()), "tool": tool, "call": json.dumps({"name": tool, "arguments": args}),
+                     "tools": sorted(set(FAMILIES.values()) | {"calculator", "python"}), "tool": tool,
+                     "call": json.dumps(turns[0][0]), "calls": json.dumps(turns),
                      "think": f"I cannot do this reliably in my head; the {tool} tool can."})
     return rows
 
 
 def trace_messages(row: dict, mode: str, schemas: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(prompt messages, SFT trace) for a row in `mode`."""
+    """(prompt messages, SFT trace) for a row in `mode`: per turn of calls, the assistant's calls and one `tool`
+    message per call (role/content only: mixes with other chats), then the answer."""
     prompt = with_tools([{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": row["prompt"]}],
                         schemas)
-    spec = json.loads(row["call"])
-    call = call_text(spec["name"], spec["arguments"])
-    reply = tool_reply(spec["name"], spec["arguments"])
-    think = f"<think>\n{row['think']}\n</think>\n" if mode == "think" else ""
+    turns = json.loads(row["calls"]) if row.get("calls") else [[json.loads(row["call"])]]
+    trace = list(prompt)
+    for k, calls in enumerate(turns):
+        why = row["think"] if k == 0 else "Now I combine the replies with the calculator."
+        think = f"<think>\n{why}\n</think>\n" if mode == "think" else ""
+        trace.append({"role": "assistant", "content": think + "\n".join(call_text(c["name"], c["arguments"])
+                                                                       for c in calls)})
+        trace += [{"role": "tool", "content": tool_reply(c["name"], c["arguments"])} for c in calls]
     answer = (f"<think>\nFrom the tool's reply, the answer is {row['answer']}.\n</think>\n" if mode == "think" else "") + \
         f"The answer is \\boxed{{{row['answer']}}}."
-    return prompt, prompt + [{"role": "assistant", "content": think + call},
-                             {"role": "tool", "content": reply},  # role/content only: mixes with other chats
-                             {"role": "assistant", "content": answer}]
+    return prompt, trace + [{"role": "assistant", "content": answer}]
 
 
 def tool_tasks_dataset(split: str | None = "train", families=None, num: int = 300, seed: int = 0,

@@ -308,6 +308,37 @@ def test_sft_traces_train_the_calls_and_answers_not_the_tool_replies(tok):
         assert "I cannot do this reliably" in trained  # the calling turn keeps its think block (after the last user)
 
 
+def test_the_two_turn_family_chains_its_calls_and_its_trace_trains_every_call(tok):
+    """tool_difference: two searches in one turn, then the calculator on their replies; running the trace's calls
+    with the real tools gives the gold answer, and the SFT mask trains all three calls, never the four replies."""
+    from align.chat import SMOLLM3_TEMPLATE, assistant_masks
+    from data_gen.tool_tasks import DEFAULT_FAMILIES, make_tool_tasks, tool_reply, trace_messages
+
+    assert "tool_difference" not in DEFAULT_FAMILIES  # asked for by name: the documented tool chain's data is kept
+    schemas = [t.schema for t in load_tools(["calculator", "python", "search"]).values()]
+    rows = make_tool_tasks(["tool_difference"], num=20)
+    for row in rows:
+        turns = json.loads(row["calls"])
+        assert [[c["name"] for c in t] for t in turns] == [["search", "search"], ["calculator"]]
+        replies = [tool_reply(c["name"], c["arguments"]) for c in turns[0]]
+        assert [r.split(":")[0] for r in replies] == [c["arguments"]["query"] for c in turns[0]]
+        # the calculator's expression is made of the numbers the two searches returned
+        a, b = turns[1][0]["arguments"]["expression"].split(" - ")
+        assert f" {a};" in replies[0] + ";" and f" {b};" in replies[1] + ";"
+        assert tool_reply("calculator", turns[1][0]["arguments"]) == row["answer"]
+    _, messages = trace_messages(rows[0], "no_think", schemas)
+    assert [m["role"] for m in messages[2:]] == ["assistant", "tool", "tool", "assistant", "tool", "assistant"]
+    for template in (None, SMOLLM3_TEMPLATE):
+        out = assistant_masks(tok, messages, chat_template=template)
+        trained = tok.decode([i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m])
+        for turn in json.loads(rows[0]["calls"]):
+            for c in turn:
+                assert call_text(c["name"], c["arguments"]) in trained
+        assert all(m["content"] not in trained for m in messages[3:5])  # the two searches' replies
+        assert trained.count(rows[0]["answer"]) == 1  # the answer's box only: the calculator's reply (the same
+                                                      # number) is not trained
+
+
 # ----------------------------------------------------------------------------------------------- real engines
 
 
