@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Every stage once on a CUDA GPU, one process, bf16, a few steps (not in CI: CI has no GPU). From the repo root:
+#     bash tests/workers/gpu_stages.sh MODELS_DIR OUT_DIR
+# MODELS_DIR holds the micro pipeline's outputs (`python scripts/pipeline.py recipes/micro_pipeline.yaml`; its
+# configs/ name the models by the absolute paths they had there). Each line says what ran and what it computed;
+# a stage that fails prints the end of its log. Then tests/workers/gpu_paths.sh for Liger, FSDP2 and evaluation.
+set -uo pipefail
+M=${1:?models dir}; OUT=${2:?out dir}
+mkdir -p "$OUT"
+export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+trl="--max_steps 3 --logging_steps 1 --save_steps 3 --report_to none --bf16 true"
+
+run() {  # name, then the command; prints rc, seconds and the last logged loss
+  local name=$1; shift
+  local start=$SECONDS
+  timeout 300 "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local loss
+  loss=$(grep -o "'loss': '[^']*'" "$OUT/$name.log" | tail -1)
+  echo "$name rc=$rc ${SECONDS}s-${start}s $loss"
+  [ $rc -eq 0 ] || tail -25 "$OUT/$name.log"
+}
+
+$PY -c "import torch, transformers, trl, datasets, peft, accelerate as a; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'accelerate', a.__version__, torch.cuda.get_device_name())"
+run pretrain $PY scripts/run_pretrain.py "$M/configs/pretrain_small.yaml" --output_dir "$OUT/pretrain" --max_steps 3 \
+    --save_steps 3 --mixed_precision bf16
+grep -h -o "device[^,]*" "$OUT/pretrain.log" | head -2
+run sft $PY scripts/sft.py "$M/configs/sft.yaml" --output_dir "$OUT/sft" $trl --eval_after true --eval_num_prompts 4
+run apo $PY scripts/dpo.py "$M/configs/apo.yaml" --output_dir "$OUT/apo" $trl --per_device_train_batch_size 2
+run grpo $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo" $trl --rollout_backend hf \
+    --eval_after true --eval_num_prompts 4
+run grpo_padding_free $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_pf" $trl --rollout_backend hf \
+    --padding_free true
+run distill $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_path "$M/midtrain" \
+    --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill" $trl --per_device_train_batch_size 2 \
+    --max_completion_length 16 --max_length 128 --eval_num_prompts 4 --distill_eval_max_new_tokens 16 \
+    --dataset_args "{num: 32, mode: mixed, seed: 0}"
+run preferences $PY scripts/generate_preferences.py "$M/configs/preferences.yaml" --output_dir "$OUT/preferences" \
+    --rollout_backend hf
+run evaluate $PY scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
+    --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --max_new_tokens 32 --backend hf
+$PY - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+for name, f in [("sft", "sft/sft_eval.json"), ("grpo", "grpo/grpo_eval.json"), ("distill", "distill/distill_eval.json"),
+                ("eval", "eval/eval_results.json")]:
+    p = os.path.join(out, f)
+    if not os.path.exists(p):
+        print(name, "no report"); continue
+    r = json.load(open(p))
+    keep = {k: r[k] for k in ("device", "world_size", "distributed_type") if k in r}
+    print(name, keep, {k: v for k, v in (r.get("metrics") or {}).items() if k.startswith(("acc/", "loss/"))})
+PY
