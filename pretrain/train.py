@@ -245,6 +245,11 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
 
 
 @torch.no_grad()
+def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """The stream collates on the CPU; the model may be on a GPU (a no-op on a CPU run)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def evaluate(model, eval_batches: dict[str, dict], autocast, chunk_tokens: int = 0) -> dict[str, float]:
     """Held-out loss per source and their plain mean (`eval_loss`), plus perplexity."""
     was_training = model.training
@@ -369,6 +374,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     eval_batches = stream.eval_batches(cfg.eval_rows)
 
     held_out = [tokenizer.decode(b["input_ids"][0][:128]) for b in eval_batches.values()]
+    eval_batches = {name: to_device(b, acc.device) for name, b in eval_batches.items()}
     preflight_pretrain(
         raw,
         tokenizer,
@@ -397,7 +403,7 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
             group["lr"] = lr
         loss_sum = torch.zeros(())
         for _ in range(cfg.grad_accum_steps):
-            batch = stream.next_batch(cfg.micro_batch_size)
+            batch = to_device(stream.next_batch(cfg.micro_batch_size), acc.device)
             # accumulate(): no DDP sync until the last micro-batch; backward() scales by 1/grad_accum_steps (DeepSpeed
             # scales itself, and steps its engine inside the last backward: the guard below sees that step after it)
             with acc.accumulate(model):

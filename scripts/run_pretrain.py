@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from align.answers import run_generative
 from align.cli import run
 from align.distributed import barrier, world, zero3_init_disabled
+from align.evaluate import eval_device
 from align.models import write_rope_scaling
 from align.scoring import model_generate
 from data_gen.tasks import make_tasks
@@ -66,7 +67,7 @@ def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments)
     families = [f.strip() for f in skill.skill_families.split(",") if f.strip()] or None
     rows = make_tasks(families, num=skill.skill_eval_num, split="test", seed=1234)
     with zero3_init_disabled():  # each rank scores its share with a whole copy of the saved model
-        model = AutoModelForCausalLM.from_pretrained(cfg.output_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(cfg.output_dir, dtype=torch.float32).to(eval_device())
     tokenizer = AutoTokenizer.from_pretrained(cfg.output_dir)
     acc = task_accuracy(model, tokenizer, rows, skill.skill_max_new_tokens)
     if world()[0] != 0:

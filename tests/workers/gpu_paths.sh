@@ -7,6 +7,7 @@
 # with its own copy, and the saved model equals the gathered weights; (3) evaluation on the GPU (see below).
 set -uo pipefail
 M=${1:?models dir}; OUT=${2:?out dir}
+mkdir -p "$OUT"
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 sft="$M/configs/sft.yaml --model_name_or_path $M/midtrain --max_steps 4 --logging_steps 1 --save_steps 4 --eval_after false --bf16 true"
@@ -31,5 +32,5 @@ cat "$OUT/fsdp/result.json" 2>/dev/null | python -c "import json,sys; d=json.loa
 # context holds a 4,096-token answer beside its prompt (truncated share must stay low with max_new_tokens 4096)
 python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
     --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --modes no_think --max_new_tokens 4096 \
-    --rollout_backend vllm > "$OUT/eval.log" 2>&1; echo "eval rc $?"
+    --rollout_backend "${EVAL_BACKEND:-vllm}" > "$OUT/eval.log" 2>&1; echo "eval rc $?"
 python -c "import json,sys; r=json.load(open(sys.argv[1])); print('eval device', r['device'], 'truncated', r['metrics'].get('truncated/tasks/no_think'))" "$OUT/eval/eval_results.json"

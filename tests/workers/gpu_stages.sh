@@ -25,7 +25,7 @@ run() {  # name, then the command; prints rc, seconds and the last logged loss
 
 $PY -c "import torch, transformers, trl, datasets, peft, accelerate as a; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'accelerate', a.__version__, torch.cuda.get_device_name())"
 run pretrain $PY scripts/run_pretrain.py "$M/configs/pretrain_small.yaml" --output_dir "$OUT/pretrain" --max_steps 3 \
-    --save_steps 3 --mixed_precision bf16
+    --save_steps 3 --mixed_precision bf16 --skill_eval_num 4
 grep -h -o "device[^,]*" "$OUT/pretrain.log" | head -2
 run sft $PY scripts/sft.py "$M/configs/sft.yaml" --output_dir "$OUT/sft" $trl --eval_after true --eval_num_prompts 4
 run apo $PY scripts/dpo.py "$M/configs/apo.yaml" --output_dir "$OUT/apo" $trl --per_device_train_batch_size 2
