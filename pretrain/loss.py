@@ -8,9 +8,14 @@ aside), at the cost of one more LM-head pass.
 
     loss = lm_loss(model, batch)                       # short rows: one pass
     loss = lm_loss(model, batch, chunk_tokens=4096)    # long context: 4,096 positions' logits at a time
+
+`evaluate` is the held-out loss per source on the same function; `to_device` moves a CPU-collated batch to the
+model's device.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -50,3 +55,23 @@ def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, head, with_z: bool)
     ce = F.cross_entropy(flat, targets.reshape(-1), reduction="sum", ignore_index=IGNORE)
     z = torch.logsumexp(flat, dim=-1).pow(2).sum() if with_z else flat.new_zeros(())
     return ce, z
+
+
+def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """The stream collates on the CPU; the model may be on a GPU (a no-op on a CPU run)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def evaluate(model, eval_batches: dict[str, dict], autocast, chunk_tokens: int = 0) -> dict[str, float]:
+    """Held-out loss per source and their plain mean (`eval_loss`), plus perplexity."""
+    was_training = model.training
+    model.eval()
+    out = {}
+    with autocast():
+        for name, batch in eval_batches.items():
+            out[f"eval_loss/{name}"] = lm_loss(model, batch, chunk_tokens=chunk_tokens).item()
+    model.train(was_training)
+    if out:
+        out["eval_loss"] = sum(out.values()) / len(out)
+        out["eval_ppl"] = math.exp(min(out["eval_loss"], 50))
+    return out

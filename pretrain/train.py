@@ -42,7 +42,7 @@ from align.configs import check_launch, keep_freed_memory
 from align.distributed import param_ndim, zero3_init_disabled
 from align.preflight import preflight_pretrain
 from pretrain.data import PackedStream
-from pretrain.loss import lm_loss
+from pretrain.loss import evaluate, lm_loss, to_device
 from pretrain.model import ModelArguments, build_model, describe, flops_per_token, grow_depth
 from pretrain.tokenizer import SPECIAL_TOKENS
 from pretrain.tracking import Logger, plot_losses
@@ -245,26 +245,6 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
 
 
 @torch.no_grad()
-def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
-    """The stream collates on the CPU; the model may be on a GPU (a no-op on a CPU run)."""
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
-def evaluate(model, eval_batches: dict[str, dict], autocast, chunk_tokens: int = 0) -> dict[str, float]:
-    """Held-out loss per source and their plain mean (`eval_loss`), plus perplexity."""
-    was_training = model.training
-    model.eval()
-    out = {}
-    with autocast():
-        for name, batch in eval_batches.items():
-            out[f"eval_loss/{name}"] = lm_loss(model, batch, chunk_tokens=chunk_tokens).item()
-    model.train(was_training)
-    if out:
-        out["eval_loss"] = sum(out.values()) / len(out)
-        out["eval_ppl"] = math.exp(min(out["eval_loss"], 50))
-    return out
-
-
 def attention(name: str) -> str:
     """The attention kernel: 'auto' is flash_attention_2 on a GPU with flash-attn installed (packed rows then attend
     per document from their position ids, varlen, with no [B, 1, T, T] mask: 4.3 GB at 64k), else sdpa."""

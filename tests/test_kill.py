@@ -58,23 +58,39 @@ def _signal_at(cmd: list[str], step_seen, at: int, sig: int, timeout: int = 400)
     """Start `cmd` in a session of its own, read its console as it comes (\\r or \\n ends a piece), send `sig` to
     the whole session (the launcher and every rank, as a lost node or Slurm's notice reaches them) once
     `step_seen(text)` (the steps finished so far) reaches `at`; return (exit code, console)."""
+    import select
+
     job = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            start_new_session=True)
+    fd = job.stdout.fileno()
     console, piece, sent = [], b"", False
+
+    def reached() -> bool:
+        return not sent and step_seen("".join(console)) >= at
+
     try:
         while True:
-            ch = job.stdout.read(1)
-            if not ch:
-                break
-            piece += ch
-            if ch in (b"\n", b"\r"):
-                console.append(piece.decode(errors="replace"))
-                piece = b""
-                if not sent and step_seen("".join(console)) >= at:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:  # quiet: progress kept in files (preference generation's ranks) is polled all the same
+                if reached():
                     os.killpg(job.pid, sig)
                     sent = True
                     if sig == signal.SIGKILL:
                         break
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            for ch in chunk:
+                piece += bytes([ch])
+                if ch in b"\n\r":
+                    console.append(piece.decode(errors="replace"))
+                    piece = b""
+                    if reached():
+                        os.killpg(job.pid, sig)
+                        sent = True
+            if sent and sig == signal.SIGKILL:
+                break
         return job.wait(timeout=timeout), "".join(console)
     finally:
         if job.poll() is None:
@@ -196,7 +212,7 @@ def reference(micro, tmp_path_factory):
 
 
 STAGES = ["pretrain", "sft", "apo", "grpo_hf", pytest.param("grpo_vllm", marks=pytest.mark.vllm), "distill"]
-TWO_RANK_STAGES = ["pretrain", "sft", "apo", "grpo_hf", "distill"]
+TWO_RANK_STAGES = ["pretrain", "sft", "apo", "grpo_hf", pytest.param("grpo_vllm", marks=pytest.mark.vllm), "distill"]
 
 
 def _needs(stage: str) -> None:
@@ -299,24 +315,29 @@ def test_sigterm_twice_on_two_ranks_then_rerun_gives_the_uninterrupted_run(micro
 # ----------------------------------------------------------------------------------------------- preference pairs
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
-def test_preference_generation_stopped_then_rerun_writes_every_row_once(micro, tmp_path, sig):
+@pytest.mark.parametrize("sig, ranks", [
+    (signal.SIGKILL, 1), (signal.SIGTERM, 1),
+    pytest.param(signal.SIGKILL, 2, marks=pytest.mark.distributed)], ids=["sigkill", "sigterm", "sigkill-2-ranks"])
+def test_preference_generation_stopped_then_rerun_writes_every_row_once(micro, tmp_path, sig, ranks):
+    """One process, or 2 ranks (each rank its own share and files; the launcher and both ranks killed at once)."""
     from align.checkpoint import PREEMPTED_EXIT_CODE
 
     def command(out: Path) -> list[str]:
-        return [sys.executable, "scripts/generate_preferences.py", str(micro / "configs" / "preferences.yaml"),
-                "--output_dir", str(out), "--batch_size", "4"]
+        cmd = [sys.executable, "scripts/generate_preferences.py", str(micro / "configs" / "preferences.yaml"),
+               "--output_dir", str(out), "--batch_size", "4"]
+        return cmd if ranks == 1 else _launched(cmd, "zero3")
 
     def rows(out: Path, split: str) -> list[dict]:
         return [json.loads(x) for x in (out / f"{split}.jsonl").read_text().splitlines()]
 
     _run(command(tmp_path / "whole"))
     out = tmp_path / "stopped"
-    progress = out / ".work" / "train.progress.jsonl"
-    stop_after = random.Random().randint(1, 3)  # batches of 4 of the 24 train prompts
+    progress = [out / ".work" / ("train.progress.jsonl" if ranks == 1 else f"train.rank{r}-of-2.progress.jsonl")
+                for r in range(ranks)]
+    stop_after = random.Random().randint(1, 3 if ranks == 1 else 2)  # batches of 4 of the 24 train prompts
 
-    def batches_done(_console: str) -> int:
-        return len(progress.read_text().splitlines()) if progress.exists() else 0
+    def batches_done(_console: str) -> int:  # the slowest rank's
+        return min(len(p.read_text().splitlines()) if p.exists() else 0 for p in progress)
 
     code, console = _signal_at(command(out), batches_done, stop_after, sig)
     assert code == (-signal.SIGKILL if sig == signal.SIGKILL else PREEMPTED_EXIT_CODE), console[-3000:]
