@@ -288,7 +288,7 @@ def _preempted_twice_then_finished(micro, reference, tmp_path, stage: str, ranks
     cmd = _stage_command(micro, stage, out, ranks)
     first = 1  # before the first periodic checkpoint (step SAVE_STEPS)
     stops = []
-    for stop_at in (first, random.Random().randint(first + 2, MAX_STEPS - 1)):
+    for stop_at in (first, random.Random().randint(first + 2, MAX_STEPS - 2)):  # steps left to stop in
         code, console = _signal_at(cmd, _steps_seen(stage, stops[-1] if stops else 0), stop_at, signal.SIGTERM)
         # one process exits PREEMPTED_EXIT_CODE; a launcher whose ranks did so reports a failure of its own
         assert code == PREEMPTED_EXIT_CODE if ranks == 1 else code != 0, (code, console[-3000:])

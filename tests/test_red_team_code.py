@@ -55,12 +55,18 @@ HOLD_MEMFD = (
     "        except OSError:\n            pass\n        if not n:\n            return held\n        held += n\n"
     "    hold.fds = fds\n    return held\n"
 )
-HOLD_FORKS = (  # four processes, each within its own address-space limit, 256 MiB together
-    "import os, select, time\ndef hold(n, mb):\n    r, w = os.pipe()\n    for _ in range(n):\n        if os.fork() == 0:\n"
+# Four processes, each within its own address-space limit, 256 MiB together. What counts is memory held AT ONCE: a
+# child that filled its share and was then OOM-killed (the cgroup's killer may pick a finished child to make room for
+# the next) held nothing at the end, so the attack counts the children that reported AND are still alive.
+HOLD_FORKS = (
+    "import os, select, time\ndef hold(n, mb):\n    r, w = os.pipe()\n    pids = []\n    for _ in range(n):\n"
+    "        pid = os.fork()\n        if pid == 0:\n"
     "            x = bytearray(mb << 20)\n            for i in range(0, len(x), 4096):\n                x[i] = 1\n"
-    "            os.write(w, b'x')\n            time.sleep(60)\n    got, end = 0, time.monotonic() + 3\n"
+    "            os.write(w, b'x')\n            time.sleep(60)\n        pids.append(pid)\n"
+    "    got, end = 0, time.monotonic() + 3\n"
     "    while got < n and select.select([r], [], [], max(0, end - time.monotonic()))[0]:\n"
-    "        got += len(os.read(r, 16))\n    return got * mb\n"
+    "        got += len(os.read(r, 16))\n"
+    "    alive = sum(os.waitpid(p, os.WNOHANG) == (0, 0) for p in pids)\n    return min(got, alive) * mb\n"
 )
 HOLD_SYSV = (
     "import ctypes\ndef hold(mb):\n    libc = ctypes.CDLL(None, use_errno=True)\n    libc.shmat.restype = ctypes.c_void_p\n"
