@@ -62,6 +62,7 @@ def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+@torch.no_grad()
 def evaluate(model, eval_batches: dict[str, dict], autocast, chunk_tokens: int = 0) -> dict[str, float]:
     """Held-out loss per source and their plain mean (`eval_loss`), plus perplexity."""
     was_training = model.training

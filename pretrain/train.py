@@ -244,7 +244,6 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
 # ---- the loop ----------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def attention(name: str) -> str:
     """The attention kernel: 'auto' is flash_attention_2 on a GPU with flash-attn installed (packed rows then attend
     per document from their position ids, varlen, with no [B, 1, T, T] mask: 4.3 GB at 64k), else sdpa."""

@@ -166,6 +166,35 @@ def lrs(total, **kw):
     return [lr_at(s, cfg, total) for s in range(total)]
 
 
+def test_held_out_evaluation_builds_no_graph_and_keeps_the_mode():
+    """pretrain.loss.evaluate: the held-out loss of each source and their mean, computed without autograd (a graph
+    over a long-context batch would hold its activations) and leaving the model in the mode it found."""
+    from contextlib import nullcontext
+
+    from pretrain.loss import evaluate, to_device
+
+    model = build_model(ModelArguments(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1), vocab_size=50)
+    ids = torch.randint(1, 50, (2, 9))
+    batch = to_device({"input_ids": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous(),
+                       "position_ids": torch.arange(8).expand(2, 8)}, torch.device("cpu"))
+    model.train()
+    out = evaluate(model, {"a": batch, "b": batch}, nullcontext)
+    assert model.training
+    want = lm_loss(model.eval(), batch).item()
+    assert out["eval_loss/a"] == out["eval_loss/b"] == pytest.approx(want) == pytest.approx(out["eval_loss"])
+    assert out["eval_ppl"] == pytest.approx(math.exp(want))
+    seen = []
+    import pretrain.loss as loss_module
+
+    original = loss_module.lm_loss
+    try:
+        loss_module.lm_loss = lambda *a, **k: seen.append(torch.is_grad_enabled()) or original(*a, **k)
+        evaluate(model, {"a": batch}, nullcontext)
+    finally:
+        loss_module.lm_loss = original
+    assert seen == [False]
+
+
 def test_wsd_shape_and_extending_mid_run():
     short = lrs(100, lr_scheduler="wsd", decay_fraction=0.2)
     assert short[0] == pytest.approx(0.1) and short[9] == 1.0  # linear warmup
