@@ -248,7 +248,6 @@ def check_accelerate_config(path: str, where: str = "") -> None:
     reads (its keys, a known distributed_type, a ZeRO stage DeepSpeed has); else one line naming the problem at
     start, not an accelerate traceback on every rank when the stage launches."""
     import difflib
-    import enum
 
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.utils import DistributedType
@@ -271,9 +270,9 @@ def check_accelerate_config(path: str, where: str = "") -> None:
             near = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f" (did you mean '{near[0]}'?)" if near else ""
             raise ValueError(f"{where}accelerate_config '{path}': unknown key '{key}'{hint}: {fix}")
-    kinds = [d.value for d in DistributedType] if isinstance(DistributedType, enum.EnumMeta) else []
+    kinds = [d.value for d in DistributedType]
     kind = config.get("distributed_type", "NO")
-    if kinds and kind not in kinds:
+    if kind not in kinds:
         raise ValueError(f"{where}accelerate_config '{path}': distributed_type {kind!r} is not one of {kinds}")
     stage = (config.get("deepspeed_config") or {}).get("zero_stage") if kind == "DEEPSPEED" else None
     if stage is not None and stage not in (0, 1, 2, 3):

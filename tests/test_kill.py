@@ -212,7 +212,7 @@ def reference(micro, tmp_path_factory):
 
 
 STAGES = ["pretrain", "sft", "apo", "grpo_hf", pytest.param("grpo_vllm", marks=pytest.mark.vllm), "distill"]
-TWO_RANK_STAGES = ["pretrain", "sft", "apo", "grpo_hf", pytest.param("grpo_vllm", marks=pytest.mark.vllm), "distill"]
+TWO_RANK_STAGES = STAGES  # every stage on 2 ranks too
 
 
 def _needs(stage: str) -> None:
