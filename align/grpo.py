@@ -26,25 +26,30 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import trl
 
 from align import stage
+from align.async_grpo import AsyncArgs, AsyncGeneration, check_async_args, set_trainer_threads, split_threads
 from align.configs import StageArgs, apply_device_defaults
 from align.data import require_columns
 from align.distributed import all_max, gather_objects, rank_seed
 from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API lives in align.grpo)
+    accuracy_verifier,
     build_rewards,
     check_completion_budget,
+    engine_context_length,
     group_has_signal,
     heldout_accuracy,
+    mean_metric,
     merge_batches,
     per_mode_metrics,
     prepare_prompts,
+    prompt_groups,
     required_reward_columns,
     row_mode,
 )
@@ -54,7 +59,6 @@ from align.rollout import SamplingParams, choose_backend, get_engine
 from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
 from align.scoring import paired_change
 from align.tools.grpo import ToolUse, add_tools_to_prompts, build_tool_loop
-from rewards.verifier import ACCURACY_VERIFIERS
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +67,10 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vesp
 
 
 @dataclass
-class GRPOConfig(StageArgs, trl.GRPOConfig):
+class GRPOConfig(StageArgs, AsyncArgs, trl.GRPOConfig):
     """TRL's GRPOConfig (loss_type dapo/grpo/dr_grpo/bnpo/..., mask_truncated_completions, reward_weights,
-    num_generations, beta, epsilon[_high], scale_rewards) + rewards by name, the rollout engine, dynamic sampling."""
+    num_generations, beta, epsilon[_high], scale_rewards) + rewards by name, the rollout engine, dynamic sampling,
+    asynchronous generation (align/async_grpo.py)."""
 
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_reward"],
@@ -177,12 +182,13 @@ class GRPOConfig(StageArgs, trl.GRPOConfig):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         super().__post_init__()
+        check_async_args(self)
 
 
 # ----------------------------------------------------------------------------------------------- the trainer
 
 
-class GRPOTrainer(ToolUse, LossPassImportanceSampling, trl.GRPOTrainer):
+class GRPOTrainer(ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPOTrainer):
     """TRL's GRPOTrainer with generation by a shared rollout engine and DAPO dynamic sampling.
 
     `engine=None` keeps TRL's own generation. The engine receives token ids (TRL renders the chat template) and
@@ -281,18 +287,20 @@ class GRPOTrainer(ToolUse, LossPassImportanceSampling, trl.GRPOTrainer):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         if images is not None or multimodal_fields:
             raise ValueError("the shared rollout engine generates text only; set rollout_backend: trl for images")
+        if self.async_active():  # generated ahead, while earlier steps trained (align/async_grpo.py)
+            return self.take_async_batch(prompt_ids, num_generations)
         self.sync_engine()
-        # TRL repeats each prompt num_generations times in a row: ask the engine for n samples of each once,
-        # so it can share the prompt's prefill.
-        g = num_generations if len(prompt_ids) % num_generations == 0 else 1
-        unique = [list(prompt_ids[i]) for i in range(0, len(prompt_ids), g)]
-        if any(list(prompt_ids[i + j]) != unique[i // g] for i in range(0, len(prompt_ids), g) for j in range(g)):
-            g, unique = 1, [list(p) for p in prompt_ids]
+        g, unique = prompt_groups(prompt_ids, num_generations)
         from trl.extras.profiling import profiling_context
 
         with profiling_context(self, "rollout.generate"):
             groups = self.sampler.generate(self.model_wrapped, unique,
                                            self.sampling_params(g, seed=self.sampler.next_seed()))
+        return self.trl_completions(groups, g)
+
+    def trl_completions(self, groups, g: int) -> tuple[list, list | None]:
+        """The engine's rollouts as TRL's `_generate_single_turn` returns them: completion ids (a stopped one ends
+        with its stop token) and, for importance sampling, the engine's per-token log-probs."""
         completion_ids, logprobs = [], []
         for group in groups:
             assert len(group) == g, f"engine returned {len(group)} rollouts for n={g}"
@@ -404,25 +412,6 @@ def rollout_knobs(args: GRPOConfig, model) -> dict:
     return knobs
 
 
-def accuracy_verifier(reward_funcs: Sequence[str]) -> str:
-    """The verifier held-out accuracy falls back to for rows without a `reward` column: the recipe's accuracy
-    reward (not a length or format one), else math_reward."""
-    return next((name for name in reward_funcs if name in ACCURACY_VERIFIERS), "math_reward")
-
-
-def engine_context_length(args: GRPOConfig, prompts, tokenizer, chat_template: str | None = None) -> int:
-    """The rollout engine's context: TRL's `vllm_max_model_length` when set, else the longest prompt (of the first
-    1,000, rendered) plus `max_completion_length`."""
-    if args.vllm_max_model_length:
-        return args.vllm_max_model_length
-    rows = prompts.select(range(min(len(prompts), 1000)))
-    texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
-                                           chat_template=chat_template, **(args.chat_template_kwargs or {}))
-             for r in rows]
-    longest = max((len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]), default=0)
-    return longest + args.max_completion_length + 8  # a few spare tokens: a template may add a suffix
-
-
 def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report."""
     stage.start("grpo", script_args, training_args, model_args)
@@ -447,11 +436,16 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
                           processing_class=tokenizer, peft_config=stage.peft_config(model_args))
     # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
     policy = trainer.accelerator.unwrap_model(trainer.model)
+    threads = None
+    if training_args.async_generation:  # the rank's cores split between its engine process and its trainer
+        threads, own = split_threads(training_args.engine_threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        set_trainer_threads(own)
     trainer.sampler = build_sampler(
         training_args.rollout_backend, rollout_knobs(training_args, policy), policy,
         resolve_model_path(model_args.model_name_or_path), tokenizer, trainer.accelerator, seed=training_args.seed,
         max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
-        logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw")
+        logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw",
+        own_process=training_args.async_generation, threads=threads)
     stage.prepare(trainer, script_args, "grpo", raw_train=train, reward_funcs=reward_funcs, chat_template=chat_template)
     if tool_loop is not None:
         trainer.use_tools(tool_loop)
@@ -477,6 +471,13 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         report["before"] = evaluate()
         logger.info("held-out accuracy before GRPO: %.3f", report["before"]["accuracy"])
     report["train"] = stage.train(trainer, training_args)
+    if trainer.async_log:  # asynchronous generation: how stale the trained batches were, how long the trainer waited
+        log = trainer.async_log
+        report["async"] = {"max_staleness": training_args.max_staleness, "batches": len(log),
+                           "staleness_max": max(e["staleness"] for e in log),
+                           "staleness_mean": sum(e["staleness"] for e in log) / len(log),
+                           "trainer_wait_s": sum(e["trainer_wait_s"] for e in log),
+                           "generate_s": sum(e["generate_s"] for e in log)}
     stage.save(trainer, tokenizer, training_args)
     if eval_rows is not None:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
@@ -490,10 +491,3 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     if trainer.sampler is not None:
         trainer.sampler.close(trainer.model_wrapped)
     return report
-
-
-def mean_metric(log_history: Sequence[dict], key: str, last: int | None = None) -> float:
-    """Mean of a logged metric over the training log (the last `last` entries when given)."""
-    values = [h[key] for h in log_history if key in h]
-    values = values[-last:] if last else values
-    return sum(values) / len(values) if values else float("nan")

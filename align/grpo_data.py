@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -280,3 +281,39 @@ def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> 
     mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
     merged["num_items_in_batch"] = mask.sum()
     return merged
+
+
+def accuracy_verifier(reward_funcs: Sequence[str]) -> str:
+    """The verifier held-out accuracy falls back to for rows without a `reward` column: the recipe's accuracy
+    reward (not a length or format one), else math_reward."""
+    return next((name for name in reward_funcs if name in ACCURACY_VERIFIERS), "math_reward")
+
+
+def engine_context_length(args, prompts, tokenizer, chat_template: str | None = None) -> int:
+    """The rollout engine's context: TRL's `vllm_max_model_length` when set, else the longest prompt (of the first
+    1,000, rendered) plus `max_completion_length`."""
+    if args.vllm_max_model_length:
+        return args.vllm_max_model_length
+    rows = prompts.select(range(min(len(prompts), 1000)))
+    texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
+                                           chat_template=chat_template, **(args.chat_template_kwargs or {}))
+             for r in rows]
+    longest = max((len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]), default=0)
+    return longest + args.max_completion_length + 8  # a few spare tokens: a template may add a suffix
+
+
+def mean_metric(log_history: Sequence[dict], key: str, last: int | None = None) -> float:
+    """Mean of a logged metric over the training log (the last `last` entries when given)."""
+    values = [h[key] for h in log_history if key in h]
+    values = values[-last:] if last else values
+    return sum(values) / len(values) if values else float("nan")
+
+
+def prompt_groups(prompt_ids: list, num_generations: int) -> tuple[int, list[list[int]]]:
+    """TRL repeats each prompt `num_generations` times in a row: (n, the unique prompts) so the engine is asked for
+    n samples of each once and can share the prompt's prefill; (1, every prompt) when the rows are not so grouped."""
+    g = num_generations if len(prompt_ids) % num_generations == 0 else 1
+    unique = [list(prompt_ids[i]) for i in range(0, len(prompt_ids), g)]
+    if any(list(prompt_ids[i + j]) != unique[i // g] for i in range(0, len(prompt_ids), g) for j in range(g)):
+        return 1, [list(p) for p in prompt_ids]
+    return g, unique

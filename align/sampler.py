@@ -73,15 +73,18 @@ class Sampler:
 
     # -- weights -----------------------------------------------------------------------------------------------
 
-    def push(self, model) -> None:
+    def push(self, model, version: int | None = None) -> None:
         """Send the model's current weights to the engine: gathered one parameter at a time, LoRA merged. A vLLM
-        server gets them from the main process only; the other ranks still take part in the gathers."""
+        server gets them from the main process only; the other ranks still take part in the gathers. An engine in
+        its own process (align.rollout.worker) also gets the weights' `version` (the trainer's step)."""
         unwrapped = _unwrap(model, self.accelerator)
         params = iter_full_params(unwrapped, self.accelerator)
         main = self.accelerator is None or self.accelerator.is_main_process
         if self.backend == "vllm-server" and not main:
             for _ in params:  # the gathers are collective
                 pass
+        elif getattr(self.engine, "versioned", False):
+            self.engine.update_weights(params, version=version)
         else:
             self.engine.update_weights(params)
         self.num_pushes += 1
@@ -94,7 +97,7 @@ class Sampler:
         if self.synced_step == step and not getattr(self.engine, "weights_discarded", False):
             return
         if not self.shares(model):
-            self.push(model)
+            self.push(model, version=step)
         self.synced_step = step
 
     # -- generation --------------------------------------------------------------------------------------------
@@ -131,7 +134,8 @@ def _unwrap(model, accelerator):
 
 
 def build_sampler(backend: str, knobs: dict | None, model, model_path: str, tokenizer, accelerator, *,
-                  seed: int = 0, max_model_len: int | None = None, logprobs_kind: str = "raw") -> Sampler | None:
+                  seed: int = 0, max_model_len: int | None = None, logprobs_kind: str = "raw",
+                  own_process: bool = False, threads: int | None = None) -> Sampler | None:
     """The sampler for `backend` (None for `trl`: TRL's own generation). hf generates with the trained `model`
     itself; vllm (one engine per rank, in-process) loads `model_path` outside ZeRO-3's partitioning and gets the
     weights pushed; vllm-server talks to a `trl vllm-serve` server. `max_model_len` sizes vLLM's context (prompt
@@ -145,6 +149,20 @@ def build_sampler(backend: str, knobs: dict | None, model, model_path: str, toke
     if backend == "auto":
         backend = choose_backend(model)
     rank = accelerator.process_index if accelerator is not None else world()[0]
+    if own_process:
+        from align.rollout.worker import EngineWorker
+
+        if backend not in ("hf", "vllm"):
+            raise ValueError(f"an engine in its own process runs the hf or vllm backend, not {backend!r}")
+        if backend == "vllm":
+            knobs.setdefault("seed", rank_seed(seed, rank=rank))
+            if max_model_len:
+                knobs.setdefault("max_model_len", max_model_len)
+        else:
+            knobs.setdefault("dtype", str(next(model.parameters()).dtype).removeprefix("torch."))
+        engine = EngineWorker(model_path, backend=backend, knobs=knobs, threads=threads, logprobs_kind=logprobs_kind)
+        logger.info("rollout engine: %s in its own process, %d threads (rank %d)", backend, engine.info["threads"], rank)
+        return Sampler(engine, accelerator, seed=seed)
     if backend == "vllm":
         knobs.setdefault("seed", rank_seed(seed, rank=rank))
         knobs.setdefault("logprobs_kind", logprobs_kind)

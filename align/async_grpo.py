@@ -1,0 +1,210 @@
+"""Asynchronous GRPO: the engine generates the batches of the next `max_staleness` steps while the trainer trains.
+
+Why: synchronous GRPO takes turns (the engine generates step t's batch, then the trainer trains on it), so each
+waits for the other: a step costs G + T. Here the engine runs in a process of its own (`align.rollout.worker`,
+hf or vllm, with its share of the cores) and samples step t+1..t+k while the trainer trains step t, so a step
+costs about max(G, T). The price is lag: a batch may come from weights up to `max_staleness` optimizer steps old.
+
+    async_generation: true      # in a GRPO recipe
+    max_staleness: 1            # k: a batch trained at step t was sampled by the weights of step t-k or later
+    sync_every: 1               # push weights every step (or every n steps, still within the staleness bound)
+
+How it keeps the bound and stays correct:
+- Prompts come from the trainer's own data order: the training loop's batches are read up to k steps ahead
+  (`get_batch_samples`), and each generation batch is queued on the engine with the version it needs at least
+  (its step - k). The engine samples it with the newest weights pushed by then; the version travels with the
+  batch, and a batch older than k (which cannot happen) stops the run rather than being trained on.
+- Weights are pushed at the start of each generation step, after the optimizer step (collective under ZeRO-3:
+  every rank gathers; each rank has its own engine process). The engine loads them between two generations.
+- The policy lag is corrected by importance sampling against the engine's own sampling log-probs
+  (`vllm_importance_sampling_correction`, on: the ratio pi_trainer / pi_engine, capped, built from the loss
+  pass, align/importance.py): the decoupled correction AReaL and verl's fully-async recipe use, with the
+  current weights as the proximal policy (num_iterations is 1).
+- Sampling seeds follow the batch's index, not the call order: `max_staleness: 0` samples what synchronous GRPO
+  samples, and a resumed run regenerates the batches that were in flight when it stopped (none is half-used).
+Not yet: dynamic sampling, tools (their turn loop runs in the trainer), the vllm-server and trl backends.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from align.distributed import rank_seed
+from align.grpo_data import prompt_groups
+
+
+@dataclass
+class AsyncArgs:
+    """The recipe keys of asynchronous generation (a part of align.grpo.GRPOConfig)."""
+
+    async_generation: bool = field(
+        default=False,
+        metadata={"help": "Generate the next max_staleness steps' batches in an engine process of its own while the "
+                  "trainer trains (hf or vllm backend); importance sampling corrects the lag."},
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata={"help": "k: a batch trained at step t was sampled by the weights of step t-k or later (0: no "
+                  "overlap, the synchronous trainer's samples)."},
+    )
+    sync_every: int = field(
+        default=1, metadata={"help": "Push the weights to the engine every n optimizer steps (sooner when a queued "
+                             "batch needs newer weights to stay within max_staleness)."},
+    )
+    engine_threads: int | None = field(
+        default=None,
+        metadata={"help": "Torch threads of the engine process; None: half of this rank's cores. The trainer keeps "
+                  "the other cores (torch.set_num_threads)."},
+    )
+
+
+def check_async_args(args) -> None:
+    """One line per setting asynchronous generation cannot run with (after TRL set steps_per_generation)."""
+    if not args.async_generation:
+        return
+    if args.max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0 (0 = synchronous samples), got {args.max_staleness}")
+    if args.sync_every < 1:
+        raise ValueError(f"sync_every must be >= 1, got {args.sync_every}")
+    if args.rollout_backend not in ("auto", "hf", "vllm"):
+        raise ValueError(f"async_generation runs the engine in its own process: rollout_backend auto, hf or vllm, "
+                         f"not {args.rollout_backend!r}")
+    if args.dynamic_sampling:
+        raise ValueError("async_generation with dynamic_sampling is not supported yet: set dynamic_sampling: false")
+    if args.tools or args.environment:
+        raise ValueError("async_generation with tools is not supported yet (the turn loop runs in the trainer)")
+    if args.num_iterations != 1:
+        raise ValueError(f"async_generation needs num_iterations: 1 (the lag is corrected against the current "
+                         f"weights), got {args.num_iterations}")
+    if args.gradient_accumulation_steps % args.steps_per_generation:
+        raise ValueError(f"async_generation needs gradient_accumulation_steps ({args.gradient_accumulation_steps}) "
+                         f"to be a multiple of steps_per_generation ({args.steps_per_generation})")
+    if not args.vllm_importance_sampling_correction:
+        raise ValueError("async_generation needs vllm_importance_sampling_correction: true (it corrects the policy "
+                         "lag with the engine's log-probs)")
+
+
+def split_threads(engine_threads: int | None, local_world_size: int = 1) -> tuple[int, int]:
+    """(engine, trainer) torch threads for one rank: the rank's cores split between its engine and its trainer."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    mine = max(1, cores // max(1, local_world_size))
+    engine = engine_threads or max(1, mine // 2)
+    return engine, max(1, mine - engine)
+
+
+class AsyncGeneration:
+    """Mixed into align.grpo.GRPOTrainer (see the module doc). `async_log` keeps, per trained batch: the step, the
+    version that sampled it, its staleness, and the seconds the trainer waited for it."""
+
+    _lookahead: dict | None = None
+    _async_next_job: int | None = None
+    _async_published: int = -1
+
+    def async_enabled(self) -> bool:
+        return bool(getattr(self.args, "async_generation", False)) and self.sampler is not None
+
+    def async_active(self) -> bool:
+        return self.async_enabled() and self.model.training
+
+    @property
+    def async_log(self) -> list[dict]:
+        if "_async_log" not in self.__dict__:
+            self._async_log = []
+        return self._async_log
+
+    @property
+    def _async_jobs(self) -> deque:
+        if "_async_queue" not in self.__dict__:
+            self._async_queue = deque()
+        return self._async_queue
+
+    def _jobs_per_step(self) -> int:
+        return self.args.gradient_accumulation_steps // self.args.steps_per_generation
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The training loop's batches, read `max_staleness` steps ahead; each new generation batch is queued."""
+        if not self.async_enabled():
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        look = self._lookahead
+        if look is None or look["iterator"] is not epoch_iterator:  # a new epoch (or a resumed one)
+            look = self._lookahead = {"iterator": epoch_iterator, "items": deque(), "count": 0, "done": False}
+        if self._async_next_job is None:  # a resumed run continues the batch numbering (and so the seeds)
+            self._async_next_job = self.state.global_step * self._jobs_per_step()
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        while len(look["items"]) < (self.args.max_staleness + 1) * num_batches and not look["done"]:
+            try:
+                item = next(epoch_iterator)
+            except StopIteration:
+                look["done"] = True
+                break
+            if look["count"] % generate_every == 0:  # TRL repeats a generation batch generate_every times
+                self._submit(item)
+            look["count"] += 1
+            look["items"].append(item)
+        taken = [look["items"].popleft() for _ in range(min(num_batches, len(look["items"])))]
+        return super().get_batch_samples(iter(taken), num_batches, device)
+
+    def _submit(self, rows: list[dict]) -> None:
+        job = self._async_next_job
+        self._async_next_job += 1
+        step = job // self._jobs_per_step()
+        if step >= self.state.max_steps:
+            return  # past the end: never trained
+        prompt_ids = self._tokenize_prompts(copy.deepcopy([x["prompt"] for x in rows]))[0]
+        g, unique = prompt_groups(prompt_ids, self.num_generations)
+        params = self.sampling_params(g, seed=rank_seed(self.args.seed, job + 1, rank=self.accelerator.process_index))
+        handle = self.engine.submit(unique, params, min_version=max(0, step - self.args.max_staleness))
+        self._async_jobs.append((handle, unique, g, step))
+
+    def _publish(self) -> None:
+        """Push the weights of this step when sync_every says so, or when a queued batch needs them."""
+        step, k = self.state.global_step, self.args.max_staleness
+        needed = any(s - k > self._async_published for _, _, _, s in self._async_jobs)
+        if self._async_published < 0 or step - self._async_published >= self.args.sync_every or needed:
+            self.sync_engine()
+            self._async_published = step
+
+    def take_async_batch(self, prompt_ids, num_generations: int):
+        """This step's batch, generated ahead: in TRL's `_generate_single_turn` form."""
+        self._publish()
+        step = self.state.global_step
+        if not self._async_jobs:
+            raise RuntimeError(f"async_generation: no batch was generated ahead for step {step}")
+        handle, unique, g, job_step = self._async_jobs.popleft()
+        if job_step != step or prompt_groups(prompt_ids, num_generations)[1] != unique:
+            raise RuntimeError(f"async_generation: the batch generated for step {job_step} is not the one step {step} "
+                               "trains on (the data order changed under the lookahead)")
+        started = time.monotonic()
+        groups, info = self.engine.result(handle)
+        waited = time.monotonic() - started
+        staleness = step - info["version"]
+        if not 0 <= staleness <= self.args.max_staleness:
+            raise RuntimeError(f"async_generation: step {step}'s batch was sampled by version {info['version']}, "
+                               f"{staleness} steps old (max_staleness {self.args.max_staleness})")
+        self.async_log.append({"step": step, "version": info["version"], "staleness": staleness,
+                               "trainer_wait_s": waited, "engine_wait_s": info["wait_s"],
+                               "generate_s": info["generate_s"]})
+        metrics = self._metrics["train"]
+        metrics["async/staleness"].append(float(staleness))
+        metrics["async/trainer_wait_s"].append(waited)
+        metrics["async/generate_s"].append(info["generate_s"])
+        return self.trl_completions(groups, g)
+
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:  # batches queued past a stop (the end, a signal, an error) are dropped, never half-used
+            if self.async_enabled():
+                self.engine.cancel_pending()
+            self._async_jobs.clear()
+            self._lookahead, self._async_next_job = None, None
+
+
+def set_trainer_threads(threads: int) -> None:
+    torch.set_num_threads(max(1, int(threads)))

@@ -1,0 +1,209 @@
+"""A rollout engine in a process of its own: generation that runs while the trainer trains (asynchronous GRPO).
+
+Why: the engines in this package run in the trainer's process (the hf engine even shares the trained model), so
+generating and training take turns. Here the engine (hf or vllm, built by `get_engine` from a model path) lives
+in a spawned child process with its own copy of the weights and its own torch threads; the trainer queues jobs
+and collects them later, and pushes weights into shared memory that the child loads between two generations.
+
+    worker = EngineWorker("outputs/smol135m/apo", backend="hf", threads=1)
+    worker.update_weights(model.named_parameters(), version=0)          # every rank's own worker
+    job = worker.submit(prompt_ids, SamplingParams(n=8, seed=1), min_version=0)
+    groups, info = worker.result(job)                                   # info: the version that sampled, timings
+
+Versions: every push carries a version (GRPO: the optimizer step of the weights). A job waits in the child until
+a version >= its `min_version` is published, then samples with the newest one; `info["version"]` names it, so
+the trainer can bound and log its staleness. The push copies into shared tensors under one lock that the child
+also holds while it loads them: generation never stops longer than one copy of the weights. Jobs run in the
+order submitted; `cancel_pending()` drops those not yet started (their results never come). A job that raises in
+the child raises in `result()` with the child's traceback; a child that dies is reported, never waited on.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import asdict
+
+import torch
+
+from align.rollout.base import Rollout, SamplingParams, normalize_param_name
+
+logger = logging.getLogger(__name__)
+
+
+class EngineWorker:
+    """The RolloutEngine interface (generate, update_weights, close) over an engine in a child process, plus the
+    asynchronous calls (`submit`, `result`, `cancel_pending`). `backend` is the inner engine's."""
+
+    versioned = True  # update_weights takes `version` (align.sampler.Sampler.push passes the trainer's step)
+
+    def __init__(self, model_path: str, backend: str = "hf", knobs: dict | None = None, threads: int | None = None,
+                 logprobs_kind: str = "sampling", start_timeout_s: float = 900.0):
+        if backend not in ("hf", "vllm"):
+            raise ValueError(f"an engine in its own process runs the hf or vllm backend, not {backend!r}")
+        ctx = mp.get_context("spawn")  # never fork a process that holds torch threads or a vLLM engine
+        self.backend, self.logprobs_kind = backend, logprobs_kind
+        self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
+        self._version = ctx.Value("q", -1)  # the newest published version; its lock guards the shared weights
+        self._cancelled = ctx.Value("q", -1)  # jobs with an id up to this one are skipped
+        self._stop = ctx.Event()
+        knobs = dict(knobs or {})
+        if backend == "vllm":
+            knobs.setdefault("logprobs_kind", logprobs_kind)
+        self._proc = ctx.Process(target=_serve, name=f"smolalign-{backend}-engine", daemon=True,
+                                 args=(self._inbox, self._outbox, self._version, self._cancelled, self._stop,
+                                       model_path, backend, knobs, threads, os.getpid()))
+        self._proc.start()
+        self._buffers: dict[str, torch.Tensor] | None = None
+        self._results: dict[int, tuple] = {}
+        self._next_job = 0
+        self.version = -1
+        kind, payload = self._receive(None, start_timeout_s)[:2]
+        if kind != "ready":
+            raise RuntimeError(f"the {backend} engine process failed to start:\n{payload}")
+        self.info = payload
+
+    # -- weights -----------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Copy the weights into shared memory and publish them as `version` (default: the last one + 1)."""
+        version = self.version + 1 if version is None else int(version)
+        if version < self.version:
+            raise ValueError(f"update_weights: version {version} is older than the published {self.version}")
+        first = self._buffers is None
+        if first:
+            self._buffers = {}
+        with self._version.get_lock():
+            for name, tensor in named_params:
+                name = normalize_param_name(name)
+                if first:
+                    self._buffers[name] = tensor.detach().to("cpu", copy=True).contiguous().share_memory_()
+                elif name not in self._buffers or self._buffers[name].shape != tensor.shape:
+                    raise ValueError(f"update_weights: '{name}' {tuple(tensor.shape)} was not in the first push")
+                else:
+                    self._buffers[name].copy_(tensor.detach())
+            if first:  # the child maps the shared tensors once; later pushes only copy into them
+                self._inbox.put(("buffers", self._buffers))
+            self._version.value = version
+        self.version = version
+
+    # -- generation --------------------------------------------------------------------------------------------
+
+    def submit(self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None) -> int:
+        """Queue a generation; it starts once a version >= `min_version` (default: the newest) is published."""
+        job = self._next_job
+        self._next_job += 1
+        wanted = self.version if min_version is None else int(min_version)
+        self._inbox.put(("job", job, [list(p) for p in prompts], asdict(params), wanted))
+        return job
+
+    def result(self, job: int, timeout_s: float | None = None) -> tuple[list[list[Rollout]], dict]:
+        """The job's rollouts (one list per prompt, in order) and {"version", "generate_s", "wait_s"}: the
+        version that sampled them, the seconds spent generating and waiting in the child for that version."""
+        while job not in self._results:
+            self._receive(job, timeout_s)
+        kind, payload, info, prompts = self._results.pop(job)
+        if kind == "error":
+            raise RuntimeError(f"the {self.backend} engine process failed on a generation:\n{payload}")
+        groups = [[Rollout(list(p), list(c), None if lp is None else list(lp), fr) for c, lp, fr in group]
+                  for p, group in zip(prompts, payload)]
+        return groups, info
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
+        """Synchronous: after the jobs already queued, with the newest published weights."""
+        return self.result(self.submit(prompts, params))[0]
+
+    def cancel_pending(self) -> None:
+        """Jobs submitted so far and not yet started are skipped; their results are dropped."""
+        with self._cancelled.get_lock():
+            self._cancelled.value = self._next_job - 1
+        self._results.clear()
+
+    def _receive(self, job: int | None, timeout_s: float | None) -> tuple:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                message = self._outbox.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    raise RuntimeError(f"the {self.backend} engine process died (exit code {self._proc.exitcode}) "
+                                       f"while job {job} was pending") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the {self.backend} engine process gave no answer in {timeout_s:.0f} s") from None
+        if message[0] in ("done", "error"):
+            self._results[message[1]] = (message[0], *message[2:])
+        return message
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        self._stop.set()
+        self._inbox.put(("stop",))
+        self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=10)
+        self._proc = None
+
+
+def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: str, knobs: dict,
+           threads: int | None, parent: int) -> None:
+    """The child: build the engine, then run jobs in order, each with the newest weights it is allowed."""
+    try:
+        if threads:
+            torch.set_num_threads(int(threads))
+        from align.rollout.factory import get_engine
+
+        engine = get_engine(model_path, backend=backend, **knobs)
+    except BaseException:  # noqa: BLE001 - every failure goes back to the parent as text
+        outbox.put(("failed", traceback.format_exc()))
+        return
+    outbox.put(("ready", {"backend": backend, "threads": torch.get_num_threads()}))
+    buffers, loaded, later = None, -1, deque()
+    while not stop.is_set():
+        if os.getppid() != parent:  # the trainer is gone (killed): nothing will collect our results
+            return
+        try:
+            message = later.popleft() if later else inbox.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if message[0] == "stop":
+            return
+        if message[0] == "buffers":
+            buffers = message[1]
+            continue
+        _, job, prompts, params, min_version = message
+        if job <= cancelled.value:
+            continue
+        started = time.monotonic()
+        while version.value < min_version:  # the staleness bound: wait for new enough weights
+            if stop.is_set() or os.getppid() != parent:
+                return
+            time.sleep(0.002)
+        waited = time.monotonic() - started
+        while buffers is None and version.value >= 0:  # the first push's tensors were queued after this job
+            message = inbox.get()
+            if message[0] == "buffers":
+                buffers = message[1]
+            else:
+                later.append(message)
+        try:
+            with version.get_lock():
+                if version.value > loaded and buffers is not None:
+                    engine.update_weights(buffers.items())
+                    loaded = version.value
+            started = time.monotonic()
+            groups = engine.generate(prompts, SamplingParams(**params))
+            payload = [[(r.completion_ids, r.logprobs, r.finish_reason) for r in group] for group in groups]
+            info = {"version": loaded, "generate_s": time.monotonic() - started, "wait_s": waited}
+            outbox.put(("done", job, payload, info, prompts))
+        except BaseException:  # noqa: BLE001
+            outbox.put(("error", job, traceback.format_exc(), None, prompts))

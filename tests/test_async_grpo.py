@@ -1,0 +1,168 @@
+"""align/async_grpo.py + align/rollout/worker.py: asynchronous GRPO on a tiny random model — the engine in its own
+process samples what the trainer's own engine samples, `max_staleness: 0` trains as synchronous GRPO, the
+staleness bound holds when the engine runs ahead, importance ratios are 1 when engine and trainer agree, and the
+settings it cannot run with are one-line errors."""
+
+from __future__ import annotations
+
+import time
+
+import datasets
+import pytest
+import torch
+
+from align.grpo import GRPOConfig, GRPOTrainer, prepare_prompts
+from align.rollout import SamplingParams, get_engine
+from align.rollout.hf import load_model
+from align.rollout.worker import EngineWorker
+from align.sampler import build_sampler
+from data_gen.tasks import make_tasks, prompt_messages, to_messages
+
+FAMILIES = ["arithmetic", "compare", "count_items"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, tiny_model):
+    from pretrain.tokenizer import train_tokenizer
+
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("async_grpo")
+    rows = make_tasks(FAMILIES, num=120, split="train", seed=0)
+    tok = train_tokenizer([m["content"] for r in rows for m in to_messages(r, "think")] * 3, vocab_size=400)
+    return {"model": tiny_model(root / "model", tok, seed=0), "tokenizer": tok}
+
+
+def _rows(n: int = 48) -> datasets.Dataset:
+    rows = make_tasks(FAMILIES, num=n, split="train", seed=1)
+    for r in rows:
+        r["prompt_messages"] = prompt_messages(r, "no_think")
+    return datasets.Dataset.from_list(rows)
+
+
+class Recorder:
+    """A reward that varies with the completion (its length) and records every completion it scores, per call."""
+
+    __name__ = "length_reward"
+
+    def __init__(self):
+        self.seen: list[list[str]] = []
+
+    def __call__(self, completions, **kwargs):
+        self.seen.append([c[0]["content"] for c in completions])
+        return [len(c[0]["content"]) / 10 for c in completions]
+
+
+def _run(tiny, tmp_path, *, asynchronous: bool, max_staleness: int = 1, steps: int = 4, slow_step_s: float = 0.0,
+         **kw):
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=12, learning_rate=5e-2, logging_steps=1, save_strategy="no",
+                      report_to="none", seed=0, bf16=False, lr_scheduler_type="constant", temperature=1.0,
+                      async_generation=asynchronous, max_staleness=max_staleness, **kw)
+    torch.manual_seed(0)
+    model = load_model(tiny["model"], dtype="float32")
+    reward = Recorder()
+    engine = None if asynchronous else get_engine(model, backend="hf")
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args,
+                          train_dataset=prepare_prompts(_rows(), None), processing_class=tiny["tokenizer"],
+                          engine=engine)
+    if asynchronous:
+        trainer.sampler = build_sampler("hf", {}, model, tiny["model"], tiny["tokenizer"], trainer.accelerator,
+                                        seed=0, logprobs_kind="sampling", own_process=True,
+                                        threads=torch.get_num_threads())
+    if slow_step_s:
+        step = trainer.training_step
+
+        def slow(*a, **k):
+            time.sleep(slow_step_s)
+            return step(*a, **k)
+
+        trainer.training_step = slow
+    try:
+        trainer.train()
+    finally:
+        if trainer.sampler is not None:
+            trainer.sampler.close(trainer.model_wrapped)
+    return trainer, reward
+
+
+def _logged(trainer, key: str) -> list[float]:
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def test_an_engine_in_its_own_process_samples_what_the_in_process_engine_samples_and_waits_for_its_version(tiny):
+    model = load_model(tiny["model"], dtype="float32")
+    local = get_engine(model, backend="hf")
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_new_tokens=10, logprobs_kind="sampling")
+    prompts = [[1, 5, 6], [1, 9]]
+    worker = EngineWorker(tiny["model"], backend="hf", knobs={"dtype": "float32"}, threads=torch.get_num_threads())
+    try:
+        worker.update_weights(model.named_parameters(), version=0)
+        groups, info = worker.result(worker.submit(prompts, params, min_version=0))
+        ref = local.generate(prompts, params)
+        assert info["version"] == 0
+        assert [[r.completion_ids for r in g] for g in groups] == [[r.completion_ids for r in g] for g in ref]
+        assert [[r.logprobs for r in g] for g in groups] == [[r.logprobs for r in g] for g in ref]
+        # a job that needs version 2 waits for it, then samples with those weights (not the ones it had)
+        job = worker.submit(prompts, params, min_version=2)
+        time.sleep(0.3)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.5)
+        worker.update_weights(model.named_parameters(), version=2)
+        groups, info = worker.result(job)
+        assert info["version"] == 2 and info["wait_s"] >= 0.25
+        assert [r.logprobs for r in groups[0]] == [r.logprobs for r in local.generate(prompts, params)[0]]
+        # an error in the child comes back as an error, and the worker still serves the next job
+        with pytest.raises(RuntimeError, match="outside"):
+            worker.generate([[10_000]], params)
+        assert len(worker.generate(prompts, params)) == 2
+    finally:
+        worker.close()
+    with pytest.raises(ValueError, match="hf or vllm"):
+        EngineWorker(tiny["model"], backend="vllm-server")
+
+
+def test_max_staleness_0_samples_and_trains_as_synchronous_grpo(tiny, tmp_path):
+    sync, sync_seen = _run(tiny, tmp_path / "sync", asynchronous=False)
+    lagless, lagless_seen = _run(tiny, tmp_path / "async0", asynchronous=True, max_staleness=0)
+    assert sync_seen.seen == lagless_seen.seen  # the same completions at every step: same weights, same seeds
+    assert [e["staleness"] for e in lagless.async_log] == [0, 0, 0, 0]
+    assert _logged(lagless, "loss") == pytest.approx(_logged(sync, "loss"), abs=1e-5)
+    # the engine's policy is the trainer's (fp32): the importance ratios are 1
+    for key in ("min", "max"):
+        assert all(abs(r - 1) < 1e-5 for r in _logged(lagless, f"sampling/importance_sampling_ratio/{key}"))
+    after = dict(lagless.model.named_parameters())
+    # the same weights within a fiftieth of one step's size (Adam normalises the ratio's 1e-7 noise on near-zero
+    # gradients to steps of ~lr: seen 1e-4 after 4 steps at lr 5e-2)
+    assert max((p - after[n]).abs().max().item() for n, p in sync.model.named_parameters()) < 1e-3
+
+
+def test_a_fast_engine_runs_ahead_of_a_slow_trainer_by_exactly_max_staleness(tiny, tmp_path):
+    trainer, recorder = _run(tiny, tmp_path, asynchronous=True, max_staleness=2, steps=6, slow_step_s=0.3)
+    log = trainer.async_log
+    assert [e["step"] for e in log] == list(range(6))
+    assert all(0 <= e["staleness"] <= 2 for e in log)
+    # each batch was sampled as early as the bound allows: by the weights of step t - 2
+    assert [e["version"] for e in log] == [0, 0, 0, 1, 2, 3]
+    # from the third step on, the trainer found its batch ready (generated while it trained)
+    assert all(e["trainer_wait_s"] < 0.25 for e in log[3:])
+    assert len(recorder.seen) == 6 and _logged(trainer, "async/staleness")
+    # the lag is corrected: the ratios move away from 1 once batches are stale, and stay capped
+    high = _logged(trainer, "sampling/importance_sampling_ratio/max")
+    assert max(high) > 1 + 1e-4 and max(high) <= trainer.args.vllm_importance_sampling_clip_max + 1e-6
+
+
+@pytest.mark.parametrize("knob, message", [
+    ({"dynamic_sampling": True}, "dynamic_sampling"),
+    ({"rollout_backend": "vllm-server"}, "its own process"),
+    ({"max_staleness": -1}, "max_staleness"),
+    ({"sync_every": 0}, "sync_every"),
+    ({"vllm_importance_sampling_correction": False}, "vllm_importance_sampling_correction"),
+    ({"num_iterations": 2}, "num_iterations"),
+    ({"tools": ["calculator"]}, "tools"),
+])
+def test_settings_async_generation_cannot_run_with_are_one_line_errors(tmp_path, knob, message):
+    with pytest.raises(ValueError, match=message) as err:
+        GRPOConfig(output_dir=str(tmp_path), async_generation=True, report_to="none", per_device_train_batch_size=8,
+                   num_generations=4, **knob)
+    assert "\n" not in str(err.value)
