@@ -289,6 +289,39 @@ def test_grpo_hf_engine_with_dynamic_sampling_under_zero3(micro, tmp_path):
     assert report["world_size"] == 2 and report["before"]["num_prompts"] == report["after"]["num_prompts"] == 4
 
 
+def test_async_grpo_under_zero3_keeps_the_staleness_bound_and_resumes(micro, tmp_path):
+    """`async_generation: true` on 2 ZeRO-3 ranks (each rank's hf engine in a process of its own, the gathered weights
+    pushed every step): every trained batch is at most max_staleness steps old, and a rerun with more steps resumes
+    from the checkpoint, regenerating the batches that were in flight."""
+    out = tmp_path / "async"
+    args = [micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "hf", "--async_generation", "true",
+            "--max_staleness", "1", "--save_steps", "2", "--eval_after", "true", "--eval_num_prompts", "4"]
+    ok(launch("scripts/grpo.py", *args, "--max_steps", "4"))
+    first = json.loads((out / "grpo_eval.json").read_text())["async"]
+    assert first["batches"] == 4 and first["staleness_max"] == 1  # the engine ran a step ahead
+    ok(launch("scripts/grpo.py", *args, "--max_steps", "6"))
+    report = json.loads((out / "grpo_eval.json").read_text())
+    assert report["world_size"] == 2 and report["async"]["batches"] == 2 and report["async"]["staleness_max"] <= 1
+    steps = [h["step"] for h in log_history(out) if "async/staleness" in h]
+    assert steps == [1, 2, 3, 4, 5, 6]  # one log, resumed: steps 5 and 6 continue the first run's
+
+
+@pytest.mark.vllm
+def test_async_grpo_lora_with_a_vllm_engine_process_under_zero3(micro, tmp_path):
+    """The vllm engine in a process of its own, fed the merged LoRA weights gathered from 2 ZeRO-3 ranks."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "async_lora"
+    ok(launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "vllm",
+              "--rollout_kwargs", "{kv_cache_gib: 0.25}", "--async_generation", "true", "--max_staleness", "1",
+              "--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear", "--max_steps", "3",
+              "--save_steps", "3", "--learning_rate", "5e-2"))
+    report = json.loads((out / "grpo_eval.json").read_text())
+    assert report["async"]["batches"] == 3 and report["async"]["staleness_max"] <= 1
+    ratios = [h["sampling/importance_sampling_ratio/mean"] for h in log_history(out)
+              if "sampling/importance_sampling_ratio/mean" in h]
+    assert len(ratios) == 3 and all(abs(r - 1) < 0.2 for r in ratios)  # the engine samples (nearly) the policy
+
+
 def test_grpo_padding_free_under_zero3_trains_as_the_padded_pass(micro, tmp_path):
     """`padding_free: true` on 2 ZeRO-3 ranks (the packed row through DeepSpeed's gathered layers, per-sequence
     attention in the forward and the backward): the same samples (hf engine, same seeds) give the padded run's

@@ -154,10 +154,16 @@ class EngineWorker:
         self._proc = None
 
 
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ACCELERATE_USE_DEEPSPEED")
+
+
 def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: str, knobs: dict,
            threads: int | None, parent: int) -> None:
     """The child: build the engine, then run jobs in order, each with the newest weights it is allowed."""
     try:
+        for name in _LAUNCHER_ENV:  # the engine is a world of one: not a rank of the trainer's launch
+            os.environ.pop(name, None)
         if threads:
             torch.set_num_threads(int(threads))
         from align.rollout.factory import get_engine
