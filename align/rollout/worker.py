@@ -158,10 +158,22 @@ _LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
                  "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ACCELERATE_USE_DEEPSPEED")
 
 
+def _one_device(local_rank: int) -> None:
+    """GPU (reviewed, not run here): the engine sees only its rank's device, as `cuda:0` (CUDA reads the variable
+    when it starts, which has not happened yet in this fresh process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() == "":
+        return  # no GPU visible: nothing to pick
+    devices = [d.strip() for d in visible.split(",")] if visible else None
+    if devices is None or local_rank < len(devices):
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank] if devices else str(local_rank)
+
+
 def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: str, knobs: dict,
            threads: int | None, parent: int) -> None:
     """The child: build the engine, then run jobs in order, each with the newest weights it is allowed."""
     try:
+        _one_device(int(os.environ.get("LOCAL_RANK", 0)))
         for name in _LAUNCHER_ENV:  # the engine is a world of one: not a rank of the trainer's launch
             os.environ.pop(name, None)
         if threads:
@@ -169,6 +181,8 @@ def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: st
         from align.rollout.factory import get_engine
 
         engine = get_engine(model_path, backend=backend, **knobs)
+        if backend == "hf" and torch.cuda.is_available():  # GPU (not run here): the rank's device, as vLLM takes
+            engine.model.to("cuda")
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent as text
         outbox.put(("failed", traceback.format_exc()))
         return

@@ -33,6 +33,8 @@ run grpo $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo" $tr
     --eval_after true --eval_num_prompts 4
 run grpo_padding_free $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_pf" $trl --rollout_backend hf \
     --padding_free true
+run grpo_async $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_async" $trl --rollout_backend hf \
+    --async_generation true --max_staleness 1
 run distill $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_path "$M/midtrain" \
     --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill" $trl --per_device_train_batch_size 2 \
     --max_completion_length 16 --max_length 128 --eval_num_prompts 4 --distill_eval_max_new_tokens 16 \
@@ -44,7 +46,7 @@ run evaluate $PY scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path
 $PY - "$OUT" <<'PY'
 import json, sys, os
 out = sys.argv[1]
-for name, f in [("sft", "sft/sft_eval.json"), ("grpo", "grpo/grpo_eval.json"), ("distill", "distill/distill_eval.json"),
+for name, f in [("sft", "sft/sft_eval.json"), ("grpo", "grpo/grpo_eval.json"), ("grpo_async", "grpo_async/grpo_eval.json"), ("distill", "distill/distill_eval.json"),
                 ("eval", "eval/eval_results.json")]:
     p = os.path.join(out, f)
     if not os.path.exists(p):
