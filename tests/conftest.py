@@ -97,11 +97,9 @@ def micro(tmp_path_factory):
     recipe.update(run_dir=str(tmp / "run"), launcher="accelerate", num_processes=2,
                   accelerate_config=str(configs / "zero3.yaml"))
     (tmp / "micro.yaml").write_text(yaml.safe_dump(recipe))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "SMOLALIGN_CACHE": str(tmp / "cache")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    env.pop("SMOLALIGN_DEBUG", None)
+    from launching import launch_env
+
+    env = launch_env(SMOLALIGN_CACHE=str(tmp / "cache"))
     proc = subprocess.run([sys.executable, "scripts/pipeline.py", str(tmp / "micro.yaml")], cwd=root, env=env,
                           capture_output=True, text=True, timeout=900)
     logs = {p.name: p.read_text()[-1500:] for p in (tmp / "run" / "logs").glob("*.log")}

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,29 +25,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from launching import free_port
+from launching import launch_env as _env
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "recipes" / "accelerate_configs"
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-ENV = {
-    "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-}
-
-
-def _env() -> dict:
-    env = {**os.environ, **ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.pop("SMOLALIGN_DEBUG", None)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def launch(script: str, *args: str, config: str = "zero3", nproc: int = 2, timeout: int = 400):
     """`accelerate launch --config_file recipes/accelerate_configs/<config>.yaml --num_processes <nproc> script ...`"""

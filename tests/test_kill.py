@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from launching import free_port
+from launching import launch_env as _env
 
 from align.checkpoint import is_complete, latest_checkpoint
 
@@ -32,20 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow]
 MAX_STEPS, SAVE_STEPS = 6, 2
 
-ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-       "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
-
 # How each stage says it finished a step on its console: the trainer's per-step log line (logging_steps 1), or
 # the pretraining loop's progress bar.
 TRAINER_STEP = re.compile(r"[{ ]'loss': ")
 PRETRAIN_STEP = re.compile(r"pretrain:\s+\d+%\|[^|]*\|\s*(\d+)/\d+")
-
-
-def _env() -> dict:
-    env = {**os.environ, **ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.pop("SMOLALIGN_DEBUG", None)
-    return env
 
 
 def _run(cmd: list[str], timeout: int = 400) -> str:
@@ -152,14 +144,9 @@ def _command(micro: Path, stage: str, out: Path) -> list[str]:
 
 def _launched(cmd: list[str], config: str) -> list[str]:
     """`python scripts/x.py ...` as `accelerate launch --config_file <config>.yaml --num_processes 2 ...`."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
             str(ROOT / "recipes" / "accelerate_configs" / f"{config}.yaml"), "--num_processes", "2",
-            "--main_process_port", str(port), *cmd[1:]]
+            "--main_process_port", str(free_port()), *cmd[1:]]
 
 
 def _stage_command(micro: Path, stage: str, out: Path, ranks: int) -> list[str]:
