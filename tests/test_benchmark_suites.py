@@ -93,3 +93,16 @@ def test_rollout_ceiling_products_are_exact_and_its_clock_is_prefill_plus_decode
     tokens_per_s, best = rollout._decode_ceiling(model, prompts, new=11)
     assert abs(tokens_per_s - 33 / (0.5 + 10 * 0.01)) < 1e-9 and (best != "F.linear" or len(kernels) == 1)
     assert calls == ["step", "prefill_pass"] * len(kernels)
+
+
+def test_async_suite_step_clock_times_steps_after_the_first(monkeypatch):
+    suite = _suite("grpo_async")
+    now = [0.0]
+    monkeypatch.setattr(suite.time, "perf_counter", lambda: now[0])
+    clock = suite._StepClock()
+    cb, args, control = clock.callback, SimpleNamespace(), SimpleNamespace()
+    cb.on_train_begin(args, SimpleNamespace(global_step=0), control)
+    for step, seconds in enumerate([9.0, 2.0, 3.0], start=1):  # the first step pays the warm-up
+        now[0] += seconds
+        cb.on_step_end(args, SimpleNamespace(global_step=step), control)
+    assert clock.per_step() == [2.0, 3.0]
