@@ -25,6 +25,7 @@ import torch
 
 from align.distributed import full_model, iter_full_params, rank_seed, world, zero3_init_disabled
 from align.rollout import SamplingParams, choose_backend, fix_vllm_patched_model, get_engine
+from align.rollout.worker import EngineWorker
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +151,6 @@ def build_sampler(backend: str, knobs: dict | None, model, model_path: str, toke
         backend = choose_backend(model)
     rank = accelerator.process_index if accelerator is not None else world()[0]
     if own_process:
-        from align.rollout.worker import EngineWorker
-
         if backend not in ("hf", "vllm"):
             raise ValueError(f"an engine in its own process runs the hf or vllm backend, not {backend!r}")
         if backend == "vllm":

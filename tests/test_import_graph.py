@@ -24,7 +24,7 @@ STAGES = {
     "align.stage",  # the steps every post-training stage shares
     "align.sft",
     "align.preference",
-    "align.grpo", "align.grpo_data",
+    "align.grpo", "align.grpo_data", "align.async_grpo",
     "align.distill", "align.distill.config", "align.distill.loss", "align.distill.metrics", "align.distill.teacher",
     "align.distill.trainer",
     "align.evaluate",
@@ -35,6 +35,7 @@ STAGES = {
 # Modules of one stage that another stage must not import (align.stage is shared: every stage imports it).
 STAGE_OWNERS = {
     "align.sft": "sft", "align.preference": "preference", "align.grpo": "grpo", "align.grpo_data": "grpo",
+    "align.async_grpo": "grpo",
     "align.distill": "distill", "align.distill.config": "distill", "align.distill.loss": "distill",
     "align.distill.metrics": "distill", "align.distill.teacher": "distill", "align.distill.trainer": "distill",
     "align.evaluate": "evaluate",

@@ -33,6 +33,7 @@ from dataclasses import asdict
 import torch
 
 from align.rollout.base import Rollout, SamplingParams, normalize_param_name
+from align.rollout.factory import get_engine
 
 logger = logging.getLogger(__name__)
 
@@ -178,8 +179,6 @@ def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: st
             os.environ.pop(name, None)
         if threads:
             torch.set_num_threads(int(threads))
-        from align.rollout.factory import get_engine
-
         engine = get_engine(model_path, backend=backend, **knobs)
         if backend == "hf" and torch.cuda.is_available():  # GPU (not run here): the rank's device, as vLLM takes
             engine.model.to("cuda")
