@@ -54,9 +54,10 @@ class Recorder:
 
 def _run(tiny, tmp_path, *, asynchronous: bool, max_staleness: int = 1, steps: int = 4, slow_step_s: float = 0.0,
          **kw):
+    kw = {"bf16": False, **kw}
     args = GRPOConfig(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=12, learning_rate=5e-2, logging_steps=1, save_strategy="no",
-                      report_to="none", seed=0, bf16=False, lr_scheduler_type="constant", temperature=1.0,
+                      report_to="none", seed=0, lr_scheduler_type="constant", temperature=1.0,
                       async_generation=asynchronous, max_staleness=max_staleness, **kw)
     torch.manual_seed(0)
     model = load_model(tiny["model"], dtype="float32")
@@ -135,6 +136,15 @@ def test_max_staleness_0_samples_and_trains_as_synchronous_grpo(tiny, tmp_path):
     # the same weights within a fiftieth of one step's size (Adam normalises the ratio's 1e-7 noise on near-zero
     # gradients to steps of ~lr: seen 1e-4 after 4 steps at lr 5e-2)
     assert max((p - after[n]).abs().max().item() for n, p in sync.model.named_parameters()) < 1e-3
+
+
+def test_under_bf16_the_engines_fp32_samples_are_corrected_with_ratios_near_1(tiny, tmp_path):
+    """The trainer's forward runs under bf16 autocast, the engine process samples with the fp32 weights: the ratios
+    are not exactly 1 but within 0.05 of it (mean), and the correction is applied."""
+    trainer, _ = _run(tiny, tmp_path, asynchronous=True, max_staleness=0, steps=2, bf16=True)
+    means = _logged(trainer, "sampling/importance_sampling_ratio/mean")
+    assert len(means) == 2 and all(abs(r - 1) < 0.05 for r in means)
+    assert max(_logged(trainer, "sampling/sampling_logp_difference/max")) > 0  # bf16 is not fp32
 
 
 def test_the_engine_runs_ahead_of_a_slow_trainer_within_max_staleness(tiny, tmp_path):
