@@ -88,11 +88,14 @@ def test_kept_freed_memory_means_a_training_step_does_not_fault_again():
         "    x = torch.randn(16384, 1024)\n"  # 64 MB activations
         "    ((x @ w).relu() @ w).sum().backward()\n"
         "    w.grad = None\n"
-        "for _ in range(4):\n    step()\n"  # the heap grows to the step's peak, then stays
+        "for _ in range(6):\n    step()\n"  # the heap grows to the step's peak, then stays
         "counts = []\n"
-        "for _ in range(5):\n    before = faults()\n    step()\n    counts.append(faults() - before)\n"
-        "print(sorted(counts)[2])\n"  # the median step: a late one-off growth of the heap is not the steady state
+        "for _ in range(8):\n    before = faults()\n    step()\n    counts.append(faults() - before)\n"
+        "print(min(counts))\n"
     )
+    # The least-faulting step: with glibc's default every step faults its 64 MB again; with the setting the steady
+    # state faults nothing, and a one-off growth of the heap (fragmentation by small allocations, seen in a step or
+    # three of a busy machine's run) is not the steady state.
     counts = {flag: int(subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True,
                                        check=True).stdout.split()[-1]) for flag in "01"}
     pages = (64 << 20) // 4096

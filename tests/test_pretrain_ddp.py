@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from launching import free_port
 from test_pretrain_helpers import tiny_config, tiny_model_args
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +48,10 @@ WORKER = textwrap.dedent(
                                         "rows": rows, "losses": [h["loss"] for h in result["history"]]}})
     if acc.is_main_process:
         json.dump({{"ranks": gathered}}, open(out_dir + "/ddp.json", "w"))
+    # how every script of ours ends under a launcher: a gloo group torn down with the interpreter can abort a
+    # rank whose peer has gone ("terminate called without an active exception", seen in fresh-clone CI)
+    from align.distributed import leave_launcher
+    leave_launcher()
     """
 )
 
@@ -65,7 +70,7 @@ def test_two_rank_ddp_identical_init_disjoint_data_same_training(tmp_path):
         "--nproc_per_node",
         "2",
         "--master_port",
-        "29517",
+        str(free_port()),
         str(script),
         str(tmp_path),
     ]

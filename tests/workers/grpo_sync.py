@@ -124,3 +124,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from align.distributed import leave_launcher
+
+    leave_launcher()  # how our scripts end under a launcher
