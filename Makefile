@@ -39,7 +39,7 @@ demo: setup
 	$(BIN)/python scripts/pipeline.py recipes/tiny_pipeline.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q --timeout 900 -m "not rehearsal" tests
+	$(BIN)/python -m pytest -q --timeout 900 --durations=40 -m "not rehearsal" tests
 
 rehearsal: setup
 	$(BIN)/python -m pytest -q --timeout 3600 -m rehearsal tests
