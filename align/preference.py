@@ -38,6 +38,10 @@ DPO_LOSS_TYPES = (
     "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
 )
 KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+# The DPO losses whose preference term has zero gradient when chosen == rejected: functions of the margin
+# (chosen - rejected log-ratio), and apo_zero, whose two halves cancel (1 - s(x) + s(x)). The others (bco_pair,
+# nca_pair, sppo_hard, apo_down, aot*) would push a replay answer's likelihood against the reference model.
+REPLAY_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "robust", "discopop", "sigmoid_norm", "apo_zero", "sft")
 
 
 @dataclass
@@ -57,12 +61,32 @@ class PreferenceArgs(StageArgs):
     drop_identical: bool = field(
         default=True, metadata={"help": "Drop pairs whose chosen equals rejected (they carry no preference)."}
     )
+    replay_data: str | None = field(
+        default=None,
+        metadata={"help": "Conversations (a `messages` column; a local file or directory, a hub-shaped repo) mixed "
+                  "into the pairs as chosen == rejected rows: their preference terms cancel and only the NLL term "
+                  "('sft' in loss_type) trains on them, an SFT replay that keeps a chat model chatting. DPO losses "
+                  "whose terms cancel on identical answers only (see REPLAY_LOSS_TYPES)."},
+    )
+    replay_samples: int | None = field(
+        default=None, metadata={"help": "Use at most this many replay conversations (the first ones)."}
+    )
 
 
 def _finish_post_init(args) -> None:
     apply_device_defaults(args)
     if args.preference_eval_batch_size < 1:
         raise ValueError(f"preference_eval_batch_size must be >= 1, got {args.preference_eval_batch_size}")
+    if args.replay_data is None:
+        return
+    losses = getattr(args, "loss_type", None)
+    losses = [losses] if isinstance(losses, str) else list(losses or [])
+    if not isinstance(args, DPOConfig) or "sft" not in losses or set(losses) - set(REPLAY_LOSS_TYPES):
+        raise ValueError(
+            f"replay_data needs a DPO loss_type list with 'sft' (the NLL term that trains on replay rows) and "
+            f"preference losses that cancel on identical answers ({', '.join(REPLAY_LOSS_TYPES[:-1])}); got "
+            f"{type(args).__name__} loss_type {losses}: e.g. loss_type: [apo_zero, sft], or drop replay_data"
+        )
 
 
 @dataclass
@@ -184,6 +208,45 @@ def prepare_preference_data(dataset, kind: str, name: str = "train", drop_identi
     return kept
 
 
+def replay_pairs(conversations, features=None):
+    """Conversations ({messages: [..., assistant]}) as pairs whose chosen and rejected are the last assistant turn:
+    prompt = every message before it. `features`: the pair dataset's, so the two concatenate (other columns None)."""
+    import datasets
+
+    rows = []
+    for i, row in enumerate(conversations):
+        messages = row.get("messages")
+        if not messages or not isinstance(messages, list) or messages[-1].get("role") != "assistant":
+            raise ValueError(f"replay_data row {i} has no conversation ending in an assistant turn (a `messages` "
+                             f"list of {{role, content}}); got {str(messages)[:60]!r}")
+        turn = [{"role": "assistant", "content": messages[-1]["content"]}]
+        prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]
+        rows.append({"prompt": prompt, "chosen": turn, "rejected": turn})
+    if features is None:
+        return datasets.Dataset.from_list(rows)
+    return datasets.Dataset.from_list([{**dict.fromkeys(features), **r} for r in rows], features=features)
+
+
+def add_replay(train, spec: str, limit: int | None = None):
+    """The pairs + `spec`'s conversations as chosen == rejected rows (PreferenceArgs.replay_data)."""
+    import datasets
+
+    from align.data import load_source
+
+    conversations = load_source(spec, "train")
+    if "messages" not in conversations.column_names:
+        raise ValueError(f"replay_data {spec!r} has no `messages` column (it has {conversations.column_names}): "
+                         "point it at conversations, e.g. the output of scripts/generate_answers.py")
+    if limit is not None:
+        conversations = conversations.select(range(min(limit, len(conversations))))
+    if not {"prompt", "chosen", "rejected"} <= set(train.column_names) or not len(conversations):
+        raise ValueError(f"replay_data {spec!r}: needs paired train data and at least one conversation")
+    replay = replay_pairs(conversations, train.features)
+    logger.info("replay: %d conversations from %s added to %d pairs (chosen == rejected: NLL only)",
+                len(replay), spec, len(train))
+    return datasets.concatenate_datasets([train, replay])
+
+
 # ----------------------------------------------------------------------------- held-out preference accuracy
 
 
@@ -298,6 +361,8 @@ def main(script_args, training_args, model_args) -> dict:
 
     data = stage.load_data(script_args)
     train = prepare_preference_data(data["train"], kind, "train", training_args.drop_identical, training_args.seed)
+    if training_args.replay_data:
+        train = add_replay(train, training_args.replay_data, training_args.replay_samples)
     raw_test = data["test"] if "test" in data else None
     test_pairs, test = None, None
     if raw_test is not None and len(raw_test):

@@ -12,7 +12,9 @@ How:
   strong answer below 1).
 - `method: graded`: `policy_model` samples `num_samples` answers per prompt; the row's `reward` column (or
   `rewards`, weighted by `reward_weights`) scores them; best = chosen, worst = rejected. Prompts whose
-  samples all score the same are dropped (`all_equal`), as are prompts with < 2 scored samples (`unscored`).
+  samples all score the same are dropped (`all_equal`), as are prompts with < 2 scored samples (`unscored`)
+  and, with `verify_chosen` (default), prompts whose best answer is not verified right (`chosen_wrong`: two
+  wrong answers that differ only in form would teach a wrong answer as the chosen one).
 - Output in `output_dir`: one file per split (`train.jsonl`, `test.jsonl`; or `.parquet`; or a
   `save_to_disk` dataset), rows in TRL's conversational preference format {"prompt": [system flag, user],
   "chosen": [assistant], "rejected": [assistant]} plus id, scores, models and the source's scalar columns
@@ -88,7 +90,10 @@ class PreferenceDataConfig:
                   "/no_think); off-mode answers rank below on-mode ones of the same score (counted: chosen_off_mode)."},
     )
     verify_chosen: bool = field(
-        default=True, metadata={"help": "strong_weak: drop pairs whose chosen fails the verifier (rows with answer)."}
+        default=True,
+        metadata={"help": "Drop pairs whose chosen is not verified right (score < 1; counted: chosen_wrong). "
+                  "strong_weak: rows with an answer; graded: also pairs of two wrong answers that differ only in "
+                  "form, whose NLL/chosen terms would train a wrong answer."},
     )
     max_pairs: int | None = field(default=None, metadata={"help": "Stop a split after this many kept pairs."})
     batch_size: int = field(default=32, metadata={"help": "Prompts per batch (the unit of resume)."})
@@ -308,6 +313,8 @@ def graded_batch(rows, policy: Generator, cfg, seed: int) -> tuple[list[dict], d
             counts["all_equal"] += 1
         elif best[1] < 1.0:
             counts["chosen_off_mode"] = counts.get("chosen_off_mode", 0) + 1
+        elif cfg.verify_chosen and best[0] < 1.0:
+            counts["chosen_wrong"] = counts.get("chosen_wrong", 0) + 1
         elif cfg.drop_identical and best[2] == worst[2]:
             counts["identical"] += 1
         else:
@@ -368,7 +375,7 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
     else:
         def make(batch, seed):
             return graded_batch(batch, generators["policy"], cfg, seed)
-        filters = ["unscored", "all_equal", "chosen_off_mode", "identical", "over_max_pairs"]
+        filters = ["unscored", "all_equal", "chosen_off_mode", "chosen_wrong", "identical", "over_max_pairs"]
     start = time.perf_counter()
     counts = {}
     for split, rows in data.items():

@@ -198,6 +198,38 @@ def test_graded_pairs_in_both_modes_keep_each_rows_mode_budget_and_measure_both_
     assert "| train/no_think | 4 | 2 | 0.125 | 0.500 |" in (tmp_path / "g" / "README.md").read_text()
 
 
+def test_graded_pairs_of_two_wrong_answers_are_dropped_unless_verify_chosen_is_off(tmp_path, tok):
+    """Every sample wrong, one in the asked mode's form and one not: the best (wrong, in form) would be chosen and an
+    NLL term would train a wrong answer. verify_chosen (default) drops it (chosen_wrong); off keeps it."""
+    from data_gen.tasks import prompt_messages
+
+    rows = _rows(4)
+    for r in rows:
+        r["prompt_messages"] = prompt_messages(r, "no_think")
+    gold = {r["prompt"]: r["answer"] for r in rows}
+    order = [r["prompt"] for r in rows]
+
+    def policy(q, k):  # prompts 0, 1: one right sample; prompts 2, 3: wrong in form vs wrong with a think block
+        i = order.index(q)
+        if i < 2:
+            return _boxed(gold[q]) if k == 0 else _boxed(int(gold[q]) + 1)
+        return _boxed(int(gold[q]) + 1) if k == 0 else "<think>\nhm\n</think>\n" + _boxed(int(gold[q]) + 2)
+
+    kept = {}
+    for verify in (True, False):
+        out = tmp_path / str(verify)
+        cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=2,
+                                   output_dir=str(out), batch_size=4, verify_chosen=verify)
+        card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy),
+                                                                                tok, "row")})
+        pairs = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
+        kept[verify] = sorted(order.index(p["prompt"][-1]["content"]) for p in pairs)
+        assert card["counts"]["train"].get("chosen_wrong", 0) == (2 if verify else 0)
+        if verify:
+            assert all(p["chosen_score"] == 1.0 for p in pairs)
+    assert kept == {True: [0, 1], False: [0, 1, 2, 3]}
+
+
 def test_resume_after_interruption_duplicates_nothing(tmp_path, tok):
     rows = _rows(20)
     gold = {r["prompt"]: r["answer"] for r in rows}

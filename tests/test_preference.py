@@ -236,3 +236,98 @@ def test_recipes_parse_and_start_with_their_command(recipe, cls, expect):
         assert script.dataset_name.endswith("preferences") and model.model_name_or_path.endswith("sft")
     for key, value in expect.items():
         assert getattr(training, key) == value, key
+
+
+# ----------------------------------------------------------------------------- replay rows (replay_data)
+
+CHATS = [("Who are you?", "I am a small assistant."), ("Say hello.", "Hello there!"), ("Name a colour.", "Blue.")]
+
+
+def _replay_file(path: Path, times: int = 4) -> str:
+    rows = [{"messages": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q},
+                          {"role": "assistant", "content": a}]} for q, a in CHATS * times]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _grads(tiny, loss_type, weights=None, shift=0.05):
+    """TRL's DPO loss on a batch of replay rows (chosen == rejected), the policy moved off the reference by `shift`
+    noise: the gradient of every weight, flattened."""
+    import trl
+    from transformers import AutoModelForCausalLM
+
+    from align.preference import replay_pairs
+
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CHATS]
+    model = AutoModelForCausalLM.from_pretrained(tiny["model"])
+    args = trl.DPOConfig(output_dir=str(tiny["root"] / "grads"), loss_type=loss_type, beta=0.1, report_to="none",
+                         per_device_train_batch_size=len(rows), max_length=64, bf16=False,
+                         **({"loss_weights": weights} if weights else {}))
+    trainer = trl.DPOTrainer(model=model, args=args, train_dataset=replay_pairs(rows), processing_class=tiny["tokenizer"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(shift * torch.randn_like(p))
+    batch = next(iter(trainer.get_train_dataloader()))
+    model.zero_grad()
+    trainer.compute_loss(model, batch).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("loss_type", ["apo_zero", "sigmoid", "ipo"])
+def test_replay_rows_train_only_the_nll_term(tiny, loss_type):
+    """chosen == rejected: the preference term's gradient is zero (TRL's own loss), so [loss, sft] trains exactly
+    what the weighted NLL term alone does; a loss outside REPLAY_LOSS_TYPES (bco_pair) would not cancel."""
+    from align.preference import REPLAY_LOSS_TYPES
+
+    assert loss_type in REPLAY_LOSS_TYPES and "bco_pair" not in REPLAY_LOSS_TYPES
+    preference = _grads(tiny, [loss_type])
+    nll = _grads(tiny, ["sft"])
+    both = _grads(tiny, [loss_type, "sft"], [1.0, 0.5])
+    assert nll.abs().max() > 1e-3
+    assert preference.abs().max() < 1e-6 * nll.abs().max()
+    torch.testing.assert_close(both, 0.5 * nll, rtol=1e-4, atol=1e-5 * nll.abs().max().item())
+    assert _grads(tiny, ["bco_pair"]).abs().max() > 1e-3 * nll.abs().max()  # the control: this one does not cancel
+
+
+def test_apo_with_replay_rows_learns_the_replay_answers_and_the_preference(tiny, tmp_path):
+    """replay_data in a preference stage: its conversations join the pairs (logged count) and the NLL term makes
+    their answers likelier, while the held-out pairs are still learned."""
+    from transformers import AutoModelForCausalLM
+
+    from align.preference import pair_logps
+
+    replay = _replay_file(tmp_path / "replay.jsonl")
+    metrics, changed, start = _run(tiny, DPOConfig, "apo_replay", loss_type=["apo_zero", "sft"],
+                                   loss_weights=[1.0, 0.5], beta=0.1, replay_data=replay, max_steps=8)
+    _assert_learned(metrics, changed, start)
+    assert metrics["after"]["preference_accuracy"] >= 0.75, metrics["after"]
+    rows = [{"prompt": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q}],
+             "chosen": [{"role": "assistant", "content": a}], "rejected": [{"role": "assistant", "content": a}]}
+            for q, a in CHATS]
+    logp = {}
+    for name, path in (("start", tiny["model"]), ("trained", tiny["root"] / "apo_replay")):
+        model = AutoModelForCausalLM.from_pretrained(path)
+        logp[name] = pair_logps(model, tiny["tokenizer"], datasets.Dataset.from_list(rows), 4, None)[0]
+    assert (logp["trained"] > logp["start"] + 1.0).all(), logp  # every replay answer: far likelier
+
+
+def test_replay_data_errors_name_the_fix(tiny, tmp_path):
+    from align.preference import add_replay
+
+    replay = _replay_file(tmp_path / "replay.jsonl")
+    with pytest.raises(ValueError, match=r"replay_data needs a DPO loss_type list with 'sft'.*e\.g\. loss_type: \["):
+        DPOConfig(output_dir=str(tmp_path), loss_type="apo_zero", replay_data=replay)
+    with pytest.raises(ValueError, match=r"replay_data needs .*\['bco_pair', 'sft'\]"):
+        DPOConfig(output_dir=str(tmp_path), loss_type=["bco_pair", "sft"], replay_data=replay)
+    with pytest.raises(ValueError, match=r"replay_data needs .*KTOConfig"):
+        KTOConfig(output_dir=str(tmp_path), replay_data=replay)
+    pairs = datasets.Dataset.from_list(_pairs("train", 2))
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(_pairs("train", 1)[0]) + "\n")
+    with pytest.raises(ValueError, match=r"has no `messages` column .*generate_answers"):
+        add_replay(pairs, str(tmp_path / "pairs.jsonl"))
+    (tmp_path / "user_last.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"row 0 has no conversation ending in an assistant turn"):
+        add_replay(pairs, str(tmp_path / "user_last.jsonl"))
+    both = add_replay(pairs, replay, limit=5)
+    assert len(both) == len(pairs) + 5 and both[-1]["chosen"] == both[-1]["rejected"]
