@@ -22,7 +22,11 @@ How it keeps the bound and stays correct:
   current weights as the proximal policy (num_iterations is 1).
 - Sampling seeds follow the batch's index, not the call order: `max_staleness: 0` samples what synchronous GRPO
   samples, and a resumed run regenerates the batches that were in flight when it stopped (none is half-used).
-Not yet: dynamic sampling, tools (their turn loop runs in the trainer), the vllm-server and trl backends.
+- Dynamic sampling: the step's first round is the batch generated ahead; a refill round (fresh prompts from the
+  refill stream for the groups with no reward variance) cannot be known ahead, so it is queued on the engine
+  behind the batches already in flight, with the same bound (sampled by step - k or later) and a seed of its
+  own (step, round), and the trainer waits for it (`async/refill_s`).
+Not yet: tools (their turn loop runs in the trainer), the vllm-server and trl backends.
 """
 
 from __future__ import annotations
@@ -75,8 +79,6 @@ def check_async_args(args) -> None:
     if args.rollout_backend not in ("auto", "hf", "vllm"):
         raise ValueError(f"async_generation runs the engine in its own process: rollout_backend auto, hf or vllm, "
                          f"not {args.rollout_backend!r}")
-    if args.dynamic_sampling:
-        raise ValueError("async_generation with dynamic_sampling is not supported yet: set dynamic_sampling: false")
     if args.tools or args.environment:
         raise ValueError("async_generation with tools is not supported yet (the turn loop runs in the trainer)")
     if args.num_iterations != 1:
@@ -103,6 +105,7 @@ class AsyncGeneration:
     version that sampled it, its staleness, and the seconds the trainer waited for it."""
 
     _lookahead: dict | None = None
+    generation_round: int = 1  # dynamic sampling's round within a step (align.grpo): 1, then refills
     _async_next_job: int | None = None
     _async_published: int = -1
 
@@ -171,7 +174,10 @@ class AsyncGeneration:
             self._async_published = step
 
     def take_async_batch(self, prompt_ids, num_generations: int):
-        """This step's batch, generated ahead: in TRL's `_generate_single_turn` form."""
+        """This step's batch, generated ahead: in TRL's `_generate_single_turn` form. A dynamic-sampling refill
+        round (`generation_round` > 1) is generated now instead."""
+        if self.generation_round > 1:
+            return self._refill_batch(prompt_ids, num_generations)
         self._publish()
         step = self.state.global_step
         if not self._async_jobs:
@@ -194,6 +200,21 @@ class AsyncGeneration:
         metrics["async/staleness"].append(float(staleness))
         metrics["async/trainer_wait_s"].append(waited)
         metrics["async/generate_s"].append(info["generate_s"])
+        return self.trl_completions(groups, g)
+
+    def _refill_batch(self, prompt_ids, num_generations: int):
+        """A dynamic-sampling refill round of this step: queued behind the batches in flight, waited for."""
+        step, k = self.state.global_step, self.args.max_staleness
+        g, unique = prompt_groups(prompt_ids, num_generations)
+        seed = rank_seed(self.args.seed, step + 1, self.generation_round, rank=self.accelerator.process_index)
+        started = time.monotonic()
+        groups, info = self.engine.result(self.engine.submit(unique, self.sampling_params(g, seed=seed),
+                                                             min_version=max(0, step - k)))
+        waited = time.monotonic() - started
+        if not 0 <= step - info["version"] <= k:
+            raise RuntimeError(f"async_generation: step {step}'s refill was sampled by version {info['version']} "
+                               f"(max_staleness {k})")
+        self._metrics["train"]["async/refill_s"].append(waited)
         return self.trl_completions(groups, g)
 
     def train(self, *args, **kwargs):

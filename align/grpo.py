@@ -369,7 +369,11 @@ class GRPOTrainer(ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPO
             rounds += 1
             # Collective: every rank generates and TRL gathers the rewards of all ranks' rows, so every rank runs the
             # same rounds with batches of one size (a rank that is already full still generates, then discards).
-            scored = self._score(batch)
+            self.generation_round = rounds  # async generation: round 1 was generated ahead, refills are not
+            try:
+                scored = self._score(batch)
+            finally:
+                self.generation_round = 1
             local = len(batch)
             mine = self._weighted_rewards().cpu()[rank * local : (rank + 1) * local]
             signal = group_has_signal(mine, g)

@@ -273,19 +273,25 @@ def test_grpo_hf_engine_with_dynamic_sampling_under_zero3(micro, tmp_path):
 
 def test_async_grpo_under_zero3_keeps_the_staleness_bound_and_resumes(micro, tmp_path):
     """`async_generation: true` on 2 ZeRO-3 ranks (each rank's hf engine in a process of its own, the gathered weights
-    pushed every step): every trained batch is at most max_staleness steps old, and a rerun with more steps resumes
-    from the checkpoint, regenerating the batches that were in flight."""
+    pushed every step) with dynamic sampling (the micro model's groups are mostly flat: refill rounds, generated
+    by the engine processes when needed): every trained batch is at most max_staleness steps old, and a rerun with
+    more steps resumes from the checkpoint, regenerating the batches that were in flight."""
     out = tmp_path / "async"
     args = [micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "hf", "--async_generation", "true",
-            "--max_staleness", "1", "--save_steps", "2", "--eval_after", "true", "--eval_num_prompts", "4"]
+            "--max_staleness", "1", "--save_steps", "2", "--eval_after", "true", "--eval_num_prompts", "4",
+            "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "2"]
     ok(launch("scripts/grpo.py", *args, "--max_steps", "4"))
     first = json.loads((out / "grpo_eval.json").read_text())["async"]
     assert first["batches"] == 4 and first["staleness_max"] == 1  # the engine ran a step ahead
     ok(launch("scripts/grpo.py", *args, "--max_steps", "6"))
     report = json.loads((out / "grpo_eval.json").read_text())
     assert report["world_size"] == 2 and report["async"]["batches"] == 2 and report["async"]["staleness_max"] <= 1
-    steps = [h["step"] for h in log_history(out) if "async/staleness" in h]
+    history = log_history(out)
+    steps = [h["step"] for h in history if "async/staleness" in h]
     assert steps == [1, 2, 3, 4, 5, 6]  # one log, resumed: steps 5 and 6 continue the first run's
+    rounds = [h["dynamic_sampling/rounds"] for h in history if "dynamic_sampling/rounds" in h]
+    assert len(rounds) == 6 and max(rounds) == 2  # refill rounds ran (and no more than the cap)
+    assert sum("async/refill_s" in h for h in history) == sum(r > 1 for r in rounds)
 
 
 @pytest.mark.vllm
