@@ -28,6 +28,7 @@ import trl
 
 from align import stage
 from align.configs import StageArgs, apply_device_defaults
+from align.data import load_source
 from align.distributed import full_model
 from align.scoring import accuracy, sequence_logprobs
 
@@ -230,8 +231,6 @@ def replay_pairs(conversations, features=None):
 def add_replay(train, spec: str, limit: int | None = None):
     """The pairs + `spec`'s conversations as chosen == rejected rows (PreferenceArgs.replay_data)."""
     import datasets
-
-    from align.data import load_source
 
     conversations = load_source(spec, "train")
     if "messages" not in conversations.column_names:
