@@ -26,21 +26,28 @@ How it keeps the bound and stays correct:
   refill stream for the groups with no reward variance) cannot be known ahead, so it is queued on the engine
   behind the batches already in flight, with the same bound (sampled by step - k or later) and a seed of its
   own (step, round), and the trainer waits for it (`async/refill_s`).
-Not yet: tools (their turn loop runs in the trainer), the vllm-server and trl backends.
+- Tools (`tools`, `environment`): a batch's turn loop (align.tools.loop) runs in a thread of the trainer's process
+  (one batch at a time, in order), each turn a job on the engine process within the same bound; the tool calls
+  run in that thread (sandboxed tools in their own processes, as always). A trajectory's version is the oldest
+  that sampled one of its turns; the tool replies stay out of the loss (`tool_mask`).
+Not yet: the vllm-server and trl backends.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from align.distributed import rank_seed
 from align.grpo_data import prompt_groups
+from align.tools.grpo import system_text
 
 
 @dataclass
@@ -79,8 +86,6 @@ def check_async_args(args) -> None:
     if args.rollout_backend not in ("auto", "hf", "vllm"):
         raise ValueError(f"async_generation runs the engine in its own process: rollout_backend auto, hf or vllm, "
                          f"not {args.rollout_backend!r}")
-    if args.tools or args.environment:
-        raise ValueError("async_generation with tools is not supported yet (the turn loop runs in the trainer)")
     if args.num_iterations != 1:
         raise ValueError(f"async_generation needs num_iterations: 1 (the lag is corrected against the current "
                          f"weights), got {args.num_iterations}")
@@ -162,8 +167,42 @@ class AsyncGeneration:
         prompt_ids = self._tokenize_prompts(copy.deepcopy([x["prompt"] for x in rows]))[0]
         g, unique = prompt_groups(prompt_ids, self.num_generations)
         params = self.sampling_params(g, seed=rank_seed(self.args.seed, job + 1, rank=self.accelerator.process_index))
-        handle = self.engine.submit(unique, params, min_version=max(0, step - self.args.max_staleness))
+        min_version = max(0, step - self.args.max_staleness)
+        if getattr(self, "tool_loop", None) is not None:  # the turn loop, in the tool thread (one batch at a time)
+            starts = range(0, len(rows), g)
+            handle = self._tool_thread().submit(self._tool_job, unique, params, [dict(rows[i]) for i in starts],
+                                                [system_text(rows[i]["prompt"]) for i in starts], min_version)
+        else:
+            handle = self.engine.submit(unique, params, min_version=min_version)
         self._async_jobs.append((handle, unique, g, step))
+
+    def _tool_thread(self) -> ThreadPoolExecutor:
+        if self.__dict__.get("_async_tools") is None:
+            self._async_tools = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smolalign-tool-loop")
+            self._async_stop = threading.Event()
+        return self._async_tools
+
+    def _tool_job(self, prompts, params, rows, systems, min_version: int):
+        """One batch's tool-use trajectories (in the tool thread): every turn is a job on the engine process."""
+        stop, versions, spent = self._async_stop, [], {"generate_s": 0.0, "wait_s": 0.0}
+
+        def generate(ids, p):
+            job = self.engine.submit(ids, p, min_version=min_version)
+            while True:
+                if stop.is_set():
+                    raise RuntimeError("async_generation: stopped while a tool-use batch was in flight")
+                try:
+                    groups, info = self.engine.result(job, timeout_s=1.0)
+                    break
+                except TimeoutError:
+                    continue
+            versions.append(info["version"])
+            spent["generate_s"] += info["generate_s"]
+            spent["wait_s"] += info["wait_s"]
+            return groups
+
+        groups = self.tool_loop.rollout(generate, prompts, params, rows=rows, systems=systems)
+        return groups, {"version": min(versions), **spent}
 
     def _publish(self) -> None:
         """Push the weights of this step when sync_every says so, or when a queued batch needs them."""
@@ -178,6 +217,14 @@ class AsyncGeneration:
         round (`generation_round` > 1) is generated now instead."""
         if self.generation_round > 1:
             return self._refill_batch(prompt_ids, num_generations)
+        groups, g = self._take(prompt_ids, num_generations)
+        return self.trl_completions(groups, g)
+
+    def take_async_trajectories(self, prompt_ids, num_generations: int) -> list:
+        """This step's tool-use trajectories (align.tools.grpo.tool_rollout), sampled ahead: one list per prompt."""
+        return self._take(prompt_ids, num_generations)[0]
+
+    def _take(self, prompt_ids, num_generations: int) -> tuple[list, int]:
         self._publish()
         step = self.state.global_step
         if not self._async_jobs:
@@ -187,7 +234,7 @@ class AsyncGeneration:
             raise RuntimeError(f"async_generation: the batch generated for step {job_step} is not the one step {step} "
                                "trains on (the data order changed under the lookahead)")
         started = time.monotonic()
-        groups, info = self.engine.result(handle)
+        groups, info = handle.result() if isinstance(handle, Future) else self.engine.result(handle)
         waited = time.monotonic() - started
         staleness = step - info["version"]
         if not 0 <= staleness <= self.args.max_staleness:
@@ -200,7 +247,7 @@ class AsyncGeneration:
         metrics["async/staleness"].append(float(staleness))
         metrics["async/trainer_wait_s"].append(waited)
         metrics["async/generate_s"].append(info["generate_s"])
-        return self.trl_completions(groups, g)
+        return groups, g
 
     def _refill_batch(self, prompt_ids, num_generations: int):
         """A dynamic-sampling refill round of this step: queued behind the batches in flight, waited for."""
@@ -223,6 +270,10 @@ class AsyncGeneration:
         finally:  # batches queued past a stop (the end, a signal, an error) are dropped, never half-used
             if self.async_enabled():
                 self.engine.cancel_pending()
+            tools = self.__dict__.pop("_async_tools", None)
+            if tools is not None:  # a tool-use batch in flight stops at its next turn
+                self._async_stop.set()
+                tools.shutdown(wait=True, cancel_futures=True)
             self._async_jobs.clear()
             self._lookahead, self._async_next_job = None, None
 

@@ -203,7 +203,6 @@ def test_dynamic_sampling_refills_through_the_engine_process_within_max_stalenes
     ({"sync_every": 0}, "sync_every"),
     ({"vllm_importance_sampling_correction": False}, "vllm_importance_sampling_correction"),
     ({"num_iterations": 2}, "num_iterations"),
-    ({"tools": ["calculator"]}, "tools"),
 ])
 def test_settings_async_generation_cannot_run_with_are_one_line_errors(tmp_path, knob, message):
     with pytest.raises(ValueError, match=message) as err:

@@ -322,12 +322,16 @@ def test_grpo_padding_free_under_zero3_trains_as_the_padded_pass(micro, tmp_path
     assert packed["loss"] == pytest.approx(padded["loss"], rel=1e-4, abs=1e-6)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_tool_use_grpo_under_zero3(micro, tmp_path, lora):
+@pytest.mark.parametrize("lora, asynchronous", [(False, False), (True, False), (False, True)],
+                         ids=["full", "lora", "async"])
+def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
     """Tool-use GRPO on 2 ZeRO-3 ranks (tests/workers/tools_grpo.py): scripted first turns call the calculator, the
-    sharded model writes the turns after the tool's reply; half the rollouts called on every rank, the tool tokens
+    sharded model writes the turns after the tool's reply (async: each rank's engine process, fed the gathered
+    weights, writes them in the tool thread, a step ahead); half the rollouts called on every rank, the tool tokens
     are masked, the losses are finite."""
     extra = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear"] if lora else []
+    if asynchronous:
+        extra += ["--async_generation", "true", "--max_staleness", "1", "--vllm_importance_sampling_correction", "true"]
     ok(launch("tests/workers/tools_grpo.py", tmp_path, micro / "configs" / "grpo.yaml", "--output_dir",
               tmp_path / "train", "--bf16", "false", "--save_strategy", "no", "--report_to", "none", "--max_steps", "2",
               "--tools", "[calculator]", "--max_turns", "2", "--max_completion_length", "128",
@@ -340,6 +344,8 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora):
         for batch in rank["inserted_tokens"]:
             assert [n > 0 for n in batch] == [k % 2 == 0 for k in range(len(batch))]
     assert result["losses"] and all(math.isfinite(x) for x in result["losses"])
+    if asynchronous:
+        assert len(result["staleness"]) == 2 and all(0 <= s <= 1 for s in result["staleness"])
 
 
 # ----------------------------------------------------------------------------------------------- distillation

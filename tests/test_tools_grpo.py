@@ -68,7 +68,8 @@ class CalcEngine:
 def _trainer(tiny, tmp_path, **kw):
     from transformers import AutoModelForCausalLM
 
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=4,
+    kw = {"max_steps": 2, **kw}
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=160, learning_rate=1e-3, logging_steps=1, save_strategy="no",
                       report_to="none", seed=0, bf16=False, lr_scheduler_type="constant", tools=["calculator"],
                       max_turns=3, reward_funcs=["math_reward", "tool_call_reward"], **kw)
@@ -195,3 +196,76 @@ def test_a_multi_turn_answer_is_judged_in_format_by_its_answer_turn():
     assert trainer.format_view("not a tool rollout") == "not a tool rollout"
     trainer.tool_loop = None
     assert trainer.format_view(joined) == joined
+
+
+class ScriptedWorker(CalcEngine):
+    """CalcEngine behind the engine process's interface (align.rollout.worker.EngineWorker): versioned weight pushes,
+    and jobs that wait, in the caller's thread, for the version they need."""
+
+    versioned = True
+
+    def __init__(self, tok):
+        import threading
+
+        super().__init__(tok)
+        self.version, self.jobs, self.cond = -1, [], threading.Condition()
+        self.threads: set[str] = set()
+
+    def update_weights(self, named_params, version=None):
+        for _ in named_params:
+            pass
+        with self.cond:
+            self.version = self.version + 1 if version is None else version
+            self.pushed += 1
+            self.cond.notify_all()
+
+    def submit(self, prompts, params, min_version=None):
+        import threading
+
+        self.threads.add(threading.current_thread().name)
+        self.jobs.append((prompts, params, self.version if min_version is None else min_version))
+        return len(self.jobs) - 1
+
+    def result(self, job, timeout_s=None):
+        prompts, params, wanted = self.jobs[job]
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.version >= wanted, timeout=timeout_s):
+                raise TimeoutError("no new enough weights yet")
+            version = self.version
+        return self.generate(prompts, params), {"version": version, "generate_s": 0.0, "wait_s": 0.0}
+
+    def cancel_pending(self):
+        pass
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_async_tool_grpo_runs_the_turn_loop_ahead_and_keeps_the_tool_mask(tiny, tmp_path, max_staleness):
+    """async_generation with tools: each batch's turn loop runs in the tool thread, every turn a job on the engine
+    within max_staleness; the trajectories, rewards and masks are those of synchronous tool GRPO (the scripted
+    engine answers the same whatever the weights), and with max_staleness 0 so are the losses."""
+    runs = {}
+    for name, kw in (("sync", {}), ("async", {"async_generation": True, "max_staleness": max_staleness})):
+        trainer = _trainer(tiny, tmp_path / name, max_steps=3, **kw)
+        if name == "async":
+            trainer.sampler.engine = worker = ScriptedWorker(tiny["tokenizer"])
+        seen = []
+        score = trainer._generate_and_score_completions
+        trainer._generate_and_score_completions = lambda inputs, score=score, seen=seen: seen.append(score(inputs)) or seen[-1]
+        trainer.train()
+        runs[name] = (trainer, seen)
+    (sync, sync_seen), (lagged, lagged_seen) = runs["sync"], runs["async"]
+    assert [e["step"] for e in lagged.async_log] == [0, 1, 2]
+    assert all(0 <= e["staleness"] <= max_staleness for e in lagged.async_log)
+    assert any(t.startswith("smolalign-tool-loop") for t in worker.threads)  # the turn loop ran in the tool thread
+    assert len(worker.jobs) == 3 * 2  # per batch: the first turns, then the callers' second turns
+    for a, b in zip(sync_seen, lagged_seen):
+        assert torch.equal(a["completion_ids"], b["completion_ids"]) and torch.equal(a["tool_mask"], b["tool_mask"])
+        masked = ((1 - b["tool_mask"]) * b["completion_mask"]).sum()
+        assert 0 < masked < b["completion_mask"].sum()  # tool tokens masked, the policy's kept
+    keys = ["tools/calls_per_rollout", "rewards/math_reward/mean", "rewards/tool_call_reward/mean"]
+    for key in keys:
+        assert [h[key] for h in lagged.state.log_history if key in h] == [h[key] for h in sync.state.log_history
+                                                                          if key in h] == [0.5] * 3
+    if max_staleness == 0:
+        assert ([h["loss"] for h in lagged.state.log_history if "loss" in h]
+                == pytest.approx([h["loss"] for h in sync.state.log_history if "loss" in h], abs=1e-6))

@@ -24,6 +24,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 import traceback
 from collections import deque
@@ -63,6 +64,7 @@ class EngineWorker:
         self._proc.start()
         self._buffers: dict[str, torch.Tensor] | None = None
         self._results: dict[int, tuple] = {}
+        self._lock = threading.Lock()
         self._next_job = 0
         self.version = -1
         kind, payload = self._receive(None, start_timeout_s)[:2]
@@ -99,10 +101,11 @@ class EngineWorker:
 
     def submit(self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None) -> int:
         """Queue a generation; it starts once a version >= `min_version` (default: the newest) is published."""
-        job = self._next_job
-        self._next_job += 1
-        wanted = self.version if min_version is None else int(min_version)
-        self._inbox.put(("job", job, [list(p) for p in prompts], asdict(params), wanted))
+        with self._lock:  # the trainer's thread and a tool-loop thread (align.async_grpo) may both submit
+            job = self._next_job
+            self._next_job += 1
+            wanted = self.version if min_version is None else int(min_version)
+            self._inbox.put(("job", job, [list(p) for p in prompts], asdict(params), wanted))
         return job
 
     def result(self, job: int, timeout_s: float | None = None) -> tuple[list[list[Rollout]], dict]:
@@ -110,7 +113,8 @@ class EngineWorker:
         version that sampled them, the seconds spent generating and waiting in the child for that version."""
         while job not in self._results:
             self._receive(job, timeout_s)
-        kind, payload, info, prompts = self._results.pop(job)
+        with self._lock:
+            kind, payload, info, prompts = self._results.pop(job)
         if kind == "error":
             raise RuntimeError(f"the {self.backend} engine process failed on a generation:\n{payload}")
         groups = [[Rollout(list(p), list(c), None if lp is None else list(lp), fr) for c, lp, fr in group]
@@ -123,9 +127,9 @@ class EngineWorker:
 
     def cancel_pending(self) -> None:
         """Jobs submitted so far and not yet started are skipped; their results are dropped."""
-        with self._cancelled.get_lock():
+        with self._lock, self._cancelled.get_lock():
             self._cancelled.value = self._next_job - 1
-        self._results.clear()
+            self._results.clear()
 
     def _receive(self, job: int | None, timeout_s: float | None) -> tuple:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -140,7 +144,8 @@ class EngineWorker:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"the {self.backend} engine process gave no answer in {timeout_s:.0f} s") from None
         if message[0] in ("done", "error"):
-            self._results[message[1]] = (message[0], *message[2:])
+            with self._lock:
+                self._results[message[1]] = (message[0], *message[2:])
         return message
 
     def close(self) -> None:
@@ -203,10 +208,12 @@ def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: st
         if job <= cancelled.value:
             continue
         started = time.monotonic()
-        while version.value < min_version:  # the staleness bound: wait for new enough weights
+        while version.value < min_version and job > cancelled.value:  # the staleness bound: new enough weights
             if stop.is_set() or os.getppid() != parent:
                 return
             time.sleep(0.002)
+        if job <= cancelled.value:  # cancelled while it waited
+            continue
         waited = time.monotonic() - started
         while buffers is None and version.value >= 0:  # the first push's tensors were queued after this job
             message = inbox.get()

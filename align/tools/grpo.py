@@ -37,7 +37,8 @@ def add_tools_to_prompts(dataset, loop: ToolLoop):
     return dataset.map(add)
 
 
-def _system(prompt: Any) -> str | None:
+def system_text(prompt: Any) -> str | None:
+    """A conversational prompt's system turn (None without one)."""
     if isinstance(prompt, list) and prompt and prompt[0].get("role") == "system":
         return prompt[0]["content"]
     return None
@@ -49,19 +50,22 @@ def tool_rollout(prompts: list, trainer) -> dict:
     loop: ToolLoop = trainer.tool_loop
     prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
     n = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
-    g = n if len(prompt_ids) % n == 0 and all(
-        list(prompt_ids[i]) == list(prompt_ids[i - i % n]) for i in range(len(prompt_ids))) else 1
-    rows = list(getattr(trainer, "_tool_rows", None) or [{} for _ in prompts])
-    starts = range(0, len(prompt_ids), g)
-    trainer.sync_engine()
-    params = trainer.sampling_params(g, seed=trainer.sampler.next_seed())
+    if trainer.async_active():  # sampled ahead, turn loop and all, while earlier steps trained
+        groups = trainer.take_async_trajectories(prompt_ids, n)
+    else:
+        g = n if len(prompt_ids) % n == 0 and all(
+            list(prompt_ids[i]) == list(prompt_ids[i - i % n]) for i in range(len(prompt_ids))) else 1
+        rows = list(getattr(trainer, "_tool_rows", None) or [{} for _ in prompts])
+        starts = range(0, len(prompt_ids), g)
+        trainer.sync_engine()
+        params = trainer.sampling_params(g, seed=trainer.sampler.next_seed())
 
-    def generate(ids, p):
-        return trainer.sampler.generate(trainer.model_wrapped, ids, p)
+        def generate(ids, p):
+            return trainer.sampler.generate(trainer.model_wrapped, ids, p)
 
-    groups = loop.rollout(generate, [list(prompt_ids[i]) for i in starts], params,
-                          rows=[rows[i] if i < len(rows) else {} for i in starts],
-                          systems=[_system(prompts[i]) for i in starts])
+        groups = loop.rollout(generate, [list(prompt_ids[i]) for i in starts], params,
+                              rows=[rows[i] if i < len(rows) else {} for i in starts],
+                              systems=[system_text(prompts[i]) for i in starts])
     flat: list[Trajectory] = [t for group in groups for t in group]
     log_tool_metrics(trainer, flat)
     return {

@@ -38,8 +38,10 @@ def main() -> None:
                           processing_class=tokenizer, peft_config=get_peft_config(model_args))
     acc = trainer.accelerator
     policy = acc.unwrap_model(trainer.model)
+    asynchronous = args.async_generation
     trainer.sampler = build_sampler("hf", {}, policy, resolve_model_path(model_args.model_name_or_path), tokenizer, acc,
-                                    seed=args.seed, max_model_len=1024, logprobs_kind="raw")
+                                    seed=args.seed, max_model_len=1024,
+                                    logprobs_kind="sampling" if asynchronous else "raw", own_process=asynchronous)
     trainer.use_tools(loop)
     real = trainer.sampler.generate
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -47,13 +49,37 @@ def main() -> None:
     wrong = tokenizer("The answer is \\boxed{0}.", add_special_tokens=False)["input_ids"] + [end]
     masks = []
 
+    def first_turns(prompts) -> bool:
+        return all("<|im_start|>tool" not in tokenizer.decode(p) for p in prompts)
+
+    def scripted(prompts, params):
+        return [[Rollout(list(p), list(call if k % 2 == 0 else wrong), [-0.5] * len(call if k % 2 == 0 else wrong),
+                         "stop") for k in range(params.n)] for p in prompts]
+
     def generate(model, prompts, params):
-        if all("<|im_start|>tool" not in tokenizer.decode(p) for p in prompts):  # first turns: scripted
-            return [[Rollout(list(p), list(call if k % 2 == 0 else wrong), None, "stop") for k in range(params.n)]
-                    for p in prompts]
+        if first_turns(prompts):  # first turns: scripted
+            return scripted(prompts, params)
         return real(model, prompts, params)  # later turns: the sharded model itself (every rank takes part)
 
-    trainer.sampler.generate = generate
+    if asynchronous:  # the engine process: first turns scripted, later ones its own (async_generation + tools)
+        worker, fake = trainer.sampler.engine, {}
+        submit, result = worker.submit, worker.result
+
+        def submit_scripted(prompts, params, min_version=None):
+            if not first_turns(prompts):
+                return submit(prompts, params, min_version=min_version)
+            fake[-1 - len(fake)] = (prompts, params)
+            return -len(fake)
+
+        def result_scripted(job, timeout_s=None):
+            if job >= 0:
+                return result(job, timeout_s)
+            prompts, params = fake[job]
+            return scripted(prompts, params), {"version": worker.version, "generate_s": 0.0, "wait_s": 0.0}
+
+        worker.submit, worker.result = submit_scripted, result_scripted
+    else:
+        trainer.sampler.generate = generate
     score = trainer._generate_and_score_completions
 
     def capture(inputs):
@@ -62,7 +88,11 @@ def main() -> None:
         return batch
 
     trainer._generate_and_score_completions = capture
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        if asynchronous:
+            trainer.sampler.close(trainer.model_wrapped)
     ranks = gather_objects({"inserted_tokens": masks})
     if acc.is_main_process:
         history = trainer.state.log_history
@@ -70,7 +100,8 @@ def main() -> None:
                   "lora": hasattr(policy, "peft_config"),
                   "calls_per_rollout": [h["tools/calls_per_rollout"] for h in history if "tools/calls_per_rollout" in h],
                   "turns_mean": [h["tools/turns_mean"] for h in history if "tools/turns_mean" in h],
-                  "losses": [h["loss"] for h in history if "loss" in h]}
+                  "losses": [h["loss"] for h in history if "loss" in h],
+                  "staleness": [h["async/staleness"] for h in history if "async/staleness" in h]}
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
     acc.wait_for_everyone()
