@@ -217,7 +217,9 @@ def replay_pairs(conversations, features=None):
     rows = []
     for i, row in enumerate(conversations):
         messages = row.get("messages")
-        if not messages or not isinstance(messages, list) or messages[-1].get("role") != "assistant":
+        if not (messages and isinstance(messages, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m)
+                                                                for m in messages)
+                and messages[-1]["role"] == "assistant"):
             raise ValueError(f"replay_data row {i} has no conversation ending in an assistant turn (a `messages` "
                              f"list of {{role, content}}); got {str(messages)[:60]!r}")
         turn = [{"role": "assistant", "content": messages[-1]["content"]}]

@@ -103,6 +103,32 @@ def test_gold_under_zero3_converts_the_builtin_teacher_once_on_an_empty_cache(mi
     assert report["world_size"] == 2
 
 
+def test_apo_with_replay_rows_under_zero3(micro, tmp_path):
+    """`replay_data` as users launch APO (2 ZeRO-3 ranks): the replay conversations join the pairs on both ranks and
+    the NLL term makes their answers likelier than in the SFT model it started from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from align.preference import pair_logps, replay_pairs
+
+    chats = [("Who are you?", "I am a small assistant."), ("Say hello.", "Hello there!")]
+    rows = [{"messages": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q},
+                          {"role": "assistant", "content": a}]} for q, a in chats * 8]
+    replay = tmp_path / "replay.jsonl"
+    replay.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "apo"
+    proc = launch("scripts/dpo.py", micro / "configs" / "apo.yaml", "--output_dir", out, "--replay_data", replay,
+                  "--loss_type", "apo_zero", "sft", "--loss_weights", "1.0", "1.0", "--learning_rate", "1e-3",
+                  "--max_steps", "4", "--save_steps", "4")
+    ok(proc)
+    assert "replay: 16 conversations" in proc.stdout + proc.stderr
+    assert json.loads((out / "preference_eval.json").read_text())["world_size"] == 2
+    tok = AutoTokenizer.from_pretrained(micro / "sft")
+    pairs = replay_pairs([{"messages": r["messages"]} for r in rows[:2]])
+    start, trained = (pair_logps(AutoModelForCausalLM.from_pretrained(m), tok, pairs, 2, None)[0]
+                      for m in (micro / "sft", out))
+    assert (trained > start).all(), (start, trained)
+
+
 # ----------------------------------------------------------------------------------------------- pretraining
 
 

@@ -329,5 +329,8 @@ def test_replay_data_errors_name_the_fix(tiny, tmp_path):
     (tmp_path / "user_last.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     with pytest.raises(ValueError, match=r"row 0 has no conversation ending in an assistant turn"):
         add_replay(pairs, str(tmp_path / "user_last.jsonl"))
+    (tmp_path / "no_role.jsonl").write_text(json.dumps({"messages": [{"content": "hi"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"row 0 has no conversation ending in an assistant turn"):
+        add_replay(pairs, str(tmp_path / "no_role.jsonl"))
     both = add_replay(pairs, replay, limit=5)
     assert len(both) == len(pairs) + 5 and both[-1]["chosen"] == both[-1]["rejected"]
