@@ -532,6 +532,11 @@ def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_s
     assert rollout_knobs(bf16, model) == {"dtype": "float32", "kv_cache_gib": 1}  # the recipe's word wins
     fp32 = _args(tmp_path, bf16=False, rollout_backend="vllm")
     assert rollout_knobs(fp32, model) == {}
+    # TRL's cast_lm_head_to_fp32 (the trainer's head in fp32): a vLLM engine projects through its head in fp32 too
+    head = _args(tmp_path, bf16=True, rollout_backend="vllm", cast_lm_head_to_fp32=True)
+    assert rollout_knobs(head, model)["head_dtype"] == "float32"
+    head.rollout_backend = "hf"  # the hf engine shares the trained model: its head is the trainer's
+    assert "head_dtype" not in rollout_knobs(head, model)
 
 
 def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sampling_corrects_it(tiny, tmp_path):

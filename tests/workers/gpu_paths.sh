@@ -4,7 +4,8 @@
 # MODELS_DIR holds the micro pipeline's outputs (configs/, midtrain/, sft/, apo/: `python scripts/pipeline.py
 # recipes/micro_pipeline.yaml`). Checks: (1) SFT with Liger kernels trains with the loss of the run without them;
 # (2) FSDP2 (accelerate, fsdp2.yaml, one GPU) pushes full tensors (`DTensor.full_tensor()`) to a rollout engine
-# with its own copy, and the saved model equals the gathered weights; (3) evaluation on the GPU (see below).
+# with its own copy, and the saved model equals the gathered weights; (3) evaluation on the GPU; (4) the vLLM engine
+# on CUDA: call seeds and an fp32 LM head (see below).
 set -uo pipefail
 M=${1:?models dir}; OUT=${2:?out dir}
 mkdir -p "$OUT"
@@ -34,3 +35,6 @@ python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" 
     --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --modes no_think --max_new_tokens 4096 \
     --rollout_backend "${EVAL_BACKEND:-vllm}" > "$OUT/eval.log" 2>&1; echo "eval rc $?"
 python -c "import json,sys; r=json.load(open(sys.argv[1])); print('eval device', r['device'], 'truncated', r['metrics'].get('truncated/tasks/no_think'))" "$OUT/eval/eval_results.json"
+# (4) the vLLM engine on CUDA: a seeded call repeats and costs less than a generator per request; head_dtype float32
+# (cast_lm_head_to_fp32) brings a bf16 engine's log-probs nearer the fp32-head trainer's
+python tests/workers/vllm_gpu_check.py "$M/sft" > "$OUT/vllm_gpu.log" 2>&1; echo "vllm gpu rc $?"; grep -E "repeats|per call|log-prob" "$OUT/vllm_gpu.log"
