@@ -636,6 +636,26 @@ def test_under_a_sharded_model_every_rank_runs_the_same_forwards(tmp_path):
     assert all(all(r["valid"]) for r in ranks) and all(all(r["same"]) for r in ranks)
 
 
+def test_a_vllm_server_is_not_sent_one_seed_for_every_prompt_of_a_call():
+    # TRL's client posts the call's prompts to /v1/completions with ONE set of sampling params: a seed there would give
+    # every prompt the same noise (two identical prompts, the same samples) and vLLM's per-request seeded path.
+    from align.rollout.vllm_server import VLLMServerEngine
+
+    sent = {}
+
+    class Client:
+        def generate(self, prompts, n, **kwargs):
+            sent.update(kwargs, prompts=prompts)
+            return {"completion_ids": [[7, 2]] * (len(prompts) * n), "logprobs": None}
+
+    engine = object.__new__(VLLMServerEngine)
+    engine.client, engine.default_stop = Client(), [2]
+    out = engine.generate([[1, 5], [1, 5]], SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=3,
+                                                           logprobs=False))
+    assert sent["prompts"] == [[1, 5], [1, 5]] and "seed" not in sent["generation_kwargs"]
+    assert [[r.finish_reason for r in rs] for rs in out] == [["stop", "stop"]] * 2
+
+
 def test_a_vllm_servers_logprobs_mode_is_read_before_importance_sampling_trusts_it():
     """Importance ratios need the sampled distribution's log-probs: vLLM gives them only with `--logprobs-mode
     processed_logprobs` (TRL's vllm-serve sets it; a plain `vllm serve` does not). The engine reads the mode from the

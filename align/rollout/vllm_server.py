@@ -96,9 +96,11 @@ class VLLMServerEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
         check_prompts(prompts)
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
+        # No seed: the server's /v1/completions gives every prompt of the call the one SamplingParams, so a seed there
+        # would give each prompt the same noise (identical prompts identical samples) and put every request on vLLM's
+        # one-at-a-time seeded sampling path. The server samples from its own generator; its batches mix the
+        # requests of every rank, so a shared server is not reproducible call for call anyway.
         extra: dict[str, Any] = {"stop_token_ids": list(stop), "ignore_eos": not stop}
-        if params.seed is not None:
-            extra["seed"] = params.seed
         out = self.client.generate(
             [list(p) for p in prompts],
             n=params.n,
