@@ -22,9 +22,9 @@ from pathlib import Path
 
 from align.configs import keep_freed_memory
 
-SUITES = ["pretrain", "sft", "rollout", "grpo", "grpo_padding", "distill_memory"]
+SUITES = ["pretrain", "sft", "rollout", "grpo", "grpo_padding", "distill_memory", "grpo_async"]
 # Run by name only: needs the SmolLM2-135M chain's models and ~30 min (not yet measured; issue 23 item 4).
-EXTRA_SUITES = ["grpo_tta", "grpo_async", "vllm_seeding"]
+EXTRA_SUITES = ["grpo_tta", "vllm_seeding"]
 IDLE_LOAD = 0.5  # 1-minute load average below which a machine counts as idle (before and after a suite)
 
 

@@ -17,7 +17,7 @@ without a target: async (split cores) against the synchronous trainer with every
 accuracy of both split runs' models on the same prompts, with the paired test (McNemar).
 Measured (idle, 2 cores): k=0 11.2 s/step (G 3.0, T 8.0: ideal 1.37x), k=1 6.98 s/step: 1.61x (ratio 1.17; its
 batches came out ~10% shorter), accuracy 37.5% both (p = 1); sync with both cores per phase 6.64 s/step (0.95x).
-4 idle minutes; needs the 135M chain's APO (or SFT) model; not in `all`.
+4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else the builtin SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations
@@ -29,9 +29,24 @@ import time
 import torch
 
 from benchmarks.common import summary_line
-from benchmarks.grpo_tta import FAMILIES, MAX_TOKENS, _model_dir
+from benchmarks.grpo_tta import FAMILIES, MAX_TOKENS, MODEL_CANDIDATES
 
 TARGET = 0.8
+
+
+def _model_dir() -> str:
+    """The 135M chain's APO (else SFT) model when this checkout ran the chain, else the builtin SmolLM2-135M-Instruct:
+    the overlap is the measure (a fresh clone's `make bench` has no chain), its accuracies then start near zero."""
+    from pathlib import Path
+
+    from align.models import resolve_model_path
+
+    for path in MODEL_CANDIDATES:
+        if (Path(path) / "config.json").exists():
+            return path
+    print("grpo_async: no SmolLM2-135M chain model here (outputs/smol135m/apo or sft): the builtin "
+          "SmolLM2-135M-Instruct instead")
+    return resolve_model_path("builtin:smollm2-135m-instruct")
 
 
 class _StepClock:
@@ -152,4 +167,4 @@ def run(quick: bool = False) -> dict:
     summary = [summary_line("grpo_async", "async/ideal-overlap", "speedup", reached / ideal, TARGET),
                f"grpo_async: async (split cores) / sync (all cores) s-per-step speedup "
                f"{sync['s_per_step'] / lagged['s_per_step']:.2f} (no target: {threads} cores)"]
-    return {"rows": table, "summary": summary, "paired": paired, "ideal": ideal, "reached": reached}
+    return {"rows": table, "summary": summary, "paired": paired, "ideal": ideal, "reached": reached, "model": model_dir}
