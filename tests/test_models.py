@@ -103,6 +103,28 @@ def test_kept_freed_memory_means_a_training_step_does_not_fault_again():
     assert counts["1"] < pages // 20, counts
 
 
+def test_kept_freed_memory_still_gives_back_blocks_above_its_ceiling():
+    """Whole-vocabulary logits (a GB, a size that changes with every batch) kept in a heap that never shrinks left it
+    fragmented and growing (the 135M APO reached 24 GB and was killed): blocks above the ceiling go back on free."""
+    import subprocess
+
+    code = (
+        "import torch\n"
+        "from align.configs import KEEP_FREED_CEILING, keep_freed_memory\n"
+        "assert keep_freed_memory()\n"
+        "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+        "before = rss()\n"
+        "for extra in (1, 2, 3, 4):\n"  # ever larger: none fits a freed one
+        "    big = torch.ones(KEEP_FREED_CEILING + (extra << 24), dtype=torch.uint8)\n"
+        "    del big\n"
+        "kept = torch.ones(KEEP_FREED_CEILING // 4, dtype=torch.uint8)\n"
+        "del kept\n"
+        "print(rss() - before)\n"
+    )
+    grown = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1])
+    assert grown < (128 << 20), grown  # the 64 MB block is kept; none of the four > 256 MB ones (1.1 GB together)
+
+
 # ------------------------------------------------------------------ first use on a machine: convert once, safely
 
 _CONVERT = """
