@@ -38,12 +38,13 @@ from contextlib import contextmanager
 import torch
 import trl
 from peft import PeftConfig, PeftModel
-from transformers import set_seed
+from transformers import TrainerCallback, set_seed
 
 import data_gen  # noqa: F401  (registers builtin:tasks with align.data for every stage's data)
 from align import models
 from align.chat import setup_chat_format
 from align.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint
+from align.configs import trim_if_memory_low
 from align.cpu_attention import fp32_attention
 from align.data import get_dataset
 from align.distributed import zero3_init_disabled
@@ -113,11 +114,28 @@ def prepare(trainer, script_args, stage: str, **checks) -> None:
 # ----------------------------------------------------------------------------------------------- training
 
 
+class _TrimWhenMemoryLow(TrainerCallback):
+    """After each step: the kept free memory goes back to the OS when the machine runs low (configs.trim_if_memory_low;
+    a no-op where keep_freed_memory did not apply, e.g. on a GPU machine)."""
+
+    def __init__(self):
+        self.trims = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if trim_if_memory_low():
+            self.trims += 1
+            if self.trims == 1 or self.trims % 50 == 0:
+                logger.info("step %d: memory low, kept free memory handed back to the OS (%d times so far)",
+                            state.global_step, self.trims)
+
+
 def train(trainer, training_args) -> dict:
     """Train, resuming from the latest complete checkpoint in output_dir (align.checkpoint.resume_checkpoint);
     return the trainer's numeric metrics with the first and last logged loss. On a CPU under bf16 autocast the
     trained model attends in fp32 (align/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
     resume = resume_checkpoint(training_args)
+    if not any(isinstance(c, _TrimWhenMemoryLow) for c in trainer.callback_handler.callbacks):
+        trainer.add_callback(_TrimWhenMemoryLow())
     with fp32_attention(trainer.model):
         try:
             result = trainer.train(resume_from_checkpoint=resume)

@@ -125,6 +125,34 @@ def test_kept_freed_memory_still_gives_back_blocks_above_its_ceiling():
     assert grown < (128 << 20), grown  # the 64 MB block is kept; none of the four > 256 MB ones (1.1 GB together)
 
 
+
+def test_kept_freed_memory_goes_back_when_the_machine_runs_low():
+    """The safety valve every training stage runs after each step (align.stage.train): kept free memory stays while
+    the machine has room, and goes back to the OS (malloc_trim) once less than a fifth of its memory is available."""
+    import subprocess
+
+    code = (
+        "import torch\n"
+        "import align.configs as c\n"
+        "assert c.keep_freed_memory()\n"
+        "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+        "big = torch.ones(200 << 20, dtype=torch.uint8)\n"  # under the ceiling: from the heap
+        "pin = torch.ones(1 << 20, dtype=torch.uint8)\n"  # above it: the heap cannot shrink from its top
+        "del big\n"
+        "kept = rss()\n"
+        "c._meminfo = lambda: (50, 100)\n"  # half the machine free: keep
+        "roomy = c.trim_if_memory_low()\n"
+        "after_roomy = rss()\n"
+        "c._meminfo = lambda: (10, 100)\n"  # a tenth free: hand it back
+        "low = c.trim_if_memory_low()\n"
+        "print(roomy, low, kept - after_roomy, kept - rss())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    roomy, low, freed_roomy, freed_low = out[0] == "True", out[1] == "True", int(out[2]), int(out[3])
+    assert not roomy and freed_roomy < (16 << 20)
+    assert low and freed_low > (150 << 20), freed_low
+
+
 # ------------------------------------------------------------------ first use on a machine: convert once, safely
 
 _CONVERT = """

@@ -87,6 +87,16 @@ def _assert_learned(metrics, changed, start, every_param=True):
         assert changed
 
 
+def test_a_training_stage_runs_the_memory_valve_after_each_step(tiny, monkeypatch):
+    # align.stage.train adds it for every stage: keep_freed_memory's kept free memory goes back when the machine runs low
+    import align.stage
+
+    calls = []
+    monkeypatch.setattr(align.stage, "trim_if_memory_low", lambda: calls.append(1) or False)
+    _run(tiny, DPOConfig, "valve", loss_type="apo_zero", beta=0.1, max_steps=3)
+    assert len(calls) == 3
+
+
 def test_apo_zero_raises_held_out_preference_accuracy(tiny):
     metrics, changed, start = _run(tiny, DPOConfig, "apo", loss_type="apo_zero", beta=0.1)
     _assert_learned(metrics, changed, start)
