@@ -405,21 +405,17 @@ class GRPOTrainer(ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPO
 
 
 def rollout_knobs(args: GRPOConfig, model) -> dict:
-    """The engine's knobs: `rollout_kwargs`, and a vLLM engine on a CPU sampling in the precision the trainer
-    computes in unless they name a dtype (bf16 under `bf16`: the trainer's forward is bf16 autocast; importance
-    sampling corrects the rest). The hf engine keeps sharing the trained model (no copy, no weight sync); on a GPU
-    vLLM's "auto" already takes the checkpoint's dtype. Under TRL's `cast_lm_head_to_fp32` (the ScaleRL recipe's fp32
-    LM head) a vLLM engine projects through its head in fp32 too (`head_dtype`), so the log-probs the importance
-    correction divides by come from the same precision as the trainer's."""
+    """`rollout_kwargs`; a vLLM engine on a CPU samples in the trainer's precision (bf16 under `bf16`; importance
+    sampling corrects the rest; the hf engine shares the trained model; on a GPU vLLM's "auto" takes the checkpoint's
+    dtype); under TRL's `cast_lm_head_to_fp32` a vLLM engine's LM head projects in fp32 too, as the trainer's does."""
     knobs = dict(args.rollout_kwargs or {})
     backend = choose_backend(model) if args.rollout_backend == "auto" else args.rollout_backend
     if args.bf16 and backend == "vllm" and not torch.cuda.is_available():
         knobs.setdefault("dtype", "bfloat16")
     if args.cast_lm_head_to_fp32 and backend == "vllm":
         knobs.setdefault("head_dtype", "float32")
-    elif args.cast_lm_head_to_fp32 and backend == "vllm-server":
-        logger.warning("cast_lm_head_to_fp32: the trainer's LM head runs in fp32, a `trl vllm-serve` server's in the "
-                       "model's dtype (it takes no hf_overrides); importance sampling corrects the difference")
+    elif args.cast_lm_head_to_fp32 and backend == "vllm-server":  # `trl vllm-serve` takes no hf_overrides
+        logger.warning("cast_lm_head_to_fp32: a vllm-server's LM head stays in the model's dtype (corrected by IS)")
     return knobs
 
 
