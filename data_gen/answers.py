@@ -9,7 +9,8 @@ How: prompts are `prompt_template` filled from each row of `dataset_name` (e.g. 
 headlines); `model` answers each once through the shared rollout engine (greedy by default) as it would in chat,
 without a system turn; each answer that stops before `max_new_tokens` (an unfinished one would teach rambling)
 becomes {"messages": [system flag, user, assistant]} with the flag of `mode` (`no_think`, or `none` for no system
-turn); with `think_template`, each training row also as a /think row whose answer follows a short think block. Output: `output_dir/train.jsonl`, with `num_test` rows held out to `heldout.jsonl` (the eval's chat-loss set:
+turn); with `think_template`, each training row also as a /think row whose answer follows a short think block.
+Output: `output_dir/train.jsonl`, with `num_test` rows held out to `heldout.jsonl` (the eval's chat-loss set:
 how far a later stage moves from the model's own chat answers), and `card.json` (counts kept and dropped, the
 model, the time).
 
@@ -56,9 +57,8 @@ class AnswerDataConfig:
     )
     think_template: str | None = field(default=None, metadata={
         "help": "When set, each kept training answer is also written as a /think conversation: the same answer after "
-                "a think block of this text ({prompt} = the request), so a think-mode chat turn has a block that "
-                "closes before the answer (without one, stages that train think-mode task answers teach the model "
-                "to open <think> and never close it on a chat prompt). Held-out rows stay in `mode`."})
+                "a think block of this text ({prompt} = the request). Held-out rows stay in `mode`. Tried once in the "
+                "135M APO (docs/smol135m/report.md): think-mode chat changed but was not fixed, chat loss rose."})
     seed: int = field(default=0, metadata={"help": "Which rows of each source are drawn."})
     num_test: int = field(default=0, metadata={
         "help": "Kept rows held out to heldout.jsonl (a seeded draw; a name datasets does not read as a split, so "
