@@ -285,6 +285,18 @@ def test_grpo_lora_vllm_under_zero3_pushes_the_merged_adapter(micro, tmp_path):
     assert any(not torch.equal(trained[k], start[k]) for k in trained)  # the engine was checked on moved weights
 
 
+def test_grpo_bf16_hf_copy_of_a_zero3_policy_is_built_whole_and_kept_in_step(micro, tmp_path):
+    """hf rollouts in bf16 of an fp32 ZeRO-3 policy: the engine's copy is built from the gathered weights (a deepcopy
+    of the partitioned model held empty tensors: the first push failed), and after training it holds the trained
+    weights rounded to bf16 (tests/test_rollout.py checks such a copy under FSDP2)."""
+    ok(_grpo_worker(micro, tmp_path, "--rollout_backend", "hf", "--rollout_kwargs", "{dtype: bfloat16}"))
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["saved_max_abs_diff"] == 0.0
+    for rank in result["ranks"]:
+        assert rank["backend"] == "hf" and rank["pushes"] >= 2
+        assert rank["copy_rounded_diff"] == 0.0 and 0 < rank["copy_diff"] < 0.01  # bf16 of the trained weights
+
+
 def test_grpo_hf_engine_with_dynamic_sampling_under_zero3(micro, tmp_path):
     out = tmp_path / "ds"
     ok(launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "hf",

@@ -339,19 +339,77 @@ def test_onednn_linears_multiply_like_f_linear_only_inside_and_leave_hooked_laye
 
 
 def test_hf_bf16_rollouts_of_a_live_fp32_model_use_a_synced_copy(model_dirs):
+    from trl.trainer.utils import add_fused_lm_head
+
     model = _load(model_dirs["untied"])
+    add_fused_lm_head(model)  # as TRL's GRPOTrainer does: a forward closing over the policy's own (a deepcopy ran it)
     engine = get_engine(model, backend="hf", dtype="bfloat16")
     assert engine.model is not model and engine.model.dtype == torch.bfloat16 and model.dtype == torch.float32
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        before = engine.model(ids).logits
+    assert before.dtype == torch.bfloat16  # the copy's own bf16 forward, not the live fp32 model's
     out = engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=MAX_NEW, stop_token_ids=[]))
     assert all(len(rs[0].completion_ids) == MAX_NEW for rs in out)
     with torch.no_grad():
         model.lm_head.weight.mul_(-1)  # the trainer's step; the bf16 copy only sees it through update_weights
+        assert torch.equal(engine.model(ids).logits, before)
     assert not torch.equal(engine.model.lm_head.weight, model.lm_head.weight.bfloat16())
     engine.update_weights(model.named_parameters())
     assert torch.equal(engine.model.lm_head.weight, model.lm_head.weight.bfloat16())
+    with torch.no_grad():
+        live = model(ids).logits
+        assert (engine.model(ids).logits.float() - live).abs().max() < 0.05 * live.abs().max()  # bf16 of the new
     engine.close()
     with pytest.raises(ValueError, match="not a torch dtype"):
         get_engine(_load(model_dirs["tied"]), backend="hf", dtype="float8")
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied"])
+def test_hf_copy_of_an_fsdp2_sharded_model_is_rebuilt_from_whole_tensors(model_dirs, kind):
+    """FSDP2 modules refuse deepcopy (torch 2.11's copy failed its first forward on an H100, gpu_paths.sh (2)):
+    the engine's bf16 copy of an FSDP2 policy (one CPU rank over gloo) is a plain model with its whole weights and
+    buffers, which decodes like the unsharded model's copy and takes pushes."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from align.distributed import iter_full_params
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        sharded = _load(model_dirs[kind])
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in sharded.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        assert hasattr(next(sharded.parameters()), "full_tensor")
+        with pytest.raises(AssertionError, match="deepcopy"):
+            copy.deepcopy(sharded)  # what the engine did before
+        engine = get_engine(sharded, backend="hf", dtype="bfloat16")
+        # the reference: the checkpoint loaded in bf16 (its rotary buffers stay fp32, as in the copy)
+        reference = get_engine(str(model_dirs[kind]), backend="hf", dtype="bfloat16")
+        assert engine.model is not sharded and engine.model.dtype == torch.bfloat16
+        assert not any(hasattr(p, "full_tensor") for p in engine.model.parameters())
+        want = dict(reference.model.named_buffers()) | reference.model.state_dict()
+        for name, got in (dict(engine.model.named_buffers()) | engine.model.state_dict()).items():
+            assert got.dtype == want[name].dtype and torch.equal(got, want[name]), name
+        params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW, stop_token_ids=[])
+        ids = [rs[0].completion_ids for rs in engine.generate(PROMPTS, params)]
+        assert ids == [rs[0].completion_ids for rs in reference.generate(PROMPTS, params)]
+        with torch.no_grad():
+            sharded.lm_head.weight.mul_(-1)  # a trainer's step, in place on the shards
+        engine.update_weights(iter_full_params(sharded))
+        assert torch.equal(engine.model.lm_head.weight, -reference.model.lm_head.weight)
+        engine.close()
+        reference.close()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_hf_top_k_1_and_tiny_top_p_are_greedy(model_dirs):

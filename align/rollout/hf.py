@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from align.distributed import iter_full_params, zero3_init_disabled
 from align.models import has_autocast_forward, load_model, native_forward
 from align.rollout.base import (
     Rollout,
@@ -117,6 +118,36 @@ def _sharded_across_ranks(model: Any) -> bool:
     return any(hasattr(p, "full_tensor") for p in model.parameters())
 
 
+def _copy_in_dtype(model: Any, dtype: torch.dtype) -> Any:
+    """A copy of a live model in `dtype`, built empty from its config, then given the live model's buffers and whole
+    parameters (`iter_full_params`: collective under ZeRO-3/FSDP2, where every rank builds its copy). Not a deepcopy:
+    TRL's GRPOTrainer patches the policy's forward (`add_fused_lm_head`) with a closure over the policy's own bound
+    forward, so a deep copy ran the live fp32 policy; FSDP2 refuses deepcopy (torch 2.11's copy failed its first
+    forward on an H100: "FSDP requires a single root module"); a ZeRO-3 copy held empty partitions."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"), zero3_init_disabled():
+        clone = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    clone.to_empty(device=next(model.parameters()).device)
+    clone.tie_weights()  # to_empty gave the tied head a tensor of its own
+    clone.generation_config = copy.deepcopy(model.generation_config)  # its stop ids
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the base model's names
+    live = {normalize_param_name(n): b for n, b in base.named_buffers()}
+    with torch.no_grad():
+        for name, buf in clone.named_buffers():
+            if name not in live:
+                raise ValueError(f"hf engine copy: the live model has no buffer {name!r} to copy")
+            buf.copy_(live[name])
+        params = dict(clone.named_parameters())
+        for name, tensor in iter_full_params(model):
+            name = normalize_param_name(name)
+            if name in params:  # (a tied head is not a parameter of its own)
+                params.pop(name).copy_(tensor)
+    if params:
+        raise ValueError(f"hf engine copy: the live model gave no weights for {sorted(params)[:3]}")
+    return clone
+
+
 def _reduce(value: int, op, model: Any) -> int:
     import torch.distributed as dist
 
@@ -158,7 +189,7 @@ class HFEngine:
         elif dtype not in ("auto", None) and _torch_dtype(dtype) != model.dtype:
             # A live model in another dtype (e.g. bf16 rollouts of an fp32 policy): a copy in that dtype,
             # kept in step by update_weights (GRPO/distillation push the weights after every step).
-            self.model = copy.deepcopy(model).to(_torch_dtype(dtype))
+            self.model = _copy_in_dtype(model, _torch_dtype(dtype))
             self.owns_model = True
         else:
             self.model = model

@@ -11,10 +11,12 @@ M=${1:?models dir}; OUT=${2:?out dir}
 mkdir -p "$OUT"
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+t="timeout -s INT -k 15 ${STAGE_TIMEOUT:-300}"  # a hung step leaves Python's traceback at the end of its log
 sft="$M/configs/sft.yaml --model_name_or_path $M/midtrain --max_steps 4 --logging_steps 1 --save_steps 4 --eval_after false --bf16 true"
-python scripts/sft.py $sft --output_dir "$OUT/sft_plain" > "$OUT/sft_plain.log" 2>&1; echo "sft plain rc $?"
-python scripts/sft.py $sft --output_dir "$OUT/sft_liger" --use_liger_kernel true > "$OUT/sft_liger.log" 2>&1; echo "sft liger rc $?"
-python - "$OUT" <<'PY'
+$t $PY scripts/sft.py $sft --output_dir "$OUT/sft_plain" > "$OUT/sft_plain.log" 2>&1; echo "sft plain rc $?"
+$t $PY scripts/sft.py $sft --output_dir "$OUT/sft_liger" --use_liger_kernel true > "$OUT/sft_liger.log" 2>&1; echo "sft liger rc $?"
+$PY - "$OUT" <<'PY'
 import json, sys, glob
 def losses(d):
     f = sorted(glob.glob(f"{d}/checkpoint-*/trainer_state.json"))[-1]
@@ -24,17 +26,17 @@ a, b = losses(f"{out}/sft_plain"), losses(f"{out}/sft_liger")
 print("sft losses plain", a, "liger", b, "max rel diff", max(abs(x - y) / abs(x) for x, y in zip(a, b)))
 PY
 grep -i -m3 "liger" "$OUT/sft_liger.log"
-python -m accelerate.commands.launch --config_file recipes/accelerate_configs/fsdp2.yaml --num_processes 1 tests/workers/grpo_sync.py \
+$t $PY -m accelerate.commands.launch --config_file recipes/accelerate_configs/fsdp2.yaml --num_processes 1 tests/workers/grpo_sync.py \
     "$OUT/fsdp" "$M/configs/grpo.yaml" --model_name_or_path "$M/apo" --output_dir "$OUT/fsdp/train" --bf16 true \
     --save_strategy no --learning_rate 1e-3 --report_to none --rollout_backend hf --rollout_kwargs '{dtype: bfloat16}' \
     > "$OUT/fsdp.log" 2>&1; echo "fsdp2 rc $?"
-cat "$OUT/fsdp/result.json" 2>/dev/null | python -c "import json,sys; d=json.load(sys.stdin); print({k: v for k, v in d.items() if k != 'ranks'}); [print({k: r[k] for k in ('backend','pushes','copy_diff')}, 'greedy parity', r['engine_ids'] == r['model_ids']) for r in d['ranks']]"
+cat "$OUT/fsdp/result.json" 2>/dev/null | $PY -c "import json,sys; d=json.load(sys.stdin); print({k: v for k, v in d.items() if k != 'ranks'}); [print({k: r[k] for k in ('backend','pushes','copy_diff')}, 'greedy parity', r['engine_ids'] == r['model_ids']) for r in d['ranks']]"
 # (3) per-stage evaluation on the GPU (issue 40): the evaluated model lands on cuda:LOCAL_RANK, and a vLLM engine's
 # context holds a 4,096-token answer beside its prompt (truncated share must stay low with max_new_tokens 4096)
-python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
+$t $PY scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
     --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --modes no_think --max_new_tokens 4096 \
     --rollout_backend "${EVAL_BACKEND:-vllm}" > "$OUT/eval.log" 2>&1; echo "eval rc $?"
-python -c "import json,sys; r=json.load(open(sys.argv[1])); print('eval device', r['device'], 'truncated', r['metrics'].get('truncated/tasks/no_think'))" "$OUT/eval/eval_results.json"
+$PY -c "import json,sys; r=json.load(open(sys.argv[1])); print('eval device', r['device'], 'truncated', r['metrics'].get('truncated/tasks/no_think'))" "$OUT/eval/eval_results.json"
 # (4) the vLLM engine on CUDA: a seeded call repeats and costs less than a generator per request; head_dtype float32
 # (cast_lm_head_to_fp32) brings a bf16 engine's log-probs nearer the fp32-head trainer's
-python tests/workers/vllm_gpu_check.py "$M/sft" > "$OUT/vllm_gpu.log" 2>&1; echo "vllm gpu rc $?"; grep -E "repeats|per call|log-prob" "$OUT/vllm_gpu.log"
+$t $PY tests/workers/vllm_gpu_check.py "$M/sft" > "$OUT/vllm_gpu.log" 2>&1; echo "vllm gpu rc $?"; grep -E "repeats|per call|log-prob" "$OUT/vllm_gpu.log"

@@ -15,7 +15,8 @@ trl="--max_steps 3 --logging_steps 1 --save_steps 3 --report_to none --bf16 true
 run() {  # name, then the command; prints rc, seconds and the last logged loss
   local name=$1; shift
   local start=$SECONDS
-  timeout 300 "$@" > "$OUT/$name.log" 2>&1
+  # SIGINT first: a hung stage leaves Python's traceback (where it waited) at the end of its log
+  timeout -s INT -k 15 "${STAGE_TIMEOUT:-300}" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   local loss
   loss=$(grep -o "'loss': '[^']*'" "$OUT/$name.log" | tail -1)

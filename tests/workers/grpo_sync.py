@@ -88,12 +88,15 @@ def main() -> None:
     save_trained_model(trainer, tokenizer, model_dir, merge_lora=True)
     gathered = {n: t.detach().float().cpu().clone() for n, t in iter_full_params(policy, acc)}  # every rank
     engine_model = getattr(sampler.engine, "model", None)  # an hf engine's own copy (another dtype): compare weights
-    copy_diff = None
+    copy_diff = copy_rounded_diff = None
     if engine_model is not None and engine_model is not policy:
         own = dict(engine_model.named_parameters())
-        copy_diff = max(float((own[n].float().cpu() - t).abs().max()) for n, t in gathered_before_save(policy, acc)
-                        if n in own)
+        pairs = [(own[n].float().cpu(), t) for n, t in gathered_before_save(policy, acc) if n in own]
+        copy_diff = max(float((e - t).abs().max()) for e, t in pairs)
+        # 0 when the copy holds the trained weights rounded to its own dtype
+        copy_rounded_diff = max(float((e - t.to(engine_model.dtype).float()).abs().max()) for e, t in pairs)
     ranks = gather_objects({"engine_ids": engine_ids, "model_ids": model_ids, "draws": draws, "copy_diff": copy_diff,
+                            "copy_rounded_diff": copy_rounded_diff,
                             "backend": sampler.backend, "pushes": sampler.num_pushes,
                             "engine_dtype": str(getattr(sampler.engine, "dtype", None)),
                             "no_grad_passes": passes.count(False), "loss_passes": passes.count(True),
