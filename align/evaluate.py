@@ -100,6 +100,8 @@ class EvalConfig:
     suites: list[str] = field(default_factory=lambda: list(SUITES[:4]), metadata={"help": f"Any of {SUITES}."})
     tool_rows: int = field(default=48, metadata={"help": "tools suite: held-out builtin:tool_tasks rows (align/tools)."})
     tool_max_turns: int = field(default=3, metadata={"help": "tools suite: policy turns per rollout at most."})
+    tool_families: list[str] = field(default_factory=list, metadata={
+        "help": "tools suite: builtin:tool_tasks families (data_gen/tool_tasks.py; empty: the default three)."})
     loss_num_texts: int = field(default=32, metadata={"help": "Held-out task texts for the loss suite."})
     loss_sources: list[str] = field(
         default_factory=list, metadata={"help": "Extra held-out text sources 'spec[:num]' (column 'text')."}
@@ -394,7 +396,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
             seconds["generative"] = time.perf_counter() - t
         if "tools" in cfg.suites:  # align/tools/evaluate.py: calls and accuracy with the tools vs without
             t = time.perf_counter()
-            rows = make_tool_tasks(num=cfg.tool_rows, split="test", seed=cfg.seed)
+            rows = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split="test", seed=cfg.seed)
             found = tool_suite(engine, tokenizer, rows, [m for m in cfg.modes if m != "plain"], cfg.max_new_tokens,
                                cfg.tool_max_turns)
             for part, into in zip(found, (metrics, stats, details)):
