@@ -30,7 +30,10 @@ How it keeps the bound and stays correct:
   (one batch at a time, in order), each turn a job on the engine process within the same bound; the tool calls
   run in that thread (sandboxed tools in their own processes, as always). A trajectory's version is the oldest
   that sampled one of its turns; the tool replies stay out of the loss (`tool_mask`).
-Not yet: the vllm-server and trl backends.
+- A shared `vllm-server`: the server is already the engine's own process; the jobs run in a thread here
+  (`align.rollout.worker.ServerWorker`), and a push pauses every rank's generation while the main process sends the
+  weights (NCCL: GPU only), so no batch mixes two policies.
+Not the trl backend (TRL's own generation).
 """
 
 from __future__ import annotations
@@ -56,8 +59,8 @@ class AsyncArgs:
 
     async_generation: bool = field(
         default=False,
-        metadata={"help": "Generate the next max_staleness steps' batches in an engine process of its own while the "
-                  "trainer trains (hf or vllm backend); importance sampling corrects the lag."},
+        metadata={"help": "Generate the next max_staleness steps' batches in an engine process of its own (hf, vllm) or "
+                  "on a vllm-server while the trainer trains; importance sampling corrects the lag."},
     )
     max_staleness: int = field(
         default=1,
@@ -83,9 +86,9 @@ def check_async_args(args) -> None:
         raise ValueError(f"max_staleness must be >= 0 (0 = synchronous samples), got {args.max_staleness}")
     if args.sync_every < 1:
         raise ValueError(f"sync_every must be >= 1, got {args.sync_every}")
-    if args.rollout_backend not in ("auto", "hf", "vllm"):
-        raise ValueError(f"async_generation runs the engine in its own process: rollout_backend auto, hf or vllm, "
-                         f"not {args.rollout_backend!r}")
+    if args.rollout_backend not in ("auto", "hf", "vllm", "vllm-server"):
+        raise ValueError(f"async_generation runs the engine in its own process or on a server: rollout_backend auto, "
+                         f"hf, vllm or vllm-server, not {args.rollout_backend!r}")
     if args.num_iterations != 1:
         raise ValueError(f"async_generation needs num_iterations: 1 (the lag is corrected against the current "
                          f"weights), got {args.num_iterations}")

@@ -444,7 +444,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
     policy = trainer.accelerator.unwrap_model(trainer.model)
     threads = None
-    if training_args.async_generation:  # the rank's cores split between its engine process and its trainer
+    if training_args.async_generation and training_args.rollout_backend != "vllm-server":  # cores: engine | trainer
         threads, own = split_threads(training_args.engine_threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         set_trainer_threads(own)
     trainer.sampler = build_sampler(

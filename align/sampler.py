@@ -18,6 +18,7 @@ FSDP (all ranks call it, in the same order).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 
 from align.distributed import full_model, iter_full_params, rank_seed, world, zero3_init_disabled
 from align.rollout import SamplingParams, choose_backend, fix_vllm_patched_model, get_engine
-from align.rollout.worker import EngineWorker
+from align.rollout.worker import EngineWorker, ServerWorker
 
 logger = logging.getLogger(__name__)
 
@@ -81,16 +82,22 @@ class Sampler:
         unwrapped = _unwrap(model, self.accelerator)
         params = iter_full_params(unwrapped, self.accelerator)
         main = self.accelerator is None or self.accelerator.is_main_process
-        if self.backend == "vllm-server" and not main:
-            for _ in params:  # the gathers are collective
-                pass
-        elif getattr(self.engine, "versioned", False):
-            self.engine.update_weights(params, version=version)
-        else:
-            self.engine.update_weights(params)
-        self.num_pushes += 1
-        if self.backend == "vllm-server" and self.accelerator is not None:
-            self.accelerator.wait_for_everyone()  # nobody samples from the server before it has the new weights
+        pause = getattr(self.engine, "paused", None)  # a shared server's asynchronous jobs (align.rollout.worker)
+        with pause() if pause is not None else contextlib.nullcontext():
+            if pause is not None and self.accelerator is not None:
+                self.accelerator.wait_for_everyone()  # no rank's generation is on the server while it changes
+            if pause is not None:
+                self.engine.update_weights(params, version=version, send=main)
+            elif self.backend == "vllm-server" and not main:
+                for _ in params:  # the gathers are collective
+                    pass
+            elif getattr(self.engine, "versioned", False):
+                self.engine.update_weights(params, version=version)
+            else:
+                self.engine.update_weights(params)
+            self.num_pushes += 1
+            if self.backend == "vllm-server" and self.accelerator is not None:
+                self.accelerator.wait_for_everyone()  # nobody samples from the server before it has the new weights
 
     def sync(self, model, step: int) -> None:
         """Push when the engine holds its own copy and the weights changed since the last push (step moved), or the
@@ -150,6 +157,10 @@ def build_sampler(backend: str, knobs: dict | None, model, model_path: str, toke
     if backend == "auto":
         backend = choose_backend(model)
     rank = accelerator.process_index if accelerator is not None else world()[0]
+    if own_process and backend == "vllm-server":  # the server is the engine's own process: jobs in a thread here
+        engine = ServerWorker(get_engine(model_path, backend="vllm-server", tokenizer=tokenizer, **knobs))
+        logger.info("rollout engine: a vllm server, asynchronous jobs (rank %d)", rank)
+        return Sampler(engine, accelerator, seed=seed)
     if own_process:
         if backend not in ("hf", "vllm"):
             raise ValueError(f"an engine in its own process runs the hf or vllm backend, not {backend!r}")

@@ -5,6 +5,7 @@ settings it cannot run with are one-line errors."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import datasets
@@ -14,8 +15,8 @@ import torch
 from align.grpo import GRPOConfig, GRPOTrainer, prepare_prompts
 from align.rollout import SamplingParams, get_engine
 from align.rollout.hf import load_model
-from align.rollout.worker import EngineWorker
-from align.sampler import build_sampler
+from align.rollout.worker import EngineWorker, ServerWorker
+from align.sampler import Sampler, build_sampler
 from data_gen.tasks import make_tasks, prompt_messages, to_messages
 
 FAMILIES = ["arithmetic", "compare", "count_items"]
@@ -63,8 +64,128 @@ class HalfFlat(Recorder):
                 for p, c in zip(prompts, completions)]
 
 
+class LocalServer:
+    """A stand-in for a vllm-server engine (no server runs on a CPU): an hf engine of its own, which refuses a weight
+    push while it generates (a batch of two policies) and writes the weights version it sampled with into each
+    rollout's finish_reason."""
+
+    backend, logprobs_kind = "vllm-server", "sampling"
+
+    def __init__(self, model_path, generate_s: float = 0.0):
+        self.inner = None if model_path is None else get_engine(model_path, backend="hf")
+        self.version, self.generating, self.generate_s, self.pushes = 0, 0, generate_s, 0
+
+    def generate(self, prompts, params):
+        self.generating += 1
+        try:
+            version = self.version
+            time.sleep(self.generate_s)
+            groups = self.inner.generate(prompts, params) if self.inner is not None else [
+                [get_rollout(p, version) for _ in range(params.n)] for p in prompts]
+            assert self.version == version, "the weights changed under a generation"
+            for group in groups:
+                for r in group:
+                    r.finish_reason = f"v{version}"
+            return groups
+        finally:
+            self.generating -= 1
+
+    def update_weights(self, named_params):
+        assert not self.generating, "a push while a generation is on the server"
+        named = list(named_params)
+        if self.inner is not None:
+            self.inner.update_weights(named)
+        time.sleep(0.01)
+        self.version += 1
+        self.pushes += 1
+
+    def close(self):
+        pass
+
+
+def get_rollout(prompt, version):
+    from align.rollout.base import Rollout
+
+    return Rollout(list(prompt), [version + 3], None, "length")
+
+
+class Ranks:
+    """N ranks as threads of this process: what the Sampler reads of an accelerator."""
+
+    def __init__(self, n: int):
+        self.barrier = threading.Barrier(n)
+        self.state = type("State", (), {"deepspeed_plugin": None})()
+
+    def rank(self, index: int):
+        ranks = self
+
+        class Accelerator:
+            process_index, is_main_process, state = index, index == 0, ranks.state
+
+            def wait_for_everyone(self):
+                ranks.barrier.wait(timeout=30)
+
+            def unwrap_model(self, model):
+                return model
+
+        return Accelerator()
+
+
+def test_server_jobs_never_see_a_push_and_name_the_version_the_server_held():
+    """Two ranks share one server: each rank's jobs run in a thread, a push pauses every rank's generation (the stub
+    fails if weights change under one), and each batch names the version the server sampled it with, within the
+    staleness bound."""
+    server = LocalServer(None, generate_s=0.02)  # rollouts from the stub alone: what matters is who holds it when
+    server.version = -1
+    ranks, found, errors = Ranks(2), {0: [], 1: []}, []
+    model = torch.nn.Linear(2, 2)
+
+    def rank(i):
+        try:
+            sampler = Sampler(ServerWorker(server), ranks.rank(i))
+            jobs = []
+            for step in range(6):
+                sampler.push(model, version=step)
+                jobs += [(step, sampler.engine.submit([[1, 2]] * 2, SamplingParams(n=2), min_version=max(0, step - 1)))
+                         for _ in range(2)]
+                while jobs and jobs[0][0] <= step - 1:  # the batches of the step before: trained now
+                    s, job = jobs.pop(0)
+                    groups, info = sampler.engine.result(job, timeout_s=30)
+                    found[i].append((s, info["version"], {r.finish_reason for g in groups for r in g}))
+            sampler.engine.cancel_pending()
+            sampler.engine.close()
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+            ranks.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert server.pushes == 6  # the main rank sends; the other only publishes
+    for i in (0, 1):
+        assert len(found[i]) == 10
+        for step, version, reasons in found[i]:
+            assert reasons == {f"v{version}"}  # the version named is the one the server held
+            assert step - 1 <= version <= step + 1  # never older than the bound allows
+
+
+def test_async_grpo_on_a_server_with_max_staleness_0_trains_as_synchronous_grpo(tiny, tmp_path):
+    """rollout_backend vllm-server with async_generation: the server's jobs in a thread (a local stand-in for the
+    server), pushes between generations; with max_staleness 0 the same samples and losses as synchronous GRPO."""
+    sync, sync_seen = _run(tiny, tmp_path / "sync", asynchronous=False)
+    served, served_seen = _run(tiny, tmp_path / "served", asynchronous=True, max_staleness=0, server=True)
+    assert sync_seen.seen == served_seen.seen
+    assert [e["staleness"] for e in served.async_log] == [0, 0, 0, 0]
+    assert _logged(served, "loss") == pytest.approx(_logged(sync, "loss"), abs=1e-5)
+    ahead, _ = _run(tiny, tmp_path / "ahead", asynchronous=True, max_staleness=1, server=True, slow_step_s=0.3)
+    assert all(0 <= e["staleness"] <= 1 for e in ahead.async_log) and len(ahead.async_log) == 4
+
+
 def _run(tiny, tmp_path, *, asynchronous: bool, max_staleness: int = 1, steps: int = 4, slow_step_s: float = 0.0,
-         reward: Recorder | None = None, **kw):
+         reward: Recorder | None = None, server: bool = False, **kw):
     kw = {"bf16": False, **kw}
     args = GRPOConfig(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=12, learning_rate=5e-2, logging_steps=1, save_strategy="no",
@@ -77,7 +198,9 @@ def _run(tiny, tmp_path, *, asynchronous: bool, max_staleness: int = 1, steps: i
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args,
                           train_dataset=prepare_prompts(_rows(), None), processing_class=tiny["tokenizer"],
                           engine=engine)
-    if asynchronous:
+    if server:
+        trainer.sampler = Sampler(ServerWorker(LocalServer(tiny["model"])), trainer.accelerator, seed=0)
+    elif asynchronous:
         trainer.sampler = build_sampler("hf", {}, model, tiny["model"], tiny["tokenizer"], trainer.accelerator,
                                         seed=0, logprobs_kind="sampling", own_process=True,
                                         threads=torch.get_num_threads())
@@ -198,7 +321,7 @@ def test_dynamic_sampling_refills_through_the_engine_process_within_max_stalenes
 
 
 @pytest.mark.parametrize("knob, message", [
-    ({"rollout_backend": "vllm-server"}, "its own process"),
+    ({"rollout_backend": "trl"}, "its own process or on a server"),
     ({"max_staleness": -1}, "max_staleness"),
     ({"sync_every": 0}, "sync_every"),
     ({"vllm_importance_sampling_correction": False}, "vllm_importance_sampling_correction"),

@@ -233,3 +233,115 @@ def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: st
             outbox.put(("done", job, payload, info, prompts))
         except BaseException:  # noqa: BLE001
             outbox.put(("error", job, traceback.format_exc(), None, prompts))
+
+
+class ServerWorker:
+    """EngineWorker's interface over a shared `vllm-server` engine (asynchronous GRPO on a generation server).
+
+    The server already generates outside the trainer, so nothing is spawned: jobs run in order in a thread of the
+    trainer's process, each once a version >= its `min_version` is published, and `info["version"]` names the
+    weights the server held. A push must not change the server's weights under a generation in flight (the batch
+    would mix two policies), and every rank shares the one server: `align.sampler.Sampler.push` holds `paused()` on
+    every rank (each waits for its own generation in flight, none starts another), meets the other ranks, and only
+    then does the main process send the weights (NCCL, GPU only); the version is published before the pause ends.
+    Generation stops for one push, as with EngineWorker, plus the wait for the generation in flight."""
+
+    versioned = True
+    backend = "vllm-server"
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.logprobs_kind = getattr(engine, "logprobs_kind", "sampling")
+        self.version = -1
+        self.info = {"backend": self.backend, "threads": 0}
+        self._cond = threading.Condition()
+        self._generating = threading.Lock()  # held while a generation is on the server, and through a push
+        self._jobs: deque = deque()
+        self._results: dict[int, tuple] = {}
+        self._next_job, self._cancelled, self._stop = 0, -1, False
+        self._thread = threading.Thread(target=self._serve, name="smolalign-vllm-server-jobs", daemon=True)
+        self._thread.start()
+
+    def paused(self):
+        """Hold generation: the job in flight finishes first, the next waits until the block ends."""
+        return self._generating
+
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int | None = None,
+                       send: bool = True) -> None:
+        """Inside `paused()`: the main process sends the weights to the server (`send`), every rank publishes them
+        as `version` (the others only run the iterator: its gathers are collective)."""
+        version = self.version + 1 if version is None else int(version)
+        if version < self.version:
+            raise ValueError(f"update_weights: version {version} is older than the published {self.version}")
+        if send:
+            self.engine.update_weights(named_params)
+        else:
+            for _ in named_params:
+                pass
+        with self._cond:
+            self.version = version
+            self._cond.notify_all()
+
+    def submit(self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None) -> int:
+        with self._cond:
+            job = self._next_job
+            self._next_job += 1
+            wanted = self.version if min_version is None else int(min_version)
+            self._jobs.append((job, [list(p) for p in prompts], params, wanted))
+            self._cond.notify_all()
+        return job
+
+    def result(self, job: int, timeout_s: float | None = None) -> tuple[list[list[Rollout]], dict]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: job in self._results or not self._thread.is_alive(), timeout_s):
+                raise TimeoutError(f"the vllm-server jobs gave no answer in {timeout_s:.0f} s")
+            if job not in self._results:
+                raise RuntimeError(f"the vllm-server job thread stopped while job {job} was pending")
+            kind, payload, info = self._results.pop(job)
+        if kind == "error":
+            raise RuntimeError(f"a generation on the vllm server failed:\n{payload}")
+        return payload, info
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
+        return self.result(self.submit(prompts, params))[0]
+
+    def cancel_pending(self) -> None:
+        with self._cond:
+            self._cancelled = self._next_job - 1
+            self._jobs.clear()
+            self._results.clear()
+            self._cond.notify_all()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop or self._jobs)
+                if self._stop:
+                    return
+                job, prompts, params, wanted = self._jobs[0]
+                started = time.monotonic()
+                self._cond.wait_for(lambda j=job, w=wanted: self._stop or self.version >= w or j <= self._cancelled)
+                if self._stop:
+                    return
+                if job <= self._cancelled or not self._jobs or self._jobs[0][0] != job:
+                    continue  # cancelled while it waited
+                self._jobs.popleft()
+                waited = time.monotonic() - started
+            with self._generating:  # a push in progress finishes (and publishes) first
+                version, started = self.version, time.monotonic()
+                try:
+                    outcome = ("done", self.engine.generate(prompts, params),
+                               {"version": version, "generate_s": time.monotonic() - started, "wait_s": waited})
+                except BaseException:  # noqa: BLE001 - the trainer gets it from result()
+                    outcome = ("error", traceback.format_exc(), None)
+            with self._cond:
+                if job > self._cancelled:
+                    self._results[job] = outcome
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+        self.engine.close()
