@@ -511,3 +511,19 @@ def test_asking_for_more_tool_rows_than_exist_is_one_clear_error():
     assert len(make_tool_tasks(["tool_lookup"], num=180, split="test")) == 180
     with pytest.raises(ValueError, match="fewer than 400 distinct test prompts"):
         make_tool_tasks(["tool_lookup"], num=400, split="test")
+
+
+def test_right_args_of_a_chain_compares_the_first_call_with_the_gold_first_turn():
+    """In tool_difference the first reply (one place's number) cannot hold the answer (a difference): the first call
+    is right when it is one of the gold first turn's calls; a one-call family still runs it against the answer."""
+    from align.tools.evaluate import _right_args
+    from data_gen.tool_tasks import make_tool_tasks
+
+    chain = make_tool_tasks(["tool_difference"], num=4, split="test", seed=0)[0]
+    first, second = json.loads(chain["calls"])[0]
+    assert _right_args(first, chain) and _right_args(second, chain)
+    assert not _right_args({"name": "search", "arguments": {"query": "Nowhere"}}, chain)
+    assert not _right_args({"name": "calculator", "arguments": first["arguments"]}, chain)
+    one = make_tool_tasks(["tool_arithmetic"], num=4, split="test", seed=0)[0]
+    assert _right_args(json.loads(one["call"]), one)
+    assert not _right_args({"name": "calculator", "arguments": {"expression": "1 + 1"}}, one)

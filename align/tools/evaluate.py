@@ -7,6 +7,8 @@ system turn (the turn loop runs the calls), once without tools (one turn). Per m
 - `right_tool`: the first call named the row's tool (a trivial baseline beside it: `tools/majority_tool`, the share
   of rows whose tool is the commonest one, what always calling that tool scores);
 - `right_args`: running the first call gives the gold answer (its reply holds it), among rows with the right tool;
+  in a chain of calls (`tool_difference`), whose first reply cannot hold the answer: the first call is one of the
+  gold first turn's calls;
 - `acc_with_tools` / `acc_without_tools`: the final answer verified, and `paired_p`: the exact McNemar test of the
   two on the same rows (per-item outcomes in details, for the report's paired comparisons between stages).
 """
@@ -14,6 +16,7 @@ system turn (the turn loop runs the calls), once without tools (one turn). Per m
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
 
@@ -33,6 +36,9 @@ def _ids(tokenizer, messages) -> list[int]:
 
 
 def _right_args(call: dict, row: dict) -> bool:
+    turns = json.loads(row["calls"]) if row.get("calls") else None
+    if turns and (len(turns) > 1 or len(turns[0]) > 1):
+        return any(call.get("name") == g["name"] and call.get("arguments") == g["arguments"] for g in turns[0])
     try:
         reply = str(TOOLS[call["name"]](**(call.get("arguments") or {})))
     except Exception:  # noqa: BLE001 - a call that fails is not right
