@@ -19,6 +19,7 @@ import torch
 
 from align.scoring import CORRECT_AT, generate_and_score, summarize
 from data_gen.tasks import assistant_text
+from data_gen.tool_tasks import trace_messages
 from rewards import checked, get_rewards, mode_format_reward, route_accuracy
 from rewards.length import prompt_mode
 from rewards.verifier import ACCURACY_VERIFIERS
@@ -175,8 +176,11 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
     if mode is None:
         asks_think = "mode" not in rows.column_names or "think" in rows["mode"]
         mode = "think" if "think" in rows.column_names and asks_think else "no_think"
-    texts = [assistant_text({"think": r.get("think", ""), "answer": r["answer"]}, mode) for r in rows]
-    lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)  # +1: stop token
+    if "calls" in rows.column_names:  # tool use: every turn counts, the tools' replies too (as the turn loop does)
+        lengths = sorted(_trace_length(dict(r), mode, tokenizer) for r in rows)
+    else:
+        texts = [assistant_text({"think": r.get("think", ""), "answer": r["answer"]}, mode) for r in rows]
+        lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)  # +1: stop
     stats = {"mode": mode, "median": lengths[len(lengths) // 2], "p95": lengths[int(0.95 * (len(lengths) - 1))],
              "max": lengths[-1], "max_completion_length": max_completion_length}
     if stats["median"] > max_completion_length:
@@ -189,6 +193,14 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
         logger.warning("max_completion_length=%d cuts over 5%% of gold %s-mode answers (p95 %d tokens)",
                        max_completion_length, mode, stats["p95"])
     return stats
+
+
+def _trace_length(row: dict, mode: str, tokenizer) -> int:
+    """Tokens of a tool row's gold trajectory after its prompt: each turn's calls, the replies, the answer."""
+    prompt, trace = trace_messages(row, mode, [])
+    start = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return len(tokenizer(tokenizer.apply_chat_template(trace, tokenize=False), add_special_tokens=False)["input_ids"]) - \
+        len(tokenizer(start, add_special_tokens=False)["input_ids"])
 
 
 # ----------------------------------------------------------------------------------------------- evaluation

@@ -205,6 +205,21 @@ def test_completion_budget_refuses_a_length_that_zeroes_every_reward(tiny):
         check_completion_budget(rows, tiny["tokenizer"], 8)
 
 
+def test_completion_budget_of_tool_rows_counts_every_turn_and_the_tools_replies(tiny):
+    """A tool chain's gold trajectory (two searches, their replies, the calculator, its reply, the answer) is
+    several times its answer: a budget that fits the answer alone zeroed every reward of a 135M GRPO run."""
+    from data_gen.tool_tasks import make_tool_tasks
+
+    tok = tiny["tokenizer"]
+    chain = datasets.Dataset.from_list(make_tool_tasks(["tool_difference"], num=16, split="train"))
+    one = datasets.Dataset.from_list(make_tool_tasks(["tool_lookup"], num=16, split="train"))
+    long, short = check_completion_budget(chain, tok, 4096), check_completion_budget(one, tok, 4096)
+    answer = max(len(tok(r["answer"], add_special_tokens=False)["input_ids"]) for r in chain)
+    assert long["median"] > short["median"] > 4 * answer  # the turns and replies, not the answer alone
+    with pytest.raises(ValueError, match="below the median gold think-mode answer"):
+        check_completion_budget(chain, tok, (long["median"] + short["median"]) // 2)
+
+
 # ----------------------------------------------------------------------------------------------- training
 
 
