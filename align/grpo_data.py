@@ -197,6 +197,8 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
 
 def _trace_length(row: dict, mode: str, tokenizer) -> int:
     """Tokens of a tool row's gold trajectory after its prompt: each turn's calls, the replies, the answer."""
+    if not isinstance(row["prompt"], str):  # prepared rows hold the prompt as messages: the user's question
+        row = {**row, "prompt": next(m["content"] for m in reversed(row["prompt"]) if m["role"] == "user")}
     prompt, trace = trace_messages(row, mode, [])
     start = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
     return len(tokenizer(tokenizer.apply_chat_template(trace, tokenize=False), add_special_tokens=False)["input_ids"]) - \

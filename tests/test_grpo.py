@@ -214,6 +214,7 @@ def test_completion_budget_of_tool_rows_counts_every_turn_and_the_tools_replies(
     chain = datasets.Dataset.from_list(make_tool_tasks(["tool_difference"], num=16, split="train"))
     one = datasets.Dataset.from_list(make_tool_tasks(["tool_lookup"], num=16, split="train"))
     long, short = check_completion_budget(chain, tok, 4096), check_completion_budget(one, tok, 4096)
+    assert check_completion_budget(prepare_prompts(chain, "think"), tok, 4096) == long  # GRPO's prepared rows
     answer = max(len(tok(r["answer"], add_special_tokens=False)["input_ids"]) for r in chain)
     assert long["median"] > short["median"] > 4 * answer  # the turns and replies, not the answer alone
     with pytest.raises(ValueError, match="below the median gold think-mode answer"):
