@@ -332,3 +332,54 @@ def test_settings_async_generation_cannot_run_with_are_one_line_errors(tmp_path,
         GRPOConfig(output_dir=str(tmp_path), async_generation=True, report_to="none", per_device_train_batch_size=8,
                    num_generations=4, **knob)
     assert "\n" not in str(err.value)
+
+
+def test_build_sampler_puts_a_vllm_server_behind_asynchronous_jobs(tiny):
+    """`build_sampler(..., own_process=True)` for vllm-server: TRL's client against a stub HTTP server (no server runs
+    on a CPU), its jobs in a thread, the version they waited for named; a push needs a GPU (NCCL) and says so."""
+    import json
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _json(self, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802
+            if self.path.startswith("/v1/models"):
+                self._json({"data": [{"id": "stub"}]})
+            elif self.path.startswith("/server_info"):
+                self._json({"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}})
+            else:
+                self._json({})
+
+        def do_POST(self):  # noqa: N802
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self._json({"choices": [{"prompt_token_ids": p, "token_ids": [len(p), k], "logprobs": None}
+                                    for p in req["prompt"] for k in range(req["n"])]})
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    model = load_model(tiny["model"], dtype="float32")
+    try:
+        sampler = build_sampler("vllm-server", {"base_url": f"http://127.0.0.1:{server.server_address[1]}",
+                                                "timeout": 5}, model, tiny["model"], tiny["tokenizer"], None,
+                                own_process=True, logprobs_kind="sampling")
+        worker = sampler.engine
+        assert isinstance(worker, ServerWorker) and worker.logprobs_kind == "sampling"
+        worker.update_weights(iter(()), version=0, send=False)  # a rank that does not send only publishes
+        job = worker.submit([[5, 6, 7], [8]], SamplingParams(n=2, max_new_tokens=4, logprobs=False), min_version=0)
+        groups, info = worker.result(job, timeout_s=30)
+        assert info["version"] == 0 and [[r.completion_ids for r in g] for g in groups] == [[[3, 0], [3, 1]],
+                                                                                         [[1, 0], [1, 1]]]
+        with pytest.raises(RuntimeError, match="NCCL"):
+            worker.update_weights(model.named_parameters(), version=1)
+        sampler.close()
+    finally:
+        server.shutdown()
