@@ -369,7 +369,18 @@ def test_hf_bf16_rollouts_of_a_live_fp32_model_use_a_synced_copy(model_dirs):
 def test_hf_copy_of_an_fsdp2_sharded_model_is_rebuilt_from_whole_tensors(model_dirs, kind):
     """FSDP2 modules refuse deepcopy (torch 2.11's copy failed its first forward on an H100, gpu_paths.sh (2)):
     the engine's bf16 copy of an FSDP2 policy (one CPU rank over gloo) is a plain model with its whole weights and
-    buffers, which decodes like the unsharded model's copy and takes pushes."""
+    buffers, which decodes like the unsharded model's copy and takes pushes. In a fresh process: the one-rank
+    process group must not meet one that an earlier test left in pytest's."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    code = (f"import sys; sys.path[:0] = {[str(here.parent), str(here)]!r}; import test_rollout; "
+            f"test_rollout._fsdp2_copy_check({str(model_dirs[kind])!r})")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _fsdp2_copy_check(model_dir: str) -> None:
     import socket
 
     import torch.distributed as dist
@@ -383,7 +394,7 @@ def test_hf_copy_of_an_fsdp2_sharded_model_is_rebuilt_from_whole_tensors(model_d
         port = sock.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
-        sharded = _load(model_dirs[kind])
+        sharded = _load(model_dir)
         mesh = init_device_mesh("cpu", (1,))
         for layer in sharded.model.layers:
             fully_shard(layer, mesh=mesh)
@@ -393,7 +404,7 @@ def test_hf_copy_of_an_fsdp2_sharded_model_is_rebuilt_from_whole_tensors(model_d
             copy.deepcopy(sharded)  # what the engine did before
         engine = get_engine(sharded, backend="hf", dtype="bfloat16")
         # the reference: the checkpoint loaded in bf16 (its rotary buffers stay fp32, as in the copy)
-        reference = get_engine(str(model_dirs[kind]), backend="hf", dtype="bfloat16")
+        reference = get_engine(str(model_dir), backend="hf", dtype="bfloat16")
         assert engine.model is not sharded and engine.model.dtype == torch.bfloat16
         assert not any(hasattr(p, "full_tensor") for p in engine.model.parameters())
         want = dict(reference.model.named_buffers()) | reference.model.state_dict()
