@@ -337,40 +337,12 @@ def test_settings_async_generation_cannot_run_with_are_one_line_errors(tmp_path,
 def test_build_sampler_puts_a_vllm_server_behind_asynchronous_jobs(tiny):
     """`build_sampler(..., own_process=True)` for vllm-server: TRL's client against a stub HTTP server (no server runs
     on a CPU), its jobs in a thread, the version they waited for named; a push needs a GPU (NCCL) and says so."""
-    import json
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from stub_vllm_server import stub_vllm_server
 
-    class Handler(BaseHTTPRequestHandler):
-        def _json(self, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):  # noqa: N802
-            if self.path.startswith("/v1/models"):
-                self._json({"data": [{"id": "stub"}]})
-            elif self.path.startswith("/server_info"):
-                self._json({"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}})
-            else:
-                self._json({})
-
-        def do_POST(self):  # noqa: N802
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self._json({"choices": [{"prompt_token_ids": p, "token_ids": [len(p), k], "logprobs": None}
-                                    for p in req["prompt"] for k in range(req["n"])]})
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     model = load_model(tiny["model"], dtype="float32")
-    try:
-        sampler = build_sampler("vllm-server", {"base_url": f"http://127.0.0.1:{server.server_address[1]}",
-                                                "timeout": 5}, model, tiny["model"], tiny["tokenizer"], None,
-                                own_process=True, logprobs_kind="sampling")
+    with stub_vllm_server(lambda prompt, k, max_tokens: [len(prompt), k]) as url:
+        sampler = build_sampler("vllm-server", {"base_url": url, "timeout": 5}, model, tiny["model"],
+                                tiny["tokenizer"], None, own_process=True, logprobs_kind="sampling")
         worker = sampler.engine
         assert isinstance(worker, ServerWorker) and worker.logprobs_kind == "sampling"
         worker.update_weights(iter(()), version=0, send=False)  # a rank that does not send only publishes
@@ -381,5 +353,3 @@ def test_build_sampler_puts_a_vllm_server_behind_asynchronous_jobs(tiny):
         with pytest.raises(RuntimeError, match="NCCL"):
             worker.update_weights(model.named_parameters(), version=1)
         sampler.close()
-    finally:
-        server.shutdown()

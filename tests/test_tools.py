@@ -370,56 +370,26 @@ def test_hf_and_vllm_trajectories_agree_greedily_across_turns(tmp_path, tok, tin
 
 
 def test_the_loop_runs_on_the_vllm_server_engine_against_a_stub_server(tok):
-    """No vLLM server runs on a CPU: a stub speaks TRL's client protocol (/health, /v1/models, /server_info,
-    /v1/completions with token ids) and answers with `calc_policy`; the loop keeps the ids the server sent."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    """No vLLM server runs on a CPU: a stub speaks TRL's client protocol (tests/stub_vllm_server.py) and answers with
+    `calc_policy`; the loop keeps the ids the server sent."""
+    from stub_vllm_server import stub_vllm_server
 
     from align.rollout.vllm_server import VLLMServerEngine
 
     end = tok.convert_tokens_to_ids("<|im_end|>")
     sent: list[list[int]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def _json(self, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
+    def sample(prompt, k, max_tokens):
+        ids = tok(calc_policy(tok.decode(prompt), k), add_special_tokens=False)["input_ids"]
+        sent.append((ids + [end])[:max_tokens])
+        return sent[-1]
 
-        def do_GET(self):  # noqa: N802
-            if self.path.startswith("/v1/models"):
-                self._json({"data": [{"id": "stub"}]})
-            elif self.path.startswith("/server_info"):
-                self._json({"vllm_config": {"model_config": {"logprobs_mode": "processed_logprobs"}}})
-            else:
-                self._json({})
-
-        def do_POST(self):  # noqa: N802
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            choices = []
-            for prompt in req["prompt"]:
-                for k in range(req["n"]):
-                    ids = tok(calc_policy(tok.decode(prompt), k), add_special_tokens=False)["input_ids"]
-                    ids = (ids + [end])[: req["max_tokens"]]
-                    sent.append(ids)
-                    choices.append({"prompt_token_ids": prompt, "token_ids": ids, "logprobs": None})
-            self._json({"choices": choices})
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        engine = VLLMServerEngine(tokenizer=tok, base_url=f"http://127.0.0.1:{server.server_address[1]}", timeout=5)
+    with stub_vllm_server(sample) as url:
+        engine = VLLMServerEngine(tokenizer=tok, base_url=url, timeout=5)
         loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3)
         ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
         (called, direct), = loop.rollout(engine.generate, [ids], SamplingParams(n=2, max_new_tokens=120,
                                                                                 logprobs=False), systems=[system])
-    finally:
-        server.shutdown()
     assert [i for i, m in zip(called.completion_ids, called.mask) if m] == sent[0] + sent[2]
     assert called.turns == 2 and "\\boxed{5535}" in called.policy_text and direct.calls == []
 
