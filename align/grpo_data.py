@@ -176,9 +176,14 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
     if mode is None:
         asks_think = "mode" not in rows.column_names or "think" in rows["mode"]
         mode = "think" if "think" in rows.column_names and asks_think else "no_think"
+    lengths = None
     if "calls" in rows.column_names:  # tool use: every turn counts, the tools' replies too (as the turn loop does)
-        lengths = sorted(_trace_length(dict(r), mode, tokenizer) for r in rows)
-    else:
+        try:
+            lengths = sorted(_trace_length(dict(r), mode, tokenizer) for r in rows)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:  # not builtin:tool_tasks' shape
+            logger.warning("completion budget: the 'calls' column is not builtin:tool_tasks' (a JSON list of turns, "
+                           "each a list of {name, arguments}): %s; checking the answers alone", err)
+    if lengths is None:
         texts = [assistant_text({"think": r.get("think", ""), "answer": r["answer"]}, mode) for r in rows]
         lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)  # +1: stop
     stats = {"mode": mode, "median": lengths[len(lengths) // 2], "p95": lengths[int(0.95 * (len(lengths) - 1))],
@@ -199,7 +204,7 @@ def _trace_length(row: dict, mode: str, tokenizer) -> int:
     """Tokens of a tool row's gold trajectory after its prompt: each turn's calls, the replies, the answer."""
     if not isinstance(row["prompt"], str):  # prepared rows hold the prompt as messages: the user's question
         row = {**row, "prompt": next(m["content"] for m in reversed(row["prompt"]) if m["role"] == "user")}
-    prompt, trace = trace_messages(row, mode, [])
+    prompt, trace = trace_messages({"think": "", **row}, mode, [])
     start = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
     return len(tokenizer(tokenizer.apply_chat_template(trace, tokenize=False), add_special_tokens=False)["input_ids"]) - \
         len(tokenizer(start, add_special_tokens=False)["input_ids"])

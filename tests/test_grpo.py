@@ -219,6 +219,11 @@ def test_completion_budget_of_tool_rows_counts_every_turn_and_the_tools_replies(
     assert long["median"] > short["median"] > 4 * answer  # the turns and replies, not the answer alone
     with pytest.raises(ValueError, match="below the median gold think-mode answer"):
         check_completion_budget(chain, tok, (long["median"] + short["median"]) // 2)
+    # a user's tool rows without a think trace, or with calls of another shape: checked as far as they allow
+    no_think = chain.remove_columns(["think"])
+    assert check_completion_budget(no_think, tok, 4096)["median"] < long["median"]
+    odd = one.map(lambda r: {"calls": "not json"})
+    assert check_completion_budget(odd, tok, 4096)["median"] < short["median"]  # the answers alone, with a warning
 
 
 # ----------------------------------------------------------------------------------------------- training
