@@ -125,6 +125,29 @@ def test_tool_grpo_rewards_the_policys_answer_and_trains_only_its_tokens(tiny, t
         assert abs(loss - counted_loss) > 10 * abs(loss)
 
 
+def test_tool_grpo_with_a_kl_anchor_keeps_the_kl_term_off_the_tool_tokens(tiny, tmp_path):
+    """beta > 0 (the anchor to the reference model that would keep other families' form): TRL builds the reference
+    model, the KL term is logged and moves once the policy moves, and it is masked like the policy loss."""
+    trainer = _trainer(tiny, tmp_path, beta=0.5)
+    assert trainer.ref_model is not None
+    seen = []
+    score = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: seen.append(score(inputs)) or seen[-1]
+    trainer.train()
+    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 1e-6  # policy == reference at step 1
+    batch = seen[-1]
+    assert batch["ref_per_token_logps"] is not None
+    mask, cmask = batch["tool_mask"], batch["completion_mask"]
+    trainer.model.train()
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, dict(batch)).item()
+        cut = trainer.compute_loss(trainer.model, dict(batch, completion_mask=cmask * mask,
+                                                         tool_mask=torch.ones_like(mask))).item()
+        counted = trainer.compute_loss(trainer.model, dict(batch, tool_mask=torch.ones_like(mask))).item()
+    assert loss == pytest.approx(cut, rel=1e-3) and abs(loss - counted) > 1e-3 * max(abs(loss), 1e-3)
+
+
 def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, monkeypatch):
     """On-policy distillation with the calculator: the student's rollouts run the turn loop (scripted: half call and
     answer with the reply), the teacher reads the whole trajectory, and no label falls on a tool token."""
