@@ -138,14 +138,16 @@ def test_tool_grpo_with_a_kl_anchor_keeps_the_kl_term_off_the_tool_tokens(tiny, 
     assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] > 1e-6  # policy == reference at step 1
     batch = seen[-1]
     assert batch["ref_per_token_logps"] is not None
-    mask, cmask = batch["tool_mask"], batch["completion_mask"]
+    mask, ref = batch["tool_mask"], batch["ref_per_token_logps"]
+    assert (mask == 0).any() and (mask == 1).any()
     trainer.model.train()
     with torch.no_grad():
         loss = trainer.compute_loss(trainer.model, dict(batch)).item()
-        cut = trainer.compute_loss(trainer.model, dict(batch, completion_mask=cmask * mask,
-                                                         tool_mask=torch.ones_like(mask))).item()
-        counted = trainer.compute_loss(trainer.model, dict(batch, tool_mask=torch.ones_like(mask))).item()
-    assert loss == pytest.approx(cut, rel=1e-3) and abs(loss - counted) > 1e-3 * max(abs(loss), 1e-3)
+        # move the reference only where the tools wrote: the loss must not see it; where the policy wrote: it must
+        on_tools = trainer.compute_loss(trainer.model, dict(batch, ref_per_token_logps=ref + 1.0 * (mask == 0))).item()
+        on_policy = trainer.compute_loss(trainer.model, dict(batch, ref_per_token_logps=ref + 1.0 * (mask == 1))).item()
+    assert on_tools == pytest.approx(loss, rel=1e-6, abs=1e-7)
+    assert abs(on_policy - loss) > 1e-2
 
 
 def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, monkeypatch):
