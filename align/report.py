@@ -214,7 +214,8 @@ def eval_outcomes(stage: dict, metric: str) -> dict | None:
     if kind == "tools":  # tools/<mode>/<share> (align/tools/evaluate.py)
         mode, _, share = where.partition("/")
         tools = details.get(f"tools/{mode}") or {}
-        key = {"acc_with_tools": "with_tools", "acc_without_tools": "without_tools", "right_tool": "right_tool"}
+        key = {"acc_with_tools": "with_tools", "acc_without_tools": "without_tools", "right_tool": "right_tool",
+               "format": "format"}
         items = (tools.get("outcomes") or {}).get(key.get(share, ""))
         return None if items is None else {"items": items, "prompts": tools.get("prompts_sha")}
     gen = details.get(f"gen/{where}") or {}

@@ -96,7 +96,8 @@ def answer_format_reward(completions: list, **kwargs: Any) -> list[float]:
 
 
 def mode_format_reward(completions: list, mode: list[str | None] | None = None, prompts: list | None = None,
-                       min_think_words: int = 3, think_in_prompt: bool = False, **kwargs: Any) -> list[float | None]:
+                       min_think_words: int = 3, think_in_prompt: bool = False,
+                       answer_text: list[str] | None = None, **kwargs: Any) -> list[float | None]:
     r"""1.0 when a completion has the shape its asked reasoning mode wants, else 0.0 (hybrid-reasoning RL):
 
     - think: one ``<think>`` block opening the completion with at least ``min_think_words`` words of reasoning
@@ -105,6 +106,10 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
       families' gold traces hold 9 words or more: recipes/smol135m_grpo.yaml asks 8);
     - no_think: no reasoning (no think block, or an empty one as some templates open a no_think answer with), then
       one boxed answer.
+
+    With tools (``answer_text``, the column a tool rollout hands the rewards: each trajectory's last turn), the
+    answer turn is judged instead of the joined turns: in think mode each turn opens its own think block, so the joined
+    turns never have the one-block form, and a policy that drops the block from its answer turn is caught.
 
     The mode is what was asked, never what was answered: the ``mode`` column, else the prompt's ``/think`` or
     ``/no_think`` flag; a row with neither abstains (None). Without it a mixed-mode GRPO run pays a think prompt
@@ -118,11 +123,18 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
     >>> mode_format_reward([think, "The answer is \\boxed{3}.", "<think>\n\n</think>\n\\boxed{3}", "\\boxed{3}"],
     ...                    mode=["no_think", "no_think", "no_think", None])
     [0.0, 1.0, 1.0, None]
+    >>> call = '<think>\nI will look both up first.\n</think>\n<tool_call>{"name": "search"}</tool_call>'
+    >>> mode_format_reward([call + "\n" + think, call + "\nThe answer is \\boxed{3}."], mode=["think", "think"],
+    ...                    answer_text=[think, "The answer is \\boxed{3}."])
+    [1.0, 0.0]
     """
     if min_think_words < 1:
         raise ValueError(f"mode_format_reward: min_think_words must be >= 1, got {min_think_words}")
     if mode is not None and len(mode) != len(completions):
         raise ValueError(f"the mode column has {len(mode)} rows but there are {len(completions)} completions")
+    if answer_text is not None and len(answer_text) != len(completions):
+        raise ValueError(f"the answer_text column has {len(answer_text)} rows but there are {len(completions)} "
+                         "completions")
     scores: list[float | None] = []
     for i, completion in enumerate(completions):
         asked = mode[i] if mode is not None else None
@@ -130,7 +142,7 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
             asked = prompt_mode(prompts[i])
         if asked not in (None, "think", "no_think"):
             raise ValueError(f"mode_format_reward: mode must be 'think' or 'no_think', got {asked!r} at row {i}")
-        text = completion_text(completion)
+        text = answer_text[i] if answer_text is not None else completion_text(completion)
         if asked is None:
             scores.append(None)
         elif asked == "think":

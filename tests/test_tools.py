@@ -445,6 +445,32 @@ def test_the_tool_suite_scores_calls_and_accuracy_with_and_without_tools(tmp_pat
     assert lookups_fixed and res["details"]["tools/no_think"]["outcomes"]["with_tools"] == [1] * 12
 
 
+@pytest.mark.parametrize("drop_think", [False, True])
+def test_the_tool_suite_judges_the_think_form_of_the_answer_turn(tmp_path, tok, tiny_model, drop_think):
+    """think mode: a policy that opens every turn with reasoning has the form; one that drops the think block from
+    its answer turn (what tool GRPO did) keeps its accuracy and loses the form."""
+    from align.evaluate import EvalConfig, evaluate
+
+    class Engine(TurnEngine):
+        def encode(self, text):
+            return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def policy(text, k):
+        out = solver(text, k)
+        if "<tool_call>" in out:
+            return "<think>\nThe tool can do this for me.\n</think>\n" + out
+        return out if drop_think else "<think>\nThe reply holds the answer.\n</think>\n" + out
+
+    model = tiny_model(tmp_path / "m", tok, seed=0, max_position_embeddings=1024)
+    cfg = EvalConfig(model_name_or_path=model, output_dir=str(tmp_path / "eval"), suites=["tools"], tool_rows=6,
+                     modes=["think"], max_new_tokens=160)
+    res = evaluate(cfg, engine=Engine(tok, policy))
+    m, outcomes = res["metrics"], res["details"]["tools/think"]["outcomes"]
+    assert m["tools/think/right_tool"] == 1.0
+    assert m["tools/think/format"] == (0.0 if drop_think else 1.0)
+    assert outcomes["format"] == [0 if drop_think else 1] * 6
+
+
 def test_the_report_pairs_two_stages_on_the_tool_suites_items(tmp_path):
     """A pipeline stage that targets tools/<mode>/acc_with_tools is judged by the paired test on the same rows."""
     from align.report import eval_outcomes, paired_eval
@@ -459,6 +485,7 @@ def test_the_report_pairs_two_stages_on_the_tool_suites_items(tmp_path):
     assert eval_outcomes(after, "tools/think/acc_with_tools")["items"] == [1] * 9 + [0]
     paired = paired_eval(before, after, "tools/think/acc_with_tools")
     assert (paired["gained"], paired["lost"]) == (9, 0) and paired["p_value"] < 0.01
+    assert eval_outcomes(after, "tools/think/format") is None  # results written before the format outcome
 
 
 def test_tool_traces_mix_with_other_chat_data():

@@ -125,6 +125,31 @@ def test_tool_grpo_rewards_the_policys_answer_and_trains_only_its_tokens(tiny, t
         assert abs(loss - counted_loss) > 10 * abs(loss)
 
 
+def test_tool_grpo_hands_the_rewards_each_trajectorys_answer_turn(tiny, tmp_path):
+    """`answer_text` (the trajectory's last turn) reaches the reward functions as a column, so mode_format_reward
+    judges a multi-turn answer by its answer turn (a tool GRPO run dropped the think block there, unseen)."""
+    seen = []
+
+    def spy(completions, answer_text=None, **kwargs):
+        seen.append((completions, answer_text))
+        return [0.0] * len(completions)
+
+    trainer = _trainer(tiny, tmp_path, max_steps=1)
+    trainer.reward_funcs.append(spy)
+    trainer.reward_func_names.append("spy")
+    trainer.reward_weights = torch.ones(len(trainer.reward_funcs))
+    trainer.reward_processing_classes.append(None)
+    trainer.train()
+    completions, answers = seen[0]
+    assert answers is not None and len(answers) == len(completions)
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    called = [(t, a) for t, a in zip(texts, answers) if "<tool_call>" in t]
+    direct = [(t, a) for t, a in zip(texts, answers) if "<tool_call>" not in t]
+    assert called and direct
+    assert all(t.endswith(a) and "<tool_call>" not in a and "\\boxed{" in a for t, a in called)
+    assert all(t == a for t, a in direct)
+
+
 def test_tool_grpo_with_a_kl_anchor_keeps_the_kl_term_off_the_tool_tokens(tiny, tmp_path):
     """beta > 0 (the anchor to the reference model that would keep other families' form): TRL builds the reference
     model, the KL term is logged and moves once the policy moves, and it is masked like the policy loss."""

@@ -10,7 +10,10 @@ system turn (the turn loop runs the calls), once without tools (one turn). Per m
   in a chain of calls (`tool_difference`), whose first reply cannot hold the answer: the first call is one of the
   gold first turn's calls;
 - `acc_with_tools` / `acc_without_tools`: the final answer verified, and `paired_p`: the exact McNemar test of the
-  two on the same rows (per-item outcomes in details, for the report's paired comparisons between stages).
+  two on the same rows (per-item outcomes in details, for the report's paired comparisons between stages);
+- `format`: the answer turn with tools has its mode's form (`rewards.format.mode_format_reward`, the judgment GRPO's
+  `mode/<m>/format` logs): think, a think block of reasoning then the boxed answer; no_think, no reasoning. A stage
+  that keeps the accuracy but drops the think block shows here (tool GRPO did, before the format reward).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from align.scoring import paired_change, wilson_interval
 from align.tools.functions import TOOLS
 from align.tools.loop import ToolLoop, with_tools
 from align.tools.runner import ToolRunner
+from rewards.format import mode_format_reward
 from rewards.math import math_reward
 
 TOOL_NAMES = ["calculator", "python", "search"]
@@ -66,13 +70,16 @@ def tool_suite(engine, tokenizer, rows: list[dict], modes: list[str], max_new_to
             answers = [r["answer"] for r in rows]
             with_ok = [int((s or 0) >= 1) for s in math_reward([t.policy_text for t in trajectories], answers)]
             without_ok = [int((s or 0) >= 1) for s in math_reward(bare_texts, answers)]
+            form = [int((s or 0) >= 1) for s in mode_format_reward(
+                [t.policy_text for t in trajectories], mode=[mode] * len(rows),
+                answer_text=[t.answer_text for t in trajectories])]
             first = [t.calls[0] if t.calls else None for t in trajectories]
             called = [int(c is not None) for c in first]
             parseable = [int(c is not None and c["status"] != "malformed") for c in first]
             right_tool = [int(c is not None and c["name"] == r["tool"]) for c, r in zip(first, rows)]
             right_args = [int(_right_args(c, r)) for c, r, ok in zip(first, rows, right_tool) if ok]
             shares = {"called": called, "parseable": parseable, "right_tool": right_tool, "right_args": right_args,
-                      "acc_with_tools": with_ok, "acc_without_tools": without_ok}
+                      "acc_with_tools": with_ok, "acc_without_tools": without_ok, "format": form}
             for key, values in shares.items():
                 name = f"tools/{mode}/{key}"
                 metrics[name] = sum(values) / len(values) if values else 0.0
@@ -83,7 +90,8 @@ def tool_suite(engine, tokenizer, rows: list[dict], modes: list[str], max_new_to
             details[f"tools/{mode}"] = {
                 "paired_without_vs_with": paired, "families": [r["family"] for r in rows],
                 "prompts_sha": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
-                "outcomes": {"with_tools": with_ok, "without_tools": without_ok, "right_tool": right_tool},
+                "outcomes": {"with_tools": with_ok, "without_tools": without_ok, "right_tool": right_tool,
+                             "format": form},
                 "samples": [{"prompt": r["prompt"], "policy": t.policy_text[:400], "calls": t.calls}
                             for r, t in list(zip(rows, trajectories))[:6]]}
     finally:

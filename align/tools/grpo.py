@@ -128,7 +128,7 @@ class ToolUse:
             return out
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images = out
         policy_text = extra.pop("policy_text")
-        self._answer_turns = dict(zip(policy_text, extra.pop("answer_text", policy_text)))
+        self._answer_turns = dict(zip(policy_text, extra.get("answer_text", policy_text)))  # stays a reward column
         completions = policy_completions(completions, policy_text)
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images
 
