@@ -24,7 +24,7 @@ Run the examples: ``python -m pytest --doctest-modules rewards``.
 """
 
 from rewards.code import code_reward
-from rewards.format import answer_format_reward, mode_format_reward, think_format_reward
+from rewards.format import answer_format_reward, mode_format_reward, mode_math_reward, think_format_reward
 from rewards.length import cosine_length_reward, soft_overlong_reward
 from rewards.match import completion_text, exact_match_reward
 from rewards.math import math_reward
@@ -54,6 +54,7 @@ REWARDS.update(
         think_format_reward,
         answer_format_reward,
         mode_format_reward,
+        mode_math_reward,
         soft_overlong_reward,
         cosine_length_reward,
         repetition_penalty_reward,

@@ -159,3 +159,30 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
             ok = empty and "<think>" not in rest and "</think>" not in rest and boxed_answer(rest) is not None
             scores.append(1.0 if ok else 0.0)
     return scores
+
+
+def mode_math_reward(completions: list, answer: list[str | None], mode: list[str | None] | None = None,
+                     prompts: list | None = None, min_think_words: int = 3, think_in_prompt: bool = False,
+                     answer_text: list[str] | None = None, **kwargs: Any) -> list[float | None]:
+    r"""``math_reward`` paid only when the completion has its asked mode's form (``mode_format_reward`` is 1); a
+    row without a mode is paid ``math_reward`` alone, a row without a gold answer abstains (None).
+
+    The product, not the sum: with ``math_reward + w * mode_format_reward`` a well-formed wrong answer earns ``w``
+    on every prompt, more than a right answer that ran out of budget or a half-done tool chain. Tool GRPO on the
+    135M model found that: in think mode the policy stopped the two-search chain after one search and answered at
+    once, well-formed and wrong (docs/smol135m/tools.md). Here only a right answer in form pays, so the form is kept
+    without a reward for giving up.
+
+    >>> think = "<think>\nI add the two numbers here.\n</think>\nThe answer is \\boxed{4}."
+    >>> mode_math_reward([think, "The answer is \\boxed{4}.", think.replace("{4}", "{5}"), think],
+    ...                  answer=["4", "4", "4", None], mode=["think"] * 4)
+    [1.0, 0.0, 0.0, None]
+    >>> mode_math_reward(["The answer is \\boxed{4}.", think], answer=["4", "4"], mode=["no_think", None])
+    [1.0, 1.0]
+    """
+    from rewards.math import math_reward
+
+    right = math_reward(completions, answer=answer)
+    form = mode_format_reward(completions, mode=mode, prompts=prompts, min_think_words=min_think_words,
+                              think_in_prompt=think_in_prompt, answer_text=answer_text)
+    return [None if r is None else r * (1.0 if f is None else f) for r, f in zip(right, form)]
