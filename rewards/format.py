@@ -26,6 +26,7 @@ from typing import Any
 
 from rewards.extract import completion_text, final_answer
 from rewards.length import prompt_mode
+from rewards.math import math_reward
 from rewards.visible import (  # noqa: F401  (DEFAULT_IGNORABLE, is_ignorable, visible_text: re-exported)
     DEFAULT_IGNORABLE,
     box_is_visible,
@@ -180,8 +181,6 @@ def mode_math_reward(completions: list, answer: list[str | None], mode: list[str
     >>> mode_math_reward(["The answer is \\boxed{4}.", think], answer=["4", "4"], mode=["no_think", None])
     [1.0, 1.0]
     """
-    from rewards.math import math_reward
-
     right = math_reward(completions, answer=answer)
     form = mode_format_reward(completions, mode=mode, prompts=prompts, min_think_words=min_think_words,
                               think_in_prompt=think_in_prompt, answer_text=answer_text)

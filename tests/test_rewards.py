@@ -75,6 +75,7 @@ def test_registry_keys_are_function_names():
         "think_format_reward",
         "answer_format_reward",
         "mode_format_reward",
+        "mode_math_reward",
         "soft_overlong_reward",
         "cosine_length_reward",
         "repetition_penalty_reward",
