@@ -26,7 +26,7 @@ from typing import Any
 
 from rewards.extract import completion_text, final_answer
 from rewards.length import prompt_mode
-from rewards.math import math_reward
+from rewards.verifier import verifier_reward
 from rewards.visible import (  # noqa: F401  (DEFAULT_IGNORABLE, is_ignorable, visible_text: re-exported)
     DEFAULT_IGNORABLE,
     box_is_visible,
@@ -165,8 +165,9 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
 def mode_math_reward(completions: list, answer: list[str | None], mode: list[str | None] | None = None,
                      prompts: list | None = None, min_think_words: int = 3, think_in_prompt: bool = False,
                      answer_text: list[str] | None = None, **kwargs: Any) -> list[float | None]:
-    r"""``math_reward`` paid only when the completion has its asked mode's form (``mode_format_reward`` is 1); a
-    row without a mode is paid ``math_reward`` alone, a row without a gold answer abstains (None).
+    r"""The row's verifier (``verifier_reward``: its ``reward`` column, else ``math_reward``) paid only when the
+    completion has its asked mode's form (``mode_format_reward`` is 1); a row without a mode is paid the verifier
+    alone, a row the verifier abstains on (no gold answer) abstains (None).
 
     The product, not the sum: with ``math_reward + w * mode_format_reward`` a well-formed wrong answer earns ``w``
     on every prompt, more than a right answer that ran out of budget or a half-done tool chain. Tool GRPO on the
@@ -180,8 +181,11 @@ def mode_math_reward(completions: list, answer: list[str | None], mode: list[str
     [1.0, 0.0, 0.0, None]
     >>> mode_math_reward(["The answer is \\boxed{4}.", think], answer=["4", "4"], mode=["no_think", None])
     [1.0, 1.0]
+    >>> mode_math_reward(["The answer is \\boxed{3.0}."] * 2, answer=["3", "3"], mode=["no_think"] * 2,
+    ...                  reward=["math_reward", "exact_match_reward"])
+    [1.0, 0.0]
     """
-    right = math_reward(completions, answer=answer)
+    right = verifier_reward(completions, answer=answer, **kwargs)
     form = mode_format_reward(completions, mode=mode, prompts=prompts, min_think_words=min_think_words,
                               think_in_prompt=think_in_prompt, answer_text=answer_text)
     return [None if r is None else r * (1.0 if f is None else f) for r, f in zip(right, form)]
