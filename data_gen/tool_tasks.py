@@ -11,7 +11,10 @@ all three, so picking the right one is part of the task), `tool` and `call` (the
 JSON), `calls` (every call, JSON: a list of turns, each a list of calls),
 `prompt_messages` (system turn with the tools described, the mode flag, the question) and `messages`
 (an SFT trace: the assistant's call, the tool's reply as a `tool` turn, the answer; the assistant-only loss mask
-trains the calls and the answer, never the tool's reply).
+trains the calls and the answer, never the tool's reply). In think mode each family reasons in its own words (`PLANS`):
+the first think block states the family's whole plan and each later turn opens differently, so no two families share
+a turn opening that GRPO could pull one family's rollouts along (issue 38: with one shared wording, the chain's second
+turn drifted to the look-up's answer sentence and skipped the calculator).
 
     align.data.load_source("builtin:tool_tasks", split="train", num=400, mode="mixed")
 """
@@ -31,6 +34,20 @@ from data_gen.tasks import MODES, _mode_of, prompt_id
 
 FAMILIES = {"tool_arithmetic": "calculator", "tool_count": "python", "tool_lookup": "search",
             "tool_difference": "search"}  # the family's first tool
+# Each family's think-mode words: the first turn's plan, each later turn's opening, the answer turn's sentence ({answer}).
+PLANS = {
+    "tool_arithmetic": ("Numbers this long are easy to get wrong by hand: one calculator call works it out.",
+                        (), "The calculator worked it out: {answer}."),
+    "tool_count": ("Counting letters in a long string by eye is error-prone: one python call counts them.",
+                   (), "The python count printed {answer}."),
+    "tool_lookup": ("This place's number is in the table: one search finds it, and its reply is the answer.",
+                    (), "The search reply lists it: {answer}."),
+    "tool_difference": ("I need two numbers from the table: two searches now, then the calculator for their difference.",
+                        ("Both numbers are found: the calculator subtracts the second from the first.",),
+                        "The calculator gave the difference: {answer}."),
+}
+# A row of another family (a user's tool dataset, which has its own `think`): generic words.
+_ANY_FAMILY = ("", ("Now I use the replies in the next call.",) * 8, "From the tool's reply, the answer is {answer}.")
 # What `families` unset gives (the 135M tool chain's data); tool_difference, the harder chain, is asked for by name.
 DEFAULT_FAMILIES = ["tool_arithmetic", "tool_count", "tool_lookup"]
 
@@ -104,7 +121,7 @@ def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: i
         rows.append({"prompt": q, "answer": answer, "family": fam, "reward": "math_reward",
                      "tools": sorted(set(FAMILIES.values()) | {"calculator", "python"}), "tool": tool,
                      "call": json.dumps(turns[0][0]), "calls": json.dumps(turns),
-                     "think": f"I cannot do this reliably in my head; the {tool} tool can."})
+                     "think": PLANS[fam][0]})
     return rows
 
 
@@ -115,13 +132,14 @@ def trace_messages(row: dict, mode: str, schemas: list[dict]) -> tuple[list[dict
                         schemas)
     turns = json.loads(row["calls"]) if row.get("calls") else [[json.loads(row["call"])]]
     trace = list(prompt)
+    _, later, said = PLANS.get(row.get("family"), _ANY_FAMILY)
     for k, calls in enumerate(turns):
-        why = row["think"] if k == 0 else "Now I combine the replies with the calculator."
+        why = row["think"] if k == 0 else later[k - 1]
         think = f"<think>\n{why}\n</think>\n" if mode == "think" else ""
         trace.append({"role": "assistant", "content": think + "\n".join(call_text(c["name"], c["arguments"])
                                                                        for c in calls)})
         trace += [{"role": "tool", "content": tool_reply(c["name"], c["arguments"])} for c in calls]
-    answer = (f"<think>\nFrom the tool's reply, the answer is {row['answer']}.\n</think>\n" if mode == "think" else "") + \
+    answer = (f"<think>\n{said.format(answer=row['answer'])}\n</think>\n" if mode == "think" else "") + \
         f"The answer is \\boxed{{{row['answer']}}}."
     return prompt, trace + [{"role": "assistant", "content": answer}]
 

@@ -305,7 +305,7 @@ def test_sft_traces_train_the_calls_and_answers_not_the_tool_replies(tok):
         assert call_text("search", json.loads(row["call"])["arguments"]) in trained
         assert "\\boxed{" + row["answer"] + "}" in trained
         assert messages[3]["content"] not in trained  # the tool's reply
-        assert "I cannot do this reliably" in trained  # the calling turn keeps its think block (after the last user)
+        assert "one search finds it" in trained  # the calling turn keeps its think block (after the last user)
 
 
 def test_the_two_turn_family_chains_its_calls_and_its_trace_trains_every_call(tok):
