@@ -52,6 +52,7 @@ from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API l
     prompt_groups,
     required_reward_columns,
     row_mode,
+    verifier_scores,
 )
 from align.importance import LossPassImportanceSampling
 from align.models import resolve_model_path
@@ -115,12 +116,10 @@ class GRPOConfig(StageArgs, AsyncArgs, trl.GRPOConfig):
         metadata={"help": "Reasoning mode of the prompts: think or no_think (system flag + enable_thinking template "
                   "kwarg; also the `mode` column soft_overlong_reward reads). None keeps the dataset's prompts."},
     )
-    system_prompt: str | None = field(
-        default=None, metadata={"help": "A system message for every prompt (the mode flag is appended to it)."}
-    )
-    chat_template_path: str | None = field(
-        default=None, metadata={"help": "A .jinja chat template to use instead of the tokenizer's own."}
-    )
+    system_prompt: str | None = field(default=None, metadata={
+        "help": "A system message for every prompt (the mode flag is appended to it)."})
+    chat_template_path: str | None = field(default=None, metadata={
+        "help": "A .jinja chat template to use instead of the tokenizer's own."})
     vllm_importance_sampling_mode: str = field(
         default="token_truncate",
         metadata={"help": "Importance sampling between the engine that sampled and the trainer (when the engine holds "
@@ -325,10 +324,12 @@ class GRPOTrainer(ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPO
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = out
-        # hybrid reasoning: reward, accuracy, format and length per asked mode (rows of every rank, as `out` holds)
-        rows = gather_objects([(row_mode(x), len(c), self.format_view(t))
-                               for x, c, t in zip(inputs, completion_ids_list, completions)])
-        metrics = per_mode_metrics([r for part in rows for r in part], out, self.reward_weights, self.reward_func_names)
+        # reward, accuracy (verifier_scores: when no reward is one), format and length per asked mode, every rank's rows
+        acc = verifier_scores(inputs, completions, self.reward_func_names)
+        rows = [r for part in gather_objects([(row_mode(x), len(c), self.format_view(t), acc and acc[i]) for i, (x, c, t)
+                                              in enumerate(zip(inputs, completion_ids_list, completions))]) for r in part]
+        metrics = per_mode_metrics([r[:3] for r in rows], out, self.reward_weights, self.reward_func_names,
+                                   accuracy=None if acc is None else [r[3] for r in rows])
         for key, value in metrics.items():
             self._metrics["train" if self.model.training else "eval"][key].append(value)
         return out

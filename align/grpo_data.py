@@ -22,7 +22,7 @@ from data_gen.tasks import assistant_text
 from data_gen.tool_tasks import trace_messages
 from rewards import checked, get_rewards, mode_format_reward, route_accuracy
 from rewards.length import prompt_mode
-from rewards.verifier import ACCURACY_VERIFIERS
+from rewards.verifier import ACCURACY_VERIFIERS, verifier_reward
 
 logger = logging.getLogger(__name__)
 
@@ -97,12 +97,30 @@ def row_mode(row: dict) -> str | None:
     return row.get("mode") or prompt_mode(row.get("prompt"))
 
 
+def verifier_scores(inputs: list[dict], completions: list, names: Sequence[str]) -> list[float | None] | None:
+    r"""Each row's own verifier score (`verifier_reward`), for `mode/<m>/accuracy` when no reward of the recipe is
+    an accuracy verifier (a form-gated reward such as `mode_math_reward` pays 0 to a right answer out of form, so
+    its share is not the accuracy); None when one is (`per_mode_metrics` reads its column) or rows hold no answer.
+
+    >>> verifier_scores([{"answer": "4", "reward": "math_reward"}, {"answer": "4"}], ["\boxed{4}", "5"],
+    ...                 ["mode_math_reward"])
+    [1.0, 0.0]
+    >>> verifier_scores([{"answer": "4"}], ["\boxed{4}"], ["math_reward", "mode_format_reward"]) is None
+    True
+    """
+    if any(n in ACCURACY_VERIFIERS for n in names) or not inputs or "answer" not in inputs[0]:
+        return None
+    columns = {k: [x.get(k) for x in inputs] for k in inputs[0] if k not in ("prompt", "completion", "completion_ids")}
+    return verifier_reward(completions, **columns)
+
+
 def per_mode_metrics(rows: list[tuple[str | None, int, object]], rewards_per_func: torch.Tensor, weights: torch.Tensor,
-                     names: list[str]) -> dict[str, float]:
+                     names: list[str], accuracy: list[float | None] | None = None) -> dict[str, float]:
     r"""Hybrid reasoning, logged per asked mode: `mode/<m>/reward` (the weighted total), `mode/<m>/<reward name>`,
-    `mode/<m>/accuracy` (the accuracy verifier's share at >= 1), `mode/<m>/format` (`mode_format_reward`'s share)
-    and `mode/<m>/length` (completion tokens). `rows` = (mode, completion length, completion) per row of
-    `rewards_per_func` (B, F); nothing for rows without a mode.
+    `mode/<m>/accuracy` (the accuracy verifier's share at >= 1; `accuracy`, one verifier score a row, when no reward
+    is one: `verifier_scores`), `mode/<m>/format` (`mode_format_reward`'s share) and `mode/<m>/length` (completion
+    tokens). `rows` = (mode, completion length, completion) per row of `rewards_per_func` (B, F); nothing for rows
+    without a mode.
 
     >>> rows = [("think", 40, "<think>one two three four five six seven eight</think> \\boxed{1}"),
     ...         ("no_think", 6, "\\boxed{2}"), ("no_think", 8, "<think>hm</think> \\boxed{2}")]
@@ -112,12 +130,17 @@ def per_mode_metrics(rows: list[tuple[str | None, int, object]], rewards_per_fun
     (1.0, 0.125, 0.5, 0.5)
     >>> m["mode/think/length"], m["mode/no_think/length"], m["mode/think/format"]
     (40.0, 7.0, 1.0)
+    >>> per_mode_metrics(rows, torch.tensor([[1.0], [0.0], [0.0]]), torch.tensor([1.0]), ["mode_math_reward"],
+    ...                  accuracy=[1.0, 1.0, 0.0])["mode/no_think/accuracy"]
+    0.5
     """
     if len(rows) != rewards_per_func.shape[0]:
         raise ValueError(f"per_mode_metrics: {len(rows)} rows for {rewards_per_func.shape[0]} rewards")
     per_func = rewards_per_func.detach().float().cpu()
     total = (per_func * weights.float().cpu().unsqueeze(0)).nansum(dim=1)
-    accuracy = next((i for i, n in enumerate(names) if n in ACCURACY_VERIFIERS), None)
+    column = next((i for i, n in enumerate(names) if n in ACCURACY_VERIFIERS), None)
+    if accuracy is not None and len(accuracy) != len(rows):
+        raise ValueError(f"per_mode_metrics: {len(accuracy)} accuracy scores for {len(rows)} rows")
     out: dict[str, float] = {}
     for mode in sorted({m for m, _, _ in rows if m in ("think", "no_think")}):
         idx = [i for i, (m, _, _) in enumerate(rows) if m == mode]
@@ -127,8 +150,9 @@ def per_mode_metrics(rows: list[tuple[str | None, int, object]], rewards_per_fun
             values = per_func[sel, j]
             if (~torch.isnan(values)).any():
                 out[f"mode/{mode}/{name}"] = torch.nanmean(values).item()
-        if accuracy is not None:
-            scored = per_func[sel, accuracy][~torch.isnan(per_func[sel, accuracy])]
+        if accuracy is not None or column is not None:
+            scored = torch.tensor([s for s in (accuracy[i] for i in idx) if s is not None], dtype=torch.float) \
+                if accuracy is not None else per_func[sel, column][~torch.isnan(per_func[sel, column])]
             if scored.numel():
                 out[f"mode/{mode}/accuracy"] = (scored >= CORRECT_AT).float().mean().item()
         fmt = mode_format_reward([rows[i][2] for i in idx], mode=[mode] * len(idx))

@@ -38,7 +38,7 @@ from align.checkpoint import (
     resolve_resume,
     save_loop_checkpoint,
 )
-from align.configs import check_launch, keep_freed_memory
+from align.configs import check_launch, cpu_bf16_slower, keep_freed_memory
 from align.distributed import param_ndim, zero3_init_disabled
 from align.preflight import preflight_pretrain
 from pretrain.data import PackedStream
@@ -285,6 +285,8 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     check_launch()  # FSDP on a CPU: one clear line
     if not torch.cuda.is_available():
         keep_freed_memory()  # no page faults on every step's large tensors
+        if cpu_bf16_slower(cfg.mixed_precision == "bf16"):
+            cfg.mixed_precision = "no"
     for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps), ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
         if os.environ.get(f"ACCELERATE_{key}") == "auto":  # an accelerate DeepSpeed config's `auto`: the recipe's value
             os.environ[f"ACCELERATE_{key}"] = str(value)

@@ -45,6 +45,30 @@ def test_every_stage_config_has_the_shared_keys(config, tmp_path):
     assert "merge_adapter" not in {f for f in vars(args)}  # one name for the LoRA merge
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
+def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32(config, tmp_path, monkeypatch, caplog):
+    """Without AVX512-BF16 or AMX, CPU bf16 autocast is emulated and several times slower than fp32: every stage's
+    config falls back to fp32 with one line saying why; a CPU that has it, or SMOLALIGN_CPU_BF16=1, keeps bf16."""
+    import torch
+
+    from align.configs import cpu_bf16_slower
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("SMOLALIGN_CPU_BF16", raising=False)
+    for native in (False, True):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda n=native: n)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="align.configs"):
+            assert config(output_dir=str(tmp_path), bf16=True).bf16 is native
+        assert ("no native bf16" in caplog.text) is (not native)
+        assert config(output_dir=str(tmp_path), bf16=False).bf16 is False
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert cpu_bf16_slower(True) and not cpu_bf16_slower(False)
+    monkeypatch.setenv("SMOLALIGN_CPU_BF16", "1")
+    assert config(output_dir=str(tmp_path), bf16=True).bf16 is True
+
+
 @pytest.mark.parametrize("config", [GRPOConfig, DistillConfig], ids=lambda c: c.__name__)
 def test_trainers_that_generate_take_every_rollout_backend_auto_included(config, tmp_path):
     assert "auto" in ROLLOUT_BACKENDS
