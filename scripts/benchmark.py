@@ -93,6 +93,9 @@ def main() -> int:
     # What every stage of ours runs with on a CPU (align.configs.keep_freed_memory), applied before any suite so that
     # ours and the baseline beside it in this process run under the same allocator, whichever is built first.
     keep_freed_memory()
+    # Each suite names its precision and runs ours and the baseline in it: no fallback of a bf16 row to fp32 on a CPU
+    # without native bf16 (align.configs.cpu_bf16_slower), or a bf16 row would compare fp32 against bf16.
+    os.environ["SMOLALIGN_CPU_BF16"] = "1"
     summaries = []
     for name in suites:
         try:
