@@ -111,7 +111,11 @@ def verifier_scores(inputs: list[dict], completions: list, names: Sequence[str])
     if any(n in ACCURACY_VERIFIERS for n in names) or not inputs or "answer" not in inputs[0]:
         return None
     columns = {k: [x.get(k) for x in inputs] for k in inputs[0] if k not in ("prompt", "completion", "completion_ids")}
-    return verifier_reward(completions, **columns)
+    try:
+        return verifier_reward(completions, **columns)
+    except Exception as e:  # a logged metric never stops a run: the rewards that train have run already
+        logger.debug("mode/<m>/accuracy not logged: the rows' verifier failed: %s", e)
+        return None
 
 
 def per_mode_metrics(rows: list[tuple[str | None, int, object]], rewards_per_func: torch.Tensor, weights: torch.Tensor,
