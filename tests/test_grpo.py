@@ -376,6 +376,23 @@ def test_mixed_mode_batches_log_reward_accuracy_format_and_length_per_asked_mode
     assert logged["mode/think/format"] == 0.0  # random tokens never reason in a think block
 
 
+def test_a_form_gated_reward_alone_still_logs_each_modes_accuracy_from_the_rows_verifier(tiny, tmp_path):
+    """With `mode_math_reward` as the only reward no accuracy verifier is among the rewards: `mode/<m>/accuracy`
+    comes from each row's own verifier (`verifier_scores`), not from the gated reward."""
+    rows = make_tasks(FAMILIES, num=16, split="train", seed=3)
+    for i, r in enumerate(rows):
+        r["prompt_messages"] = prompt_messages(r, "think" if i % 2 else "no_think")
+    args = _args(tmp_path, max_completion_length=12, reward_funcs=["mode_math_reward"])
+    trainer = _trainer(tiny, args, build_rewards(args), ScriptedEngine(rollout, range(10, len(tiny["tokenizer"]))),
+                       rows=datasets.Dataset.from_list(rows))
+    trainer.model.train()
+    batch = [dict(trainer.train_dataset[i // 4 * 4 + (i // 4) % 2]) for i in range(16)]
+    trainer._generate_and_score_completions(batch)
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("mode/")}
+    assert {"mode/think/accuracy", "mode/no_think/accuracy", "mode/think/mode_math_reward"} <= set(logged)
+    assert logged["mode/think/accuracy"] == logged["mode/no_think/accuracy"] == 0.0  # random tokens answer nothing
+
+
 # ----------------------------------------------------------------------------------------------- end to end
 
 
