@@ -1,13 +1,15 @@
 """Shared pytest fixtures. Each section names its owner; append yours as a new, self-contained section."""
 
-import os
-
 import pytest
 
+
 # ------------------------------------------------------------------ precision (owner: align/configs)
-# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.configs.cpu_bf16_slower); the tests check bf16
-# autocast's mechanics on any CPU, so they keep it (subprocess ranks inherit this). test_stage tests the fallback.
-os.environ.setdefault("SMOLALIGN_CPU_BF16", "1")
+# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.configs.cpu_bf16_slower), in the tests as in a run
+# (a tiny model's training step is ~3x faster there). A test of bf16 autocast's own mechanics takes `keep_bf16`: bf16
+# on any CPU (subprocess ranks inherit it). test_stage tests the fallback itself.
+@pytest.fixture
+def keep_bf16(monkeypatch):
+    monkeypatch.setenv("SMOLALIGN_CPU_BF16", "1")
 
 # ------------------------------------------------------------------ shared vLLM engine (owner: align/rollout)
 # vLLM costs ~10 s to import and ~10-25 s to start, and one process should hold ONE engine: tests share it.

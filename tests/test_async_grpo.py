@@ -272,7 +272,7 @@ def test_max_staleness_0_samples_and_trains_as_synchronous_grpo(tiny, tmp_path):
     assert max((p - after[n]).abs().max().item() for n, p in sync.model.named_parameters()) < 1e-3
 
 
-def test_under_bf16_the_engines_fp32_samples_are_corrected_with_ratios_near_1(tiny, tmp_path):
+def test_under_bf16_the_engines_fp32_samples_are_corrected_with_ratios_near_1(tiny, tmp_path, keep_bf16):
     """The trainer's forward runs under bf16 autocast, the engine process samples with the fp32 weights: the ratios
     are not exactly 1 but within 0.05 of it (mean), and the correction is applied."""
     trainer, _ = _run(tiny, tmp_path, asynchronous=True, max_staleness=0, steps=2, bf16=True)

@@ -254,7 +254,7 @@ def test_grpo_vllm_under_zero3_pushes_gathered_weights(micro, tmp_path):
 
 
 @pytest.mark.vllm
-def test_grpo_bf16_vllm_under_zero3_corrects_in_the_loss_pass(micro, tmp_path):
+def test_grpo_bf16_vllm_under_zero3_corrects_in_the_loss_pass(micro, tmp_path, keep_bf16):
     """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16 (align.grpo.rollout_knobs),
     and the trainer corrects the engine/trainer mismatch with truncated importance sampling built from its own loss
     pass, on every rank, without TRL's extra no-grad pass."""

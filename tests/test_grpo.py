@@ -558,7 +558,7 @@ def test_the_ratio_built_in_the_loss_pass_equals_trls_own_pass_which_is_skipped(
     assert min(_is_metric(ours, "sampling/importance_sampling_ratio/min")) < 0.9  # the correction is really applied
 
 
-def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_sharing_the_model(tiny, tmp_path):
+def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_sharing_the_model(tiny, tmp_path, keep_bf16):
     from align.grpo import rollout_knobs
 
     model = _model(tiny)
@@ -577,7 +577,7 @@ def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_s
     assert "head_dtype" not in rollout_knobs(head, model)
 
 
-def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sampling_corrects_it(tiny, tmp_path):
+def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sampling_corrects_it(tiny, tmp_path, keep_bf16):
     """On a CPU the hf engine that shares the trained model samples in its fp32 weights while the trainer computes
     under accelerate's bf16 autocast (align.rollout.hf): a small, real mismatch, corrected in the loss pass (no
     no-grad pass). Without mixed precision the engine samples what the trainer computes: no correction."""
