@@ -120,8 +120,7 @@ def check_launch() -> None:
 def cpu_bf16_slower(requested: bool) -> bool:
     """Whether a CPU run's requested bf16 autocast should fall back to fp32: the CPU has no native bf16 (AVX512-BF16
     or AMX), where oneDNN emulates bf16 matmuls and autocast runs several times slower than fp32 (seen on a 2-core
-    AVX-512 Xeon without them: a 1024x576x1536 matmul 4.5x slower, the 135M tool SFT 33-43 s a step against 8-10 s);
-    on a CPU that has it bf16 is the faster one. Logs one line when it falls back. SMOLALIGN_CPU_BF16=1 keeps bf16
+    AVX-512 Xeon without them, not yet measured on an idle machine); on a CPU that has it bf16 is the faster one. Logs one line when it falls back. SMOLALIGN_CPU_BF16=1 keeps bf16
     (the test suite sets it: its bf16 tests check autocast's mechanics on any CPU)."""
     import torch
 

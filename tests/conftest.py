@@ -5,7 +5,7 @@ import pytest
 
 # ------------------------------------------------------------------ precision (owner: align/configs)
 # A CPU without native bf16 trains a recipe's bf16 in fp32 (align.configs.cpu_bf16_slower), in the tests as in a run
-# (a tiny model's training step is ~3x faster there). A test of bf16 autocast's own mechanics takes `keep_bf16`: bf16
+# (several times faster there). A test of bf16 autocast's own mechanics takes `keep_bf16`: bf16
 # on any CPU (subprocess ranks inherit it). test_stage tests the fallback itself.
 @pytest.fixture
 def keep_bf16(monkeypatch):
