@@ -120,8 +120,9 @@ def check_launch() -> None:
 def cpu_bf16_slower(requested: bool) -> bool:
     """Whether a CPU run's requested bf16 autocast should fall back to fp32: the CPU has no native bf16 (AVX512-BF16
     or AMX), where oneDNN emulates bf16 matmuls and autocast runs several times slower than fp32 (seen on a 2-core
-    AVX-512 Xeon without them, not yet measured on an idle machine); on a CPU that has it bf16 is the faster one. Logs one line when it falls back. SMOLALIGN_CPU_BF16=1 keeps bf16
-    (the test suite sets it: its bf16 tests check autocast's mechanics on any CPU)."""
+    AVX-512 Xeon without them, not yet measured on an idle machine); on a CPU that has it bf16 is the faster one.
+    Logs one line when it falls back. SMOLALIGN_CPU_BF16=1 keeps bf16 (the tests of bf16 autocast's own mechanics
+    set it through the `keep_bf16` fixture; scripts/benchmark.py sets it)."""
     import torch
 
     if not requested or torch.cuda.is_available() or os.environ.get("SMOLALIGN_CPU_BF16") == "1":
@@ -216,8 +217,8 @@ def apply_device_defaults(args) -> None:
     TRL defaults to bf16=True and gradient checkpointing, which on a CPU-only machine either
     refuses to start ("Your setup doesn't support bf16/gpu") or runs ~20% slower for memory we do
     not need. Without CUDA we set `use_cpu=True` (bf16 then means CPU autocast: faster matmuls where the CPU
-    has native bf16, fp32 instead where it has not: `cpu_bf16_slower`), turn checkpointing off unless the recipe asked for it explicitly, and keep freed memory
-    in the process (`keep_freed_memory`).
+    has native bf16, fp32 instead where it has not: `cpu_bf16_slower`), turn checkpointing off unless the recipe
+    asked for it explicitly, and keep freed memory in the process (`keep_freed_memory`).
     """
     import torch
 
