@@ -6,6 +6,7 @@ engine whose answers we choose, so accuracy / format rate / lengths are checked 
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -328,3 +329,54 @@ def test_real_engine_answers_are_the_models_greedy_answers(model, tok):
                                  pad_token_id=tok.pad_token_id)
         assert sample["completion"] == decode_completion(tok, out[0, len(ids):].tolist(), "no_think")
     assert 0 < stats["len_mean"] <= 8
+
+
+def test_compare_pairs_two_evaluations_on_their_items(model, tok, tmp_path, capsys):
+    """scripts/compare.py: two models evaluated alike are judged item by item. The second answers 6 more of the same
+    12 task prompts right and writes one no_think answer unboxed: gained / lost / p are the McNemar counts of those
+    items; results on other prompts (another row count) are refused, not compared."""
+    import importlib.util
+
+    from align.compare import compare
+    from align.evaluate import gen_rows
+
+    cfg = EvalConfig(model_name_or_path="unused", suites=["generative"], gen_sets=["tasks:12"],
+                     modes=["think", "no_think"], max_new_tokens=32)
+    answers = {r["prompt"]: r["answer"] for r in gen_rows("tasks", 12, cfg)}
+    order = list(answers)
+
+    def run(name, num_right, unboxed=()):
+        def reply(text):
+            i = order.index(next(p for p in order if p in text))
+            ans = answers[order[i]] if i < num_right else "no idea"
+            think = "" if "/no_think" in text else "<think>\nwork\n</think>\n"  # the prompt's mode flag
+            return f"{think}The answer is {ans}." if i in unboxed and not think else f"{think}The answer is \\boxed{{{ans}}}."
+        out = tmp_path / name
+        evaluate(EvalConfig(**{**cfg.__dict__, "output_dir": str(out)}), model=model, tokenizer=tok,
+                 engine=ScriptedEngine(tok, reply))
+        return out
+
+    before, after = run("a", 3), run("b", 9, unboxed=(11,))  # prompt 11: wrong in both, unboxed in the second
+    rows = {r["metric"]: r for r in compare(before, after)["rows"]}
+    for mode in ("think", "no_think"):
+        acc = rows[f"acc/tasks/{mode}"]
+        assert (acc["num"], acc["before"], acc["after"]) == (12, 3 / 12, 9 / 12)
+        assert (acc["gained"], acc["lost"], acc["p_value"], acc["word"]) == (6, 0, 0.03125, "better")
+    fmt = rows["format/tasks/no_think"]
+    assert (fmt["before"], fmt["gained"], fmt["lost"], fmt["word"]) == (1.0, 0, 1, "within noise")
+    assert rows["format/tasks/think"]["after"] == 1.0
+
+    spec = importlib.util.spec_from_file_location("compare_script", Path(__file__).parents[1] / "scripts" / "compare.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    md = script.main([str(before), str(after / "eval_results.json"), "--out", str(tmp_path / "cmp.md")])
+    assert "| acc/tasks/think | 12 | 25.0% | 75.0% | 6 | 0 | 0.031 | **better** |" in md
+    assert (tmp_path / "cmp.md").read_text() == md
+
+    other = tmp_path / "c"
+    evaluate(EvalConfig(**{**cfg.__dict__, "gen_sets": ["tasks:8"], "output_dir": str(other)}), model=model,
+             tokenizer=tok, engine=ScriptedEngine(tok, lambda text: "\\boxed{1}"))
+    with pytest.raises(ValueError, match="different items"):
+        compare(before, other)
+    with pytest.raises(SystemExit, match="no eval results"):
+        script.main([str(before), str(tmp_path / "missing")])

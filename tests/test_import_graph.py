@@ -29,7 +29,7 @@ STAGES = {
     "align.distill.trainer",
     "align.evaluate",
     "align.merge",
-    "align.pipeline", "align.pipeline_plan", "align.report", "align.ablation", "align.ablation_report",
+    "align.pipeline", "align.pipeline_plan", "align.report", "align.compare", "align.ablation", "align.ablation_report",
     "pretrain.train",
 }
 # Modules of one stage that another stage must not import (align.stage is shared: every stage imports it).
@@ -40,7 +40,7 @@ STAGE_OWNERS = {
     "align.distill.metrics": "distill", "align.distill.teacher": "distill", "align.distill.trainer": "distill",
     "align.evaluate": "evaluate",
     "align.merge": "merge", "align.pipeline": "pipeline", "align.pipeline_plan": "pipeline", "align.report": "pipeline",
-    "align.ablation": "pipeline", "align.ablation_report": "pipeline",
+    "align.compare": "pipeline", "align.ablation": "pipeline", "align.ablation_report": "pipeline",
     "pretrain.train": "pretrain",
 }
 FLOORS = {"rewards": 0, "core": 1, "data": 2, "stage": 3}
