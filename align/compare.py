@@ -32,20 +32,17 @@ def results_file(path: str | Path) -> Path:
     return found
 
 
-def paired_shares(details: dict) -> list[str]:
-    """The metric names whose per-item outcomes these eval details hold, in the order they were written."""
+def paired_shares(stage: dict) -> list[str]:
+    """The metric names whose per-item outcomes this stage's eval results hold, in the order they were written."""
+    details = json.loads(Path(stage["eval"]["results"]).read_text()).get("details") or {}
     names = []
-    for key, got in details.items():
+    for key in details:
         kind, _, where = key.partition("/")
-        outcomes = (got.get("outcomes") if isinstance(got, dict) else None) or {}
         if kind == "gen":
-            names += [f"{metric}/{where}" for metric, name in (("acc", "correct"), ("format", "formatted"))
-                      if name in outcomes]
+            names += [f"acc/{where}", f"format/{where}"]
         elif kind == "tools":
-            named = {"acc_with_tools": "with_tools", "acc_without_tools": "without_tools", "right_tool": "right_tool",
-                     "format": "format"}
-            names += [f"{key}/{share}" for share in TOOL_SHARES if named[share] in outcomes]
-    return names
+            names += [f"{key}/{share}" for share in TOOL_SHARES]
+    return [name for name in names if eval_outcomes(stage, name) is not None]
 
 
 def _row(metric: str, before: list, after: list) -> dict:
@@ -59,15 +56,15 @@ def compare(before: str | Path, after: str | Path) -> dict:
     """{"rows": one dict a share (and a tool family) both results hold on the same items, "not_comparable": the
     shares both hold on different items, "loss": the paired chat loss or None}."""
     stages = [{"eval": {"results": str(results_file(p))}} for p in (before, after)]
-    details = [json.loads(Path(s["eval"]["results"]).read_text()).get("details") or {} for s in stages]
+    details = json.loads(Path(stages[0]["eval"]["results"]).read_text()).get("details") or {}
     rows, not_comparable = [], []
-    for metric in [m for m in paired_shares(details[0]) if m in paired_shares(details[1])]:
+    for metric in [m for m in paired_shares(stages[0]) if m in paired_shares(stages[1])]:
         a, b = (eval_outcomes(s, metric) for s in stages)
         if a["prompts"] != b["prompts"] or len(a["items"]) != len(b["items"]):
             not_comparable.append(metric)
             continue
         rows.append(_row(metric, a["items"], b["items"]))
-        families = (details[0].get(metric.rsplit("/", 1)[0]) or {}).get("families") or []
+        families = (details.get(metric.rsplit("/", 1)[0]) or {}).get("families") or []
         for family in sorted(set(families)) if len(set(families)) > 1 else []:  # tool rows name their family
             keep = [i for i, f in enumerate(families) if f == family]
             rows.append(_row(f"{metric} [{family}]", [a["items"][i] for i in keep], [b["items"][i] for i in keep]))
