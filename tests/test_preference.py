@@ -296,7 +296,8 @@ def test_replay_rows_train_only_the_nll_term(tiny, loss_type):
     both = _grads(tiny, [loss_type, "sft"], [1.0, 0.5])
     assert nll.abs().max() > 1e-3
     # float rounding leaves chosen's and rejected's gradients apart by ~1e-7 of their size; the loss's slope at zero
-    # margin scales that remainder: beta/2 for sigmoid, beta/4 per side for apo_zero, 1/beta for ipo's squared loss
+    # margin scales that remainder: at most beta for sigmoid (beta/2) and apo_zero (beta/4 a side), 1/beta for ipo's
+    # squared loss (beta = 0.1 in _grads)
     slope = 1 / 0.1 if loss_type == "ipo" else 0.1
     assert preference.abs().max() < 1e-5 * slope * nll.abs().max()
     torch.testing.assert_close(both, 0.5 * nll, rtol=1e-4, atol=1e-5 * nll.abs().max().item())
