@@ -445,6 +445,37 @@ def test_the_tool_suite_scores_calls_and_accuracy_with_and_without_tools(tmp_pat
     assert lookups_fixed and res["details"]["tools/no_think"]["outcomes"]["with_tools"] == [1] * 12
 
 
+def test_compare_splits_the_tool_suite_by_family(tmp_path, tok, tiny_model):
+    """scripts/compare.py on two tool-suite evaluations of the same rows: a second policy that answers the count family
+    in its head (no python call) loses exactly that family's 4 of 12 rows; the other families' rows read unchanged."""
+    from align.compare import compare
+    from align.evaluate import EvalConfig, evaluate
+
+    class Engine(TurnEngine):
+        def encode(self, text):
+            return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def in_its_head(text, k):
+        q = text.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+        return "The answer is \\boxed{1}." if q.startswith("How many times") else solver(text, k)
+
+    model = tiny_model(tmp_path / "m", tok, seed=0, max_position_embeddings=1024)
+    out = {}
+    for name, policy in (("before", solver), ("after", in_its_head)):
+        cfg = EvalConfig(model_name_or_path=model, output_dir=str(tmp_path / name), suites=["tools"], tool_rows=12,
+                         modes=["no_think"], max_new_tokens=160, tool_families=["tool_arithmetic", "tool_count"])
+        evaluate(cfg, engine=Engine(tok, policy))
+        out[name] = tmp_path / name
+    rows = {r["metric"]: r for r in compare(out["before"], out["after"])["rows"]}
+    whole = rows["tools/no_think/acc_with_tools"]
+    assert (whole["num"], whole["before"], whole["gained"], whole["lost"]) == (12, 1.0, 0, 6)
+    count = rows["tools/no_think/acc_with_tools [tool_count]"]
+    assert (count["num"], count["before"], count["after"], count["lost"]) == (6, 1.0, 0.0, 6)
+    assert count["word"] == "worse" and rows["tools/no_think/right_tool [tool_count]"]["lost"] == 6
+    kept = rows["tools/no_think/acc_with_tools [tool_arithmetic]"]
+    assert (kept["num"], kept["after"], kept["gained"], kept["lost"], kept["word"]) == (6, 1.0, 0, 0, "within noise")
+
+
 @pytest.mark.parametrize("drop_think", [False, True])
 def test_the_tool_suite_judges_the_think_form_of_the_answer_turn(tmp_path, tok, tiny_model, drop_think):
     """think mode: a policy that opens every turn with reasoning has the form; one that drops the think block from
