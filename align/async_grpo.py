@@ -129,6 +129,16 @@ class AsyncGeneration:
             self._async_log = []
         return self._async_log
 
+    def async_summary(self) -> dict | None:
+        """How stale the trained batches were and how long the trainer waited (None: synchronous run)."""
+        log = self.async_log
+        if not log:
+            return None
+        return {"max_staleness": self.args.max_staleness, "batches": len(log),
+                "staleness_max": max(e["staleness"] for e in log),
+                "staleness_mean": sum(e["staleness"] for e in log) / len(log),
+                "trainer_wait_s": sum(e["trainer_wait_s"] for e in log), "generate_s": sum(e["generate_s"] for e in log)}
+
     @property
     def _async_jobs(self) -> deque:
         if "_async_queue" not in self.__dict__:

