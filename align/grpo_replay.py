@@ -75,7 +75,9 @@ def load_replay(args, tokenizer) -> list[dict]:
             "assistant_masks": r["assistant_masks"][: args.replay_max_length]} for r in tokenized]
     out = [r for r in out if sum(r["assistant_masks"][1:])]
     if not out:
-        raise ValueError(f"replay_data {spec!r}: no conversation has an assistant turn to train on")
+        raise ValueError(f"replay_data {spec!r}: no conversation has an assistant token within replay_max_length "
+                         f"({args.replay_max_length} tokens): raise replay_max_length, or point it at conversations "
+                         "that end in assistant turns")
     random.Random(args.seed).shuffle(out)
     logger.info("replay: %d conversations from %s, weight %g, %d a micro-batch", len(out), spec, args.replay_coef,
                 args.replay_batch_size)

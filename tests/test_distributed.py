@@ -369,8 +369,7 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
     are masked, the losses are finite. LoRA runs with replay rows (align/grpo_replay.py): each rank's NLL logged."""
     extra = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear"] if lora else []
     if lora:
-        extra += ["--replay_data", "builtin:tool_tasks", "--replay_args", "{families: [tool_arithmetic], num: 8}",
-                  "--replay_max_length", "256"]
+        extra += ["--replay_data", "builtin:tool_tasks", "--replay_args", "{families: [tool_arithmetic], num: 8}"]
     if asynchronous:
         extra += ["--async_generation", "true", "--max_staleness", "1", "--vllm_importance_sampling_correction", "true"]
     ok(launch("tests/workers/tools_grpo.py", tmp_path, micro / "configs" / "grpo.yaml", "--output_dir",

@@ -373,3 +373,5 @@ def test_replay_settings_that_cannot_run_are_one_line(tiny, tmp_path):
     prompts.write_text("\n".join(json.dumps({"prompt": f"What is {i} plus 1?", "answer": str(i + 1)}) for i in range(3)))
     with pytest.raises(ValueError, match="has no `messages` column"):
         _trainer(tiny, tmp_path, replay_data=str(prompts))
+    with pytest.raises(ValueError, match="no conversation has an assistant token within replay_max_length"):
+        _trainer(tiny, tmp_path, replay_max_length=64, **REPLAY)  # the tool schemas alone are longer
