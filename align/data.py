@@ -133,6 +133,16 @@ def load_source(spec: str, split: str | None = None, **args) -> datasets.Dataset
         ) from None
 
 
+def load_replay_conversations(spec: str, limit: int | None = None, **args) -> datasets.Dataset:
+    """`replay_data` (APO's and GRPO's): the train split's conversations, the first `limit` of them; a source
+    without a `messages` column is one line naming its columns."""
+    rows = load_source(spec, "train", **args)
+    if "messages" not in rows.column_names:
+        raise ValueError(f"replay_data {spec!r} has no `messages` column (it has {rows.column_names}): point it at "
+                         "conversations, e.g. builtin:tool_tasks or the output of scripts/generate_answers.py")
+    return rows if limit is None else rows.select(range(min(limit, len(rows))))
+
+
 def _load_optional(spec: str, split: str | None, args: dict) -> datasets.Dataset | None:
     try:
         return load_source(spec, split=split, **args)

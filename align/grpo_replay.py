@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from align.chat import tokenize_sft_dataset
-from align.data import load_source
+from align.data import load_replay_conversations
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +63,7 @@ def check_replay_args(args) -> None:
 def load_replay(args, tokenizer) -> list[dict]:
     """replay_data's conversations as {"input_ids", "assistant_masks"}, in a seeded order."""
     spec = args.replay_data
-    rows = load_source(spec, "train", **(args.replay_args or {}))
-    if "messages" not in rows.column_names:
-        raise ValueError(f"replay_data {spec!r} has no `messages` column (it has {rows.column_names}): point it at "
-                         "conversations, e.g. builtin:tool_tasks or the output of scripts/generate_answers.py")
-    if args.replay_samples is not None:
-        rows = rows.select(range(min(args.replay_samples, len(rows))))
+    rows = load_replay_conversations(spec, args.replay_samples, **(args.replay_args or {}))
     rows = rows.select_columns([c for c in ("messages", "chat_template_kwargs") if c in rows.column_names])
     tokenized = tokenize_sft_dataset(rows, tokenizer, assistant_only_loss=True, name="replay")
     out = [{"input_ids": r["input_ids"][: args.replay_max_length],

@@ -28,7 +28,7 @@ import trl
 
 from align import stage
 from align.configs import StageArgs, apply_device_defaults
-from align.data import load_source
+from align.data import load_replay_conversations
 from align.distributed import full_model
 from align.scoring import accuracy, sequence_logprobs
 
@@ -234,12 +234,7 @@ def add_replay(train, spec: str, limit: int | None = None):
     """The pairs + `spec`'s conversations as chosen == rejected rows (PreferenceArgs.replay_data)."""
     import datasets
 
-    conversations = load_source(spec, "train")
-    if "messages" not in conversations.column_names:
-        raise ValueError(f"replay_data {spec!r} has no `messages` column (it has {conversations.column_names}): "
-                         "point it at conversations, e.g. the output of scripts/generate_answers.py")
-    if limit is not None:
-        conversations = conversations.select(range(min(limit, len(conversations))))
+    conversations = load_replay_conversations(spec, limit)
     if not {"prompt", "chosen", "rejected"} <= set(train.column_names) or not len(conversations):
         raise ValueError(f"replay_data {spec!r}: needs paired train data and at least one conversation")
     replay = replay_pairs(conversations, train.features)

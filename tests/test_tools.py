@@ -446,8 +446,9 @@ def test_the_tool_suite_scores_calls_and_accuracy_with_and_without_tools(tmp_pat
 
 
 def test_compare_splits_the_tool_suite_by_family(tmp_path, tok, tiny_model):
-    """scripts/compare.py on two tool-suite evaluations of the same rows: a second policy that answers the count family
-    in its head (no python call) loses exactly that family's 4 of 12 rows; the other families' rows read unchanged."""
+    """scripts/compare.py on two tool-suite evaluations of the same rows (6 arithmetic, 6 count): a second policy that
+    answers the count family in its head (no python call) loses exactly that family's 6 rows; the arithmetic rows
+    read unchanged."""
     from align.compare import compare
     from align.evaluate import EvalConfig, evaluate
 
