@@ -375,3 +375,27 @@ def test_replay_settings_that_cannot_run_are_one_line(tiny, tmp_path):
         _trainer(tiny, tmp_path, replay_data=str(prompts))
     with pytest.raises(ValueError, match="no conversation has an assistant token within replay_max_length"):
         _trainer(tiny, tmp_path, replay_max_length=64, **REPLAY)  # the tool schemas alone are longer
+
+
+def test_replay_nll_is_the_same_under_padding_free_attention(tiny, tmp_path):
+    """`padding_free: true` runs the whole training step, the replay pass included, under the per-document attention
+    (align/packing.py). The replay batch is right-padded with positions 0..L-1 per row: one document a row, the pad
+    tail after it, which a causal query never reads. So the NLL must not move."""
+    from transformers import AutoModelForCausalLM
+
+    from align.grpo_replay import load_replay, replay_nll
+    from align.packing import packed_attention
+
+    mixed = {**REPLAY, "replay_args": {**REPLAY["replay_args"], "mode": "mixed"}}  # think rows are longer
+    args = GRPOConfig(output_dir=str(tmp_path), seed=0, report_to="none", **mixed)
+    rows = load_replay(args, tiny["tokenizer"])[:3]
+    cut = [min(len(r["input_ids"]), 1024 - 24 * i) for i, r in enumerate(rows)]  # unequal rows: padding in the batch
+    rows = [{k: v[:n] for k, v in r.items()} for r, n in zip(rows, cut)]
+    assert len(set(cut)) == 3 and all(sum(r["assistant_masks"]) for r in rows)
+    model = AutoModelForCausalLM.from_pretrained(tiny["model"]).eval()
+    with torch.no_grad():
+        plain = replay_nll(model, rows, 0)
+        with packed_attention(model):
+            assert model.config._attn_implementation == "sdpa_documents"  # the per-document path is what ran
+            packed = replay_nll(model, rows, 0)
+    assert torch.allclose(plain, packed, atol=1e-5), (plain, packed)
