@@ -419,44 +419,29 @@ def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
     assert stages[0].script == "base" and by_name["sft"].parent == "base" and stages[0].makes_model
 
 
-def _micro_stages_that_exist(cfg: PipelineConfig) -> list[dict]:
-    """The micro chain up to the first stage whose script or recipe has not landed yet."""
-    kept = []
-    for s in cfg.stages:
-        from align.pipeline import script_path
-
-        if not script_path(s["script"]).is_file() or (s.get("recipe") and not (ROOT / s["recipe"]).is_file()):
-            break
-        kept.append(s)
-    return kept
-
-
 @pytest.mark.slow
-def test_micro_pipeline_end_to_end(tmp_path):
-    (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / "micro_pipeline.yaml")])
-    stages = _micro_stages_that_exist(cfg)
-    if len(stages) < 2:
-        pytest.skip("fewer than two stages of the micro chain exist yet")
-    recipe = tmp_path / "micro.yaml"
-    data = yaml.safe_load((ROOT / "recipes" / "micro_pipeline.yaml").read_text())
-    data.update(stages=stages, run_dir=str(tmp_path / "run"))
-    recipe.write_text(yaml.safe_dump(data))
-    proc = subprocess.run([sys.executable, "scripts/pipeline.py", str(recipe)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
-    run = tmp_path / "run"
-    logs = {p.name: p.read_text()[-1500:] for p in (run / "logs").glob("*.log")} if (run / "logs").exists() else {}
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], logs)
-    m = json.loads((run / "manifest.json").read_text())
-    assert [s["status"] for s in m["stages"]] == ["done"] * len(stages)
-    wanted = {s["name"] for s in stages if s.get("eval", True) and s["script"] not in NO_MODEL}
-    evaluated = [s for s in m["stages"] if s["name"] in wanted]
-    assert evaluated and all("loss/tasks" in s["metrics"] and "acc/tasks/think" in s["metrics"] for s in evaluated)
-    assert all(s["git"]["commit"] and s["duration_s"] > 0 and s["command"] for s in m["stages"])
-    assert (run / "report.md").read_text().count("|") > 10
-    again = subprocess.run([sys.executable, "scripts/pipeline.py", str(recipe)], capture_output=True, text=True,
-                           timeout=300, cwd=ROOT)
-    assert again.returncode == 0 and again.stdout.count("skipped (finished earlier)") == len(stages)
+def test_micro_pipeline_end_to_end(micro):
+    """recipes/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2 ZeRO-3
+    ranks, shared with the distributed and kill tiers; one process per stage is what every stage's own tests and
+    the pipeline tests above launch). Every stage done and recorded (commit, time, command), every model evaluated,
+    a report; the same command again skips every stage."""
+    from launching import launch_env
 
+    m = json.loads((micro / "manifest.json").read_text())
+    stages = m["stages"]
+    assert len(stages) >= 10 and [s["status"] for s in stages] == ["done"] * len(stages)
+    recipe_stages = yaml.safe_load((ROOT / "recipes" / "micro_pipeline.yaml").read_text())["stages"]
+    wanted = [s["name"] for s in recipe_stages if s.get("eval", True) and s["script"] not in NO_MODEL]
+    assert wanted and [s["name"] for s in stages if "eval" in s] == wanted  # every stage the recipe evaluates
+    assert all("loss/tasks" in s["metrics"] and "acc/tasks/think" in s["metrics"] for s in stages if s["name"] in wanted)
+    assert all(s["git"]["commit"] and s["duration_s"] > 0 and s["command"] for s in stages)
+    assert (micro / "report.md").read_text().count("|") > 10
+    recipe = micro.parent / "micro.yaml"  # the fixture's recipe: run_dir = micro
+    if not recipe.is_file():
+        pytest.skip("SMOLALIGN_TEST_MICRO points at a run without its recipe beside it")
+    again = subprocess.run([sys.executable, "scripts/pipeline.py", str(recipe)], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT, env=launch_env(SMOLALIGN_CACHE=str(micro.parent / "cache")))
+    assert again.returncode == 0 and again.stdout.count("skipped (finished earlier)") == len(stages), again.stdout[-2000:]
 
 
 def test_the_slurm_template_sends_the_preemption_signal_to_the_pipelines_not_only_the_batch_shell():
