@@ -4,6 +4,8 @@ per-step losses (GRPO: losses and rewards) — bitwise in one process, within 1e
 - SIGKILL after the first checkpoint (a lost node: the launcher and every rank at once);
 - SIGTERM (preemption) before the first checkpoint and again in the resumed run: each time the stage saves the
   step it is in and exits with PREEMPTED_EXIT_CODE.
+On 2 ranks each stage takes each kind of stop in a run of its own; in one process one run takes both (SIGTERM, then
+SIGKILL in the resumed run), which costs a reference run and two stops per stage instead of five process starts.
 Preference generation, stopped between batches either way, ends with the uninterrupted run's rows, none twice and
 none lost. A kill during a checkpoint write: tests/test_resume.py (a torn save is skipped, the previous one loads).
 
@@ -210,32 +212,38 @@ def _needs(stage: str) -> None:
 # ----------------------------------------------------------------------------------------------- SIGKILL
 
 
+def _killed_at(cmd: list[str], out: Path, stage: str, ranks: int, kill_at: int, resumed_at: int = 0) -> int:
+    """SIGKILL the run (launcher and ranks at once) once it finished step `kill_at`; the checkpoint it left is
+    complete, a periodic one, with the sampler's state of every rank. Returns the step it holds."""
+    code, console = _signal_at(cmd, _steps_seen(stage, resumed_at), kill_at, signal.SIGKILL)
+    assert code == -signal.SIGKILL, f"the run ended by itself (code {code}) before step {kill_at}:\n{console[-3000:]}"
+    latest = latest_checkpoint(str(out))
+    assert latest is not None and is_complete(latest), console[-3000:]
+    held = int(re.search(r"(\d+)$", Path(latest).name).group(1))
+    assert max(SAVE_STEPS, resumed_at) <= held <= kill_at + 1, (resumed_at, kill_at, held)
+    if stage in ("grpo_hf", "grpo_vllm", "distill"):  # the sampler's state, one file per rank
+        assert sorted(p.name for p in Path(latest).glob("smolalign_rank*.json")) == [
+            f"smolalign_rank{r}.json" for r in range(ranks)]
+    return held
+
+
+def _rerun_after_a_kill(cmd: list[str], out: Path, stage: str) -> None:
+    rerun = _run(cmd)
+    if stage == "pretrain":
+        assert "resumed from" in rerun and not list((out / "checkpoints").glob(".tmp-*"))
+    else:
+        assert not list(out.glob(".tmp-*"))  # no staging left behind by the kill
+
+
 def _kill_and_rerun(micro, reference, tmp_path, stage: str, ranks: int) -> None:
     _needs(stage)
     want = reference(stage, ranks)
     out = tmp_path / "killed"
     cmd = _stage_command(micro, stage, out, ranks)
     kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)
-    code, console = _signal_at(cmd, _steps_seen(stage), kill_at, signal.SIGKILL)
-    assert code == -signal.SIGKILL, f"the run ended by itself (code {code}) before step {kill_at}:\n{console[-3000:]}"
-    latest = latest_checkpoint(str(out))
-    assert latest is not None and is_complete(latest), console[-3000:]
-    resumed_from = int(re.search(r"(\d+)$", Path(latest).name).group(1))
-    assert SAVE_STEPS <= resumed_from <= kill_at + 1
-    if stage in ("grpo_hf", "grpo_vllm", "distill"):  # the sampler's state, one file per rank
-        assert sorted(p.name for p in Path(latest).glob("smolalign_rank*.json")) == [
-            f"smolalign_rank{r}.json" for r in range(ranks)]
-    rerun = _run(cmd)
-    if stage == "pretrain":
-        assert "resumed from" in rerun and not list((out / "checkpoints").glob(".tmp-*"))
-    else:
-        assert not list(out.glob(".tmp-*"))  # no staging left behind by the kill
+    resumed_from = _killed_at(cmd, out, stage, ranks, kill_at)
+    _rerun_after_a_kill(cmd, out, stage)
     _same_run(stage, _records(stage, out), want, ranks, f"killed at step {kill_at}, resumed from {resumed_from}")
-
-
-@pytest.mark.parametrize("stage", STAGES)
-def test_sigkill_at_a_random_step_then_rerun_gives_the_uninterrupted_run(micro, reference, tmp_path, stage):
-    _kill_and_rerun(micro, reference, tmp_path, stage, ranks=1)
 
 
 @pytest.mark.distributed
@@ -289,8 +297,27 @@ def _preempted_twice_then_finished(micro, reference, tmp_path, stage: str, ranks
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_sigterm_twice_then_rerun_gives_the_uninterrupted_run(micro, reference, tmp_path, stage):
-    _preempted_twice_then_finished(micro, reference, tmp_path, stage, ranks=1)
+def test_sigterm_then_sigkill_then_rerun_gives_the_uninterrupted_run_bitwise(micro, reference, tmp_path, stage):
+    """One process, both signals in one run: SIGTERM before the first periodic checkpoint (the stage saves the step
+    it is in and exits PREEMPTED_EXIT_CODE), then SIGKILL in the resumed run at a random later step (it resumes from
+    whichever checkpoint is the newest complete one), then the same command finishes: every step's loss (GRPO: rewards) bitwise the uninterrupted run's. (Each signal
+    alone, and SIGTERM twice, on 2 ranks below.)"""
+    from align.checkpoint import PREEMPTED_EXIT_CODE
+
+    _needs(stage)
+    want = reference(stage, 1)
+    out = tmp_path / "stopped"
+    cmd = _stage_command(micro, stage, out, 1)
+    code, console = _signal_at(cmd, _steps_seen(stage), 1, signal.SIGTERM)
+    assert code == PREEMPTED_EXIT_CODE, (code, console[-3000:])
+    latest = latest_checkpoint(str(out))
+    assert latest is not None and is_complete(latest), console[-3000:]
+    stopped = int(re.search(r"(\d+)$", Path(latest).name).group(1))
+    assert stopped in (1, 2), stopped  # the step it was in when the signal came
+    kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)  # after the resumed run's checkpoint-2
+    held = _killed_at(cmd, out, stage, 1, kill_at, resumed_at=stopped)
+    _rerun_after_a_kill(cmd, out, stage)
+    _same_run(stage, _records(stage, out), want, 1, f"stopped at step {stopped}, killed at {kill_at} (held {held})")
 
 
 @pytest.mark.distributed
