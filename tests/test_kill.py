@@ -213,8 +213,8 @@ def _needs(stage: str) -> None:
 
 
 def _killed_at(cmd: list[str], out: Path, stage: str, ranks: int, kill_at: int, resumed_at: int = 0) -> int:
-    """SIGKILL the run (launcher and ranks at once) once it finished step `kill_at`; the checkpoint it left is
-    complete, a periodic one, with the sampler's state of every rank. Returns the step it holds."""
+    """SIGKILL the run (launcher and ranks at once) once it finished step `kill_at`; the newest checkpoint is
+    complete, with the sampler's state of every rank. Returns the step it holds."""
     code, console = _signal_at(cmd, _steps_seen(stage, resumed_at), kill_at, signal.SIGKILL)
     assert code == -signal.SIGKILL, f"the run ended by itself (code {code}) before step {kill_at}:\n{console[-3000:]}"
     latest = latest_checkpoint(str(out))
@@ -299,9 +299,9 @@ def _preempted_twice_then_finished(micro, reference, tmp_path, stage: str, ranks
 @pytest.mark.parametrize("stage", STAGES)
 def test_sigterm_then_sigkill_then_rerun_gives_the_uninterrupted_run_bitwise(micro, reference, tmp_path, stage):
     """One process, both signals in one run: SIGTERM before the first periodic checkpoint (the stage saves the step
-    it is in and exits PREEMPTED_EXIT_CODE), then SIGKILL in the resumed run at a random later step (it resumes from
-    whichever checkpoint is the newest complete one), then the same command finishes: every step's loss (GRPO: rewards) bitwise the uninterrupted run's. (Each signal
-    alone, and SIGTERM twice, on 2 ranks below.)"""
+    it is in and exits PREEMPTED_EXIT_CODE), then SIGKILL in the resumed run at a random later step (the rerun
+    resumes from the newest complete checkpoint), then the same command finishes: every step's loss (GRPO: and
+    rewards) bitwise the uninterrupted run's. (Each signal alone, and SIGTERM twice, on 2 ranks below.)"""
     from align.checkpoint import PREEMPTED_EXIT_CODE
 
     _needs(stage)
@@ -314,7 +314,7 @@ def test_sigterm_then_sigkill_then_rerun_gives_the_uninterrupted_run_bitwise(mic
     assert latest is not None and is_complete(latest), console[-3000:]
     stopped = int(re.search(r"(\d+)$", Path(latest).name).group(1))
     assert stopped in (1, 2), stopped  # the step it was in when the signal came
-    kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)  # after the resumed run's checkpoint-2
+    kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)  # past a checkpoint of the resumed run's
     held = _killed_at(cmd, out, stage, 1, kill_at, resumed_at=stopped)
     _rerun_after_a_kill(cmd, out, stage)
     _same_run(stage, _records(stage, out), want, 1, f"stopped at step {stopped}, killed at {kill_at} (held {held})")
