@@ -314,7 +314,7 @@ def test_sigterm_then_sigkill_then_rerun_gives_the_uninterrupted_run_bitwise(mic
     assert latest is not None and is_complete(latest), console[-3000:]
     stopped = int(re.search(r"(\d+)$", Path(latest).name).group(1))
     assert stopped in (1, 2), stopped  # the step it was in when the signal came
-    kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)  # past a checkpoint of the resumed run's
+    kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)  # a step past the SIGTERM checkpoint
     held = _killed_at(cmd, out, stage, 1, kill_at, resumed_at=stopped)
     _rerun_after_a_kill(cmd, out, stage)
     _same_run(stage, _records(stage, out), want, 1, f"stopped at step {stopped}, killed at {kill_at} (held {held})")
