@@ -423,8 +423,8 @@ def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
 def test_micro_pipeline_end_to_end(micro):
     """recipes/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2 ZeRO-3
     ranks, shared with the distributed and kill tiers; one process per stage is what every stage's own tests and
-    the pipeline tests above launch). Every stage done and recorded (commit, time, command), every model evaluated,
-    a report; the same command again skips every stage."""
+    the pipeline tests above launch). Every stage done and recorded (commit, time, command), each stage the recipe
+    evaluates evaluated, a report; the same command again skips every stage."""
     from launching import launch_env
 
     m = json.loads((micro / "manifest.json").read_text())
