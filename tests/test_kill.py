@@ -2,8 +2,8 @@
 launch` on 2 ranks), stopped at a random step and re-run with the same command, ends with the uninterrupted run's
 per-step losses (GRPO: losses and rewards) — bitwise in one process, within 1e-6 on 2 ranks:
 - SIGKILL after the first checkpoint (a lost node: the launcher and every rank at once);
-- SIGTERM (preemption) before the first checkpoint and again in the resumed run: each time the stage saves the
-  step it is in and exits with PREEMPTED_EXIT_CODE.
+- SIGTERM (preemption) before the first periodic checkpoint: the stage saves the step it is in and exits with
+  PREEMPTED_EXIT_CODE. (A second SIGTERM in the resumed run is no longer sent: the resumed run takes the SIGKILL.)
 Each stage takes both in one run (SIGTERM, then SIGKILL in the resumed run, then the finishing run), in one process
 and on 2 ranks: three process starts per stage and rank count beside its reference run, where a run per signal took
 five. GRPO with vLLM on 2 ranks takes SIGKILL alone.
