@@ -122,11 +122,15 @@ def cpu_bf16_slower(requested: bool) -> bool:
     or AMX), where oneDNN emulates bf16 matmuls and autocast runs several times slower than fp32 (seen on a 2-core
     AVX-512 Xeon without them, not yet measured on an idle machine); on a CPU that has it bf16 is the faster one.
     Logs one line when it falls back. SMOLALIGN_CPU_BF16=1 keeps bf16 (the tests of bf16 autocast's own mechanics
-    set it through the `keep_bf16` fixture; scripts/benchmark.py sets it)."""
+    set it through the `keep_bf16` fixture; scripts/benchmark.py sets it); SMOLALIGN_CPU_BF16=0 trains in fp32 on
+    every CPU, silently (the test suite sets it, so what its tests learn does not depend on the CPU they run on)."""
     import torch
 
-    if not requested or torch.cuda.is_available() or os.environ.get("SMOLALIGN_CPU_BF16") == "1":
+    flag = os.environ.get("SMOLALIGN_CPU_BF16")
+    if not requested or torch.cuda.is_available() or flag == "1":
         return False
+    if flag == "0":
+        return True
     native = any(getattr(torch.cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
     if not native:
         logger.warning("bf16 -> fp32: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 autocast runs "

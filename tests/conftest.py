@@ -1,12 +1,17 @@
 """Shared pytest fixtures. Each section names its owner; append yours as a new, self-contained section."""
 
+import os
+
 import pytest
 
-
 # ------------------------------------------------------------------ precision (owner: align/configs)
-# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.configs.cpu_bf16_slower), in the tests as in a run
-# (several times faster there). A test of bf16 autocast's own mechanics takes `keep_bf16`: bf16
-# on any CPU (subprocess ranks inherit it). test_stage tests the fallback itself.
+# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.configs.cpu_bf16_slower), a CPU with it (AVX512-BF16
+# or AMX) in bf16. The tests train in fp32 on every CPU (SMOLALIGN_CPU_BF16=0, inherited by subprocess ranks), so
+# what a test asserts was learned does not depend on the machine CI drew. A test of bf16 autocast's own mechanics
+# takes `keep_bf16`: bf16 on any CPU. test_stage tests the fallback itself.
+os.environ.setdefault("SMOLALIGN_CPU_BF16", "0")
+
+
 @pytest.fixture
 def keep_bf16(monkeypatch):
     monkeypatch.setenv("SMOLALIGN_CPU_BF16", "1")

@@ -67,6 +67,9 @@ def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32(config, tmp_path, monk
     assert cpu_bf16_slower(True) and not cpu_bf16_slower(False)
     monkeypatch.setenv("SMOLALIGN_CPU_BF16", "1")
     assert config(output_dir=str(tmp_path), bf16=True).bf16 is True
+    monkeypatch.setenv("SMOLALIGN_CPU_BF16", "0")  # fp32 on every CPU, native bf16 or not (the test suite's setting)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert cpu_bf16_slower(True) and config(output_dir=str(tmp_path), bf16=True).bf16 is False
 
 
 @pytest.mark.parametrize("config", [GRPOConfig, DistillConfig], ids=lambda c: c.__name__)
