@@ -254,7 +254,7 @@ def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny
         fake = SimpleNamespace(processing_class=tok, teacher_model=teacher, pad_token_id=tok.pad_token_id, beta=1.0,
                                temperature=1.0, generalized_jsd_loss=GOLDTrainer.generalized_jsd_loss,
                                teacher_prompts=view, teacher_prompt_misses=0,
-                               args=SimpleNamespace(loss_chunk_tokens=chunk))
+                               args=SimpleNamespace(loss="reverse_kl", loss_chunk_tokens=chunk))
         fake._teacher_prompt_text = lambda text: DistillTrainer._teacher_prompt_text(fake, text)
         fake._chunked_loss = lambda *a: DistillTrainer._chunked_loss(fake, *a)
         with torch.no_grad():
@@ -317,7 +317,7 @@ def test_chunked_loss_gives_the_whole_logits_loss_and_gradients(tiny, beta):
     grads = torch.autograd.grad(whole, params)
     for chunk in (4, 7, 1000):
         fake = SimpleNamespace(teacher_model=teacher, beta=beta, temperature=0.9, teacher_prompts={},
-                               args=SimpleNamespace(loss_chunk_tokens=chunk))
+                               args=SimpleNamespace(loss="reverse_kl", loss_chunk_tokens=chunk))
         fake._chunked_loss = lambda *a, fake=fake: DistillTrainer._chunked_loss(fake, *a)
         chunked = DistillTrainer.compute_loss(fake, student, batch)
         assert chunked.item() == pytest.approx(whole.item(), rel=1e-5, abs=1e-7)
@@ -358,6 +358,153 @@ def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypat
     dm.teacher_accuracy("the-teacher", tok, rows, 7, teacher_prompts=view)
     hinted = called[-1][1]
     assert all(f"(answer: {r['answer']})" in p for p, r in zip(hinted, rows, strict=True))
+
+
+def _best_of_engine(tok, rows_by_prompt: dict, n: int, calls: list):
+    """A teacher engine for rejection_sampling: of row i's n copies only copy i % n answers it right, in the shape its
+    mode wants (the gold conversation's text); every third row gets no right answer; the other copies answer wrong
+    or, for copy (i + 1) % n, right but without the think block its mode asks for."""
+    from data_gen.tasks import assistant_text
+
+    def make(model, tokenizer, *a):
+        def generate(prompt_ids, params):
+            calls.append((len(prompt_ids), params.temperature, params.max_new_tokens, params.seed))
+            num = len(prompt_ids) // n
+            out = []
+            for j, ids in enumerate(prompt_ids):
+                i, k = j % num, j // num
+                text = tok.decode(ids)
+                row = rows_by_prompt[max((p for p in rows_by_prompt if p in text), key=len)]
+                mode = "no_think" if "/no_think" in text else "think"
+                gold = assistant_text(row, mode)
+                right_bare = f"The answer is \\boxed{{{row['answer']}}}."
+                answer = (gold if k == i % n and i % 3 != 2 else
+                          right_bare if k == (i + 1) % n and mode == "think" else "\\boxed{12345}")
+                out.append([SimpleNamespace(completion_ids=tok(answer, add_special_tokens=False)["input_ids"]
+                                            + [tok.eos_token_id], finish_reason="stop")])
+            return out
+
+        return generate
+
+    return make
+
+
+def test_rejection_sampling_teacher_keeps_its_first_verified_answer_in_the_asked_modes_shape(tiny, monkeypatch):
+    import align.distill.teacher as dt
+    from align.distill.trainer import prepare_conversations, teacher_answers
+    from data_gen.tasks import assistant_text
+
+    rows = make_tasks(FAMILIES, num=9, seed=7)
+    modes = ["think", "no_think", "think"] * 3
+    data = {"train": __import__("datasets").Dataset.from_list([
+        {"prompt_messages": to_messages(r, m)[:2], "answer": r["answer"], "reward": "math_reward",
+         "prompt": r["prompt"], "family": r["family"], "think": r.get("think", "")} for r, m in zip(rows, modes)])}
+    calls = []
+    monkeypatch.setattr(dt, "model_generate", _best_of_engine(tiny["ours"], {r["prompt"]: r for r in rows}, 3, calls))
+    args = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=3, temperature=0.8,
+                         max_completion_length=24, seed=5)
+    conv = prepare_conversations(data, args, 0)
+    train = teacher_answers(conv, torch.nn.Linear(1, 1), tiny["ours"], args)
+    assert calls == [(27, 0.8, 24, 5)]  # every prompt's 3 copies in one sampled pass
+    kept = [i for i in range(9) if i % 3 != 2]  # every third row: no verified answer, dropped
+    assert len(train) == len(kept)
+    for row, i in zip(train, kept, strict=True):
+        assert row["messages"][:-1] == data["train"][i]["prompt_messages"]
+        # the verified answer in the asked mode's shape, never the right-but-bare one of copy (i + 1) % 3
+        assert row["messages"][-1] == {"role": "assistant", "content": assistant_text(rows[i], modes[i])}
+
+
+def test_rejection_sampling_needs_verifiable_rows_and_a_positive_best_of():
+    from datasets import Dataset
+
+    from align.distill.trainer import prepare_conversations
+
+    args = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling")
+    chat = Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])
+    with pytest.raises(ValueError, match="rejection_sampling.*'answer' and 'reward' columns.*messages"):
+        prepare_conversations({"train": chat}, args, 0)
+    with pytest.raises(ValueError, match="teacher_best_of must be >= 1"):
+        DistillConfig(output_dir="/tmp/unused", teacher_best_of=0)
+
+
+def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_teacher_per_mode(tiny, tmp_path,
+                                                                                                  monkeypatch):
+    import align.distill.teacher as dt
+    from align.data import get_dataset
+    from align.distill.trainer import DistillTrainer
+    from align.models import load_model, load_tokenizer
+    from align.scoring import sequence_logprobs
+
+    script, args, model = _configs(tiny, tmp_path / "out", tiny["student"], loss="rejection_sampling",
+                                   teacher_best_of=2, max_steps=8)
+    script.dataset_args = {**script.dataset_args, "mode": "mixed"}
+    data = get_dataset(script)
+    everything = data["train"].to_list() + data["test"].to_list()
+    calls = []
+    monkeypatch.setattr(dt, "model_generate", _best_of_engine(tiny["ours"], {r["prompt"]: r for r in everything}, 2,
+                                                              calls))
+    seen = []
+    monkeypatch.setattr(DistillTrainer, "__init__", _recording_init(DistillTrainer.__init__, seen))
+    metrics = main(script, args, model)
+    train = seen[0]
+    assert len(train) == sum(1 for i in range(len(data["train"])) if i % 3 != 2)
+    # the held-out teacher: its verified best of 2 on the 6 held-out rows, per asked mode, from its own samples
+    best = metrics["teacher_best_of"]
+    assert best["correct"] == [int(i % 3 != 2) for i in range(6)] and best["accuracy"] == 4 / 6
+    rows = data["test"].select(range(6)).to_list()
+    by = {}
+    for r, flag in zip(rows, best["correct"], strict=True):
+        by.setdefault("no_think" if "/no_think" in r["prompt_messages"][0]["content"] else "think", []).append(flag)
+    assert best["by_mode"] == {m: sum(v) / len(v) for m, v in sorted(by.items())} and len(by) == 2
+    assert set(metrics["after"]["by_mode"]) == set(by)
+    assert metrics["engine_calls"] == 0  # no student sampling: the teacher wrote every answer once, before training
+    # what was learned: the student's likelihood of the verified answers it trained on went up
+    tok = load_tokenizer(tiny["student"])
+
+    def nll(path):
+        m = load_model(path, dtype="float32")
+        seqs = []
+        for row in train:
+            prompt = tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=False)
+            full = tok.apply_chat_template(row["messages"], tokenize=False)
+            ids = tok(full, add_special_tokens=False)["input_ids"]
+            seqs.append((ids, len(ids) - len(tok(prompt, add_special_tokens=False)["input_ids"])))
+        scores = sequence_logprobs(m, seqs)
+        return -sum(s for s, _ in scores) / sum(n for _, n in scores)
+
+    assert nll(str(tmp_path / "out")) < 0.8 * nll(tiny["student"])
+
+
+def _recording_init(init, seen):
+    def record(self, *a, **kw):
+        seen.append(kw["train_dataset"])
+        init(self, *a, **kw)
+
+    return record
+
+
+def test_rejection_sampling_loss_is_the_models_own_next_token_loss_on_the_answer(tiny):
+    from types import MethodType
+
+    from align.distill.trainer import DistillTrainer
+    from align.models import load_model
+
+    model = load_model(tiny["student"], dtype="float32")
+    ids = torch.tensor([[5, 9, 17, 3, 44, 2, 0], [7, 8, 30, 31, 12, 6, 19]])
+    mask = torch.ones_like(ids)
+    mask[0, -1] = 0
+    labels = ids.clone()
+    labels[:, :3] = -100  # the prompt
+    labels[0, -1] = -100  # padding
+    fake = SimpleNamespace(args=SimpleNamespace(loss="rejection_sampling"))
+    fake._answer_nll = MethodType(DistillTrainer._answer_nll, fake)
+    ours = DistillTrainer.compute_loss(fake, model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
+    reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss  # transformers' own causal LM loss
+    assert torch.allclose(ours, reference, atol=1e-6)
+    # with the trainer's count of answer tokens over the accumulated batches, the sum is divided by that instead
+    summed = DistillTrainer.compute_loss(fake, model, {"input_ids": ids, "attention_mask": mask, "labels": labels},
+                                         num_items_in_batch=torch.tensor(20))
+    assert torch.allclose(summed, reference * 7 / 20, atol=1e-6)  # 7 answer tokens
 
 
 def test_unloadable_teacher_tokenizer_is_a_clear_error(tiny, tmp_path):

@@ -22,6 +22,7 @@ LOSSES: dict[str, tuple[float | None, float | None]] = {
     "jsd": (None, None),
     "supervised": (0.0, 0.0),
     "sequence_kd": (0.0, 0.0),
+    "rejection_sampling": (0.0, 0.0),
 }
 TOKENIZER_MODES = ("auto", "same", "cross")
 
@@ -79,6 +80,12 @@ class DistillConfig(StageArgs, GOLDConfig):
     teacher_few_shot_group: str = field(
         default="family", metadata={"help": "Dataset column whose value the teacher's demonstrations must share."}
     )
+    teacher_best_of: int = field(
+        default=4,
+        metadata={"help": "loss: rejection_sampling: answers the teacher samples per prompt (at `temperature`); the "
+                  "student learns the first one the row's verifier accepts in its asked mode's shape, and prompts "
+                  "with none are dropped. The teacher's lead is these samples plus the verifier (best-of-n)."},
+    )
     teacher_hint: str | None = field(
         default=None,
         metadata={"help": "Privileged context: a format string over the row's columns, "
@@ -111,6 +118,8 @@ class DistillConfig(StageArgs, GOLDConfig):
             raise ValueError(f"rollout_backend {self.rollout_backend!r}: choose from {list(ROLLOUT_BACKENDS)}")
         if self.teacher_few_shot < 0:
             raise ValueError(f"teacher_few_shot must be >= 0 (demonstrations per teacher prompt), got {self.teacher_few_shot}")
+        if self.teacher_best_of < 1:
+            raise ValueError(f"teacher_best_of must be >= 1 (answers sampled per prompt), got {self.teacher_best_of}")
         if self.teacher_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"teacher_dtype {self.teacher_dtype!r}: choose float32, bfloat16, float16 or leave unset")
         if self.teacher_quantization not in (None, "8bit", "4bit"):

@@ -8,7 +8,10 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
 - `loss`: reverse_kl (default; on-policy, beta=1), forward_kl (on-policy, beta=0), jsd (GKD with the
   recipe's lmbda/beta), supervised (token-level forward KL on the dataset's completions, lmbda=0) and
   sequence_kd (the teacher samples completions once through the rollout engine; the student then learns
-  them token by token, lmbda=0). In the cross-tokenizer path the per-token term is ULD's distance between
+  them token by token, lmbda=0) and rejection_sampling (the teacher samples `teacher_best_of` answers per prompt,
+  the row's verifier keeps one, the student learns it with the plain next-token loss: Kim & Rush's sequence-level
+  KD with a verifier, for a teacher whose lead is more samples rather than other weights; soft targets from such a
+  teacher would hand back the same distribution it sampled from). In the cross-tokenizer path the per-token term is ULD's distance between
   sorted probability vectors (direction-free), so `loss` picks only where the sequences come from.
 - student sampling through the shared rollout engine (`align.rollout.get_engine`): TRL's GOLD calls
   `self.vllm_generation.generate(prompt_ids, ...)` / `.sync_weights()` when `use_vllm` is on, so an adapter
@@ -57,6 +60,7 @@ from align.distill.teacher import (
     FewShotPool,
     TeacherOnDevice,
     _prompt_part,
+    best_of_samples,
     load_teacher,
     load_teacher_tokenizer,
     resolve_tokenizer_mode,
@@ -77,6 +81,7 @@ from align.tools.distill import (
 )
 from align.tools.grpo import build_tool_loop
 from data_gen.tasks import assistant_text
+from rewards.length import prompt_mode
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
 from trl.experimental.gold import GOLDTrainer  # noqa: E402
@@ -260,7 +265,19 @@ class DistillTrainer(GOLDTrainer):
         count = num_items_in_batch if num_items_in_batch is not None else max(hidden_s.size(0), 1)
         return total / (count.to(total.device) if isinstance(count, torch.Tensor) else count)
 
+    def _answer_nll(self, model, inputs, num_items_in_batch) -> torch.Tensor:
+        """rejection_sampling: the next-token loss on the completion tokens (labels != -100) of the verified answers,
+        over `num_items_in_batch` when the trainer counts them (gradient accumulation), as the chunked path."""
+        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
+        labels = inputs["labels"][:, 1:]  # the logits at position i predict token i + 1
+        total = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(),
+                                                  ignore_index=-100, reduction="sum")
+        count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+        return total / (count.to(total.device) if isinstance(count, torch.Tensor) else count)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.args.loss == "rejection_sampling" and not return_outputs:
+            return self._answer_nll(model, inputs, num_items_in_batch)
         if self.args.loss_chunk_tokens and not return_outputs and not self.teacher_prompts:
             ids, mask = inputs["input_ids"], inputs["attention_mask"]
             scored = inputs["labels"][:, 1:] != -100  # the logits at position i predict token i + 1
@@ -337,6 +354,10 @@ def prepare_conversations(data, args: DistillConfig, eval_num_prompts: int) -> d
     """The training conversations and what the teacher's view of each prompt needs (its group, its hint, the pool
     of demonstrations), plus the held-out rows: {"train", "groups", "hints", "pool", "eval_rows"}."""
     group_col = args.teacher_few_shot_group
+    if args.loss == "rejection_sampling" and not {"answer", "reward"} <= set(data["train"].column_names):
+        raise ValueError("loss: rejection_sampling keeps the teacher's answers its verifier accepts, so the training "
+                         "rows need 'answer' and 'reward' columns (e.g. builtin:tasks); this dataset has "
+                         f"{sorted(data['train'].column_names)}: add them or use loss: sequence_kd")
     groups = data["train"][group_col] if group_col in data["train"].column_names else None
     hints = teacher_hints(data["train"].to_list(), args.teacher_hint) if args.teacher_hint else None
     train = to_conversations(data["train"])
@@ -346,13 +367,27 @@ def prepare_conversations(data, args: DistillConfig, eval_num_prompts: int) -> d
     eval_rows = []
     if "test" in data and "prompt_messages" in data["test"].column_names:
         eval_rows = data["test"].select(range(min(eval_num_prompts, len(data["test"])))).to_list()
-    return {"train": train, "groups": groups, "hints": hints, "pool": pool, "eval_rows": eval_rows}
+    rows = data["train"].to_list() if args.loss == "rejection_sampling" else None
+    return {"train": train, "groups": groups, "hints": hints, "pool": pool, "eval_rows": eval_rows, "rows": rows}
 
 
 def teacher_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
     """sequence_kd: the training conversations with the teacher's greedy answers in place of the dataset's. Each rank
-    answers its share of the prompts with the whole teacher; every rank gets all the answers."""
+    answers its share of the prompts with the whole teacher; every rank gets all the answers.
+    rejection_sampling: the teacher's verified best-of-`teacher_best_of` answers; prompts with none are dropped."""
     convs, groups, hints = list(conv["train"]["messages"]), conv["groups"], conv["hints"]
+    if args.loss == "rejection_sampling":
+        with full_model(teacher, None) as whole:
+            answers = best_of_samples(whole, teacher_tok, conv["rows"], convs, args, conv["pool"], groups, hints)
+        kept = [i for i, a in enumerate(answers) if a is not None]
+        logger.info("rejection_sampling: the teacher's best of %d has a verified answer for %d of %d training prompts",
+                    args.teacher_best_of, len(kept), len(answers))
+        if not kept:
+            raise ValueError(f"rejection_sampling: none of the teacher's {args.teacher_best_of} samples was accepted "
+                             f"by the verifier on any of the {len(answers)} training prompts; raise teacher_best_of, "
+                             "raise max_completion_length, or check the rows' answer and reward columns")
+        return conv["train"].select(kept).map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
+            {"role": "assistant", "content": answers[kept[i]]}]}, with_indices=True)
     idx = shard(range(len(convs)))
     with full_model(teacher, None) as whole:
         mine = teacher_samples(whole, teacher_tok, [convs[i] for i in idx], args, conv["pool"],
@@ -361,6 +396,29 @@ def teacher_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
     answers = gather_shards(mine)
     return conv["train"].map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
         {"role": "assistant", "content": answers[i]}]}, with_indices=True)
+
+
+def by_mode(rows: list[dict], flags: list) -> dict[str, float]:
+    """The share of true flags among the rows of each asked reasoning mode (their prompt's /think or /no_think)."""
+    out: dict[str, list] = {}
+    for row, flag in zip(rows, flags, strict=True):
+        out.setdefault(prompt_mode(row["prompt_messages"]) or "unflagged", []).append(float(flag))
+    return {m: sum(v) / len(v) for m, v in sorted(out.items())}
+
+
+def teacher_best_of_accuracy(conv: dict, teacher, teacher_tok, args: DistillConfig) -> dict:
+    """rejection_sampling: the teacher's own accuracy on the held-out rows, without the answer: the share of prompts
+    where one of its `teacher_best_of` samples passes the verifier (what it would hand the student), overall and
+    per asked mode, with the per-row flags. Collective, like `teacher_answers`."""
+    rows = conv["eval_rows"]
+    hints = teacher_hints(rows, args.teacher_hint) if args.teacher_hint else None
+    groups = None if conv["groups"] is None else [r.get(args.teacher_few_shot_group) for r in rows]
+    with full_model(teacher, None) as whole:
+        answers = best_of_samples(whole, teacher_tok, rows, [r["prompt_messages"] for r in rows], args, conv["pool"],
+                                  groups, hints)
+    flags = [int(a is not None) for a in answers]
+    return {"n": args.teacher_best_of, "accuracy": sum(flags) / max(len(flags), 1), "num_prompts": len(flags),
+            "by_mode": by_mode(rows, flags), "correct": flags}
 
 
 def teacher_view(conv: dict, student_tok, teacher_tok, args: DistillConfig, mode: str) -> dict[str, str]:
@@ -401,8 +459,14 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     logger.info("distillation: loss=%s mode=%s beta=%s lmbda=%s backend=%s", args.loss, mode, args.beta, args.lmbda,
                 args.rollout_backend)
     check_tool_distillation(args, args.use_uld_loss)
-    train = teacher_answers(conv, teacher, teacher_tok, args) if args.loss == "sequence_kd" else conv["train"]
+    teacher_written = args.loss in ("sequence_kd", "rejection_sampling")
+    train = teacher_answers(conv, teacher, teacher_tok, args) if teacher_written else conv["train"]
     teacher_prompts = teacher_view(conv, student_tok, teacher_tok, args, mode)
+    best_of = None  # measured before a trainer wraps the teacher, as its answers are
+    if args.loss == "rejection_sampling" and args.distill_eval and script_args.eval_after and eval_rows:
+        best_of = teacher_best_of_accuracy(conv, teacher, teacher_tok, args)
+        logger.info("held-out accuracy of the teacher's verified best of %d: %.3f %s", args.teacher_best_of,
+                    best_of["accuracy"], best_of["by_mode"])
 
     trainer = DistillTrainer(
         model=student, teacher_model=teacher, args=args, train_dataset=train, processing_class=student_tok,
@@ -421,6 +485,8 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
 
     metrics: dict = {"loss": args.loss, "tokenizer_mode": mode, "world_size": trainer.accelerator.num_processes}
     measure = args.distill_eval and script_args.eval_after and bool(eval_rows)
+    if best_of is not None:
+        metrics["teacher_best_of"] = best_of
     if measure:
         before = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
                                   teacher_prompts=teacher_prompts, with_teacher_accuracy=mode == "same")
@@ -444,6 +510,7 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         logger.info("held-out after: %s", _scalars(metrics["after"]))
         b, a = metrics["before"], metrics["after"]
         if "correct" in b and "correct" in a:  # the same prompts before and after: a paired test
+            b["by_mode"], a["by_mode"] = by_mode(eval_rows, b["correct"]), by_mode(eval_rows, a["correct"])
             metrics["paired"] = paired_change(b["correct"], a["correct"])
             logger.info("distill: same prompts: %d gained, %d lost, McNemar p=%.3g", metrics["paired"]["gained"],
                         metrics["paired"]["lost"], metrics["paired"]["p_value"])
