@@ -361,24 +361,26 @@ def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypat
 
 
 def _best_of_engine(tok, rows_by_prompt: dict, n: int, calls: list):
-    """A teacher engine for rejection_sampling: of row i's n copies only copy i % n answers it right, in the shape its
-    mode wants (the gold conversation's text); every third row gets no right answer; the other copies answer wrong
-    or, for copy (i + 1) % n, right but without the think block its mode asks for."""
+    """A teacher engine for rejection_sampling. `rows_by_prompt`: question -> (its row's index i in its split, row).
+    Of prompt i's n samples (its k-th appearance is sample k) only sample i % n answers it right, in the shape its
+    mode wants (the gold conversation's text); every third row gets no right answer; the other samples answer wrong
+    or, for sample (i + 1) % n, right but without the think block its mode asks for."""
     from data_gen.tasks import assistant_text
+
+    seen: dict[str, int] = {}
 
     def make(model, tokenizer, *a):
         def generate(prompt_ids, params):
             calls.append((len(prompt_ids), params.temperature, params.max_new_tokens, params.seed))
-            num = len(prompt_ids) // n
             out = []
-            for j, ids in enumerate(prompt_ids):
-                i, k = j % num, j // num
+            for ids in prompt_ids:
                 text = tok.decode(ids)
-                row = rows_by_prompt[max((p for p in rows_by_prompt if p in text), key=len)]
+                question = max((p for p in rows_by_prompt if p in text), key=len)
+                (i, row), k = rows_by_prompt[question], seen.get(question, 0)
+                seen[question] = k + 1
                 mode = "no_think" if "/no_think" in text else "think"
-                gold = assistant_text(row, mode)
                 right_bare = f"The answer is \\boxed{{{row['answer']}}}."
-                answer = (gold if k == i % n and i % 3 != 2 else
+                answer = (assistant_text(row, mode) if k == i % n and i % 3 != 2 else
                           right_bare if k == (i + 1) % n and mode == "think" else "\\boxed{12345}")
                 out.append([SimpleNamespace(completion_ids=tok(answer, add_special_tokens=False)["input_ids"]
                                             + [tok.eos_token_id], finish_reason="stop")])
@@ -399,19 +401,23 @@ def test_rejection_sampling_teacher_keeps_its_first_verified_answer_in_the_asked
     data = {"train": __import__("datasets").Dataset.from_list([
         {"prompt_messages": to_messages(r, m)[:2], "answer": r["answer"], "reward": "math_reward",
          "prompt": r["prompt"], "family": r["family"], "think": r.get("think", "")} for r, m in zip(rows, modes)])}
-    calls = []
-    monkeypatch.setattr(dt, "model_generate", _best_of_engine(tiny["ours"], {r["prompt"]: r for r in rows}, 3, calls))
     args = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=3, temperature=0.8,
                          max_completion_length=24, seed=5)
     conv = prepare_conversations(data, args, 0)
-    train = teacher_answers(conv, torch.nn.Linear(1, 1), tiny["ours"], args)
-    assert calls == [(27, 0.8, 24, 5)]  # every prompt's 3 copies in one sampled pass
     kept = [i for i in range(9) if i % 3 != 2]  # every third row: no verified answer, dropped
-    assert len(train) == len(kept)
-    for row, i in zip(train, kept, strict=True):
-        assert row["messages"][:-1] == data["train"][i]["prompt_messages"]
-        # the verified answer in the asked mode's shape, never the right-but-bare one of copy (i + 1) % 3
-        assert row["messages"][-1] == {"role": "assistant", "content": assistant_text(rows[i], modes[i])}
+    for per_call, seeds in ((512, [5]), (10, [5, 15, 25])):  # in one call, or 10 samples a call with a seed each
+        calls = []
+        monkeypatch.setattr(dt, "SAMPLES_PER_LOG", per_call)
+        monkeypatch.setattr(dt, "model_generate", _best_of_engine(
+            tiny["ours"], {r["prompt"]: (i, r) for i, r in enumerate(rows)}, 3, calls))
+        train = teacher_answers(conv, torch.nn.Linear(1, 1), tiny["ours"], args)
+        assert [(c[3], c[1], c[2]) for c in calls] == [(s, 0.8, 24) for s in seeds]
+        assert sum(c[0] for c in calls) == 27  # every prompt 3 times
+        assert len(train) == len(kept)
+        for row, i in zip(train, kept, strict=True):
+            assert row["messages"][:-1] == data["train"][i]["prompt_messages"]
+            # the verified answer in the asked mode's shape, never the right-but-bare one of sample (i + 1) % 3
+            assert row["messages"][-1] == {"role": "assistant", "content": assistant_text(rows[i], modes[i])}
 
 
 def test_rejection_sampling_needs_verifiable_rows_and_a_positive_best_of():
@@ -427,6 +433,29 @@ def test_rejection_sampling_needs_verifiable_rows_and_a_positive_best_of():
         DistillConfig(output_dir="/tmp/unused", teacher_best_of=0)
 
 
+def test_rejection_sampling_replay_rows_join_the_verified_answers(tmp_path):
+    from datasets import Dataset
+
+    from align.distill.trainer import add_replay_conversations
+
+    answer = [{"role": "system", "content": "/think"}, {"role": "user", "content": "2+2?"},
+              {"role": "assistant", "content": "<think>\n2 + 2 = 4\n</think>\nThe answer is \\boxed{4}."}]
+    verified = Dataset.from_list([{"messages": answer}])
+    chat = [{"messages": [{"role": "user", "content": f"Tell me about {x}."},
+                          {"role": "assistant", "content": f"{x} is nice.", "name": "bot"}]} for x in ("tea", "rain")]
+    path = tmp_path / "replay.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in chat))
+    train = add_replay_conversations(verified, str(path))
+    assert train["messages"] == [answer] + [[{k: m[k] for k in ("role", "content")} for m in r["messages"]]
+                                            for r in chat]
+    assert add_replay_conversations(verified, str(path), limit=1)["messages"][1][0]["content"] == "Tell me about tea."
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ValueError, match="row 0 is not a conversation ending in an assistant turn"):
+        add_replay_conversations(verified, str(path))
+    with pytest.raises(ValueError, match="replay_data is learned with rejection_sampling.*loss 'reverse_kl'"):
+        DistillConfig(output_dir="/tmp/unused", replay_data=str(path))
+
+
 def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_teacher_per_mode(tiny, tmp_path,
                                                                                                   monkeypatch):
     import align.distill.teacher as dt
@@ -435,19 +464,24 @@ def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_tea
     from align.models import load_model, load_tokenizer
     from align.scoring import sequence_logprobs
 
+    replay = tmp_path / "replay"  # the replay stage's shape: a directory with train.jsonl
+    replay.mkdir()
+    (replay / "train.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w}!"}]}) + "\n"
+        for w in ("yes", "no", "maybe")))
     script, args, model = _configs(tiny, tmp_path / "out", tiny["student"], loss="rejection_sampling",
-                                   teacher_best_of=2, max_steps=8)
+                                   teacher_best_of=2, max_steps=8, replay_data=str(replay))
     script.dataset_args = {**script.dataset_args, "mode": "mixed"}
     data = get_dataset(script)
-    everything = data["train"].to_list() + data["test"].to_list()
+    index = {r["prompt"]: (i, r) for split in ("train", "test") for i, r in enumerate(data[split].to_list())}
     calls = []
-    monkeypatch.setattr(dt, "model_generate", _best_of_engine(tiny["ours"], {r["prompt"]: r for r in everything}, 2,
-                                                              calls))
+    monkeypatch.setattr(dt, "model_generate", _best_of_engine(tiny["ours"], index, 2, calls))
     seen = []
     monkeypatch.setattr(DistillTrainer, "__init__", _recording_init(DistillTrainer.__init__, seen))
     metrics = main(script, args, model)
     train = seen[0]
-    assert len(train) == sum(1 for i in range(len(data["train"])) if i % 3 != 2)
+    assert len(train) == sum(1 for i in range(len(data["train"])) if i % 3 != 2) + 3  # + the replay rows
+    assert train["messages"][-1] == [{"role": "user", "content": "Say maybe."}, {"role": "assistant", "content": "maybe!"}]
     # the held-out teacher: its verified best of 2 on the 6 held-out rows, per asked mode, from its own samples
     best = metrics["teacher_best_of"]
     assert best["correct"] == [int(i % 3 != 2) for i in range(6)] and best["accuracy"] == 4 / 6

@@ -86,6 +86,15 @@ class DistillConfig(StageArgs, GOLDConfig):
                   "student learns the first one the row's verifier accepts in its asked mode's shape, and prompts "
                   "with none are dropped. The teacher's lead is these samples plus the verifier (best-of-n)."},
     )
+    replay_data: str | None = field(
+        default=None,
+        metadata={"help": "loss: rejection_sampling: conversations (a `messages` column: a local file or directory, "
+                  "e.g. the base model's answers from scripts/generate_answers.py) learned beside the verified answers "
+                  "with the same next-token loss, so a student trained on task answers stays a chat model."},
+    )
+    replay_samples: int | None = field(
+        default=None, metadata={"help": "Use at most this many replay conversations (the first ones)."}
+    )
     teacher_hint: str | None = field(
         default=None,
         metadata={"help": "Privileged context: a format string over the row's columns, "
@@ -120,6 +129,10 @@ class DistillConfig(StageArgs, GOLDConfig):
             raise ValueError(f"teacher_few_shot must be >= 0 (demonstrations per teacher prompt), got {self.teacher_few_shot}")
         if self.teacher_best_of < 1:
             raise ValueError(f"teacher_best_of must be >= 1 (answers sampled per prompt), got {self.teacher_best_of}")
+        if self.replay_data and self.loss != "rejection_sampling":
+            raise ValueError(f"replay_data is learned with rejection_sampling's next-token loss; loss {self.loss!r} "
+                             "would distil the teacher on those answers instead: set loss: rejection_sampling or drop "
+                             "replay_data")
         if self.teacher_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"teacher_dtype {self.teacher_dtype!r}: choose float32, bfloat16, float16 or leave unset")
         if self.teacher_quantization not in (None, "8bit", "4bit"):

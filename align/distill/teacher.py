@@ -12,6 +12,7 @@ what this module returns.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ from align.rollout import SamplingParams
 from align.scoring import generate_and_score, model_generate
 from rewards.format import mode_format_reward
 from rewards.length import prompt_mode
+
+logger = logging.getLogger(__name__)
 
 MODE_FLAGS = ("/no_think", "/think")
 
@@ -228,6 +231,9 @@ def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args:
     return [_decode(teacher_tok)(c) for c in completion_ids]
 
 
+SAMPLES_PER_LOG = 512  # rejection_sampling's progress line: one per this many teacher answers
+
+
 def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: Sequence[Sequence[dict]],
                     args: DistillConfig, pool: FewShotPool | None = None, groups: Sequence | None = None,
                     hints: Sequence[str] | None = None) -> list[str | None]:
@@ -243,12 +249,18 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
                              hints[i] if hints is not None else None)
                for i, m in enumerate(conversations)]
     prompt_ids = render_prompts(teacher_tok, prompts, args.teacher_chat_template_kwargs)
-    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_completion_length,
-                            stop_token_ids=[teacher_tok.eos_token_id], seed=args.seed, logprobs=False)
     # the k-th copies of every prompt side by side, so each engine batch holds many prompts
     copies = [(i, k) for k in range(n) for i in range(len(rows))]
-    records = generate_and_score(model_generate(teacher, teacher_tok), [rows[i] for i, _ in copies],
-                                 [prompt_ids[i] for i, _ in copies], params, _decode(teacher_tok))
+    generate, records = model_generate(teacher, teacher_tok), []
+    for start in range(0, len(copies), SAMPLES_PER_LOG):  # the same chunks on every rank: collective calls pair up
+        part = copies[start : start + SAMPLES_PER_LOG]
+        # a seed of its own per chunk: the engine restarts its random stream at every call
+        params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_completion_length,
+                                stop_token_ids=[teacher_tok.eos_token_id], seed=args.seed + start, logprobs=False)
+        records += generate_and_score(generate, [rows[i] for i, _ in part], [prompt_ids[i] for i, _ in part], params,
+                                      _decode(teacher_tok))
+        logger.info("teacher best-of-%d: %d of %d answers sampled, %d verified so far", n, len(records), len(copies),
+                    sum(r["correct"] for r in records))
     modes = [prompt_mode(conversations[i]) for i, _ in copies]
     shaped = mode_format_reward([r["text"] for r in records], mode=modes)
     out: list[str | None] = [None] * len(rows)

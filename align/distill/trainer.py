@@ -50,6 +50,7 @@ import torch
 from accelerate.utils import set_seed as set_rank_seed
 
 from align import stage
+from align.data import load_replay_conversations
 from align.distill.config import DistillConfig
 from align.distill.loss import check_plain_head, chunked_jsd, hidden_states_as_logits
 from align.distill.metrics import (
@@ -421,6 +422,22 @@ def teacher_best_of_accuracy(conv: dict, teacher, teacher_tok, args: DistillConf
             "by_mode": by_mode(rows, flags), "correct": flags}
 
 
+def add_replay_conversations(train, spec: str, limit: int | None = None):
+    """rejection_sampling: the verified answers + `spec`'s conversations (`replay_data`), one `messages` column."""
+    import datasets
+
+    replay = load_replay_conversations(spec, limit)
+    rows = []
+    for i, messages in enumerate(replay["messages"]):
+        if not (messages and messages[-1].get("role") == "assistant"):
+            raise ValueError(f"replay_data {spec!r} row {i} is not a conversation ending in an assistant turn; got "
+                             f"{str(messages)[:60]!r}")
+        rows.append({"messages": [{"role": m["role"], "content": m["content"]} for m in messages]})
+    logger.info("replay: %d conversations from %s added to %d verified answers (the same next-token loss)",
+                len(rows), spec, len(train))
+    return datasets.concatenate_datasets([train, datasets.Dataset.from_list(rows, features=train.features)])
+
+
 def teacher_view(conv: dict, student_tok, teacher_tok, args: DistillConfig, mode: str) -> dict[str, str]:
     """Student-rendered prompt -> the teacher's rendering, for the training and held-out prompts. cross: the teacher
     always reads its own template; same: only when it has a view of its own (demonstrations, a hint, stripped
@@ -461,6 +478,8 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     check_tool_distillation(args, args.use_uld_loss)
     teacher_written = args.loss in ("sequence_kd", "rejection_sampling")
     train = teacher_answers(conv, teacher, teacher_tok, args) if teacher_written else conv["train"]
+    if args.replay_data:
+        train = add_replay_conversations(train, args.replay_data, args.replay_samples)
     teacher_prompts = teacher_view(conv, student_tok, teacher_tok, args, mode)
     best_of = None  # measured before a trainer wraps the teacher, as its answers are
     if args.loss == "rejection_sampling" and args.distill_eval and script_args.eval_after and eval_rows:
