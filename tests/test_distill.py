@@ -392,7 +392,7 @@ def _best_of_engine(tok, rows_by_prompt: dict, n: int, calls: list):
 
 
 def test_rejection_sampling_teacher_keeps_its_first_verified_answer_in_the_asked_modes_shape(tiny, monkeypatch):
-    import align.distill.teacher as dt
+    import align.distill.rejection as dt
     from align.distill.trainer import prepare_conversations, teacher_answers
     from data_gen.tasks import assistant_text
 
@@ -458,7 +458,7 @@ def test_rejection_sampling_replay_rows_join_the_verified_answers(tmp_path):
 
 def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_teacher_per_mode(tiny, tmp_path,
                                                                                                   monkeypatch):
-    import align.distill.teacher as dt
+    import align.distill.rejection as dt
     from align.data import get_dataset
     from align.distill.trainer import DistillTrainer
     from align.models import load_model, load_tokenizer

@@ -12,7 +12,6 @@ what this module returns.
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 from collections.abc import Sequence
@@ -21,14 +20,8 @@ import torch
 from transformers import BitsAndBytesConfig
 
 from align.distill.config import DistillConfig
-from align.distill.metrics import _decode, greedy_completions, render_prompts
+from align.distill.metrics import _decode, greedy_completions
 from align.models import load_model, load_tokenizer
-from align.rollout import SamplingParams
-from align.scoring import generate_and_score, model_generate
-from rewards.format import mode_format_reward
-from rewards.length import prompt_mode
-
-logger = logging.getLogger(__name__)
 
 MODE_FLAGS = ("/no_think", "/think")
 
@@ -229,42 +222,3 @@ def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args:
                                            template_kwargs=args.teacher_chat_template_kwargs)
     # as generated, eos dropped: a tokenizer that makes <think> a special token keeps the think block
     return [_decode(teacher_tok)(c) for c in completion_ids]
-
-
-SAMPLES_PER_LOG = 512  # rejection_sampling's progress line: one per this many teacher answers
-
-
-def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: Sequence[Sequence[dict]],
-                    args: DistillConfig, pool: FewShotPool | None = None, groups: Sequence | None = None,
-                    hints: Sequence[str] | None = None) -> list[str | None]:
-    """rejection_sampling: `teacher_best_of` answers per prompt sampled at `temperature` (the teacher's own view of
-    it), and the first that the row's verifier accepts (`align.scoring`, as every accuracy here) in the shape its
-    asked mode wants (`rewards.format.mode_format_reward`: a think block with reasoning in think mode, none in
-    no_think); None where no sample is. The teacher's lead is its samples plus the verifier: the student sees
-    neither the answer nor the verifier, only what they picked.
-
-    Collective: every rank passes all rows and gets all answers; each samples its share of the copies."""
-    n = args.teacher_best_of
-    prompts = [_teacher_view(_prompt_part(m), args, pool, groups[i] if groups is not None else None,
-                             hints[i] if hints is not None else None)
-               for i, m in enumerate(conversations)]
-    prompt_ids = render_prompts(teacher_tok, prompts, args.teacher_chat_template_kwargs)
-    # the k-th copies of every prompt side by side, so each engine batch holds many prompts
-    copies = [(i, k) for k in range(n) for i in range(len(rows))]
-    generate, records = model_generate(teacher, teacher_tok), []
-    for start in range(0, len(copies), SAMPLES_PER_LOG):  # the same chunks on every rank: collective calls pair up
-        part = copies[start : start + SAMPLES_PER_LOG]
-        # a seed of its own per chunk: the engine restarts its random stream at every call
-        params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_completion_length,
-                                stop_token_ids=[teacher_tok.eos_token_id], seed=args.seed + start, logprobs=False)
-        records += generate_and_score(generate, [rows[i] for i, _ in part], [prompt_ids[i] for i, _ in part], params,
-                                      _decode(teacher_tok))
-        logger.info("teacher best-of-%d: %d of %d answers sampled, %d verified so far", n, len(records), len(copies),
-                    sum(r["correct"] for r in records))
-    modes = [prompt_mode(conversations[i]) for i, _ in copies]
-    shaped = mode_format_reward([r["text"] for r in records], mode=modes)
-    out: list[str | None] = [None] * len(rows)
-    for (i, _), record, shape in zip(copies, records, shaped, strict=True):
-        if out[i] is None and record["correct"] and shape != 0.0:
-            out[i] = record["text"]  # the text that was checked: special tokens such as <think> kept, eos dropped
-    return out

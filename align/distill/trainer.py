@@ -33,8 +33,9 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
   McNemar test of the accuracy on those same prompts (`paired`). Written to `<output_dir>/distill_eval.json`.
 
 The config is align/distill/config.py, the teacher's side (its tokenizer, placement and view of each prompt)
-align/distill/teacher.py, the held-out metrics align/distill/metrics.py; this module holds the trainer, the engine
-adapter and `main`, which takes the shared steps of align/stage.py in their order.
+align/distill/teacher.py, the rejection-sampling teacher align/distill/rejection.py, the held-out metrics
+align/distill/metrics.py; this module holds the trainer, the engine adapter and `main`, which takes the shared steps
+of align/stage.py in their order.
 
 How to run:
     python scripts/distill.py recipes/tiny_distill.yaml     # same tokenizer: sft_strong -> midtrain
@@ -50,18 +51,17 @@ import torch
 from accelerate.utils import set_seed as set_rank_seed
 
 from align import stage
-from align.data import load_replay_conversations
 from align.distill.config import DistillConfig
 from align.distill.loss import check_plain_head, chunked_jsd, hidden_states_as_logits
 from align.distill.metrics import (
     evaluate,
     teacher_accuracy,
 )
+from align.distill.rejection import add_replay_conversations, by_mode, teacher_best_of_accuracy, verified_answers
 from align.distill.teacher import (
     FewShotPool,
     TeacherOnDevice,
     _prompt_part,
-    best_of_samples,
     load_teacher,
     load_teacher_tokenizer,
     resolve_tokenizer_mode,
@@ -82,7 +82,6 @@ from align.tools.distill import (
 )
 from align.tools.grpo import build_tool_loop
 from data_gen.tasks import assistant_text
-from rewards.length import prompt_mode
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
 from trl.experimental.gold import GOLDTrainer  # noqa: E402
@@ -375,20 +374,10 @@ def prepare_conversations(data, args: DistillConfig, eval_num_prompts: int) -> d
 def teacher_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
     """sequence_kd: the training conversations with the teacher's greedy answers in place of the dataset's. Each rank
     answers its share of the prompts with the whole teacher; every rank gets all the answers.
-    rejection_sampling: the teacher's verified best-of-`teacher_best_of` answers; prompts with none are dropped."""
+    rejection_sampling: the teacher's verified best-of-`teacher_best_of` answers (align/distill/rejection.py)."""
     convs, groups, hints = list(conv["train"]["messages"]), conv["groups"], conv["hints"]
     if args.loss == "rejection_sampling":
-        with full_model(teacher, None) as whole:
-            answers = best_of_samples(whole, teacher_tok, conv["rows"], convs, args, conv["pool"], groups, hints)
-        kept = [i for i, a in enumerate(answers) if a is not None]
-        logger.info("rejection_sampling: the teacher's best of %d has a verified answer for %d of %d training prompts",
-                    args.teacher_best_of, len(kept), len(answers))
-        if not kept:
-            raise ValueError(f"rejection_sampling: none of the teacher's {args.teacher_best_of} samples was accepted "
-                             f"by the verifier on any of the {len(answers)} training prompts; raise teacher_best_of, "
-                             "raise max_completion_length, or check the rows' answer and reward columns")
-        return conv["train"].select(kept).map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
-            {"role": "assistant", "content": answers[kept[i]]}]}, with_indices=True)
+        return verified_answers(conv, teacher, teacher_tok, args)
     idx = shard(range(len(convs)))
     with full_model(teacher, None) as whole:
         mine = teacher_samples(whole, teacher_tok, [convs[i] for i in idx], args, conv["pool"],
@@ -397,45 +386,6 @@ def teacher_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
     answers = gather_shards(mine)
     return conv["train"].map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
         {"role": "assistant", "content": answers[i]}]}, with_indices=True)
-
-
-def by_mode(rows: list[dict], flags: list) -> dict[str, float]:
-    """The share of true flags among the rows of each asked reasoning mode (their prompt's /think or /no_think)."""
-    out: dict[str, list] = {}
-    for row, flag in zip(rows, flags, strict=True):
-        out.setdefault(prompt_mode(row["prompt_messages"]) or "unflagged", []).append(float(flag))
-    return {m: sum(v) / len(v) for m, v in sorted(out.items())}
-
-
-def teacher_best_of_accuracy(conv: dict, teacher, teacher_tok, args: DistillConfig) -> dict:
-    """rejection_sampling: the teacher's own accuracy on the held-out rows, without the answer: the share of prompts
-    where one of its `teacher_best_of` samples passes the verifier (what it would hand the student), overall and
-    per asked mode, with the per-row flags. Collective, like `teacher_answers`."""
-    rows = conv["eval_rows"]
-    hints = teacher_hints(rows, args.teacher_hint) if args.teacher_hint else None
-    groups = None if conv["groups"] is None else [r.get(args.teacher_few_shot_group) for r in rows]
-    with full_model(teacher, None) as whole:
-        answers = best_of_samples(whole, teacher_tok, rows, [r["prompt_messages"] for r in rows], args, conv["pool"],
-                                  groups, hints)
-    flags = [int(a is not None) for a in answers]
-    return {"n": args.teacher_best_of, "accuracy": sum(flags) / max(len(flags), 1), "num_prompts": len(flags),
-            "by_mode": by_mode(rows, flags), "correct": flags}
-
-
-def add_replay_conversations(train, spec: str, limit: int | None = None):
-    """rejection_sampling: the verified answers + `spec`'s conversations (`replay_data`), one `messages` column."""
-    import datasets
-
-    replay = load_replay_conversations(spec, limit)
-    rows = []
-    for i, messages in enumerate(replay["messages"]):
-        if not (messages and messages[-1].get("role") == "assistant"):
-            raise ValueError(f"replay_data {spec!r} row {i} is not a conversation ending in an assistant turn; got "
-                             f"{str(messages)[:60]!r}")
-        rows.append({"messages": [{"role": m["role"], "content": m["content"]} for m in messages]})
-    logger.info("replay: %d conversations from %s added to %d verified answers (the same next-token loss)",
-                len(rows), spec, len(train))
-    return datasets.concatenate_datasets([train, datasets.Dataset.from_list(rows, features=train.features)])
 
 
 def teacher_view(conv: dict, student_tok, teacher_tok, args: DistillConfig, mode: str) -> dict[str, str]:
