@@ -450,7 +450,10 @@ def test_rejection_sampling_replay_rows_join_the_verified_answers(tmp_path):
                                             for r in chat]
     assert add_replay_conversations(verified, str(path), limit=1)["messages"][1][0]["content"] == "Tell me about tea."
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    with pytest.raises(ValueError, match="row 0 is not a conversation ending in an assistant turn"):
+    with pytest.raises(ValueError, match=r"row 0 is not a conversation \(\{role, content\} turns\) ending in an"):
+        add_replay_conversations(verified, str(path))
+    path.write_text(json.dumps({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "text": "yo"}]}))
+    with pytest.raises(ValueError, match="row 0 is not a conversation"):  # not a KeyError from deep inside
         add_replay_conversations(verified, str(path))
     with pytest.raises(ValueError, match="replay_data is learned with rejection_sampling.*loss 'reverse_kl'"):
         DistillConfig(output_dir="/tmp/unused", replay_data=str(path))

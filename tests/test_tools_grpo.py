@@ -212,6 +212,10 @@ def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, m
     with pytest.raises(ValueError, match="plain view"):
         distill.check_tool_distillation(DistillConfig(output_dir=str(tmp_path / "x"), teacher_model_name_or_path="t",
                                                       tools=["calculator"], teacher_hint=" ({answer})"), False)
+    for loss in ("supervised", "sequence_kd", "rejection_sampling"):  # fixed completions: no room for tool calls
+        with pytest.raises(ValueError, match=f"loss {loss} trains on fixed completions"):
+            distill.check_tool_distillation(DistillConfig(output_dir=str(tmp_path / "x"), teacher_model_name_or_path="t",
+                                                          tools=["calculator"], loss=loss), False)
 
 
 def test_trls_own_vllm_bookkeeping_is_kept_without_tools(tiny, tmp_path):

@@ -111,9 +111,11 @@ def add_replay_conversations(train, spec: str, limit: int | None = None):
     replay = load_replay_conversations(spec, limit)
     rows = []
     for i, messages in enumerate(replay["messages"]):
-        if not (messages and messages[-1].get("role") == "assistant"):
-            raise ValueError(f"replay_data {spec!r} row {i} is not a conversation ending in an assistant turn; got "
-                             f"{str(messages)[:60]!r}")
+        turns = messages if isinstance(messages, list) else []
+        if not (turns and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in turns)
+                and turns[-1]["role"] == "assistant"):
+            raise ValueError(f"replay_data {spec!r} row {i} is not a conversation ({{role, content}} turns) ending "
+                             f"in an assistant turn; got {str(messages)[:60]!r}")
         rows.append({"messages": [{"role": m["role"], "content": m["content"]} for m in messages]})
     logger.info("replay: %d conversations from %s added to %d verified answers (the same next-token loss)",
                 len(rows), spec, len(train))

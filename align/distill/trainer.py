@@ -11,8 +11,9 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
   them token by token, lmbda=0) and rejection_sampling (the teacher samples `teacher_best_of` answers per prompt,
   the row's verifier keeps one, the student learns it with the plain next-token loss: Kim & Rush's sequence-level
   KD with a verifier, for a teacher whose lead is more samples rather than other weights; soft targets from such a
-  teacher would hand back the same distribution it sampled from). In the cross-tokenizer path the per-token term is ULD's distance between
-  sorted probability vectors (direction-free), so `loss` picks only where the sequences come from.
+  teacher would hand back the same distribution it sampled from). In the cross-tokenizer path the per-token term
+  is ULD's distance between sorted probability vectors (direction-free), so `loss` picks only where the sequences
+  come from.
 - student sampling through the shared rollout engine (`align.rollout.get_engine`): TRL's GOLD calls
   `self.vllm_generation.generate(prompt_ids, ...)` / `.sync_weights()` when `use_vllm` is on, so an adapter
   with those two methods (`EngineGeneration`) plugs our engine in without touching TRL's buffer logic.
@@ -375,9 +376,9 @@ def teacher_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
     """sequence_kd: the training conversations with the teacher's greedy answers in place of the dataset's. Each rank
     answers its share of the prompts with the whole teacher; every rank gets all the answers.
     rejection_sampling: the teacher's verified best-of-`teacher_best_of` answers (align/distill/rejection.py)."""
-    convs, groups, hints = list(conv["train"]["messages"]), conv["groups"], conv["hints"]
     if args.loss == "rejection_sampling":
         return verified_answers(conv, teacher, teacher_tok, args)
+    convs, groups, hints = list(conv["train"]["messages"]), conv["groups"], conv["hints"]
     idx = shard(range(len(convs)))
     with full_model(teacher, None) as whole:
         mine = teacher_samples(whole, teacher_tok, [convs[i] for i in idx], args, conv["pool"],

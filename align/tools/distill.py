@@ -19,7 +19,7 @@ def check_tool_distillation(args, use_uld_loss: bool) -> None:
                          "path rebuilds sequences from text); use a same-tokenizer teacher")
     if args.teacher_hint or args.teacher_few_shot:
         raise ValueError("tools in distillation use the teacher's plain view: unset teacher_hint and teacher_few_shot")
-    if args.loss in ("supervised", "sequence_kd"):
+    if args.loss in ("supervised", "sequence_kd", "rejection_sampling"):
         raise ValueError(f"loss {args.loss} trains on fixed completions; tools need an on-policy loss "
                          "(reverse_kl, forward_kl or jsd)")
 
