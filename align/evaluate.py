@@ -62,7 +62,7 @@ from align.configs import rename_deprecated
 from align.data import load_source
 from align.distributed import world
 from align.harness import find_lighteval, run_lighteval
-from align.models import load_model, load_tokenizer, resolve_model_path
+from align.models import load_model, load_tokenizer, local_device, resolve_model_path
 from align.rollout import BACKENDS, choose_backend, get_engine
 from align.scoring import mc_picks, mc_summary, pad_id, sequence_logprobs, shuffle_choices
 from align.tools.evaluate import tool_suite
@@ -435,9 +435,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
 
 def eval_device() -> torch.device:
     """Where the evaluated model lives: this rank's GPU when there is one (LOCAL_RANK under a launcher), else CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
-    return torch.device("cpu")
+    return local_device()
 
 
 # Room for the longest eval prompt (a few-shot GSM8K question, a HumanEval header) beside the generation budget.

@@ -164,6 +164,14 @@ def default_dtype() -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
+def local_device() -> torch.device:
+    """This rank's GPU when there is one (`cuda:LOCAL_RANK` under a launcher), else the CPU: where a model that no
+    trainer places (an evaluated model, a rollout engine loaded from a path, a teacher writing answers) should run."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
+    return torch.device("cpu")
+
+
 def has_autocast_forward(model) -> bool:
     """accelerate's mixed precision (bf16/fp16 `prepare`) replaced this instance's `forward` with an autocast-wrapped
     one, keeping the original as `_original_forward`. (DeepSpeed's bf16 casts the weights instead: False.)"""

@@ -193,6 +193,32 @@ def test_hf_engine_on_a_live_model_sees_its_weights_without_copy(model_dirs):
     engine.close()
 
 
+def test_models_no_trainer_places_go_on_the_ranks_device(model_dirs, monkeypatch):
+    """On a GPU machine from_pretrained loads to the CPU: an hf engine built from a path (preference and answer
+    generation) and a distillation teacher (its answers are sampled before a trainer wraps it) move to this rank's
+    device themselves. "meta" stands in for cuda:LOCAL_RANK here; a quantized teacher is left where it loaded."""
+    import align.distill.teacher as teacher_mod
+    import align.models as models
+    import align.rollout.hf as hf
+    from align.distill.config import DistillConfig
+    from align.rollout.hf import HFEngine
+
+    args = DistillConfig(output_dir="/tmp/unused")  # before CUDA is faked: TrainingArguments asks the device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert models.local_device() == torch.device("cuda", 1)
+    monkeypatch.setattr(hf, "local_device", lambda: torch.device("meta"))
+    monkeypatch.setattr(teacher_mod, "local_device", lambda: torch.device("meta"))
+    assert HFEngine(str(model_dirs["tied"])).model.device.type == "meta"
+    assert HFEngine(_load(model_dirs["tied"])).model.device.type == "cpu"  # a live model stays with its trainer
+    assert teacher_mod.load_teacher(str(model_dirs["untied"]), args, dtype="float32").device.type == "meta"
+    loaded = _load(model_dirs["untied"])
+    monkeypatch.setattr(teacher_mod, "load_model", lambda *a, **k: loaded)
+    args.teacher_quantization = "8bit"
+    monkeypatch.setattr(teacher_mod, "BitsAndBytesConfig", lambda **k: k)
+    assert teacher_mod.load_teacher("unused", args).device.type == "cpu"
+
+
 def test_hf_engine_on_a_cpu_samples_in_the_weights_precision_under_a_trainers_autocast(model_dirs, tmp_path):
     """`trainer.train()` (bf16 mixed precision) leaves accelerate's autocast on the shared model's forward; the hf
     engine still samples from the fp32 weights, exactly what an engine on an untouched copy samples, and the

@@ -21,7 +21,7 @@ from transformers import BitsAndBytesConfig
 
 from align.distill.config import DistillConfig
 from align.distill.metrics import _decode, greedy_completions
-from align.models import load_model, load_tokenizer
+from align.models import load_model, load_tokenizer, local_device
 
 MODE_FLAGS = ("/no_think", "/think")
 
@@ -52,6 +52,11 @@ def load_teacher(name_or_path: str, args: DistillConfig, dtype: str | torch.dtyp
         kwargs["device_map"] = {"": args.teacher_device or f"cuda:{int(os.environ.get('LOCAL_RANK', '0') or 0)}"}
     model = load_model(name_or_path, dtype=dtype, **kwargs)
     model.eval()
+    if not args.teacher_quantization and not any(hasattr(p, "ds_id") for p in model.parameters()):
+        # GPU: this rank's GPU (or teacher_device) now, not when a trainer wraps it: sequence_kd and
+        # rejection_sampling sample the teacher's answers before that, on the CPU until this (ZeRO-3 partitions
+        # are placed by DeepSpeed)
+        model.to(args.teacher_device or local_device())
     if model.dtype != torch.float32 and not args.teacher_quantization:
         # a half-precision teacher: its logits reach the divergences in float32, like the student's
         model.register_forward_hook(_float_logits)

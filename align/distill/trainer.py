@@ -424,8 +424,8 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     args.use_uld_loss = mode == "cross"
     if mode == "cross" and not args.teacher_tokenizer_name_or_path:
         args.teacher_tokenizer_name_or_path = resolve_model_path(args.teacher_model_name_or_path)
-    logger.info("distillation: loss=%s mode=%s beta=%s lmbda=%s backend=%s", args.loss, mode, args.beta, args.lmbda,
-                args.rollout_backend)
+    logger.info("distillation: loss=%s mode=%s beta=%s lmbda=%s backend=%s teacher on %s", args.loss, mode, args.beta,
+                args.lmbda, args.rollout_backend, teacher.device)
     check_tool_distillation(args, args.use_uld_loss)
     teacher_written = args.loss in ("sequence_kd", "rejection_sampling")
     train = teacher_answers(conv, teacher, teacher_tok, args) if teacher_written else conv["train"]

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from align.distributed import iter_full_params, zero3_init_disabled
-from align.models import has_autocast_forward, load_model, native_forward
+from align.models import has_autocast_forward, load_model, local_device, native_forward
 from align.rollout.base import (
     Rollout,
     SamplingParams,
@@ -184,7 +184,10 @@ class HFEngine:
         if batch_size < 1:
             raise ValueError(f"hf rollout batch_size={batch_size} must be >= 1")
         if isinstance(model, str):
-            self.model = load_model(model, dtype=dtype)
+            # on a GPU machine the rank's GPU (from_pretrained loads to the CPU): preference and answer generation
+            # sampled on the CPU there before
+            self.model = load_model(model, dtype=dtype).to(local_device())
+            logger.info("hf engine: %s loaded on %s", model, self.model.device)
             self.owns_model = True
         elif dtype not in ("auto", None) and _torch_dtype(dtype) != model.dtype:
             # A live model in another dtype (e.g. bf16 rollouts of an fp32 policy): a copy in that dtype,

@@ -184,9 +184,7 @@ def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: st
             os.environ.pop(name, None)
         if threads:
             torch.set_num_threads(int(threads))
-        engine = get_engine(model_path, backend=backend, **knobs)
-        if backend == "hf" and torch.cuda.is_available():  # GPU (not run here): the rank's device, as vLLM takes
-            engine.model.to("cuda")
+        engine = get_engine(model_path, backend=backend, **knobs)  # hf: on the one visible GPU (HFEngine)
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent as text
         outbox.put(("failed", traceback.format_exc()))
         return

@@ -40,14 +40,28 @@ run distill $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_pat
     --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill" $trl --per_device_train_batch_size 2 \
     --max_completion_length 16 --max_length 128 --eval_num_prompts 4 --distill_eval_max_new_tokens 16 \
     --dataset_args "{num: 32, mode: mixed, seed: 0}"
+# replay rows beside the GRPO loss (align/grpo_replay.py), padded and padding-free
+run grpo_replay $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_replay" $trl --rollout_backend hf \
+    --replay_data builtin:tasks --replay_args "{num: 16, mode: mixed, seed: 1}" --replay_coef 0.2
+run grpo_replay_pf $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_replay_pf" $trl --rollout_backend hf \
+    --replay_data builtin:tasks --replay_args "{num: 16, mode: mixed, seed: 1}" --replay_coef 0.2 --padding_free true
+# the rejection-sampling teacher: its best-of-n answers sampled on the GPU (the teacher loaded to the CPU before)
+run distill_rejection $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_path "$M/midtrain" \
+    --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill_rejection" $trl \
+    --per_device_train_batch_size 2 --loss rejection_sampling --teacher_best_of 8 --temperature 1.0 \
+    --max_completion_length 32 --max_length 160 --eval_num_prompts 16 --distill_eval_max_new_tokens 32 \
+    --dataset_args "{num: 64, mode: mixed, seed: 0}" --replay_data builtin:tasks --replay_samples 8
+grep -h -o "teacher on [a-z:0-9]*\|verified answer for [0-9]* of [0-9]*\|replay/nll[^,]*" "$OUT"/distill*.log "$OUT"/grpo_replay*.log | sort | uniq -c | head
 run preferences $PY scripts/generate_preferences.py "$M/configs/preferences.yaml" --output_dir "$OUT/preferences" \
     --rollout_backend hf
+grep -h -o "hf engine: .* loaded on [a-z:0-9]*" "$OUT/preferences.log" | head -1
 run evaluate $PY scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
     --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --max_new_tokens 32 --backend hf
 $PY - "$OUT" <<'PY'
 import json, sys, os
 out = sys.argv[1]
 for name, f in [("sft", "sft/sft_eval.json"), ("grpo", "grpo/grpo_eval.json"), ("grpo_async", "grpo_async/grpo_eval.json"), ("distill", "distill/distill_eval.json"),
+                ("distill_rejection", "distill_rejection/distill_eval.json"),
                 ("eval", "eval/eval_results.json")]:
     p = os.path.join(out, f)
     if not os.path.exists(p):
@@ -55,4 +69,7 @@ for name, f in [("sft", "sft/sft_eval.json"), ("grpo", "grpo/grpo_eval.json"), (
     r = json.load(open(p))
     keep = {k: r[k] for k in ("device", "world_size", "distributed_type") if k in r}
     print(name, keep, {k: v for k, v in (r.get("metrics") or {}).items() if k.startswith(("acc/", "loss/"))})
+    if "teacher_best_of" in r:  # distillation: the teacher's verified best-of-n, the student before and after
+        print(" ", name, "teacher best-of", {k: r["teacher_best_of"][k] for k in ("n", "accuracy", "by_mode")},
+              "student", [r.get(w, {}).get("accuracy") for w in ("before", "after")])
 PY
