@@ -14,6 +14,7 @@ trl="--max_steps 3 --logging_steps 1 --save_steps 3 --report_to none --bf16 true
 
 run() {  # name, then the command; prints rc, seconds and the last logged loss
   local name=$1; shift
+  [[ -z "${ONLY:-}" || " $ONLY " == *" $name "* ]] || return 0  # ONLY="grpo distill ...": just those runs
   local start=$SECONDS
   # SIGINT first: a hung stage leaves Python's traceback (where it waited) at the end of its log
   timeout -s INT -k 15 "${STAGE_TIMEOUT:-300}" "$@" > "$OUT/$name.log" 2>&1
