@@ -94,14 +94,34 @@ def load_model(model_args, name_or_path: str | None = None):
         if not torch.cuda.is_available():
             raise ValueError("load_in_4bit / load_in_8bit (QLoRA) need a CUDA GPU and bitsandbytes; "
                              "on CPU use plain LoRA (use_peft: true) instead")
-        kwargs.update(quantization_config=quantization, device_map=trl.get_kbit_device_map())
+        # each rank's own GPU (TRL 1.x dropped get_kbit_device_map; found on an H200)
+        kwargs.update(quantization_config=quantization, device_map={"": models.local_device()})
     return models.load_model(name_or_path or model_args.model_name_or_path, dtype=model_args.dtype or "auto",
                              attn_implementation=model_args.attn_implementation, **kwargs)
 
 
 def peft_config(model_args):
-    """The LoRA adapter the recipe asks for (`use_peft`, `lora_r`, `lora_alpha`, ...), or None."""
-    return trl.get_peft_config(model_args)
+    """The LoRA adapter the recipe asks for (`use_peft`, `lora_r`, `lora_alpha`, ...), or None. Without
+    `lora_target_modules`, PEFT's default modules for the architecture; where PEFT has none (SmolLM3, our pretrained
+    models: PEFT raised "Please specify `target_modules`"), every linear layer but the head ("all-linear")."""
+    config = trl.get_peft_config(model_args)
+    if config is not None and config.target_modules is None and not getattr(config, "target_parameters", None):
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+        model_type = _model_type(model_args.model_name_or_path)
+        if model_type is not None and model_type not in DEFAULTS:
+            config.target_modules = "all-linear"
+            logger.info("LoRA: PEFT has no default modules for %s models: every linear layer but the head", model_type)
+    return config
+
+
+def _model_type(name_or_path: str) -> str | None:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(models.resolve_model_path(name_or_path)).model_type
+    except (OSError, ValueError):
+        return None  # a hub id offline, a path not made yet: PEFT decides (and names what is missing)
 
 
 def prepare(trainer, script_args, stage: str, **checks) -> None:

@@ -91,6 +91,43 @@ def test_qlora_keys_are_read_the_same_way_for_every_stage():
         stage.load_model(ModelConfig(model_name_or_path="unused", load_in_4bit=True))
 
 
+def test_qlora_loads_on_this_ranks_gpu(monkeypatch):
+    """On a GPU the quantized base goes to cuda:LOCAL_RANK (TRL 1.x has no get_kbit_device_map: an H200 run failed)."""
+    import torch
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setattr(stage.models, "load_model", lambda name, **kw: seen.update(kw) or "model")
+    assert stage.load_model(ModelConfig(model_name_or_path="unused", load_in_4bit=True, dtype="bfloat16")) == "model"
+    assert seen["device_map"] == {"": torch.device("cuda", 2)}
+    assert seen["quantization_config"].load_in_4bit and seen["quantization_config"].bnb_4bit_compute_dtype == \
+        torch.bfloat16
+
+
+def test_lora_without_target_modules_adapts_every_linear_layer_where_peft_has_no_default(tmp_path):
+    """SmolLM3 (and every model pretrain/ makes) is not in PEFT's table of default LoRA modules: use_peft alone
+    failed ("Please specify `target_modules`"); it now adapts every linear layer but the head. A llama keeps PEFT's
+    own default (q_proj, v_proj), as with TRL."""
+    import torch
+    from peft import get_peft_model
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    torch.manual_seed(0)
+    config = SmolLM3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, pad_token_id=0,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    SmolLM3ForCausalLM(config).save_pretrained(tmp_path / "smollm3")
+    _tiny_causal_lm().save_pretrained(tmp_path / "llama")
+    lora = stage.peft_config(ModelConfig(model_name_or_path=str(tmp_path / "smollm3"), use_peft=True))
+    assert lora.target_modules == "all-linear"
+    adapted = get_peft_model(SmolLM3ForCausalLM.from_pretrained(tmp_path / "smollm3"), lora)
+    names = {n.split(".lora_A")[0].split(".")[-1] for n, _ in adapted.named_parameters() if "lora_A" in n}
+    assert names >= {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert not any("lm_head" in n and "lora" in n for n, _ in adapted.named_parameters())
+    assert stage.peft_config(ModelConfig(model_name_or_path=str(tmp_path / "llama"), use_peft=True)).target_modules \
+        is None
+
+
 def _tiny_causal_lm():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
