@@ -15,7 +15,7 @@ tok = AutoTokenizer.from_pretrained("tests/assets/tiny_tokenizer")
 torch.manual_seed(0)
 config = SmolLM3Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                       pad_token_id=tok.pad_token_id or 0)
+                       pad_token_id=tok.pad_token_id or 0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
 SmolLM3ForCausalLM(config).save_pretrained(sys.argv[1]); tok.save_pretrained(sys.argv[1])
 PY
 for kind in lora qlora; do
