@@ -15,19 +15,22 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 t="timeout -s INT -k 15 ${STAGE_TIMEOUT:-300}"  # a hung step leaves Python's traceback at the end of its log
 on() { [[ " ${GPU_PATHS:-1 2 3 4 5} " == *" $1 "* ]]; }
-sft="$M/configs/sft.yaml --model_name_or_path $M/midtrain --max_steps 4 --logging_steps 1 --save_steps 4 --eval_after false --bf16 true"
-if on 1; then
-$t $PY scripts/sft.py $sft --output_dir "$OUT/sft_plain" > "$OUT/sft_plain.log" 2>&1; echo "sft plain rc $?"
-$t $PY scripts/sft.py $sft --output_dir "$OUT/sft_liger" --use_liger_kernel true > "$OUT/sft_liger.log" 2>&1; echo "sft liger rc $?"
-$PY - "$OUT" <<'PY'
+compare_losses() {  # two runs' logged losses, step by step
+  $PY - "$OUT" "$1" "$2" <<'PY'
 import json, sys, glob
 def losses(d):
     f = sorted(glob.glob(f"{d}/checkpoint-*/trainer_state.json"))[-1]
     return [h["loss"] for h in json.load(open(f))["log_history"] if "loss" in h]
-out = sys.argv[1]
-a, b = losses(f"{out}/sft_plain"), losses(f"{out}/sft_liger")
-print("sft losses plain", a, "liger", b, "max rel diff", max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+out, x, y = sys.argv[1:]
+a, b = losses(f"{out}/{x}"), losses(f"{out}/{y}")
+print("losses", x, a, y, b, "max rel diff", max(abs(p - q) / abs(p) for p, q in zip(a, b)))
 PY
+}
+sft="$M/configs/sft.yaml --model_name_or_path $M/midtrain --max_steps 4 --logging_steps 1 --save_steps 4 --eval_after false --bf16 true"
+if on 1; then
+$t $PY scripts/sft.py $sft --output_dir "$OUT/sft_plain" > "$OUT/sft_plain.log" 2>&1; echo "sft plain rc $?"
+$t $PY scripts/sft.py $sft --output_dir "$OUT/sft_liger" --use_liger_kernel true > "$OUT/sft_liger.log" 2>&1; echo "sft liger rc $?"
+compare_losses sft_plain sft_liger
 grep -i -m3 "liger" "$OUT/sft_liger.log"
 fi
 if on 2; then
@@ -57,15 +60,11 @@ $t $PY scripts/sft.py $sft --output_dir "$OUT/sft_lora" --use_peft true --lora_r
     > "$OUT/sft_lora.log" 2>&1; echo "sft lora rc $?"
 $t $PY scripts/sft.py $sft --output_dir "$OUT/sft_qlora" --use_peft true --lora_r 8 --lora_alpha 16 --load_in_4bit true \
     > "$OUT/sft_qlora.log" 2>&1; echo "sft qlora rc $?"; tail -3 "$OUT/sft_qlora.log"
+compare_losses sft_lora sft_qlora
 $PY - "$OUT" <<'PY'
-import json, sys, glob
-def losses(d):
-    f = sorted(glob.glob(f"{d}/checkpoint-*/trainer_state.json"))[-1]
-    return [h["loss"] for h in json.load(open(f))["log_history"] if "loss" in h]
-out = sys.argv[1]
-a, b = losses(f"{out}/sft_lora"), losses(f"{out}/sft_qlora")
-print("sft losses lora", a, "qlora", b, "max rel diff", max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+import sys
 from transformers import AutoModelForCausalLM
+out = sys.argv[1]
 m = AutoModelForCausalLM.from_pretrained(f"{out}/sft_qlora")
 print("qlora saved model dtype", m.dtype, "quantized", hasattr(m.config, "quantization_config"))
 PY
