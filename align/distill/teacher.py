@@ -12,7 +12,6 @@ what this module returns.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Sequence
 
@@ -49,7 +48,7 @@ def load_teacher(name_or_path: str, args: DistillConfig, dtype: str | torch.dtyp
         four = args.teacher_quantization == "4bit"
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=four, load_in_8bit=not four)
         # this rank's own GPU unless the recipe names one (one process: a second GPU for the teacher)
-        kwargs["device_map"] = {"": args.teacher_device or f"cuda:{int(os.environ.get('LOCAL_RANK', '0') or 0)}"}
+        kwargs["device_map"] = {"": args.teacher_device or local_device()}
     model = load_model(name_or_path, dtype=dtype, **kwargs)
     model.eval()
     if not args.teacher_quantization and not any(hasattr(p, "ds_id") for p in model.parameters()):
