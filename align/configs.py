@@ -89,6 +89,12 @@ class StageArgs:
                   "128). gradient_accumulation_steps is then derived from it, per_device_train_batch_size and the "
                   "launched world size, so the same recipe trains at the same batch on 8 GPUs or 64; it must divide."},
     )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Recompute each layer's activations in the backward instead of keeping them: less memory, "
+                  "~20-30% more compute. Unset: on with CUDA (TRL's default), off on a CPU; true or false is kept "
+                  "on every device."},
+    )
 
 
 def rename_deprecated(config, renamed: dict[str, str]) -> None:
@@ -221,8 +227,9 @@ def apply_device_defaults(args) -> None:
     TRL defaults to bf16=True and gradient checkpointing, which on a CPU-only machine either
     refuses to start ("Your setup doesn't support bf16/gpu") or runs ~20% slower for memory we do
     not need. Without CUDA we set `use_cpu=True` (bf16 then means CPU autocast: faster matmuls where the CPU
-    has native bf16, fp32 instead where it has not: `cpu_bf16_slower`), turn checkpointing off unless the recipe
-    asked for it explicitly, and keep freed memory in the process (`keep_freed_memory`).
+    has native bf16, fp32 instead where it has not: `cpu_bf16_slower`), leave checkpointing off unless the recipe
+    asks for it (`gradient_checkpointing: true` is kept on a CPU: a rehearsal runs the GPU's path, and a big batch
+    may need it), and keep freed memory in the process (`keep_freed_memory`).
     """
     import torch
 
@@ -233,7 +240,7 @@ def apply_device_defaults(args) -> None:
         keep_freed_memory()
         if cpu_bf16_slower(getattr(args, "bf16", False)):
             args.bf16 = False
-        if getattr(args, "gradient_checkpointing", False) and not getattr(args, "_user_set_gc", False):
-            args.gradient_checkpointing = False
+    if getattr(args, "gradient_checkpointing", False) is None:  # StageArgs' unset: TRL's default on CUDA only
+        args.gradient_checkpointing = torch.cuda.is_available()
     if getattr(args, "report_to", None) in (None, "all", ["all"]):
         args.report_to = "none"

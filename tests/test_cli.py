@@ -237,3 +237,31 @@ def test_a_launch_prints_one_error_line_rank_0s_and_another_rank_still_speaks_al
     with pytest.raises(SystemExit) as silent:
         cli.fail("every rank has this problem", code=2)
     assert silent.value.code == 2 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("text, args, expected", [
+    ("", [], False),                                           # unset: off on a CPU
+    ("gradient_checkpointing: true\n", [], True),              # the recipe asked: kept on a CPU (it was dropped)
+    ("gradient_checkpointing: true\n", ["--gradient_checkpointing", "false"], False),
+    ("", ["--gradient_checkpointing", "true"], True),
+])
+def test_gradient_checkpointing_a_recipe_asks_for_is_kept_on_a_cpu(text, args, expected, recipe, tmp_path):
+    """Until 2026-11-28 every stage turned checkpointing off without CUDA, asked for or not: a rehearsal of the
+    smollm3 recipes never ran the GPU's checkpointed path, and the 135M GRPO recipe could not trade compute for
+    its ~21 GB peak. Unset, it follows the device (TRL's True on CUDA, off on a CPU: see the last case)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from align.configs import apply_device_defaults
+    from align.grpo import GRPOConfig
+
+    path = recipe(f"output_dir: {tmp_path}/o\nreward_funcs: [math_reward]\n{text}")
+    _, t, _ = parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, *args])
+    assert t.gradient_checkpointing is expected
+    for cuda in (True, False):
+        unset = SimpleNamespace(gradient_checkpointing=None, global_batch_size=None, bf16=False)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+            apply_device_defaults(unset)
+        assert unset.gradient_checkpointing is cuda
