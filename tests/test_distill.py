@@ -512,6 +512,48 @@ def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_tea
     assert nll(str(tmp_path / "out")) < 0.8 * nll(tiny["student"])
 
 
+
+def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(tiny, tmp_path, monkeypatch):
+    """rejection_rounds: 2: round 2's teacher AND student are round 1's saved model (output_dir/round-1); the
+    stage's report judges round 1's before against round 2's after; a rerun skips the finished round."""
+    import align.distill.rejection as dt
+    from align.data import get_dataset
+    from align.scoring import paired_change
+
+    out = tmp_path / "out"
+    script, args, model = _configs(tiny, out, tiny["student"], loss="rejection_sampling", teacher_best_of=2,
+                                   max_steps=4, rejection_rounds=2)
+    script.dataset_args = {**script.dataset_args, "mode": "mixed"}
+    data = get_dataset(script)
+    index = {r["prompt"]: (i, r) for split in ("train", "test") for i, r in enumerate(data[split].to_list())}
+    teachers, calls = [], []
+
+    def engine(model, tokenizer, *a):  # a fresh engine per sampling call, recording whose weights sample
+        teachers.append(model.config.name_or_path)
+        return _best_of_engine(tiny["ours"], index, 2, calls)(model, tokenizer, *a)
+
+    monkeypatch.setattr(dt, "model_generate", engine)
+    metrics = main(script, args, model)
+    round_1 = str(out / "round-1")
+    # round 1: the training prompts, then the held-out ones, from the given teacher; round 2 from round 1's model
+    assert teachers == [tiny["student"]] * 2 + [round_1] * 2
+    first = json.loads((out / "round-1" / "distill_eval.json").read_text())
+    assert _changed(tiny["student"], round_1) > 0.5 and _changed(round_1, str(out)) > 0.5
+    # round 2's student started where round 1 ended: its before is round 1's after, flag for flag
+    assert metrics["rounds"][1]["before"] == first["after"]["accuracy"]
+    assert metrics["before"] == first["before"] and metrics["rejection_rounds"] == 2
+    assert metrics["paired"] == paired_change(first["before"]["correct"], metrics["after"]["correct"])
+    assert json.loads((out / "distill_eval.json").read_text())["paired"] == metrics["paired"]
+    assert [r["round"] for r in metrics["rounds"]] == [1, 2]
+    # a rerun (the last round lost) skips round 1 and samples only from its model
+    (out / "distill_eval.json").unlink()
+    teachers.clear()
+    again = main(script, args, model)
+    assert teachers == [round_1] * 2 and again["before"] == first["before"]
+    with pytest.raises(ValueError, match="rejection_rounds=2 repeats rejection sampling.*loss 'reverse_kl'"):
+        DistillConfig(output_dir="/tmp/unused", rejection_rounds=2)
+
+
 def _recording_init(init, seen):
     def record(self, *a, **kw):
         seen.append(kw["train_dataset"])

@@ -5,13 +5,15 @@
 
 The modules, in import order: config.py (DistillConfig, beside the stage as TRL keeps `*_config.py`), loss.py (the
 divergence over chunks of positions, without batch x length x vocabulary logits), metrics.py (held-out divergence
-and accuracy), teacher.py (the teacher's tokenizer, placement and view of each prompt) and trainer.py (the trainer,
-the engine adapter and `main`; its docstring says what we add to TRL's GOLDTrainer).
+and accuracy), teacher.py (the teacher's tokenizer, placement and view of each prompt), rejection.py (the
+rejection-sampling teacher), trainer.py (the trainer, the engine adapter and one round's `main`; its docstring says
+what we add to TRL's GOLDTrainer) and rounds.py (the stage's `main`: one round, or rounds of expert iteration).
 """
 
 from align.distill.config import LOSSES, TOKENIZER_MODES, DistillConfig
 from align.distill.loss import chunked_jsd
 from align.distill.metrics import divergence, evaluate, greedy_completions, teacher_accuracy, verifiable_accuracy
+from align.distill.rounds import main
 from align.distill.teacher import (
     MODE_FLAGS,
     FewShotPool,
@@ -25,7 +27,7 @@ from align.distill.teacher import (
     teacher_prompt_map,
     teacher_samples,
 )
-from align.distill.trainer import DistillTrainer, EngineGeneration, check_teacher_placement, main
+from align.distill.trainer import DistillTrainer, EngineGeneration, check_teacher_placement
 
 __all__ = [
     "LOSSES", "MODE_FLAGS", "TOKENIZER_MODES", "DistillConfig", "DistillTrainer", "EngineGeneration", "FewShotPool",

@@ -86,6 +86,13 @@ class DistillConfig(StageArgs, GOLDConfig):
                   "student learns the first one the row's verifier accepts in its asked mode's shape, and prompts "
                   "with none are dropped. The teacher's lead is these samples plus the verifier (best-of-n)."},
     )
+    rejection_rounds: int = field(
+        default=1,
+        metadata={"help": "loss: rejection_sampling: rounds of expert iteration. Every round after the first samples "
+                  "from, and trains, the model the round before saved (output_dir/round-<k>; the last round saves to "
+                  "output_dir), so the teacher's lead moves with the student; each round trains max_steps. "
+                  "distill_eval.json judges the whole stage: round 1's before against the last round's after."},
+    )
     replay_data: str | None = field(
         default=None,
         metadata={"help": "loss: rejection_sampling: conversations (a `messages` column: a local file or directory, "
@@ -129,6 +136,12 @@ class DistillConfig(StageArgs, GOLDConfig):
             raise ValueError(f"teacher_few_shot must be >= 0 (demonstrations per teacher prompt), got {self.teacher_few_shot}")
         if self.teacher_best_of < 1:
             raise ValueError(f"teacher_best_of must be >= 1 (answers sampled per prompt), got {self.teacher_best_of}")
+        if self.rejection_rounds < 1:
+            raise ValueError(f"rejection_rounds must be >= 1 (rounds of expert iteration), got {self.rejection_rounds}")
+        if self.rejection_rounds > 1 and self.loss != "rejection_sampling":
+            raise ValueError(f"rejection_rounds={self.rejection_rounds} repeats rejection sampling from the improved "
+                             f"student; loss {self.loss!r} samples no answers: set loss: rejection_sampling or "
+                             "rejection_rounds: 1")
         if self.replay_data and self.loss != "rejection_sampling":
             raise ValueError(f"replay_data is learned with rejection_sampling's next-token loss; loss {self.loss!r} "
                              "would distil the teacher on those answers instead: set loss: rejection_sampling or drop "
