@@ -513,16 +513,18 @@ def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_tea
 
 
 
-def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(tiny, tmp_path, monkeypatch):
-    """rejection_rounds: 2: round 2's teacher AND student are round 1's saved model (output_dir/round-1); the
-    stage's report judges round 1's before against round 2's after; a rerun skips the finished round."""
+@pytest.mark.parametrize("student", ["previous", "start"])
+def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(student, tiny, tmp_path, monkeypatch):
+    """rejection_rounds: 2: round 2's teacher is round 1's saved model (output_dir/round-1), and so is its student
+    ('previous') or the stage's starting model again ('start', ReST-EM); the stage's report judges round 1's before
+    against round 2's after; a rerun skips the finished round."""
     import align.distill.rejection as dt
     from align.data import get_dataset
     from align.scoring import paired_change
 
     out = tmp_path / "out"
     script, args, model = _configs(tiny, out, tiny["student"], loss="rejection_sampling", teacher_best_of=2,
-                                   max_steps=4, rejection_rounds=2)
+                                   max_steps=4, rejection_rounds=2, rejection_round_student=student)
     script.dataset_args = {**script.dataset_args, "mode": "mixed"}
     data = get_dataset(script)
     index = {r["prompt"]: (i, r) for split in ("train", "test") for i, r in enumerate(data[split].to_list())}
@@ -538,9 +540,15 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(ti
     # round 1: the training prompts, then the held-out ones, from the given teacher; round 2 from round 1's model
     assert teachers == [tiny["student"]] * 2 + [round_1] * 2
     first = json.loads((out / "round-1" / "distill_eval.json").read_text())
-    assert _changed(tiny["student"], round_1) > 0.5 and _changed(round_1, str(out)) > 0.5
-    # round 2's student started where round 1 ended: its before is round 1's after, flag for flag
-    assert metrics["rounds"][1]["before"] == first["after"]["accuracy"]
+    assert _changed(tiny["student"], round_1) > 0.5
+    # 'previous' trains round 1's model further; 'start' trains the starting model again, and as this fake teacher
+    # hands round 2 the same answers (same seed), it lands on round 1's weights exactly
+    assert _changed(round_1, str(out)) > 0.5 if student == "previous" else _changed(round_1, str(out)) == 0
+    # round 2's student started where round 1 ended, or where the stage started
+    second_before = json.loads((out / "distill_eval.json").read_text())["rounds"][1]["before"]
+    assert second_before == (first["after"] if student == "previous" else first["before"])["accuracy"]
+    if student == "start":  # both rounds trained the starting model: round 2's weights are not round 1's plus more
+        assert first["before"]["correct"] == metrics["before"]["correct"]
     assert metrics["before"] == first["before"] and metrics["rejection_rounds"] == 2
     assert metrics["paired"] == paired_change(first["before"]["correct"], metrics["after"]["correct"])
     assert json.loads((out / "distill_eval.json").read_text())["paired"] == metrics["paired"]
@@ -552,6 +560,8 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(ti
     assert teachers == [round_1] * 2 and again["before"] == first["before"]
     with pytest.raises(ValueError, match="rejection_rounds=2 repeats rejection sampling.*loss 'reverse_kl'"):
         DistillConfig(output_dir="/tmp/unused", rejection_rounds=2)
+    with pytest.raises(ValueError, match="rejection_round_student 'last': choose 'previous'"):
+        DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", rejection_round_student="last")
 
 
 def _recording_init(init, seen):

@@ -93,6 +93,13 @@ class DistillConfig(StageArgs, GOLDConfig):
                   "output_dir), so the teacher's lead moves with the student; each round trains max_steps. "
                   "distill_eval.json judges the whole stage: round 1's before against the last round's after."},
     )
+    rejection_round_student: str = field(
+        default="previous",
+        metadata={"help": "rejection_rounds > 1: which model each later round trains. 'previous': the model the round "
+                  "before saved (expert iteration: the student keeps moving); 'start': the stage's starting model "
+                  "again, on the newest round's answers only (ReST-EM: the samples improve, the drift from the "
+                  "starting model does not add up). The teacher is always the model the round before saved."},
+    )
     replay_data: str | None = field(
         default=None,
         metadata={"help": "loss: rejection_sampling: conversations (a `messages` column: a local file or directory, "
@@ -142,6 +149,9 @@ class DistillConfig(StageArgs, GOLDConfig):
             raise ValueError(f"rejection_rounds={self.rejection_rounds} repeats rejection sampling from the improved "
                              f"student; loss {self.loss!r} samples no answers: set loss: rejection_sampling or "
                              "rejection_rounds: 1")
+        if self.rejection_round_student not in ("previous", "start"):
+            raise ValueError(f"rejection_round_student {self.rejection_round_student!r}: choose 'previous' (train "
+                             "the model the round before saved) or 'start' (train the stage's starting model)")
         if self.replay_data and self.loss != "rejection_sampling":
             raise ValueError(f"replay_data is learned with rejection_sampling's next-token loss; loss {self.loss!r} "
                              "would distil the teacher on those answers instead: set loss: rejection_sampling or drop "

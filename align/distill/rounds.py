@@ -4,7 +4,9 @@ One round is `align.distill.trainer.main`: the teacher samples `teacher_best_of`
 keeps the right ones, the student learns them. With `rejection_rounds: R > 1` the stage runs R rounds, each a whole
 round on the same prompts and `max_steps`, and every round after the first takes as its student AND its teacher the
 model the round before saved: the samples come from the improved student, so the lead it learns from moves with it
-(expert iteration, as STaR and ReST). Rounds before the last save to `output_dir/round-<k>`; the last saves to
+(expert iteration, as STaR and ReST). `rejection_round_student: start` keeps the teacher moving but trains the
+stage's starting model again each round, on the newest round's answers (ReST-EM: the drift from the starting model,
+e.g. in its chat answers, does not add up over rounds). Rounds before the last save to `output_dir/round-<k>`; the last saves to
 `output_dir`. Its `distill_eval.json` spans the whole stage: `before` is round 1's (the stage's starting model),
 `after` the last round's, the paired test between the two, and `rounds` each round's own before/after.
 
@@ -43,7 +45,8 @@ def round_dir(output_dir: str, k: int, rounds: int) -> str:
 
 def expert_iteration(script_args, args, model_args) -> dict:
     rounds, results = args.rejection_rounds, []
-    student, teacher = model_args.model_name_or_path, args.teacher_model_name_or_path
+    start = model_args.model_name_or_path
+    student, teacher = start, args.teacher_model_name_or_path
     for k in range(1, rounds + 1):
         out = round_dir(args.output_dir, k, rounds)
         report = os.path.join(out, "distill_eval.json")
@@ -58,7 +61,8 @@ def expert_iteration(script_args, args, model_args) -> dict:
             round_args.output_dir, round_args.rejection_rounds = out, 1
             round_args.teacher_model_name_or_path, round_model.model_name_or_path = teacher, student
             results.append(one_round(script_args, round_args, round_model))
-        student = teacher = out  # the next round samples from, and trains, what this one made
+        teacher = out  # the next round samples from what this one made
+        student = start if args.rejection_round_student == "start" else out
     return whole_stage(results, args, script_args)
 
 
