@@ -60,6 +60,9 @@ def expert_iteration(script_args, args, model_args) -> dict:
             round_args, round_model = copy.copy(args), copy.copy(model_args)
             round_args.output_dir, round_args.rejection_rounds = out, 1
             round_args.teacher_model_name_or_path, round_model.model_name_or_path = teacher, student
+            resume = getattr(args, "resume_from_checkpoint", None)
+            if k < rounds and isinstance(resume, str) and os.path.isdir(resume):
+                round_args.resume_from_checkpoint = None  # a checkpoint dir is the last round's: this one resumes its own
             results.append(one_round(script_args, round_args, round_model))
         teacher = out  # the next round samples from what this one made
         student = start if args.rejection_round_student == "start" else out
