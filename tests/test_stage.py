@@ -13,15 +13,17 @@ import textwrap
 import pytest
 from trl import ModelConfig
 
-from align import distill, grpo, preference, sft, stage
+from align import grpo, preference, sft, stage
 from align.distill import DistillConfig
+from align.distill import trainer as distill_trainer
 from align.grpo import GRPOConfig
 from align.preference import DPOConfig, KTOConfig, ORPOConfig
 from align.sampler import ROLLOUT_BACKENDS
 from align.sft import SFTConfig
 
 STEPS = ["start", "load_tokenizer", "load_data", "load_model", "prepare", "train", "save", "write_report"]
-MAINS = {"sft": sft.main, "preference": preference.main, "grpo": grpo.main, "distill": distill.main}
+# distillation's one round (align.distill.trainer.main); the stage's main (rounds.py) repeats it for rejection_rounds
+MAINS = {"sft": sft.main, "preference": preference.main, "grpo": grpo.main, "distill": distill_trainer.main}
 CONFIGS = [SFTConfig, DPOConfig, KTOConfig, ORPOConfig, GRPOConfig, DistillConfig]
 
 
