@@ -66,10 +66,10 @@ def expert_iteration(script_args, args, model_args) -> dict:
             results.append(one_round(script_args, round_args, round_model))
         teacher = out  # the next round samples from what this one made
         student = start if args.rejection_round_student == "start" else out
-    return whole_stage(results, args, script_args)
+    return whole_stage(results, args)
 
 
-def whole_stage(results: list[dict], args, script_args) -> dict:
+def whole_stage(results: list[dict], args) -> dict:
     """The last round's report with the stage's own before (round 1's) and the paired test across all rounds; each
     round's before/after accuracy and paired test under `rounds`. Rewrites `output_dir/distill_eval.json`."""
     first, last = results[0], results[-1]
