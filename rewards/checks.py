@@ -4,6 +4,11 @@
   nothing (no ``assert``, no ``raise``, no call of an ``assert*``/``fail*`` function), or define
   ``check(candidate)``, never call it, and the row names no entry point. ``rewards.code`` abstains on such a row
   (a data error, warned once per kind) before running anything; the judge fails it.
+- ``parse_source(text)``: ``ast.parse`` under one process-wide lock. CPython 3.11 keeps the AST constructor's
+  recursion count per interpreter, not per thread (python/cpython#106905): two threads parsing at once (the
+  worker threads of ``rewards.code``, a tool thread beside the trainer) can raise ``SystemError: AST constructor
+  recursion depth mismatch`` when one thread's parse lets the other run (a finalizer during garbage collection).
+  Every parse in the parent process goes through it; the judge's sandbox parses alone in its own process.
 - ``count_checks(tree)``: instruments the tests so that each check a run reaches calls ``CHECK_COUNTER()``;
   the judge needs at least one (a loop over an empty output reaches none, ``print('ok')`` has none).
 
@@ -15,7 +20,20 @@ inside themselves and use nothing of this module but each other and ``CHECK_COUN
 
 from __future__ import annotations
 
+import threading
+
 CHECK_COUNTER = "__judge_check__"  # the name the instrumented tests call at each check they reach
+
+
+_PARSE_LOCK = threading.RLock()  # re-entrant: a finalizer run inside a parse may parse again on the same thread
+
+
+def parse_source(text: str, filename: str = "<unknown>", mode: str = "exec"):
+    """``ast.parse`` safe to call from several threads at once (see the module's docstring)."""
+    import ast
+
+    with _PARSE_LOCK:
+        return ast.parse(text, filename, mode)
 
 
 def is_check_call(node) -> bool:
@@ -41,7 +59,7 @@ def data_error(tests: str, entry_point: str | None = None) -> str | None:
     import ast
 
     try:
-        tree = ast.parse(tests, "tests.py")
+        tree = parse_source(tests, "tests.py")
     except (SyntaxError, ValueError) as e:  # ValueError: a null byte
         return f"the tests do not parse: {type(e).__name__}: {e}"
     nodes = list(ast.walk(tree))

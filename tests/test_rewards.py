@@ -426,6 +426,47 @@ def test_code_reward_rows_entry_points_and_abstain():
     assert inspect.signature(rewards.code_reward).parameters["tests"].default is inspect.Parameter.empty
 
 
+
+def test_data_error_and_calculator_parse_safely_from_many_threads():
+    """CPython 3.11 counts the AST constructor's recursion per interpreter, not per thread (python/cpython#106905):
+    a parse that lets another thread run mid-way (here a finalizer that sleeps, run by the garbage collector; in
+    CI the code reward's subprocess objects) made the other thread's ``ast.parse`` raise ``SystemError: AST
+    constructor recursion depth mismatch`` (stop 57's CI lost the red team's code fixture to it). Without
+    ``rewards.checks.parse_source``'s lock this fails every time on 3.11.7."""
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    from align.tools.functions import calculator
+    from rewards.checks import data_error
+
+    class Sleeper:  # cyclic garbage whose finalizer releases the GIL
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            time.sleep(0.0001)
+
+    tests = "def check(candidate):\n" + "".join(
+        f"    assert candidate({i}) == [[[{i}]]] and (1 + (2 * (3 - {i})))\n" for i in range(30))
+
+    def work(k):
+        out = []
+        for _ in range(100):
+            Sleeper()
+            out.append(data_error(tests, "f") if k % 2 else calculator("((1 + 2) * (3 - 4)) ** 2 + 48213 * 907"))
+        return out
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(50, 1, 1)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(work, range(8)))
+    finally:
+        gc.set_threshold(*threshold)
+    assert all(r == [None] * 100 for r in results[1::2])
+    assert all(r == [str(9 + 48213 * 907)] * 100 for r in results[0::2])
+
+
 # ----------------------------------------------------------------------------------------------- answers
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from transformers.utils import get_json_schema
 
+from rewards.checks import parse_source
 from rewards.limits import SandboxLimits
 from rewards.registry import _load_file_module
 from rewards.sandbox import run_program
@@ -191,7 +192,7 @@ def calculator(expression: str) -> str:
     """
     if len(expression) > 500:
         raise ValueError("expression longer than 500 characters")
-    value = _evaluate(ast.parse(expression.replace("^", "**").replace("×", "*").replace(",", ""), mode="eval"))
+    value = _evaluate(parse_source(expression.replace("^", "**").replace("×", "*").replace(",", ""), mode="eval"))
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("result is not a finite number")
