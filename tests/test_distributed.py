@@ -413,6 +413,35 @@ def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path)
     assert chunked == pytest.approx(whole, rel=1e-4)
 
 
+
+def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, tmp_path):
+    """`rejection_rounds: 2` on 2 ZeRO-3 ranks (tests/workers/distill_rounds.py: the teacher's sampler answers with
+    the rows' gold answers, micro models answer nothing right). Round 2 used to fail building its trainer
+    (accelerate: "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`"); now each round
+    trains under its own DeepSpeed engine, and round 2 samples from round 1's saved model."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    ok(launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny_distill.yaml",
+              "--model_name_or_path", micro / "sft", "--teacher_model_name_or_path", micro / "sft",
+              "--loss", "rejection_sampling", "--teacher_best_of", "2", "--rejection_rounds", "2",
+              "--max_steps", "2", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
+              "--distill_eval_max_new_tokens", "8", "--eval_num_prompts", "4", "--report_to", "none",
+              "--dataset_args", "{num: 16, mode: mixed, seed: 0}", "--output_dir", out))
+    round_1 = out / "round-1"
+    # round 1: training prompts then held-out ones from the starting model; round 2 from round 1's saved model
+    assert json.loads((tmp_path / "teachers.json").read_text()) == [str(micro / "sft")] * 2 + [str(round_1)] * 2
+    stage, first = (json.loads((d / "distill_eval.json").read_text()) for d in (out, round_1))
+    for report in (stage, first):
+        assert report["distributed_type"] == "DEEPSPEED" and report["world_size"] == 2
+    assert stage["rejection_rounds"] == 2 and [r["round"] for r in stage["rounds"]] == [1, 2]
+    assert stage["before"] == first["before"]
+    start, one, two = (load_file(str(d / "model.safetensors")) for d in (micro / "sft", round_1, out))
+    moved = [n for n in start if not torch.equal(start[n], one[n])]
+    assert moved and any(not torch.equal(one[n], two[n]) for n in one)  # both rounds trained ('previous')
+
+
 # ----------------------------------------------------------------------------------------------- data and eval
 
 

@@ -149,12 +149,6 @@ class DistillConfig(StageArgs, GOLDConfig):
             raise ValueError(f"rejection_rounds={self.rejection_rounds} repeats rejection sampling from the improved "
                              f"student; loss {self.loss!r} samples no answers: set loss: rejection_sampling or "
                              "rejection_rounds: 1")
-        if self.rejection_rounds > 1 and (os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-                                          or self.deepspeed):
-            raise ValueError(f"rejection_rounds={self.rejection_rounds} builds one trainer per round, and accelerate "
-                             "allows one DeepSpeed engine per process: launch with recipes/accelerate_configs/ddp.yaml "
-                             "(or one process), or run one round per launch (rejection_rounds: 1, the next launch's "
-                             "model and teacher = the last one's output_dir)")
         if self.rejection_round_student not in ("previous", "start"):
             raise ValueError(f"rejection_round_student {self.rejection_round_student!r}: choose 'previous' (train "
                              "the model the round before saved) or 'start' (train the stage's starting model)")

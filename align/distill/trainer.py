@@ -453,7 +453,8 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
         trainer.tool_loop = tool_loop
     stage.prepare(trainer, script_args, "distill", raw_train=train)
 
-    metrics: dict = {"loss": args.loss, "tokenizer_mode": mode, "world_size": trainer.accelerator.num_processes}
+    metrics: dict = {"loss": args.loss, "tokenizer_mode": mode, "world_size": trainer.accelerator.num_processes,
+                     "distributed_type": str(trainer.accelerator.distributed_type.value)}
     measure = args.distill_eval and script_args.eval_after and bool(eval_rows)
     if best_of is not None:
         metrics["teacher_best_of"] = best_of
