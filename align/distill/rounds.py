@@ -23,6 +23,7 @@ import json
 import logging
 import os
 
+import torch
 from accelerate import PartialState
 
 from align.distill.trainer import main as one_round
@@ -84,6 +85,8 @@ def release_accelerator_state() -> None:
     from accelerate.state import AcceleratorState, GradientState
 
     gc.collect()
+    if torch.cuda.is_available():  # GPU only: hand the last round's freed blocks back before the next engine loads
+        torch.cuda.empty_cache()
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
 
