@@ -52,9 +52,13 @@ def _row(metric: str, before: list, after: list) -> dict:
             "gained": p["gained"], "lost": p["lost"], "p_value": p["p_value"], "word": word}
 
 
-def compare(before: str | Path, after: str | Path) -> dict:
+def compare(before: str | Path, after: str | Path, first: int | None = None) -> dict:
     """{"rows": one dict a share (and a tool family) both results hold on the same items, "not_comparable": the
-    shares both hold on different items, "loss": the paired chat loss or None}."""
+    shares both hold on different items, "loss": the paired chat loss or None}. `first`: judge the shares on their
+    first `first` items only (the same items in both, as the whole lists are; the chat loss stays whole), e.g. the
+    256 prompts an earlier, smaller eval set held (the task sets keep their prefix as they grow)."""
+    if first is not None and first < 1:
+        raise ValueError(f"compare: first must be a positive number of items, got {first}")
     stages = [{"eval": {"results": str(results_file(p))}} for p in (before, after)]
     details = json.loads(Path(stages[0]["eval"]["results"]).read_text()).get("details") or {}
     rows, not_comparable = [], []
@@ -63,8 +67,9 @@ def compare(before: str | Path, after: str | Path) -> dict:
         if a["prompts"] != b["prompts"] or len(a["items"]) != len(b["items"]):
             not_comparable.append(metric)
             continue
-        rows.append(_row(metric, a["items"], b["items"]))
-        families = (details.get(metric.rsplit("/", 1)[0]) or {}).get("families") or []
+        head = slice(None, first)
+        rows.append(_row(metric, a["items"][head], b["items"][head]))
+        families = ((details.get(metric.rsplit("/", 1)[0]) or {}).get("families") or [])[head]
         for family in sorted(set(families)) if len(set(families)) > 1 else []:  # tool rows name their family
             keep = [i for i, f in enumerate(families) if f == family]
             rows.append(_row(f"{metric} [{family}]", [a["items"][i] for i in keep], [b["items"][i] for i in keep]))
@@ -74,12 +79,13 @@ def compare(before: str | Path, after: str | Path) -> dict:
     if not rows:
         raise ValueError("compare: the two results share no per-item outcomes: evaluate both with the same suites "
                          "(generative or tools) and the same rows")
-    return {"rows": rows, "not_comparable": not_comparable, "loss": paired_loss(*stages)}
+    return {"rows": rows, "not_comparable": not_comparable, "loss": paired_loss(*stages), "first": first}
 
 
 def compare_markdown(found: dict, before: str, after: str) -> str:
     """The comparison as a markdown table (bold: a change the paired test calls real, p < 0.05)."""
-    lines = [f"# {after} against {before}", "", "Paired on the same items (exact McNemar test); p < 0.05 in bold.", "",
+    which = f"the first {found['first']} items of each set" if found.get("first") else "the same items"
+    lines = [f"# {after} against {before}", "", f"Paired on {which} (exact McNemar test); p < 0.05 in bold.", "",
              "| metric | n | before | after | gained | lost | p | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in found["rows"]:
         verdict = r["word"] if r["word"] == "within noise" else f"**{r['word']}**"

@@ -373,6 +373,15 @@ def test_compare_pairs_two_evaluations_on_their_items(model, tok, tmp_path, caps
     assert "| acc/tasks/think | 12 | 25.0% | 75.0% | 6 | 0 | 0.031 | **better** |" in md
     assert (tmp_path / "cmp.md").read_text() == md
 
+    # --first 4: prompts 0-2 right in both, prompt 3 gained (the next 5 gains are outside the first 4)
+    head = {r["metric"]: r for r in compare(before, after, first=4)["rows"]}["acc/tasks/think"]
+    assert (head["num"], head["before"], head["after"], head["gained"], head["lost"]) == (4, 3 / 4, 1.0, 1, 0)
+    assert head["word"] == "within noise"
+    md = script.main([str(before), str(after), "--first", "4"])
+    assert "Paired on the first 4 items of each set" in md and "| acc/tasks/think | 4 | 75.0% | 100.0% | 1 | 0 |" in md
+    with pytest.raises(ValueError, match="positive"):
+        compare(before, after, first=0)
+
     other = tmp_path / "c"
     evaluate(EvalConfig(**{**cfg.__dict__, "gen_sets": ["tasks:8"], "output_dir": str(other)}), model=model,
              tokenizer=tok, engine=ScriptedEngine(tok, lambda text: "\\boxed{1}"))
