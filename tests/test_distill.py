@@ -4,6 +4,7 @@ the teacher sees its own chat template; a bad teacher tokenizer and mismatched v
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -534,7 +535,17 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
         teachers.append(model.config.name_or_path)
         return _best_of_engine(tiny["ours"], index, 2, calls)(model, tokenizer, *a)
 
+    import align.distill.trainer as dtr
+
+    answered, real_evaluate = [], dtr.evaluate
+
+    def evaluate(*a, **kw):  # records each held-out pass's greedy answers and whether it was handed them
+        result = real_evaluate(*a, **kw)
+        answered.append((kw.get("records") is not None, [r["completion_ids"] for r in kw["keep"]]))
+        return result
+
     monkeypatch.setattr(dt, "model_generate", engine)
+    monkeypatch.setattr(dtr, "evaluate", evaluate)
     metrics = main(script, args, model)
     round_1 = str(out / "round-1")
     # round 1: the training prompts, then the held-out ones, from the given teacher; round 2 from round 1's model
@@ -553,11 +564,48 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
     assert metrics["paired"] == paired_change(first["before"]["correct"], metrics["after"]["correct"])
     assert json.loads((out / "distill_eval.json").read_text())["paired"] == metrics["paired"]
     assert [r["round"] for r in metrics["rounds"]] == [1, 2]
+    # held-out answers are made once per weights: round 1's teacher is its student (its accuracy is the before's);
+    # round 2's teacher is round 1's saved model, answered in round 1's after; its student round 1's or the start's
+    assert first["reused"] == {"before": {"teacher": str(Path(tiny["student"]).resolve())}}
+    assert first["teacher_accuracy"] == first["before"]["accuracy"]
+    assert metrics["reused"]["before"] == {"student": str((out / "round-1").resolve() if student == "previous"
+                                                          else Path(tiny["student"]).resolve()),
+                                           "teacher": str((out / "round-1").resolve())}
+    # round 1 before and after, round 2 before (handed round 1's answers), round 2 after: three greedy passes made
+    assert [given for given, _ in answered] == [False, False, True, False]
+    # ... and what was read equals what the saved round-1 model answers when loaded and asked again
+    from align.distill.metrics import greedy_completions, teacher_accuracy
+    from align.models import load_model, load_tokenizer
+
+    rows = data["test"].select(range(script.eval_num_prompts)).to_list()
+    saved, tok = load_model(round_1, dtype="float32"), load_tokenizer(tiny["student"])
+    _, fresh = greedy_completions(saved, tok, [r["prompt_messages"] for r in rows], args.distill_eval_max_new_tokens)
+    assert fresh == answered[1][1]  # round 1's after, answer for answer
+    assert answered[2][1] == (answered[1][1] if student == "previous" else answered[0][1])
+    assert metrics["teacher_accuracy"] == teacher_accuracy(saved, tok, rows, args.distill_eval_max_new_tokens)
     # a rerun (the last round lost) skips round 1 and samples only from its model
     (out / "distill_eval.json").unlink()
     teachers.clear()
     again = main(script, args, model)
     assert teachers == [round_1] * 2 and again["before"] == first["before"]
+
+
+def test_held_out_answers_are_reused_only_for_the_same_weights_dtype_prompts_and_budget(tiny, tmp_path):
+    """`answers_key`: what lets a distillation round read greedy answers made earlier instead of generating them."""
+    from align.distill.trainer import answers_key
+    from align.models import load_model
+
+    rows = [{"prompt_messages": [{"role": "user", "content": f"q{i}"}]} for i in range(3)]
+    args = _configs(tiny, tmp_path / "out", tiny["student"])[1]
+    fp32, bf16 = load_model(tiny["student"], dtype="float32"), load_model(tiny["student"], dtype="bfloat16")
+    key = answers_key(tiny["student"], fp32, rows, args)
+    (tmp_path / "link").symlink_to(tiny["student"])
+    assert answers_key(str(tmp_path / "link"), fp32, rows, args) == key  # the same directory, spelled otherwise
+    assert answers_key(tiny["teacher"], fp32, rows, args) != key  # other weights
+    assert answers_key(tiny["student"], bf16, rows, args) != key  # another dtype answers otherwise
+    assert answers_key(tiny["student"], fp32, rows[:2], args) != key  # other prompts
+    longer = _configs(tiny, tmp_path / "out", tiny["student"], distill_eval_max_new_tokens=20)[1]
+    assert answers_key(tiny["student"], fp32, rows, longer) != key  # another budget
     with pytest.raises(ValueError, match="rejection_rounds=2 repeats rejection sampling.*loss 'reverse_kl'"):
         DistillConfig(output_dir="/tmp/unused", rejection_rounds=2)
     with pytest.raises(ValueError, match="rejection_round_student 'last': choose 'previous'"):

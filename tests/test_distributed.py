@@ -437,6 +437,11 @@ def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, 
         assert report["distributed_type"] == "DEEPSPEED" and report["world_size"] == 2
     assert stage["rejection_rounds"] == 2 and [r["round"] for r in stage["rounds"]] == [1, 2]
     assert stage["before"] == first["before"]
+    # held-out answers made once per weights under ZeRO-3 too: round 1's teacher is its student; round 2's teacher
+    # and student ('previous') are round 1's saved model, answered in round 1's after
+    assert first["reused"] == {"before": {"teacher": str((micro / "sft").resolve())}}
+    assert stage["reused"] == {"before": {"student": str(round_1.resolve()), "teacher": str(round_1.resolve())}}
+    assert stage["teacher_accuracy"] == first["after"]["accuracy"]
     start, one, two = (load_file(str(d / "model.safetensors")) for d in (micro / "sft", round_1, out))
     moved = [n for n in start if not torch.equal(start[n], one[n])]
     assert moved and any(not torch.equal(one[n], two[n]) for n in one)  # both rounds trained ('previous')

@@ -172,17 +172,26 @@ def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,
 
 
 def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, max_new_tokens: int,
-             uld_args=None, teacher_prompts: dict[str, str]) -> dict:
+             uld_args=None, teacher_prompts: dict[str, str], records: list[dict] | None = None,
+             keep: list[dict] | None = None) -> dict:
     """Divergence and (when rows carry answer/reward) verifiable accuracy with its item count and the per-row
     `correct` flags, from one greedy pass.
+
+    `records`: the student's greedy answers to these rows already made (`generate_and_score`'s records, from the same
+    weights in the same dtype): only the divergence is measured. `keep`: a list that receives the records.
 
     Collective: every rank passes all the rows (with whole models); each rank answers and measures its share, and every
     rank returns the result over all rows (per-token divergences weighted by tokens, per-prompt ones by prompts)."""
     prompt_ids = render_prompts(student_tok, [r["prompt_messages"] for r in rows])
     checkable = _checkable(rows)
-    records = generate_and_score(model_generate(student, student_tok), rows, prompt_ids,
-                                 greedy_params(max_new_tokens, [student_tok.eos_token_id]),
-                                 _decode(student_tok), check=checkable)
+    if records is None:
+        records = generate_and_score(model_generate(student, student_tok), rows, prompt_ids,
+                                     greedy_params(max_new_tokens, [student_tok.eos_token_id]),
+                                     _decode(student_tok), check=checkable)
+    elif len(records) != len(rows):
+        raise ValueError(f"evaluate: {len(records)} known answers for {len(rows)} rows")
+    if keep is not None:
+        keep.extend(records)
     mine = shard(list(range(len(rows))))
     part = divergence(student, teacher, student_tok, teacher_tok, [rows[i]["prompt_messages"] for i in mine],
                       mode=mode, uld_args=uld_args, teacher_prompts=teacher_prompts,

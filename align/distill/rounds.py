@@ -10,6 +10,11 @@ e.g. in its chat answers, does not add up over rounds). Rounds before the last s
 `output_dir`. Its `distill_eval.json` spans the whole stage: `before` is round 1's (the stage's starting model),
 `after` the last round's, the paired test between the two, and `rounds` each round's own before/after.
 
+Held-out answers are made once per weights: a round whose student or teacher was measured already (round 1's teacher
+is the student itself when it samples from its own weights; round 2's teacher is round 1's saved model, measured
+after round 1; its student with `start` is round 1's) reads those greedy answers instead of generating them again
+(`reused` in the round's report), and measures only its divergence.
+
 Resume: a round whose `round-<k>/distill_eval.json` exists is done (it is written after the model is saved) and is
 skipped; a round cut short resumes from its own checkpoints, as a one-round stage does.
 
@@ -46,6 +51,7 @@ def round_dir(output_dir: str, k: int, rounds: int) -> str:
 
 def expert_iteration(script_args, args, model_args) -> dict:
     rounds, results = args.rejection_rounds, []
+    known: dict = {}  # the rounds' greedy held-out answers: round 2's teacher is round 1's after, its student (start) round 1's before
     start = model_args.model_name_or_path
     student, teacher = start, args.teacher_model_name_or_path
     for k in range(1, rounds + 1):
@@ -64,7 +70,7 @@ def expert_iteration(script_args, args, model_args) -> dict:
             resume = getattr(args, "resume_from_checkpoint", None)
             if k < rounds and isinstance(resume, str) and os.path.isdir(resume):
                 round_args.resume_from_checkpoint = None  # a checkpoint dir is the last round's: this one resumes its own
-            results.append(one_round(script_args, round_args, round_model))
+            results.append(one_round(script_args, round_args, round_model, known))
             if k < rounds:
                 release_accelerator_state()
         teacher = out  # the next round samples from what this one made

@@ -45,6 +45,8 @@ How to run:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 
@@ -74,7 +76,7 @@ from align.distributed import full_model, gather_shards, is_zero3, launched_worl
 from align.models import resolve_model_path
 from align.rollout import SamplingParams
 from align.sampler import Sampler, build_sampler
-from align.scoring import paired_change
+from align.scoring import paired_change, summarize
 from align.tools.distill import (
     add_tools_to_conversations,
     check_tool_distillation,
@@ -324,17 +326,47 @@ def to_conversations(dataset, name: str = "train"):
 
 
 def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
-                     teacher_prompts: dict[str, str], with_teacher_accuracy: bool = False) -> dict:
+                     teacher_prompts: dict[str, str], with_teacher_accuracy: bool = False,
+                     known: dict | None = None, student_path: str | None = None) -> dict:
     """`distill_metrics.evaluate` (and the teacher's own accuracy) on whole weights: each rank answers and measures
-    its share of the rows and every rank gets the result over all of them. Collective."""
+    its share of the rows and every rank gets the result over all of them. Collective.
+
+    `known` (with `student_path`, where the student's weights were loaded from or saved to): greedy answers already
+    made in this process, by `answers_key`. The student's answers found there are not generated again (only the
+    divergence to this teacher is measured), the ones made are added; the teacher's accuracy is read from there when
+    the teacher is weights already answered (round 1: the student's own; round 2: round 1's saved model). What was
+    read is listed under `reused`."""
     acc = trainer.accelerator
     with full_model(trainer.model_wrapped, acc) as student, full_model(trainer.teacher_model, acc) as teacher:
+        skey = None if known is None or student_path is None else answers_key(student_path, student, rows, args)
+        records, keep = (known or {}).get(skey), []
         out = evaluate(student, teacher, student_tok, teacher_tok, rows, mode=mode,
-                       max_new_tokens=args.distill_eval_max_new_tokens, uld_args=args, teacher_prompts=teacher_prompts)
+                       max_new_tokens=args.distill_eval_max_new_tokens, uld_args=args, teacher_prompts=teacher_prompts,
+                       records=records, keep=keep)
+        reused = {"student": skey[0]} if records is not None else {}
+        if skey is not None:
+            known[skey] = keep
         if with_teacher_accuracy and "accuracy" in out:
-            out["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, rows, args.distill_eval_max_new_tokens,
-                                                       teacher_prompts=teacher_prompts)
+            plain = known is not None and not teacher_prompts and not args.teacher_quantization
+            tkey = answers_key(args.teacher_model_name_or_path, teacher, rows, args) if plain else None
+            if tkey in (known or {}):
+                out["teacher_accuracy"] = summarize(known[tkey])["accuracy"]
+                reused["teacher"] = tkey[0]
+            else:
+                out["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, rows, args.distill_eval_max_new_tokens,
+                                                           teacher_prompts=teacher_prompts)
+    if reused:
+        out["reused"] = reused
     return out
+
+
+def answers_key(path: str, model, rows: list[dict], args: DistillConfig) -> tuple:
+    """What makes two greedy passes over the held-out rows answer alike: the same saved weights (the resolved
+    directory), in the same dtype, on the same prompts with the same budget."""
+    where = resolve_model_path(path)
+    where = os.path.realpath(where) if os.path.isdir(where) else where
+    prompts = hashlib.sha1(json.dumps([r["prompt_messages"] for r in rows], sort_keys=True).encode()).hexdigest()
+    return where, str(next(model.parameters()).dtype), prompts, args.distill_eval_max_new_tokens
 
 
 def check_teacher_placement(args: DistillConfig) -> None:
@@ -404,9 +436,13 @@ def teacher_view(conv: dict, student_tok, teacher_tok, args: DistillConfig, mode
     return teacher_prompt_map(convs, student_tok, teacher_tok, args, conv["pool"], groups, hints)
 
 
-def main(script_args, training_args: DistillConfig, model_args) -> dict:
-    """Load student and teacher, measure, distil, save, measure again; returns the before/after metrics."""
+def main(script_args, training_args: DistillConfig, model_args, known: dict | None = None) -> dict:
+    """Load student and teacher, measure, distil, save, measure again; returns the before/after metrics.
+
+    `known`: greedy held-out answers made earlier in this process (`held_out_metrics`), which expert iteration's
+    rounds share: a round's student or teacher that is weights already measured is not measured again."""
     args = training_args
+    known = {} if known is None else known
     check_teacher_placement(args)
     stage.start("distill", script_args, args, model_args)  # the same seed on every rank while the models are built
     student_tok, _ = stage.load_tokenizer(model_args, args)
@@ -459,8 +495,13 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     if best_of is not None:
         metrics["teacher_best_of"] = best_of
     if measure:
+        plain = stage.peft_config(model_args) is None  # an adapter's saved weights are not the measured model's
         before = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
-                                  teacher_prompts=teacher_prompts, with_teacher_accuracy=mode == "same")
+                                  teacher_prompts=teacher_prompts, with_teacher_accuracy=mode == "same",
+                                  known=known if plain else None, student_path=model_args.model_name_or_path)
+        if "reused" in before:
+            metrics["reused"] = {"before": before.pop("reused")}
+            logger.info("held-out answers already made in this process, not generated again: %s", metrics["reused"])
         if "teacher_accuracy" in before and "accuracy" in before:
             metrics["teacher_accuracy"] = before["teacher_accuracy"]
             metrics["num_prompts"] = before["num_prompts"]  # the teacher answered the same held-out rows
@@ -477,7 +518,8 @@ def main(script_args, training_args: DistillConfig, model_args) -> dict:
     if measure:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
             metrics["after"] = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
-                                                teacher_prompts=teacher_prompts)
+                                                teacher_prompts=teacher_prompts, known=known if plain else None,
+                                                student_path=args.output_dir)  # saved: a later round's teacher
         logger.info("held-out after: %s", _scalars(metrics["after"]))
         b, a = metrics["before"], metrics["after"]
         if "correct" in b and "correct" in a:  # the same prompts before and after: a paired test
