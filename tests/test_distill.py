@@ -514,8 +514,9 @@ def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_tea
 
 
 
-@pytest.mark.parametrize("student", ["previous", "start"])
-def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(student, tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("student,bf16", [("previous", False), ("start", True)])
+def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(student, bf16, tiny, tmp_path,
+                                                                              monkeypatch):
     """rejection_rounds: 2: round 2's teacher is round 1's saved model (output_dir/round-1), and so is its student
     ('previous') or the stage's starting model again ('start', ReST-EM); the stage's report judges round 1's before
     against round 2's after; a rerun skips the finished round."""
@@ -525,7 +526,7 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
 
     out = tmp_path / "out"
     script, args, model = _configs(tiny, out, tiny["student"], loss="rejection_sampling", teacher_best_of=2,
-                                   max_steps=4, rejection_rounds=2, rejection_round_student=student)
+                                   max_steps=4, rejection_rounds=2, rejection_round_student=student, bf16=bf16)
     script.dataset_args = {**script.dataset_args, "mode": "mixed"}
     data = get_dataset(script)
     index = {r["prompt"]: (i, r) for split in ("train", "test") for i, r in enumerate(data[split].to_list())}
@@ -606,6 +607,11 @@ def test_held_out_answers_are_reused_only_for_the_same_weights_dtype_prompts_and
     assert answers_key(tiny["student"], fp32, rows[:2], args) != key  # other prompts
     longer = _configs(tiny, tmp_path / "out", tiny["student"], distill_eval_max_new_tokens=20)[1]
     assert answers_key(tiny["student"], fp32, rows, longer) != key  # another budget
+    # its forward under mixed precision's autocast, as accelerate's prepare_model wraps it (no Accelerator here: its
+    # process-wide state would outlive the test)
+    fp32._original_forward = fp32.forward
+    fp32.forward = torch.autocast("cpu", dtype=torch.bfloat16)(fp32.forward)
+    assert answers_key(tiny["student"], fp32, rows, args) != key
     with pytest.raises(ValueError, match="rejection_rounds=2 repeats rejection sampling.*loss 'reverse_kl'"):
         DistillConfig(output_dir="/tmp/unused", rejection_rounds=2)
     with pytest.raises(ValueError, match="rejection_round_student 'last': choose 'previous'"):

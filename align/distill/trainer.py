@@ -73,7 +73,7 @@ from align.distill.teacher import (
     teacher_samples,
 )
 from align.distributed import full_model, gather_shards, is_zero3, launched_world_size, shard
-from align.models import resolve_model_path
+from align.models import has_autocast_forward, native_forward, resolve_model_path
 from align.rollout import SamplingParams
 from align.sampler import Sampler, build_sampler
 from align.scoring import paired_change, summarize
@@ -347,14 +347,18 @@ def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mod
         if skey is not None:
             known[skey] = keep
         if with_teacher_accuracy and "accuracy" in out:
-            plain = known is not None and not teacher_prompts and not args.teacher_quantization
-            tkey = answers_key(args.teacher_model_name_or_path, teacher, rows, args) if plain else None
-            if tkey in (known or {}):
-                out["teacher_accuracy"] = summarize(known[tkey])["accuracy"]
-                reused["teacher"] = tkey[0]
-            else:
-                out["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, rows, args.distill_eval_max_new_tokens,
-                                                           teacher_prompts=teacher_prompts)
+            # in the teacher's own precision, as the student's and scripts/evaluate.py's answers (the trainer wraps
+            # the teacher's forward in mixed precision's autocast for the loss)
+            with native_forward(teacher):
+                plain = known is not None and not teacher_prompts and not args.teacher_quantization
+                tkey = answers_key(args.teacher_model_name_or_path, teacher, rows, args) if plain else None
+                if tkey in (known or {}):
+                    out["teacher_accuracy"] = summarize(known[tkey])["accuracy"]
+                    reused["teacher"] = tkey[0]
+                else:
+                    out["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, rows,
+                                                               args.distill_eval_max_new_tokens,
+                                                               teacher_prompts=teacher_prompts)
     if reused:
         out["reused"] = reused
     return out
@@ -362,11 +366,13 @@ def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mod
 
 def answers_key(path: str, model, rows: list[dict], args: DistillConfig) -> tuple:
     """What makes two greedy passes over the held-out rows answer alike: the same saved weights (the resolved
-    directory), in the same dtype, on the same prompts with the same budget."""
+    directory), in the same dtype and forward precision (accelerate's autocast wrapper or the weights' own), on the
+    same prompts with the same budget."""
     where = resolve_model_path(path)
     where = os.path.realpath(where) if os.path.isdir(where) else where
     prompts = hashlib.sha1(json.dumps([r["prompt_messages"] for r in rows], sort_keys=True).encode()).hexdigest()
-    return where, str(next(model.parameters()).dtype), prompts, args.distill_eval_max_new_tokens
+    precision = "autocast" if has_autocast_forward(model) else "own"
+    return where, str(next(model.parameters()).dtype), precision, prompts, args.distill_eval_max_new_tokens
 
 
 def check_teacher_placement(args: DistillConfig) -> None:
