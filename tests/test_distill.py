@@ -536,9 +536,9 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
         teachers.append(model.config.name_or_path)
         return _best_of_engine(tiny["ours"], index, 2, calls)(model, tokenizer, *a)
 
-    import align.distill.trainer as dtr
+    import align.distill.held_out as dho
 
-    answered, real_evaluate = [], dtr.evaluate
+    answered, real_evaluate = [], dho.evaluate
 
     def evaluate(*a, **kw):  # records each held-out pass's greedy answers and whether it was handed them
         result = real_evaluate(*a, **kw)
@@ -546,7 +546,7 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
         return result
 
     monkeypatch.setattr(dt, "model_generate", engine)
-    monkeypatch.setattr(dtr, "evaluate", evaluate)
+    monkeypatch.setattr(dho, "evaluate", evaluate)
     metrics = main(script, args, model)
     round_1 = str(out / "round-1")
     # round 1: the training prompts, then the held-out ones, from the given teacher; round 2 from round 1's model
@@ -593,7 +593,7 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
 
 def test_held_out_answers_are_reused_only_for_the_same_weights_dtype_prompts_and_budget(tiny, tmp_path):
     """`answers_key`: what lets a distillation round read greedy answers made earlier instead of generating them."""
-    from align.distill.trainer import answers_key
+    from align.distill.held_out import answers_key
     from align.models import load_model
 
     rows = [{"prompt_messages": [{"role": "user", "content": f"q{i}"}]} for i in range(3)]

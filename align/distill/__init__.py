@@ -5,7 +5,8 @@
 
 The modules, in import order: config.py (DistillConfig, beside the stage as TRL keeps `*_config.py`), loss.py (the
 divergence over chunks of positions, without batch x length x vocabulary logits), metrics.py (held-out divergence
-and accuracy), teacher.py (the teacher's tokenizer, placement and view of each prompt), rejection.py (the
+and accuracy), held_out.py (those on whole weights inside the stage, each weights' greedy answers made once),
+teacher.py (the teacher's tokenizer, placement and view of each prompt), rejection.py (the
 rejection-sampling teacher), trainer.py (the trainer, the engine adapter and one round's `main`; its docstring says
 what we add to TRL's GOLDTrainer) and rounds.py (the stage's `main`: one round, or rounds of expert iteration).
 """
