@@ -589,6 +589,10 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
     teachers.clear()
     again = main(script, args, model)
     assert teachers == [round_1] * 2 and again["before"] == first["before"]
+    with pytest.raises(ValueError, match="rejection_rounds=2 repeats rejection sampling.*loss 'reverse_kl'"):
+        DistillConfig(output_dir="/tmp/unused", rejection_rounds=2)
+    with pytest.raises(ValueError, match="rejection_round_student 'last': choose 'previous'"):
+        DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", rejection_round_student="last")
 
 
 def test_held_out_answers_are_reused_only_for_the_same_weights_dtype_prompts_and_budget(tiny, tmp_path):
@@ -612,10 +616,6 @@ def test_held_out_answers_are_reused_only_for_the_same_weights_dtype_prompts_and
     fp32._original_forward = fp32.forward
     fp32.forward = torch.autocast("cpu", dtype=torch.bfloat16)(fp32.forward)
     assert answers_key(tiny["student"], fp32, rows, args) != key
-    with pytest.raises(ValueError, match="rejection_rounds=2 repeats rejection sampling.*loss 'reverse_kl'"):
-        DistillConfig(output_dir="/tmp/unused", rejection_rounds=2)
-    with pytest.raises(ValueError, match="rejection_round_student 'last': choose 'previous'"):
-        DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", rejection_round_student="last")
 
 
 def _recording_init(init, seen):
