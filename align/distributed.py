@@ -269,3 +269,22 @@ def barrier() -> None:
 
     if world()[1] > 1:
         dist.barrier()
+
+
+def release_accelerator_state() -> None:
+    """Let the next round's trainer (distillation's or preference optimisation's rounds) build its own Accelerator,
+    DeepSpeed engine included. accelerate keeps one process-wide `AcceleratorState`, and under DeepSpeed a second
+    `Accelerator` may not bring a `deepspeed_plugin` ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`", accelerator.py): round 2 of a
+    ZeRO-3 launch failed there. The round's trainer is gone by now (its engine with it, after the collection);
+    clearing the accelerator's and the gradient accumulation's shared state (accelerate's `_reset_state`, what its
+    and transformers' tests call between trainers) keeps `PartialState`, the process group the ranks share, so the
+    next round joins the same group."""
+    import gc
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    gc.collect()
+    if torch.cuda.is_available():  # GPU only: hand the last round's freed blocks back before the next engine loads
+        torch.cuda.empty_cache()
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()

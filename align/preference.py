@@ -72,6 +72,23 @@ class PreferenceArgs(StageArgs):
     replay_samples: int | None = field(
         default=None, metadata={"help": "Use at most this many replay conversations (the first ones)."}
     )
+    preference_rounds: int = field(
+        default=1,
+        metadata={"help": "Rounds of iterative preference optimisation (align/preference_rounds.py): every round after "
+                  "the first samples new pairs from the model the round before saved (round_pairs_recipe) and trains "
+                  "that model on them, itself as the reference. Rounds before the last save to output_dir/round-<k>."},
+    )
+    round_pairs_recipe: str | None = field(
+        default=None,
+        metadata={"help": "preference_rounds > 1: a scripts/generate_preferences.py recipe (method graded) for the "
+                  "later rounds' pairs; its policy_model becomes the previous round's model, its output_dir "
+                  "output_dir/pairs-round-<k>, its sampling seed + k - 1."},
+    )
+    round_pairs_overrides: dict | None = field(
+        default=None,
+        metadata={"help": "Keys of round_pairs_recipe to change for the later rounds, e.g. prompts the first round's "
+                  "pairs did not use: {dataset_args: {num: 1600, seed: 3, mode: mixed}}."},
+    )
 
 
 def _finish_post_init(args) -> None:
@@ -350,7 +367,17 @@ def _trainer_class(kind: str):
 
 
 def main(script_args, training_args, model_args) -> dict:
-    """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics."""
+    """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics. With
+    `preference_rounds` > 1, that many rounds, each on pairs the round before's model made (align/preference_rounds.py)."""
+    if training_args.preference_rounds != 1:
+        from align.preference_rounds import iterate
+
+        return iterate(script_args, training_args, model_args, train_round)
+    return train_round(script_args, training_args, model_args)
+
+
+def train_round(script_args, training_args, model_args) -> dict:
+    """One round: train on the stage's pairs, measure held-out preference accuracy before and after."""
     kind = trainer_kind(training_args)
     stage.start(kind, script_args, training_args, model_args)
     tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)

@@ -404,6 +404,14 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
 def main(script_args, cfg: PreferenceDataConfig) -> dict:
     """Load prompts (align.data), start the models' engines, make the pairs."""
     init_from_launcher()  # under `accelerate launch --num_processes N` the ranks split the prompts
+    card = make_pairs(script_args, cfg)
+    leave_launcher()
+    return card
+
+
+def make_pairs(script_args, cfg: PreferenceDataConfig) -> dict:
+    """`main` without joining or leaving the launcher's process group: what a stage that is already running on its
+    ranks calls (align/preference_rounds.py: iterative APO samples each round's pairs from the round before)."""
     dd = get_dataset(script_args)
     splits = cfg.splits or list(dd)
     missing = [s for s in splits if s not in dd]
@@ -432,5 +440,4 @@ def main(script_args, cfg: PreferenceDataConfig) -> dict:
             f"no preference pairs kept (dropped per filter: {dropped}); see {cfg.output_dir}/card.json — "
             "use stronger/weaker models, more prompts, or relax the filters (verify_chosen: false, drop_identical: false)"
         )
-    leave_launcher()
     return card

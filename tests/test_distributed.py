@@ -129,6 +129,48 @@ def test_apo_with_replay_rows_under_zero3(micro, tmp_path):
     assert (trained > start).all(), (start, trained)
 
 
+def test_iterative_apo_samples_each_rounds_pairs_from_the_round_before_under_zero3(micro, tmp_path):
+    """`preference_rounds: 2` as users launch APO (2 ZeRO-3 ranks): round 1 trains on the stage's pairs, round 2's pairs
+    are sampled by round 1's saved model inside the stage (the ranks split the prompts) and round 2 trains that model;
+    a rerun skips the finished round and its pairs."""
+    import torch
+    from safetensors.torch import load_file
+
+    verifier = tmp_path / "verifier.py"  # micro models answer nothing right: a score that varies from sample to sample
+    verifier.write_text("def e_share_reward(completions, **kwargs):\n"
+                        "    texts = [c if isinstance(c, str) else c[-1]['content'] for c in completions]\n"
+                        "    return [t.count('e') / (len(t) + 1) for t in texts]\n")
+    recipe = tmp_path / "pairs.yaml"
+    recipe.write_text(json.dumps({
+        "dataset_name": "builtin:tasks", "dataset_args": {"num": 16, "seed": 1, "mode": "think"}, "max_eval_samples": 8,
+        "method": "graded", "policy_model": "set-by-the-round", "num_samples": 3, "temperature": 1.0,
+        "max_new_tokens": 16, "rewards": [f"{verifier}:e_share_reward"], "verify_chosen": False, "mode_format": False,
+        "batch_size": 8, "seed": 4, "rollout_backend": "hf", "output_dir": "set-by-the-round"}))
+    out = tmp_path / "apo"
+    args = ["scripts/dpo.py", micro / "configs" / "apo.yaml", "--output_dir", out, "--max_steps", "2",
+            "--save_steps", "2", "--preference_rounds", "2", "--round_pairs_recipe", recipe,
+            "--round_pairs_overrides", '{"dataset_args": {"num": 16, "seed": 3, "mode": "think"}}']
+    ok(launch(*args))
+    card = json.loads((out / "pairs-round-2" / "card.json").read_text())
+    assert card["models"]["policy"].startswith(str(out / "round-1")), card["models"]
+    assert card["config"]["seed"] == 5 and card["counts"]["train"]["kept"] > 0  # the recipe's seed + 1; pairs made
+    assert card["source"] == "builtin:tasks" and card["config"]["policy_model"] == str(out / "round-1")
+    assert sorted((out / "pairs-round-2" / ".work").glob("train.rank*-of-2.pairs.jsonl"))  # both ranks sampled
+    report = json.loads((out / "preference_eval.json").read_text())
+    assert report["preference_rounds"] == 2 and report["world_size"] == 2
+    assert [r["model"] for r in report["rounds"]] == [str(micro / "sft"), str(out / "round-1")]
+    assert report["rounds"][1]["pairs"] == str(out / "pairs-round-2") and report["rounds"][1]["kept"]["train"] > 0
+    weights = [load_file(d / "model.safetensors") for d in (micro / "sft", out / "round-1", out)]
+    for before, after in zip(weights, weights[1:]):  # each round trained the model the round before saved
+        assert any(not torch.equal(before[k], after[k]) for k in before)
+    stamp = (out / "round-1" / "model.safetensors").stat().st_mtime_ns
+    again = launch(*args)
+    ok(again)
+    log = again.stdout + again.stderr
+    assert "round 1 of 2 is done" in log and "pairs from" not in log
+    assert (out / "round-1" / "model.safetensors").stat().st_mtime_ns == stamp
+
+
 # ----------------------------------------------------------------------------------------------- pretraining
 
 

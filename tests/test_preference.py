@@ -189,6 +189,35 @@ def test_config_errors_name_the_field(tmp_path):
         KTOConfig(output_dir=str(tmp_path), loss_type="sigmoid")
 
 
+def test_preference_round_settings_fail_before_round_1_trains(tiny, tmp_path):
+    """Iterative APO's settings are checked before anything trains, one line each naming the fix; a later round's pairs
+    config is the recipe's with the previous round's model, its own output dir, the seed moved on and the overrides."""
+    from align.preference_rounds import check, pairs_config
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smol135m_preferences.yaml"
+    model = ModelConfig(model_name_or_path=tiny["model"])
+    cases = [({}, r"needs round_pairs_recipe"),
+             ({"round_pairs_recipe": "recipes/tiny_preferences.yaml"}, r"must use method: graded"),
+             ({"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_sample": 4}},
+              r"round_pairs_overrides keys \['num_sample'\]"),
+             ({"round_pairs_recipe": str(tmp_path / "missing.yaml")}, r"missing.yaml' not found")]
+    for kw, match in cases:
+        with pytest.raises(Exception, match=match):
+            check(_args(DPOConfig, tmp_path / "out", preference_rounds=2, **kw), model)
+    with pytest.raises(ValueError, match=r"needs merge_lora_on_save: true"):
+        check(_args(DPOConfig, tmp_path / "out", preference_rounds=2, round_pairs_recipe=str(recipe),
+                    merge_lora_on_save=False), ModelConfig(model_name_or_path=tiny["model"], use_peft=True))
+    with pytest.raises(ValueError, match=r"preference_rounds must be >= 1"):
+        main(ScriptArguments(dataset_name=tiny["data"]), _args(DPOConfig, tmp_path / "out", preference_rounds=0), model)
+    assert not (tmp_path / "out").exists()
+    args = _args(DPOConfig, tmp_path / "out", preference_rounds=3, round_pairs_recipe=str(recipe),
+                 round_pairs_overrides={"dataset_args": {"num": 1600, "seed": 3, "mode": "mixed"}})
+    script, cfg = pairs_config(args, 3, str(tmp_path / "out" / "round-2"))
+    assert (cfg.policy_model, cfg.output_dir) == (str(tmp_path / "out" / "round-2"), str(tmp_path / "out" / "pairs-round-3"))
+    assert cfg.seed == 2 and cfg.num_samples == 6 and cfg.max_new_tokens_by_mode == {"think": 160, "no_think": 48}
+    assert script.dataset_name == "builtin:tasks" and script.dataset_args == {"num": 1600, "seed": 3, "mode": "mixed"}
+
+
 def test_pair_token_ids_split_at_the_assistant_turn(tiny):
     tok = tiny["tokenizer"]
     row = _pairs("test", 1)[0]
