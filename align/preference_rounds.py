@@ -35,7 +35,7 @@ from accelerate import PartialState
 
 from align.cli import load_recipe
 from align.configs import ScriptArguments
-from align.distributed import release_accelerator_state
+from align.distributed import release_accelerator_state, zero3_init_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def iterate(script_args, args, model_args, one_round) -> dict:
             pairs = pair_cfg.output_dir
             if not os.path.exists(os.path.join(pairs, "card.json")):
                 logger.info("preference rounds: round %d of %d: pairs from %s -> %s", k, rounds, model, pairs)
-                make_pairs(pair_args, pair_cfg)
+                with zero3_init_disabled():  # the engines build whole models of their own, not ZeRO-3 partitions
+                    make_pairs(pair_args, pair_cfg)
             data = copy.copy(script_args)
             data.dataset_name, data.dataset_args, data.dataset_mixture, data.dataset_config = pairs, None, None, None
         if k < rounds and os.path.exists(report):

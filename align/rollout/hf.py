@@ -186,7 +186,8 @@ class HFEngine:
         if isinstance(model, str):
             # on a GPU machine the rank's GPU (from_pretrained loads to the CPU): preference and answer generation
             # sampled on the CPU there before
-            self.model = load_model(model, dtype=dtype).to(local_device())
+            with zero3_init_disabled():  # its own whole model, also inside a ZeRO-3 stage (iterative APO's pairs)
+                self.model = load_model(model, dtype=dtype).to(local_device())
             logger.info("hf engine: %s loaded on %s", model, self.model.device)
             self.owns_model = True
         elif dtype not in ("auto", None) and _torch_dtype(dtype) != model.dtype:
