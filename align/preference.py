@@ -30,6 +30,7 @@ from align import stage
 from align.configs import StageArgs, apply_device_defaults
 from align.data import load_replay_conversations
 from align.distributed import full_model
+from align.preference_rounds import iterate
 from align.scoring import accuracy, sequence_logprobs
 
 logger = logging.getLogger(__name__)
@@ -370,8 +371,6 @@ def main(script_args, training_args, model_args) -> dict:
     """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics. With
     `preference_rounds` > 1, that many rounds, each on pairs the round before's model made (align/preference_rounds.py)."""
     if training_args.preference_rounds != 1:
-        from align.preference_rounds import iterate
-
         return iterate(script_args, training_args, model_args, train_round)
     return train_round(script_args, training_args, model_args)
 

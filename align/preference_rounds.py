@@ -36,6 +36,7 @@ from accelerate import PartialState
 from align.cli import load_recipe
 from align.configs import ScriptArguments
 from align.distributed import release_accelerator_state, zero3_init_disabled
+from data_gen.preferences import PreferenceDataConfig, make_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ def round_dir(output_dir: str, k: int, rounds: int) -> str:
 def pairs_config(args, k: int, policy: str) -> tuple:
     """(ScriptArguments, PreferenceDataConfig) that make round k's pairs from `policy` (`round_pairs_recipe` +
     `round_pairs_overrides`; policy_model, output_dir and the sampling seed set here)."""
-    from data_gen.preferences import PreferenceDataConfig
-
     types = (ScriptArguments, PreferenceDataConfig)
     config = load_recipe(args.round_pairs_recipe, types)
     config.pop("env", None)
@@ -85,8 +84,6 @@ def check(args, model_args) -> None:
 
 def iterate(script_args, args, model_args, one_round) -> dict:
     """`preference_rounds` rounds of `one_round(script_args, training_args, model_args)`; the whole stage's report."""
-    from data_gen.preferences import make_pairs
-
     check(args, model_args)
     rounds, results, model, data = args.preference_rounds, [], model_args.model_name_or_path, script_args
     for k in range(1, rounds + 1):

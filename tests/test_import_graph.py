@@ -23,7 +23,7 @@ PACKAGES = ("align", "pretrain", "rewards", "data_gen")
 STAGES = {
     "align.stage",  # the steps every post-training stage shares
     "align.sft",
-    "align.preference",
+    "align.preference", "align.preference_rounds",
     "align.grpo", "align.grpo_data", "align.async_grpo",
     "align.distill", "align.distill.config", "align.distill.loss", "align.distill.metrics", "align.distill.teacher",
     "align.distill.rejection", "align.distill.held_out", "align.distill.trainer", "align.distill.rounds",
@@ -34,7 +34,7 @@ STAGES = {
 }
 # Modules of one stage that another stage must not import (align.stage is shared: every stage imports it).
 STAGE_OWNERS = {
-    "align.sft": "sft", "align.preference": "preference", "align.grpo": "grpo", "align.grpo_data": "grpo",
+    "align.sft": "sft", "align.preference": "preference", "align.preference_rounds": "preference", "align.grpo": "grpo", "align.grpo_data": "grpo",
     "align.async_grpo": "grpo",
     "align.distill": "distill", "align.distill.config": "distill", "align.distill.loss": "distill",
     "align.distill.metrics": "distill", "align.distill.teacher": "distill", "align.distill.trainer": "distill",
