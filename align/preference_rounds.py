@@ -36,14 +36,10 @@ from accelerate import PartialState
 from align.cli import load_recipe
 from align.configs import ScriptArguments
 from align.distributed import release_accelerator_state, zero3_init_disabled
+from align.stage import round_dir
 from data_gen.preferences import PreferenceDataConfig, make_pairs
 
 logger = logging.getLogger(__name__)
-
-
-def round_dir(output_dir: str, k: int, rounds: int) -> str:
-    """Where round k (1-based) of `rounds` saves its model: the stage's output_dir for the last round."""
-    return output_dir if k == rounds else os.path.join(output_dir, f"round-{k}")
 
 
 def pairs_config(args, k: int, policy: str) -> tuple:

@@ -217,6 +217,12 @@ def merge_adapter_dir(adapter_dir: str, output_dir: str) -> None:
     logger.info("LoRA adapter %s merged into %s -> %s", adapter_dir, base_path, output_dir)
 
 
+def round_dir(output_dir: str, k: int, rounds: int) -> str:
+    """Where round k (1-based) of a stage's `rounds` saves its model (distillation's expert iteration, iterative APO):
+    the stage's output_dir for the last round, output_dir/round-<k> before it."""
+    return output_dir if k == rounds else os.path.join(output_dir, f"round-{k}")
+
+
 def write_report(trainer, output_dir: str, filename: str, report: dict) -> None:
     """The stage's report as `<output_dir>/<filename>` (main process; the pipeline's manifest reads it)."""
     if trainer.accelerator.is_main_process:

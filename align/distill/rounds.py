@@ -33,6 +33,7 @@ from accelerate import PartialState
 from align.distill.trainer import main as one_round
 from align.distributed import release_accelerator_state
 from align.scoring import paired_change
+from align.stage import round_dir
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +43,6 @@ def main(script_args, training_args, model_args) -> dict:
     if training_args.rejection_rounds <= 1:
         return one_round(script_args, training_args, model_args)
     return expert_iteration(script_args, training_args, model_args)
-
-
-def round_dir(output_dir: str, k: int, rounds: int) -> str:
-    """Where round k (1-based) of `rounds` saves its model: the stage's output_dir for the last round."""
-    return output_dir if k == rounds else os.path.join(output_dir, f"round-{k}")
 
 
 def expert_iteration(script_args, args, model_args) -> dict:
