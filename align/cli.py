@@ -133,15 +133,22 @@ def load_recipe(path: str | os.PathLike, dataclass_types: Sequence[type]) -> dic
         config = {}
     if not isinstance(config, dict):
         raise RecipeError(f"recipe '{path}' must be a YAML mapping of key: value, got {type(config).__name__}")
+    if "env" in config and not isinstance(config["env"], dict):
+        raise RecipeError(f"'env' in {path} must be a mapping of environment variables")
+    return check_keys(config, dataclass_types, str(path), allow_env=True)
+
+
+def check_keys(config: dict, dataclass_types: Sequence[type], where: str, allow_env: bool = False) -> dict:
+    """Check a mapping's keys and value types against the dataclasses, as a recipe's are checked (a recipe, or keys
+    that override one: iterative APO's `round_pairs_overrides`); coerce in place, return it. One RecipeError line
+    names a wrong key (with the closest valid one) or value."""
     fields = _fields(dataclass_types)
     for key, value in config.items():
-        if key == "env":
-            if not isinstance(value, dict):
-                raise RecipeError(f"'env' in {path} must be a mapping of environment variables")
+        if key == "env" and allow_env:
             continue
         if key not in fields:
-            raise _unknown_key_error(str(key), path, list(fields))
-        config[key] = _coerce(key, value, fields[key], path)
+            raise _unknown_key_error(str(key), where, list(fields))
+        config[key] = _coerce(key, value, fields[key], where)
     return config
 
 

@@ -274,8 +274,8 @@ def barrier() -> None:
 def release_accelerator_state() -> None:
     """Let the next round's trainer (distillation's or preference optimisation's rounds) build its own Accelerator,
     DeepSpeed engine included. accelerate keeps one process-wide `AcceleratorState`, and under DeepSpeed a second
-    `Accelerator` may not bring a `deepspeed_plugin` ("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`", accelerator.py): round 2 of a
-    ZeRO-3 launch failed there. The round's trainer is gone by now (its engine with it, after the collection);
+    `Accelerator` may not bring a `deepspeed_plugin` ("You cannot pass in a `deepspeed_plugin` when creating a second
+    `Accelerator`", accelerator.py): round 2 of a ZeRO-3 launch failed there. The round's trainer is gone by now (its engine with it, after the collection);
     clearing the accelerator's and the gradient accumulation's shared state (accelerate's `_reset_state`, what its
     and transformers' tests call between trainers) keeps `PartialState`, the process group the ranks share, so the
     next round joins the same group."""

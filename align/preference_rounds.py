@@ -33,7 +33,7 @@ from dataclasses import fields
 
 from accelerate import PartialState
 
-from align.cli import load_recipe
+from align.cli import check_keys, load_recipe
 from align.configs import ScriptArguments
 from align.distributed import release_accelerator_state, zero3_init_disabled
 from align.stage import round_dir
@@ -48,11 +48,7 @@ def pairs_config(args, k: int, policy: str) -> tuple:
     types = (ScriptArguments, PreferenceDataConfig)
     config = load_recipe(args.round_pairs_recipe, types)
     config.pop("env", None)
-    config.update(copy.deepcopy(args.round_pairs_overrides or {}))
-    known = {f.name for t in types for f in fields(t)}
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise ValueError(f"round_pairs_overrides keys {unknown} are not generate_preferences keys; fix them or drop them")
+    config.update(check_keys(copy.deepcopy(args.round_pairs_overrides or {}), types, "round_pairs_overrides"))
     if config.get("method", "strong_weak") != "graded":
         raise ValueError(f"round_pairs_recipe {args.round_pairs_recipe} must use method: graded (each round's pairs are "
                          f"the previous round's model grading itself), got {config.get('method', 'strong_weak')!r}")

@@ -34,8 +34,8 @@ STAGES = {
 }
 # Modules of one stage that another stage must not import (align.stage is shared: every stage imports it).
 STAGE_OWNERS = {
-    "align.sft": "sft", "align.preference": "preference", "align.preference_rounds": "preference", "align.grpo": "grpo", "align.grpo_data": "grpo",
-    "align.async_grpo": "grpo",
+    "align.sft": "sft", "align.preference": "preference", "align.preference_rounds": "preference",
+    "align.grpo": "grpo", "align.grpo_data": "grpo", "align.async_grpo": "grpo",
     "align.distill": "distill", "align.distill.config": "distill", "align.distill.loss": "distill",
     "align.distill.metrics": "distill", "align.distill.teacher": "distill", "align.distill.trainer": "distill",
     "align.distill.rejection": "distill", "align.distill.held_out": "distill", "align.distill.rounds": "distill",

@@ -199,10 +199,12 @@ def test_preference_round_settings_fail_before_round_1_trains(tiny, tmp_path):
     cases = [({}, r"needs round_pairs_recipe"),
              ({"round_pairs_recipe": "recipes/tiny_preferences.yaml"}, r"must use method: graded"),
              ({"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_sample": 4}},
-              r"round_pairs_overrides keys \['num_sample'\]"),
+              r"unknown key 'num_sample' in round_pairs_overrides; did you mean 'num_samples'\?"),
+             ({"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_samples": "six"}},
+              r"key 'num_samples' in round_pairs_overrides has value 'six' \(str\); expected int"),
              ({"round_pairs_recipe": str(tmp_path / "missing.yaml")}, r"missing.yaml' not found")]
     for kw, match in cases:
-        with pytest.raises(Exception, match=match):
+        with pytest.raises(ValueError, match=match):  # a RecipeError is a ValueError: one line at the command line
             check(_args(DPOConfig, tmp_path / "out", preference_rounds=2, **kw), model)
     with pytest.raises(ValueError, match=r"needs merge_lora_on_save: true"):
         check(_args(DPOConfig, tmp_path / "out", preference_rounds=2, round_pairs_recipe=str(recipe),
