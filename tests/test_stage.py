@@ -22,8 +22,9 @@ from align.sampler import ROLLOUT_BACKENDS
 from align.sft import SFTConfig
 
 STEPS = ["start", "load_tokenizer", "load_data", "load_model", "prepare", "train", "save", "write_report"]
-# distillation's one round (align.distill.trainer.main); the stage's main (rounds.py) repeats it for rejection_rounds
-MAINS = {"sft": sft.main, "preference": preference.main, "grpo": grpo.main, "distill": distill_trainer.main}
+# one round of the stages that repeat: distillation's (align.distill.trainer.main; rounds.py repeats it for
+# rejection_rounds) and the preference stage's (preference.train_round; preference_rounds.py repeats it)
+MAINS = {"sft": sft.main, "preference": preference.train_round, "grpo": grpo.main, "distill": distill_trainer.main}
 CONFIGS = [SFTConfig, DPOConfig, KTOConfig, ORPOConfig, GRPOConfig, DistillConfig]
 
 
