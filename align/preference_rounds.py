@@ -36,7 +36,7 @@ from accelerate import PartialState
 from align.cli import check_keys, load_recipe
 from align.configs import ScriptArguments
 from align.distributed import release_accelerator_state, zero3_init_disabled
-from align.stage import round_dir
+from align.stage import round_dir, save_json
 from data_gen.preferences import PreferenceDataConfig, make_pairs
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,5 @@ def whole_stage(results: list[dict], args) -> dict:
         for r in results
     ]
     if PartialState().is_main_process:
-        with open(os.path.join(args.output_dir, "preference_eval.json"), "w") as f:
-            json.dump(metrics, f, indent=2, default=str)
+        save_json(os.path.join(args.output_dir, "preference_eval.json"), metrics)
     return metrics

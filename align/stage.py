@@ -226,6 +226,13 @@ def round_dir(output_dir: str, k: int, rounds: int) -> str:
 def write_report(trainer, output_dir: str, filename: str, report: dict) -> None:
     """The stage's report as `<output_dir>/<filename>` (main process; the pipeline's manifest reads it)."""
     if trainer.accelerator.is_main_process:
-        os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, filename), "w") as f:
-            json.dump(report, f, indent=2, default=str)
+        save_json(os.path.join(output_dir, filename), report)
+
+
+def save_json(path: str, data: dict) -> None:
+    """Write `path` whole or not at all: a report's existence marks a finished round (rounds skip it on a rerun), so a
+    kill mid-write must leave the old file or none, never half of one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=2, default=str)
+    os.replace(path + ".tmp", path)

@@ -172,3 +172,27 @@ def test_every_stage_measures_after_training_in_its_own_precision(name):
     calls = [n for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(MAINS[name]))))
              if isinstance(n, ast.Attribute) and n.attr == "own_precision"]
     assert calls, f"{name}.main measures after training without stage.own_precision"
+
+
+def test_a_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A round's report marks it finished (preference and distillation rounds skip it on a rerun): a write killed
+    half-way leaves the previous report, not half a file that the rerun could not read."""
+    import json
+
+    path = tmp_path / "round-1" / "preference_eval.json"
+    stage.save_json(str(path), {"after": {"accuracy": 0.5}})
+    assert json.loads(path.read_text()) == {"after": {"accuracy": 0.5}}
+
+    real_dump = json.dump
+
+    def dies_half_way(obj, f, **kw):
+        f.write('{"after": {"accur')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "dump", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        stage.save_json(str(path), {"after": {"accuracy": 0.75}})
+    monkeypatch.setattr(json, "dump", real_dump)
+    assert json.loads(path.read_text()) == {"after": {"accuracy": 0.5}}  # the old report, whole
+    stage.save_json(str(path), {"after": {"accuracy": 0.75}})
+    assert json.loads(path.read_text()) == {"after": {"accuracy": 0.75}}

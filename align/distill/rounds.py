@@ -33,7 +33,7 @@ from accelerate import PartialState
 from align.distill.trainer import main as one_round
 from align.distributed import release_accelerator_state
 from align.scoring import paired_change
-from align.stage import round_dir
+from align.stage import round_dir, save_json
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +94,5 @@ def whole_stage(results: list[dict], args) -> dict:
                         "McNemar p=%.3g", len(results), b["accuracy"], a["accuracy"], metrics["paired"]["gained"],
                         metrics["paired"]["lost"], metrics["paired"]["p_value"])
     if PartialState().is_main_process:  # the pipeline reads it: replaced whole, never half written
-        path = os.path.join(args.output_dir, "distill_eval.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(metrics, f, indent=2, default=str)
-        os.replace(path + ".tmp", path)
+        save_json(os.path.join(args.output_dir, "distill_eval.json"), metrics)
     return metrics
