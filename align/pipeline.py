@@ -15,7 +15,8 @@ subprocess (`accelerate launch [--config_file F] scripts/<x>.py <that yaml>`, or
 (a model dir has config.json) does the pipeline write a completion marker into the output dir
 (`.smolalign_stage.json`, with a hash of the config). On a re-run, a stage with a marker is skipped unless its
 config changed or a stage it references finished after it; a stage without one is re-run and, when its
-script supports it, resumes from its latest complete checkpoint (`--resume_from_checkpoint <dir>`: HF-Trainer
+script supports it and neither its config nor a stage it references changed since it started, resumes from its
+latest complete checkpoint (`--resume_from_checkpoint <dir>`: HF-Trainer
 `checkpoint-N` dirs or pretrain's `checkpoints/step_N`, as align/checkpoint.py names and finds them). Each model
 stage is then evaluated (scripts/evaluate.py as a subprocess, results under `<run_dir>/eval/<stage>/`). The manifest
 `<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
@@ -274,6 +275,12 @@ def needs_run(stage: Stage, stages: dict[str, Stage], forced: set[str]) -> tuple
         started = read_marker(stage.output_dir, STARTED)
         if started and started.get("config_hash") != config_hash(stage.config):
             return True, "its config changed since it was interrupted"
+        if started:  # an interrupted stage resumes only on the inputs it started from
+            since = started.get("started") or (Path(stage.output_dir) / STARTED).stat().st_mtime
+            for ref in stage.refs:
+                up = read_marker(stages[ref].output_dir)
+                if up and up.get("finished", 0) > since:
+                    return True, f"'{ref}' finished after it was interrupted"
         return True, "not finished"
     if marker.get("config_hash") != config_hash(stage.config):
         return True, "its config changed since it finished"
@@ -399,7 +406,8 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                     shutil.rmtree(aside, ignore_errors=True)
                     out.rename(aside)
                     console.print(f"{label}: previous output moved to {aside}")
-                write_json_atomic(out / STARTED, {"stage": stage.name, "config_hash": config_hash(stage.config)})
+                write_json_atomic(out / STARTED, {"stage": stage.name, "config_hash": config_hash(stage.config),
+                                                  "started": time.time()})
                 start = time.time()
                 rec.update(
                     status="running", command=cmd, config=stage.config, config_path=str(config_path), git=git_state(),

@@ -208,6 +208,22 @@ def test_changed_config_or_rerun_upstream_runs_dependents_again(fake, tmp_path):
     assert len(_calls(run / "base")) == 1 and len(_calls(run / "sft")) == 1  # all finished: nothing ran
 
 
+def test_an_interrupted_stage_whose_input_was_made_again_starts_fresh(fake, tmp_path):
+    """sft dies after checkpoint-2; then base runs again (here asked to; a changed recipe does the same): sft's
+    checkpoints were trained from the old base, so it must start over from the new one, not resume them."""
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        run_pipeline(fake())
+    with pytest.raises(RuntimeError, match="stage 'sft' failed"):  # the fake crashes at step 2 only when not resuming
+        run_pipeline(fake(rerun=["base"]))
+    assert len(_calls(run / "base")) == 1 and len(_calls(run / "base.previous")) == 1
+    assert _calls(run / "sft") == [{"resume": None, "model": f"{run}/base"}]
+    assert (run / "sft.previous" / "checkpoint-2").is_dir()  # the stale attempt kept aside
+    m = run_pipeline(fake())  # base unchanged since: sft resumes its own fresh attempt
+    assert [c["resume"] for c in _calls(run / "sft")] == [None, f"{run}/sft/checkpoint-2"]
+    assert m["stages"][1]["status"] == "done"
+
+
 def test_launch_commands(fake, tmp_path):
     from align.pipeline import stage_command
 
