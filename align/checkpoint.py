@@ -167,19 +167,27 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def write_json_atomic(path: str | os.PathLike, data: dict, indent: int = 1) -> None:
+    """Write a JSON file whole or not at all (hidden tmp name, fsync, rename): readers, and a rerun after a kill, see
+    the old file or the new one, never half of one. Markers, manifests, stage reports and round reports use it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=indent, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def write_marker(path: str, step: int) -> None:
-    """Write the completion marker of a checkpoint directory (tmp name, fsync, rename)."""
+    """Write the completion marker of a checkpoint directory."""
     files = {
         os.path.relpath(os.path.join(r, f), path): os.path.getsize(os.path.join(r, f))
         for r, _, fs in os.walk(path)
         for f in fs
     }
-    tmp = os.path.join(path, f".{COMPLETE_MARKER}.tmp")
-    with open(tmp, "w") as f:
-        json.dump({"step": step, "time": time.time(), "files": files}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, os.path.join(path, COMPLETE_MARKER))
+    write_json_atomic(os.path.join(path, COMPLETE_MARKER), {"step": step, "time": time.time(), "files": files})
 
 
 def staging_path(final: str) -> str:

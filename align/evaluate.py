@@ -35,10 +35,8 @@ generation goes through the shared engine, which shares the loaded model on the 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import random
 import re
 import time
@@ -58,6 +56,7 @@ from align.answers import (  # noqa: F401  (re-exported: the generative suite's 
     sampling_params,
     stop_ids,
 )
+from align.checkpoint import write_json_atomic
 from align.configs import rename_deprecated
 from align.data import load_source
 from align.distributed import world
@@ -427,9 +426,7 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
         "config": asdict(cfg),
     }
     if is_main:
-        tmp = out_dir / "eval_results.json.tmp"
-        tmp.write_text(json.dumps(results, indent=1, default=str))
-        os.replace(tmp, out_dir / "eval_results.json")  # a reader never sees half a file
+        write_json_atomic(out_dir / "eval_results.json", results)  # a reader never sees half a file
     return results
 
 

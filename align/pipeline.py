@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from align.checkpoint import latest_checkpoint
+from align.checkpoint import latest_checkpoint, write_json_atomic
 from align.pipeline_plan import (  # noqa: F401  (re-exported: the plan's public home stays align.pipeline too)
     ALIASES,
     DATA_KEYS,
@@ -74,13 +74,6 @@ def read_marker(output_dir: str, name: str = MARKER) -> dict | None:
         return json.loads((Path(output_dir) / name).read_text())
     except (OSError, ValueError):
         return None
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)  # readers (and a crash) see the old or the new file, never half of one
 
 
 def output_complete(stage: Stage) -> bool:

@@ -33,10 +33,11 @@ from dataclasses import fields
 
 from accelerate import PartialState
 
+from align.checkpoint import write_json_atomic
 from align.cli import check_keys, load_recipe
 from align.configs import ScriptArguments
 from align.distributed import release_accelerator_state, zero3_init_disabled
-from align.stage import round_dir, save_json
+from align.stage import round_dir
 from data_gen.preferences import PreferenceDataConfig, make_pairs
 
 logger = logging.getLogger(__name__)
@@ -131,5 +132,5 @@ def whole_stage(results: list[dict], args) -> dict:
         for r in results
     ]
     if PartialState().is_main_process:
-        save_json(os.path.join(args.output_dir, "preference_eval.json"), metrics)
+        write_json_atomic(os.path.join(args.output_dir, "preference_eval.json"), metrics, indent=2)
     return metrics

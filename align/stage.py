@@ -30,7 +30,6 @@ Importing this module imports `data_gen`, which registers `builtin:tasks` with a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from contextlib import contextmanager
@@ -43,7 +42,7 @@ from transformers import TrainerCallback, set_seed
 import data_gen  # noqa: F401  (registers builtin:tasks with align.data for every stage's data)
 from align import models
 from align.chat import setup_chat_format
-from align.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint
+from align.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint, write_json_atomic
 from align.configs import trim_if_memory_low
 from align.cpu_attention import fp32_attention
 from align.data import get_dataset
@@ -225,14 +224,5 @@ def round_dir(output_dir: str, k: int, rounds: int) -> str:
 
 def write_report(trainer, output_dir: str, filename: str, report: dict) -> None:
     """The stage's report as `<output_dir>/<filename>` (main process; the pipeline's manifest reads it)."""
-    if trainer.accelerator.is_main_process:
-        save_json(os.path.join(output_dir, filename), report)
-
-
-def save_json(path: str, data: dict) -> None:
-    """Write `path` whole or not at all: a report's existence marks a finished round (rounds skip it on a rerun), so a
-    kill mid-write must leave the old file or none, never half of one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=2, default=str)
-    os.replace(path + ".tmp", path)
+    if trainer.accelerator.is_main_process:  # whole or not at all: a round's report marks it finished for a rerun
+        write_json_atomic(os.path.join(output_dir, filename), report, indent=2)

@@ -179,8 +179,10 @@ def test_a_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     half-way leaves the previous report, not half a file that the rerun could not read."""
     import json
 
+    from align.checkpoint import write_json_atomic
+
     path = tmp_path / "round-1" / "preference_eval.json"
-    stage.save_json(str(path), {"after": {"accuracy": 0.5}})
+    write_json_atomic(str(path), {"after": {"accuracy": 0.5}})
     assert json.loads(path.read_text()) == {"after": {"accuracy": 0.5}}
 
     real_dump = json.dump
@@ -191,8 +193,8 @@ def test_a_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(json, "dump", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
-        stage.save_json(str(path), {"after": {"accuracy": 0.75}})
+        write_json_atomic(str(path), {"after": {"accuracy": 0.75}})
     monkeypatch.setattr(json, "dump", real_dump)
     assert json.loads(path.read_text()) == {"after": {"accuracy": 0.5}}  # the old report, whole
-    stage.save_json(str(path), {"after": {"accuracy": 0.75}})
+    write_json_atomic(str(path), {"after": {"accuracy": 0.75}})
     assert json.loads(path.read_text()) == {"after": {"accuracy": 0.75}}

@@ -30,10 +30,11 @@ import os
 
 from accelerate import PartialState
 
+from align.checkpoint import write_json_atomic
 from align.distill.trainer import main as one_round
 from align.distributed import release_accelerator_state
 from align.scoring import paired_change
-from align.stage import round_dir, save_json
+from align.stage import round_dir
 
 logger = logging.getLogger(__name__)
 
@@ -94,5 +95,5 @@ def whole_stage(results: list[dict], args) -> dict:
                         "McNemar p=%.3g", len(results), b["accuracy"], a["accuracy"], metrics["paired"]["gained"],
                         metrics["paired"]["lost"], metrics["paired"]["p_value"])
     if PartialState().is_main_process:  # the pipeline reads it: replaced whole, never half written
-        save_json(os.path.join(args.output_dir, "distill_eval.json"), metrics)
+        write_json_atomic(os.path.join(args.output_dir, "distill_eval.json"), metrics, indent=2)
     return metrics
