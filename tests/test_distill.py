@@ -421,6 +421,53 @@ def test_rejection_sampling_teacher_keeps_its_first_verified_answer_in_the_asked
             assert row["messages"][-1] == {"role": "assistant", "content": assistant_text(rows[i], modes[i])}
 
 
+def test_teacher_thinks_answers_no_think_prompts_thinking_and_the_student_learns_the_conclusion(tiny, monkeypatch):
+    """`teacher_thinks`: a teacher that answers right only when it reasons (every /no_think sample wrong, every
+    /think one right in the think shape) hands the no_think rows nothing as asked; shown /think instead, it hands
+    them its verified conclusion in the no_think form (no think block), and the think rows are sampled as before."""
+    import align.distill.rejection as dt
+    from data_gen.tasks import assistant_text
+
+    rows = make_tasks(FAMILIES, num=6, seed=3)
+    modes = ["think", "no_think"] * 3
+    table = [{"prompt_messages": to_messages(r, m)[:2], "answer": r["answer"], "reward": "math_reward",
+              "prompt": r["prompt"]} for r, m in zip(rows, modes)]
+    tok, shown = tiny["ours"], []
+
+    def make(model, tokenizer, *a):
+        def generate(prompt_ids, params):
+            out = []
+            for ids in prompt_ids:
+                text = tok.decode(ids)
+                shown.append(text)
+                row = next(r for r in rows if r["prompt"] in text)
+                answer = "\\boxed{12345}" if "/no_think" in text else assistant_text(row, "think")
+                out.append([SimpleNamespace(completion_ids=tok(answer, add_special_tokens=False)["input_ids"]
+                                            + [tok.eos_token_id], finish_reason="stop")])
+            return out
+        return generate
+
+    monkeypatch.setattr(dt, "model_generate", make)
+    convs = [r["prompt_messages"] for r in table]
+    asked = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=2,
+                          max_completion_length=48)
+    answers = dt.best_of_samples(torch.nn.Linear(1, 1), tok, table, convs, asked)
+    assert answers == [assistant_text(r, "think") if m == "think" else None for r, m in zip(rows, modes)]
+    assert sum("/no_think" in t for t in shown) == 6  # 3 no_think prompts x 2 samples, shown as asked
+
+    shown.clear()
+    thinking = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=2,
+                             max_completion_length=48, teacher_thinks=True)
+    answers = dt.best_of_samples(torch.nn.Linear(1, 1), tok, table, convs, thinking)
+    assert not any("/no_think" in t for t in shown) and len(shown) == 12
+    # think rows: the whole think answer; no_think rows: its conclusion alone, the no_think form
+    assert answers == [assistant_text(r, m) for r, m in zip(rows, modes)]
+    assert [convs[i][0]["content"] for i in (0, 1)] == ["/think", "/no_think"]  # the rows themselves untouched
+    with pytest.raises(ValueError, match="teacher_thinks.*rejection_sampling.*teacher_strip_mode_flags"):
+        DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_thinks=True,
+                      teacher_strip_mode_flags=True)
+
+
 def test_rejection_sampling_needs_verifiable_rows_and_a_positive_best_of():
     from datasets import Dataset
 

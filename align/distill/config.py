@@ -86,6 +86,13 @@ class DistillConfig(StageArgs, GOLDConfig):
                   "student learns the first one the row's verifier accepts in its asked mode's shape, and prompts "
                   "with none are dropped. The teacher's lead is these samples plus the verifier (best-of-n)."},
     )
+    teacher_thinks: bool = field(
+        default=False,
+        metadata={"help": "loss: rejection_sampling: the teacher answers no_think prompts thinking (their /no_think "
+                  "flag shown to it as /think), and the student learns the verified answer without its think block, "
+                  "in the no_think form: what the model concludes when it reasons, learned as a direct answer "
+                  "(System 2 distilled into System 1). Think prompts are sampled as asked."},
+    )
     rejection_rounds: int = field(
         default=1,
         metadata={"help": "loss: rejection_sampling: rounds of expert iteration. Every round after the first samples "
@@ -143,6 +150,9 @@ class DistillConfig(StageArgs, GOLDConfig):
             raise ValueError(f"teacher_few_shot must be >= 0 (demonstrations per teacher prompt), got {self.teacher_few_shot}")
         if self.teacher_best_of < 1:
             raise ValueError(f"teacher_best_of must be >= 1 (answers sampled per prompt), got {self.teacher_best_of}")
+        if self.teacher_thinks and (self.loss != "rejection_sampling" or self.teacher_strip_mode_flags):
+            raise ValueError("teacher_thinks swaps a no_think prompt's flag for /think in the teacher's samples: it "
+                             "needs loss: rejection_sampling and teacher_strip_mode_flags: false")
         if self.rejection_rounds < 1:
             raise ValueError(f"rejection_rounds must be >= 1 (rounds of expert iteration), got {self.rejection_rounds}")
         if self.rejection_rounds > 1 and self.loss != "rejection_sampling":

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from align.data import load_replay_conversations
 from align.distill.config import DistillConfig
 from align.distill.metrics import _decode, render_prompts
-from align.distill.teacher import FewShotPool, _prompt_part, _teacher_view, teacher_hints
+from align.distill.teacher import FewShotPool, _prompt_part, _teacher_view, teacher_hints, thinking_view
 from align.distributed import full_model
 from align.rollout import SamplingParams
 from align.scoring import generate_and_score, model_generate
+from rewards.extract import strip_think
 from rewards.format import mode_format_reward
 from rewards.length import prompt_mode
 
@@ -39,8 +40,10 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
 
     Collective: every rank passes all rows and gets all answers; each samples its share of the copies."""
     n = args.teacher_best_of
-    prompts = [_teacher_view(_prompt_part(m), args, pool, groups[i] if groups is not None else None,
-                             hints[i] if hints is not None else None)
+    asked = [prompt_mode(m) for m in conversations]
+    thinks = [args.teacher_thinks and mode == "no_think" for mode in asked]  # answered thinking, learned without it
+    prompts = [_teacher_view(thinking_view(_prompt_part(m)) if thinks[i] else _prompt_part(m), args, pool,
+                             groups[i] if groups is not None else None, hints[i] if hints is not None else None)
                for i, m in enumerate(conversations)]
     prompt_ids = render_prompts(teacher_tok, prompts, args.teacher_chat_template_kwargs)
     # the k-th copies of every prompt side by side, so each engine batch holds many prompts
@@ -55,12 +58,17 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
                                       _decode(teacher_tok))
         logger.info("teacher best-of-%d: %d of %d answers sampled, %d verified so far", n, len(records), len(copies),
                     sum(r["correct"] for r in records))
-    modes = [prompt_mode(conversations[i]) for i, _ in copies]
+    modes = ["think" if thinks[i] else asked[i] for i, _ in copies]  # the shape each sample was asked for
     shaped = mode_format_reward([r["text"] for r in records], mode=modes)
     out: list[str | None] = [None] * len(rows)
     for (i, _), record, shape in zip(copies, records, shaped, strict=True):
         if out[i] is None and record["correct"] and shape != 0.0:
-            out[i] = record["text"]  # the text that was checked: special tokens such as <think> kept, eos dropped
+            text = record["text"]  # the text that was checked: special tokens such as <think> kept, eos dropped
+            if thinks[i]:  # the conclusion alone, in the shape the student was asked for
+                text = strip_think(text).strip()
+                if not text or mode_format_reward([text], mode=["no_think"])[0] == 0.0:
+                    continue
+            out[i] = text
     return out
 
 

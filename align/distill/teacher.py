@@ -13,6 +13,7 @@ what this module returns.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 
 import torch
@@ -104,6 +105,16 @@ def teacher_messages(messages: Sequence[dict], strip_mode_flags: bool) -> list[d
             m = {**m, "content": content.strip()}
         out.append(dict(m))
     return out
+
+
+def thinking_view(messages: Sequence[dict]) -> list[dict]:
+    r"""The prompt with its system turns' ``/no_think`` flag swapped for ``/think`` (`teacher_thinks`).
+
+    >>> thinking_view([{"role": "system", "content": "Be brief. /no_think"}, {"role": "user", "content": "2+2?"}])
+    [{'role': 'system', 'content': 'Be brief. /think'}, {'role': 'user', 'content': '2+2?'}]
+    """
+    return [{**m, "content": re.sub(r"(?<!\S)/no_think(?!\S)", "/think", m["content"])} if m["role"] == "system"
+            else dict(m) for m in messages]
 
 
 def _prompt_part(messages: Sequence[dict]) -> list[dict]:
