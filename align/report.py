@@ -173,8 +173,9 @@ def target_lines(stages: list[dict]) -> list[str]:
 
     "Before" is the stage's parent (the stage whose output model it starts from, recorded by the pipeline),
     else the previous evaluated stage, so a side branch (the strong model) is not compared with the main line.
-    A target named after a stage-result file (`distill_eval/divergence`, `grpo_eval/accuracy`) compares that
-    stage's own before/after measurement instead.
+    An eval-suite share is judged by the paired (McNemar) test when both evaluations hold its per-item outcomes on
+    the same prompts, else by whether the 95% intervals overlap. A target named after a stage-result file
+    (`distill_eval/divergence`, `grpo_eval/accuracy`) compares that stage's own before/after measurement instead.
     """
     lines, prev, by_name = [], None, {s["name"]: s for s in stages}
     for s in stages:
@@ -194,8 +195,10 @@ def target_lines(stages: list[dict]) -> list[str]:
         elif t and before_stage is not None and t in s["metrics"] and t in before_stage["metrics"]:
             before, after = before_stage["metrics"][t], s["metrics"][t]
             b_iv, a_iv = interval(before_stage, t), interval(s, t)
+            paired = paired_eval(before_stage, s, t)  # both evals' per-item outcomes on the same prompts
+            verdict = _paired_verdict(paired) if paired else _verdict(t, before, after, b_iv, a_iv)
             lines.append(f"- **{s['name']}** targets `{t}`: {_fmt_share(before, b_iv)} ({before_stage['name']}) -> "
-                         f"{_fmt_share(after, a_iv)}: {_verdict(t, before, after, b_iv, a_iv)}")
+                         f"{_fmt_share(after, a_iv)}: {verdict}")
         elif t:
             lines.append(f"- **{s['name']}** targets `{t}`: {_fmt_share(s['metrics'].get(t), interval(s, t))} "
                          "(a new model: no earlier stage to compare)")

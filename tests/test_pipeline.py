@@ -340,7 +340,7 @@ def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
     """40/128 -> 28/128 with 2 prompts gained and 14 lost: the intervals overlap, the paired test says worse; a
     format that did not move is within noise; results on other prompts are not paired."""
     from align.evaluate import prompts_digest
-    from align.scoring import wilson_interval
+    from align.scoring import overlaps, wilson_interval
 
     def stage(name, correct, formatted, parent=None, prompts="abc"):
         num = len(correct)
@@ -361,6 +361,14 @@ def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
     assert "acc think 0.312 -> 0.219 (**worse**, p=0.0042)" in lines[0]
     assert "format think 0.781 -> 0.781 (within noise, p=1)" in lines[0]
     assert "no drop beyond noise" in lines[1] and "intervals overlap" in lines[1]  # other prompts: not paired
+    # a target on the suite is judged by the same paired test: 28 -> 40 of 128, 14 gained and 2 lost, overlaps in
+    # the intervals (the old verdict: within noise) but not in the pairs; on other prompts the intervals decide
+    stages = [stage("sft", after, fmt), {**stage("apo", before, fmt, "sft"), "target": "acc/tasks/think"},
+              {**stage("other", before, fmt, "sft", prompts="xyz"), "target": "acc/tasks/think"}]
+    assert overlaps(wilson_interval(28, 128), wilson_interval(40, 128))
+    lines = target_lines(stages)
+    assert lines[0].endswith(": improved (paired: 14 gained, 2 lost, McNemar p=0.0042)"), lines[0]
+    assert lines[1].endswith(": within noise"), lines[1]
 
 
 def test_the_chain_is_judged_against_its_sft_model_by_the_paired_test(tmp_path):
