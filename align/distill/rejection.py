@@ -45,6 +45,9 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
     prompts = [_teacher_view(thinking_view(_prompt_part(m)) if thinks[i] else _prompt_part(m), args, pool,
                              groups[i] if groups is not None else None, hints[i] if hints is not None else None)
                for i, m in enumerate(conversations)]
+    if args.teacher_thinks:
+        logger.info("teacher_thinks: %d of %d no_think prompts answered thinking, learned without the think block",
+                    sum(thinks), len(thinks))
     prompt_ids = render_prompts(teacher_tok, prompts, args.teacher_chat_template_kwargs)
     # the k-th copies of every prompt side by side, so each engine batch holds many prompts
     copies = [(i, k) for k in range(n) for i in range(len(rows))]
