@@ -406,14 +406,16 @@ def test_rejection_sampling_teacher_keeps_its_first_verified_answer_in_the_asked
                          max_completion_length=24, seed=5)
     conv = prepare_conversations(data, args, 0)
     kept = [i for i in range(9) if i % 3 != 2]  # every third row: no verified answer, dropped
-    for per_call, seeds in ((512, [5]), (10, [5, 15, 25])):  # in one call, or 10 samples a call with a seed each
+    # a prompt is sampled until its first accepted answer: row i's is sample i % 3 (none for i % 3 == 2), so the 9
+    # prompts are sampled 9 + 6 + 3 times, one call per sample round, or 4 samples a call; each call a seed of its own
+    for per_call, sizes in ((512, [9, 6, 3]), (4, [4, 4, 1, 4, 2, 3])):
         calls = []
         monkeypatch.setattr(dt, "SAMPLES_PER_LOG", per_call)
         monkeypatch.setattr(dt, "model_generate", _best_of_engine(
             tiny["ours"], {r["prompt"]: (i, r) for i, r in enumerate(rows)}, 3, calls))
         train = teacher_answers(conv, torch.nn.Linear(1, 1), tiny["ours"], args)
-        assert [(c[3], c[1], c[2]) for c in calls] == [(s, 0.8, 24) for s in seeds]
-        assert sum(c[0] for c in calls) == 27  # every prompt 3 times
+        seeds = [5 + sum(sizes[:j]) for j in range(len(sizes))]
+        assert [(c[0], c[3], c[1], c[2]) for c in calls] == [(n, s, 0.8, 24) for n, s in zip(sizes, seeds)]
         assert len(train) == len(kept)
         for row, i in zip(train, kept, strict=True):
             assert row["messages"][:-1] == data["train"][i]["prompt_messages"]
@@ -459,7 +461,7 @@ def test_teacher_thinks_answers_no_think_prompts_thinking_and_the_student_learns
     thinking = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=2,
                              max_completion_length=48, teacher_thinks=True)
     answers = dt.best_of_samples(torch.nn.Linear(1, 1), tok, table, convs, thinking)
-    assert not any("/no_think" in t for t in shown) and len(shown) == 12
+    assert not any("/no_think" in t for t in shown) and len(shown) == 6  # each right at its first sample
     # think rows: the whole think answer; no_think rows: its conclusion alone, the no_think form
     assert answers == [assistant_text(r, m) for r, m in zip(rows, modes)]
     assert [convs[i][0]["content"] for i in (0, 1)] == ["/think", "/no_think"]  # the rows themselves untouched

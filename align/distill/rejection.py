@@ -36,7 +36,8 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
     it), and the first that the row's verifier accepts (`align.scoring`, as every accuracy here) in the shape its
     asked mode wants (`rewards.format.mode_format_reward`: a think block with reasoning in think mode, none in
     no_think); None where no sample is. The teacher's lead is its samples plus the verifier: the student sees
-    neither the answer nor the verifier, only what they picked.
+    neither the answer nor the verifier, only what they picked. A prompt is sampled until its first accepted
+    answer, at most `teacher_best_of` times: the first accepted of up to n samples, as before, for fewer samples.
 
     Collective: every rank passes all rows and gets all answers; each samples its share of the copies."""
     n = args.teacher_best_of
@@ -49,30 +50,38 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
         logger.info("teacher_thinks: %d of %d no_think prompts answered thinking, learned without the think block",
                     sum(thinks), len(thinks))
     prompt_ids = render_prompts(teacher_tok, prompts, args.teacher_chat_template_kwargs)
-    # the k-th copies of every prompt side by side, so each engine batch holds many prompts
-    copies = [(i, k) for k in range(n) for i in range(len(rows))]
-    generate, records = model_generate(teacher, teacher_tok), []
-    for start in range(0, len(copies), SAMPLES_PER_LOG):  # the same chunks on every rank: collective calls pair up
-        part = copies[start : start + SAMPLES_PER_LOG]
-        # a seed of its own per chunk: the engine restarts its random stream at every call
-        params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_completion_length,
-                                stop_token_ids=[teacher_tok.eos_token_id], seed=args.seed + start, logprobs=False)
-        records += generate_and_score(generate, [rows[i] for i, _ in part], [prompt_ids[i] for i, _ in part], params,
-                                      _decode(teacher_tok))
-        logger.info("teacher best-of-%d: %d of %d answers sampled, %d verified so far", n, len(records), len(copies),
-                    sum(r["correct"] for r in records))
-    modes = ["think" if thinks[i] else asked[i] for i, _ in copies]  # the shape each sample was asked for
-    shaped = mode_format_reward([r["text"] for r in records], mode=modes)
-    out: list[str | None] = [None] * len(rows)
-    for (i, _), record, shape in zip(copies, records, shaped, strict=True):
-        if out[i] is None and record["correct"] and shape != 0.0:
-            text = record["text"]  # the text that was checked: special tokens such as <think> kept, eos dropped
-            if thinks[i]:  # the conclusion alone, in the shape the student was asked for
-                text = strip_think(text).strip()
-                if not text or mode_format_reward([text], mode=["no_think"])[0] == 0.0:
-                    continue
-            out[i] = text
+    generate, out = model_generate(teacher, teacher_tok), [None] * len(rows)
+    sampled = verified = 0
+    for k in range(n):  # sample k of every prompt still without an accepted answer, side by side
+        pending = [i for i in range(len(rows)) if out[i] is None]
+        for start in range(0, len(pending), SAMPLES_PER_LOG):  # the same chunks on every rank: collective calls pair up
+            part = pending[start : start + SAMPLES_PER_LOG]
+            # a seed of its own per chunk (the engine restarts its random stream at every call): the samples so far
+            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_completion_length,
+                                    stop_token_ids=[teacher_tok.eos_token_id], seed=args.seed + sampled, logprobs=False)
+            records = generate_and_score(generate, [rows[i] for i in part], [prompt_ids[i] for i in part], params,
+                                         _decode(teacher_tok))
+            for i, record in zip(part, records, strict=True):
+                out[i] = _accepted(record, "think" if thinks[i] else asked[i], thinks[i])
+            sampled, verified = sampled + len(part), verified + sum(r["correct"] for r in records)
+            logger.info("teacher best-of-%d: sample %d of each prompt still without one: %d answers sampled, %d "
+                        "verified, %d of %d prompts answered so far", n, k + 1, sampled, verified,
+                        sum(a is not None for a in out), len(rows))
     return out
+
+
+def _accepted(record: dict, shape: str, conclusion_only: bool) -> str | None:
+    """The text the student learns from one checked sample, or None: it must pass the verifier in the `shape` it was
+    asked for; with `conclusion_only` (teacher_thinks) the text after its think block, which must have the no_think
+    shape."""
+    if not record["correct"] or mode_format_reward([record["text"]], mode=[shape])[0] == 0.0:
+        return None
+    text = record["text"]  # the text that was checked: special tokens such as <think> kept, eos dropped
+    if conclusion_only:  # the conclusion alone, in the shape the student was asked for
+        text = strip_think(text).strip()
+        if not text or mode_format_reward([text], mode=["no_think"])[0] == 0.0:
+            return None
+    return text
 
 
 def verified_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
