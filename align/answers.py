@@ -16,11 +16,9 @@ prompt forms, the stop tokens, the decoding, the format check and the run live h
 
 from __future__ import annotations
 
-import re
-
 from align.scoring import accuracy, generate_and_score, greedy_params, summarize
-from rewards import answer_format_reward, think_format_reward
 from rewards.code import extract_code
+from rewards.format import answer_format_reward, no_think_format, think_format_reward
 
 
 def document_start_id(tokenizer) -> int | None:
@@ -65,8 +63,8 @@ def decode_completion(tokenizer, ids: list[int], mode: str) -> str:
 def is_formatted(text: str, mode: str) -> bool:
     if mode == "think":
         return think_format_reward([text])[0] == 1.0
-    if mode == "no_think" and re.search(r"<think>\s*\S", text):
-        return False  # no_think must not reason in a think block
+    if mode == "no_think":
+        return no_think_format(text)  # no reasoning block, under any tag name, then one boxed answer
     return answer_format_reward([text])[0] == 1.0
 
 

@@ -38,6 +38,8 @@ from rewards.visible import (  # noqa: F401  (DEFAULT_IGNORABLE, is_ignorable, v
 
 # One think block at the very start, non-empty reasoning, then an answer part.
 _THINK = re.compile(r"\A\s*<think>(?P<think>.*?)</think>(?P<answer>.*)\Z", re.DOTALL)
+# A block under any tag name (<no_think>...</no_think>, <reasoning>...</reasoning>): reasoning by another name.
+_TAG_BLOCK = re.compile(r"<(?P<tag>[A-Za-z_][\w-]*)>.*?</(?P=tag)>", re.DOTALL)
 
 
 def boxed_answer(text: str) -> str | None:
@@ -154,12 +156,27 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
                   and reasoning_words(m.group("think")) >= min_think_words)
             scores.append(1.0 if ok else 0.0)
         else:
-            m = _THINK.match(text)
-            rest = text if m is None else m.group("answer")
-            empty = m is None or not has_visible(m.group("think"))
-            ok = empty and "<think>" not in rest and "</think>" not in rest and boxed_answer(rest) is not None
-            scores.append(1.0 if ok else 0.0)
+            scores.append(1.0 if no_think_format(text) else 0.0)
     return scores
+
+
+def no_think_format(text: str) -> bool:
+    r"""The no_think shape: no reasoning block (none, or an empty think block as some templates open a no_think answer
+    with), no block under another tag name either (``<no_think>5 + 4 = 9</no_think>``: a think block renamed; the
+    135M chain's two-round APO learned it for 516 of 1,024 held-out no_think prompts, docs/smol135m/report.md), then
+    one visible boxed answer. The one rule for the rewards (``mode_format_reward``) and the evaluations'
+    format share (``align.answers.is_formatted``).
+
+    >>> [no_think_format(t) for t in ("The answer is \\boxed{9}.", "<think>\n\n</think>\nThe answer is \\boxed{9}.",
+    ...  "<think>\n5 + 4 = 9\n</think>\n\\boxed{9}", "<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.",
+    ...  "Since 3 < 5 > 1, the answer is \\boxed{3}.", "The answer is 9.")]
+    [True, True, False, False, True, False]
+    """
+    m = _THINK.match(text)
+    rest = text if m is None else m.group("answer")
+    empty = m is None or not has_visible(m.group("think"))
+    return (empty and "<think>" not in rest and "</think>" not in rest and _TAG_BLOCK.search(rest) is None
+            and boxed_answer(rest) is not None)
 
 
 def mode_math_reward(completions: list, answer: list[str | None], mode: list[str | None] | None = None,

@@ -1,11 +1,13 @@
 r"""Red team, format and repetition: what is invisible or only looks different earns nothing.
 
-Three classes of hack, each closed by one rule (rewards/format.py, rewards/repetition.py):
+Four classes of hack, each closed by one rule (rewards/format.py, rewards/repetition.py):
 
 - invisible reasoning: a think block of characters that show nothing (Hangul fillers, blank Braille, zero-width
   characters, tag characters, variation selectors, lone combining marks, the tatweel) is no reasoning;
 - empty-looking boxes: ``\boxed{}`` holding only LaTeX that prints nothing (spacing, ``\phantom``, empty groups,
   invisible characters) is no answer;
+- renamed reasoning: a no_think answer that reasons inside a block under another tag name (``<no_think>...``)
+  reasons all the same;
 - disguised loops: a loop spelt in look-alike letters of other scripts, fullwidth or mathematical letters, or
   with invisible characters inside its words, is penalised exactly like the plain ASCII loop.
 
@@ -141,6 +143,26 @@ def test_empty_looking_box_is_no_answer(hack):
     assert not box_is_visible(hack[1])
     assert _format_scores(completion) == [0.0, 0.0, 0.0]
     assert mode_format_reward([f"The answer is \\boxed{{{hack[1]}}}."], mode=["no_think"]) == [0.0]
+
+
+# --------------------------------------------------------------------------------- renamed reasoning blocks
+
+RENAMED = ["<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.",  # what APO learned (135M chain)
+           "<think>\n\n</think>\n<no_think>5 + 4 = 9</no_think>\n\\boxed{9}",  # behind an empty think block
+           "<Scratch-Pad>5 + 4 = 9</Scratch-Pad> The answer is \\boxed{9}.",
+           "<reason>\n5\n+ 4\n</reason>\\boxed{9}"]
+
+
+@pytest.mark.parametrize("completion", RENAMED)
+def test_a_renamed_reasoning_block_is_no_no_think_answer(completion):
+    """A no_think answer that reasons inside a block under another tag name is paid nothing by the reward and
+    counted unformatted by the evaluation (one rule: rewards.format.no_think_format), as a think block would be."""
+    from align.answers import is_formatted
+
+    assert mode_format_reward([completion], mode=["no_think"]) == [0.0]
+    assert not is_formatted(completion, "no_think")
+    honest = completion[completion.index("The answer") if "The answer" in completion else completion.index("\\boxed"):]
+    assert mode_format_reward([honest], mode=["no_think"]) == [1.0] and is_formatted(honest, "no_think")
 
 
 # ------------------------------------------------------------------------------------------ disguised loops

@@ -566,6 +566,10 @@ def test_route_accuracy_keeps_name_columns_kwargs_and_pickles():
     ("<think>\nI count one two three here ok\n</think>\n\\boxed{3}", "no_think", 0.0),   # reasoned when asked not to
     ("The answer is 3.", "no_think", 0.0),                                                 # no boxed answer
     ("\\boxed{3} </think>", "no_think", 0.0),
+    # a think block renamed (what APO learned on the 135M chain): reasoning all the same
+    ("<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.", "no_think", 0.0),
+    ("<reasoning>4 + 5</reasoning> \\boxed{9}", "no_think", 0.0),
+    ("Since 3 < 5 and 9 > 2, the answer is \\boxed{3}.", "no_think", 1.0),           # comparisons are no tags
 ])
 def test_mode_format_reward_pays_the_shape_the_asked_mode_wants(completion, mode, expected):
     from rewards import mode_format_reward
