@@ -489,6 +489,44 @@ def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, 
     assert moved and any(not torch.equal(one[n], two[n]) for n in one)  # both rounds trained ('previous')
 
 
+def test_teacher_thinks_under_zero3_shows_the_teacher_think_prompts_and_the_student_learns_conclusions(micro, tmp_path):
+    """`teacher_thinks` (recipes/smol135m_distill.yaml) the way users launch it, on 2 ZeRO-3 ranks
+    (tests/workers/distill_rounds.py's oracle answers each prompt in the mode it was shown): every prompt the teacher
+    samples, training and held-out, carries /think; the student learns its no_think prompts (flag kept) with the
+    conclusion alone and its think prompts with the reasoning."""
+    import torch
+    from safetensors.torch import load_file
+
+    from data_gen.tasks import assistant_text, tasks_dataset
+    from rewards.length import prompt_mode
+
+    out = tmp_path / "out"
+    ok(launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny_distill.yaml",
+              "--model_name_or_path", micro / "sft", "--teacher_model_name_or_path", micro / "sft",
+              "--loss", "rejection_sampling", "--teacher_best_of", "2", "--teacher_thinks", "true",
+              "--max_steps", "2", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
+              "--distill_eval_max_new_tokens", "8", "--eval_num_prompts", "4", "--report_to", "none",
+              "--dataset_args", "{num: 16, mode: mixed, seed: 0}", "--output_dir", out))
+    train = {r["prompt"]: r for r in tasks_dataset(split="train", num=16, mode="mixed", seed=0).to_list()}
+    asked = {p: prompt_mode(r["prompt_messages"]) for p, r in train.items()}
+    assert sorted(set(asked.values())) == ["no_think", "think"]  # both modes among the training prompts
+    views = [v for rank in (0, 1) for v in json.loads((tmp_path / f"teacher_views-rank{rank}.json").read_text())]
+    assert {v["prompt"] for v in views} >= set(train) and {v["mode"] for v in views} == {"think"}
+    learned = json.loads((tmp_path / "learned-1.json").read_text())
+    assert len(learned) == len(train)  # the oracle's answers are all right: none dropped
+    for messages in learned:
+        prompt = next(m["content"] for m in messages if m["role"] == "user")
+        mode = asked[prompt]
+        assert prompt_mode(messages) == mode  # the student's prompt keeps the flag it was asked with
+        assert messages[-1] == {"role": "assistant", "content": assistant_text(train[prompt], mode)}
+        assert ("<think>" in messages[-1]["content"]) == (mode == "think")
+    report = json.loads((out / "distill_eval.json").read_text())
+    assert report["distributed_type"] == "DEEPSPEED" and report["world_size"] == 2
+    assert report["teacher_best_of"]["by_mode"] == {"no_think": 1.0, "think": 1.0}
+    start, end = (load_file(str(d / "model.safetensors")) for d in (micro / "sft", out))
+    assert any(not torch.equal(start[n], end[n]) for n in start)
+
+
 # ----------------------------------------------------------------------------------------------- data and eval
 
 
