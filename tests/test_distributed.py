@@ -456,6 +456,17 @@ def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path)
 
 
 
+def launch_distill_rounds(micro, tmp_path, out, *args):
+    """tests/workers/distill_rounds.py on 2 ZeRO-3 ranks: rejection sampling from the micro SFT model (its own
+    teacher), 16 mixed-mode prompts, 2 steps; `args` add to or override the recipe's."""
+    return launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny_distill.yaml",
+                  "--model_name_or_path", micro / "sft", "--teacher_model_name_or_path", micro / "sft",
+                  "--loss", "rejection_sampling", "--teacher_best_of", "2", "--max_steps", "2",
+                  "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
+                  "--distill_eval_max_new_tokens", "8", "--eval_num_prompts", "4", "--report_to", "none",
+                  "--dataset_args", "{num: 16, mode: mixed, seed: 0}", "--output_dir", out, *args)
+
+
 def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, tmp_path):
     """`rejection_rounds: 2` on 2 ZeRO-3 ranks (tests/workers/distill_rounds.py: the teacher's sampler answers with
     the rows' gold answers, micro models answer nothing right). Round 2 used to fail building its trainer
@@ -465,12 +476,7 @@ def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, 
     from safetensors.torch import load_file
 
     out = tmp_path / "out"
-    ok(launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny_distill.yaml",
-              "--model_name_or_path", micro / "sft", "--teacher_model_name_or_path", micro / "sft",
-              "--loss", "rejection_sampling", "--teacher_best_of", "2", "--rejection_rounds", "2",
-              "--max_steps", "2", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
-              "--distill_eval_max_new_tokens", "8", "--eval_num_prompts", "4", "--report_to", "none",
-              "--dataset_args", "{num: 16, mode: mixed, seed: 0}", "--output_dir", out))
+    ok(launch_distill_rounds(micro, tmp_path, out, "--rejection_rounds", "2"))
     round_1 = out / "round-1"
     # round 1: training prompts then held-out ones from the starting model; round 2 from round 1's saved model
     assert json.loads((tmp_path / "teachers.json").read_text()) == [str(micro / "sft")] * 2 + [str(round_1)] * 2
@@ -501,12 +507,7 @@ def test_teacher_thinks_under_zero3_shows_the_teacher_think_prompts_and_the_stud
     from rewards.length import prompt_mode
 
     out = tmp_path / "out"
-    ok(launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny_distill.yaml",
-              "--model_name_or_path", micro / "sft", "--teacher_model_name_or_path", micro / "sft",
-              "--loss", "rejection_sampling", "--teacher_best_of", "2", "--teacher_thinks", "true",
-              "--max_steps", "2", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
-              "--distill_eval_max_new_tokens", "8", "--eval_num_prompts", "4", "--report_to", "none",
-              "--dataset_args", "{num: 16, mode: mixed, seed: 0}", "--output_dir", out))
+    ok(launch_distill_rounds(micro, tmp_path, out, "--teacher_thinks", "true"))
     train = {r["prompt"]: r for r in tasks_dataset(split="train", num=16, mode="mixed", seed=0).to_list()}
     asked = {p: prompt_mode(r["prompt_messages"]) for p, r in train.items()}
     assert sorted(set(asked.values())) == ["no_think", "think"]  # both modes among the training prompts
