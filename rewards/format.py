@@ -105,8 +105,9 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
 
     - think: one ``<think>`` block opening the completion with at least ``min_think_words`` words of reasoning
       (``reasoning_words``), then one boxed answer (``think_format_reward``'s other rules). The default, 3, is the
-      shortest gold trace of our task families (arithmetic: ``9 - 7 = 2``); set it per family set (the counting
-      families' gold traces hold 9 words or more: recipes/smol135m_grpo.yaml asks 8);
+      shortest gold trace of our task families (arithmetic: ``9 - 7 = 2``); set it to the shortest gold trace of the
+      families trained (the counting families' hold 9 words or more; a floor of 8 on all seven scored arithmetic's
+      and word_problem's gold form 0: docs/ablations/smol135m_grpo_words);
     - no_think: no reasoning (no think block, or an empty one as some templates open a no_think answer with), then
       one boxed answer.
 
