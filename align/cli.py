@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from align.distributed import leave_launcher
+from align.runtime.distributed import leave_launcher
 
 PROG = "smolalign"
 

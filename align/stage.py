@@ -1,6 +1,6 @@
 """The steps every post-training stage shares, as plain functions (no base trainer): one stage shape.
 
-Every stage's `main(script_args, training_args, model_args)` (align/sft.py, preference.py, grpo.py, distill.py)
+Every stage's `main(script_args, training_args, model_args)` (align/sft/trainer.py, preference.py, grpo.py, distill.py)
 reads top to bottom in the same order, with these steps around its own trainer and measurement:
 
     start("sft", script_args, training_args, model_args)        # seed, log the resolved config, check the model
@@ -16,16 +16,16 @@ reads top to bottom in the same order, with these steps around its own trainer a
     report["after"] = measure()
     write_report(trainer, training_args.output_dir, "sft_eval.json", report)
 
-The same keys mean the same thing in every stage: `merge_lora_on_save` (align.configs.StageArgs), QLoRA's
+The same keys mean the same thing in every stage: `merge_lora_on_save` (align.config.StageArgs), QLoRA's
 `load_in_4bit` / `load_in_8bit` and LoRA's `use_peft`, `lora_*` (TRL's ModelConfig), `chat_template_path` and
-`eos_token`, and for the stages that generate `rollout_backend` + `rollout_kwargs` (align.sampler).
+`eos_token`, and for the stages that generate `rollout_backend` + `rollout_kwargs` (align.rollout.sampler).
 
 Why saving is here: it is collective under DeepSpeed ZeRO-3 (`trainer.save_model` gathers the shards from all ranks;
 calling it on rank 0 alone hangs), and a LoRA adapter must be merged so the next stage loads a plain HF model.
 Merging a sharded PeftModel in place is not possible, so the adapter is saved first (collectively), then the main
 process loads the base model whole, applies the saved adapter, merges and writes: the same on every launch.
 
-Importing this module imports `data_gen`, which registers `builtin:tasks` with align.data for every stage's data.
+Importing this module imports `data_gen`, which registers `builtin:tasks` with align.data.loading for every stage's data.
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ import trl
 from peft import PeftConfig, PeftModel
 from transformers import TrainerCallback, set_seed
 
-import data_gen  # noqa: F401  (registers builtin:tasks with align.data for every stage's data)
-from align import models
-from align.chat import setup_chat_format
-from align.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint, write_json_atomic
-from align.configs import trim_if_memory_low
-from align.cpu_attention import fp32_attention
-from align.data import get_dataset
-from align.distributed import zero3_init_disabled
-from align.preflight import preflight
+import data_gen  # noqa: F401  (registers builtin:tasks with align.data.loading for every stage's data)
+from align.data.chat import setup_chat_format
+from align.data.loading import get_dataset
+from align.modeling import loading as models
+from align.modeling.cpu_attention import fp32_attention
+from align.runtime.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint, write_json_atomic
+from align.runtime.distributed import zero3_init_disabled
+from align.runtime.memory import trim_if_memory_low
+from align.runtime.preflight import preflight
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def load_tokenizer(model_args, training_args):
 
 
 def load_data(script_args):
-    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data): a DatasetDict with "train" (+ "test")."""
+    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data.loading): a DatasetDict with "train" (+ "test")."""
     return get_dataset(script_args)
 
 
@@ -124,8 +124,8 @@ def _model_type(name_or_path: str) -> str | None:
 
 
 def prepare(trainer, script_args, stage: str, **checks) -> None:
-    """The preflight checks (align.preflight; `checks` are its keyword arguments), then atomic checkpoints, the
-    non-finite guard and the engine resync after a resume (align.checkpoint). Every rank calls it."""
+    """The preflight checks (align.runtime.preflight; `checks` are its keyword arguments), then atomic checkpoints, the
+    non-finite guard and the engine resync after a resume (align.runtime.checkpoint). Every rank calls it."""
     preflight(trainer, script_args, stage=stage, **checks)
     install(trainer, script_args)
 
@@ -149,9 +149,9 @@ class _TrimWhenMemoryLow(TrainerCallback):
 
 
 def train(trainer, training_args) -> dict:
-    """Train, resuming from the latest complete checkpoint in output_dir (align.checkpoint.resume_checkpoint);
+    """Train, resuming from the latest complete checkpoint in output_dir (align.runtime.checkpoint.resume_checkpoint);
     return the trainer's numeric metrics with the first and last logged loss. On a CPU under bf16 autocast the
-    trained model attends in fp32 (align/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
+    trained model attends in fp32 (align/modeling/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
     resume = resume_checkpoint(training_args)
     if not any(isinstance(c, _TrimWhenMemoryLow) for c in trainer.callback_handler.callbacks):
         trainer.add_callback(_TrimWhenMemoryLow())

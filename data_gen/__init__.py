@@ -1,6 +1,6 @@
 """smolalign: data_gen, the data post-training needs (verifiable tasks, preference pairs).
 
-Importing the package registers its builtin sources with align.data by name (`builtin:tasks`), so the core loads
+Importing the package registers its builtin sources with align.data.loading by name (`builtin:tasks`), so the core loads
 them without importing data_gen: every stage and script that loads data imports data_gen first.
 """
 

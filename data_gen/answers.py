@@ -28,9 +28,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from align.configs import rename_deprecated
-from align.data import load_source
-from align.models import load_tokenizer
+from align.config import rename_deprecated
+from align.data.loading import load_source
+from align.modeling.loading import load_tokenizer
 from align.rollout import BACKENDS, SamplingParams, get_engine
 
 logger = logging.getLogger(__name__)

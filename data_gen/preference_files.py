@@ -11,8 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from align.checkpoint import PREEMPTED_EXIT_CODE, SigtermFlag
-from align.distributed import barrier, rank_seed, shard, world
+from align.runtime.checkpoint import PREEMPTED_EXIT_CODE, SigtermFlag
+from align.runtime.distributed import barrier, rank_seed, shard, world
 
 logger = logging.getLogger(__name__)
 

@@ -34,12 +34,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.answers import is_formatted
-from align.configs import rename_deprecated
-from align.data import get_dataset
-from align.distributed import barrier, init_from_launcher, leave_launcher, world
-from align.models import load_tokenizer
+from align.config import rename_deprecated
+from align.data.loading import get_dataset
+from align.eval.generative import is_formatted
+from align.modeling.loading import load_tokenizer
 from align.rollout import BACKENDS, SamplingParams, get_engine
+from align.runtime.distributed import barrier, init_from_launcher, leave_launcher, world
 from data_gen.preference_files import _export, generate_split, row_id  # noqa: F401  (row_id: public here too)
 from rewards import RoutedReward, get_rewards, route_accuracy, score
 from rewards.length import prompt_mode
@@ -402,7 +402,7 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
 
 
 def main(script_args, cfg: PreferenceDataConfig) -> dict:
-    """Load prompts (align.data), start the models' engines, make the pairs."""
+    """Load prompts (align.data.loading), start the models' engines, make the pairs."""
     init_from_launcher()  # under `accelerate launch --num_processes N` the ranks split the prompts
     card = make_pairs(script_args, cfg)
     leave_launcher()
@@ -411,7 +411,7 @@ def main(script_args, cfg: PreferenceDataConfig) -> dict:
 
 def make_pairs(script_args, cfg: PreferenceDataConfig) -> dict:
     """`main` without joining or leaving the launcher's process group: what a stage that is already running on its
-    ranks calls (align/preference_rounds.py: iterative APO samples each round's pairs from the round before)."""
+    ranks calls (align/preference/rounds.py: iterative APO samples each round's pairs from the round before)."""
     dd = get_dataset(script_args)
     splits = cfg.splits or list(dd)
     missing = [s for s in splits if s not in dd]

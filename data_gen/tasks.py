@@ -16,8 +16,8 @@ How to use:
     from data_gen.tasks import make_tasks, to_messages
     rows = make_tasks(["arithmetic", "sort"], num=100, split="test", seed=0, difficulty=1)
     to_messages(rows[0], mode="no_think")
-    # as a dataset source (importing this module registers it with align.data by name):
-    align.data.load_source("builtin:tasks", split="train", num=2000, mode="mixed")
+    # as a dataset source (importing this module registers it with align.data.loading by name):
+    align.data.loading.load_source("builtin:tasks", split="train", num=2000, mode="mixed")
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import datasets
 
-from align.data import register_builtin
+from align.data.sources import register_builtin
 
 # Percent of the prompt-hash space that belongs to the test split.
 TEST_PERCENT = 10

@@ -16,7 +16,7 @@ the first think block states the family's whole plan and each later turn opens d
 a turn opening that GRPO could pull one family's rollouts along (issue 38: with one shared wording, the chain's second
 turn drifted to the look-up's answer sentence and skipped the calculator).
 
-    align.data.load_source("builtin:tool_tasks", split="train", num=400, mode="mixed")
+    align.data.loading.load_source("builtin:tool_tasks", split="train", num=400, mode="mixed")
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import random
 import string
 
-from align.sources import register_builtin
+from align.data.sources import register_builtin
 from align.tools.functions import FIELDS as _FIELDS
 from align.tools.functions import TABLE, TOOLS, load_tools, search_documents  # noqa: F401  (the search tool's table)
 from align.tools.loop import with_tools

@@ -21,7 +21,7 @@ How to use:
     eval_batches = stream.eval_batches(num_rows=16)   # {source: batch} from held-out documents
 
 Sources in a recipe: `sources: {news: builtin:news, tasks: {spec: builtin:tasks, num: 20000,
-formatter: "data_gen.tasks:to_pretrain_text"}}` (specs and extra args go to `align.data.load_source`;
+formatter: "data_gen.tasks:to_pretrain_text"}}` (specs and extra args go to `align.data.loading.load_source`;
 see `load_documents`); in Python a source may also be a plain list of strings.
 
 Streaming (`{spec: HuggingFaceFW/fineweb-edu, config: sample-10BT, streaming: true}`): a corpus too large for
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from align.data import load_source
+from align.data.loading import load_source
 from pretrain.tokenizer import EOS
 
 
@@ -109,7 +109,7 @@ def _row_to_text(spec: str, column: str, formatter, columns: list[str], tokenize
 def load_documents(source, tokenizer=None) -> list[str]:
     """A source value -> its documents.
 
-    `source` is a list of strings (used as is), a spec string for `align.data.load_source`, or a dict
+    `source` is a list of strings (used as is), a spec string for `align.data.loading.load_source`, or a dict
     {spec, text_column="text", formatter=None, config, split, **load_source args}. `formatter` turns each row
     into text: "chat" renders the `messages` column with the tokenizer's chat template (mid-training on the chat
     format), "module:function" imports a row -> str function (e.g. data_gen.tasks:to_pretrain_text).

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerFast
 
-from align.chat import SMOLLM3_TEMPLATE
+from align.data.chat import SMOLLM3_TEMPLATE
 
 EOS = "<|endoftext|>"  # document separator in pretraining (also starts every packed document)
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
 THINK, END_THINK = "<think>", "</think>"
 SPECIAL_TOKENS = [EOS, IM_START, IM_END, PAD, THINK, END_THINK]
 
-# The chat template lives with the other builtin templates (align.chat.BUILTIN_TEMPLATES['smollm3']).
+# The chat template lives with the other builtin templates (align.data.chat.BUILTIN_TEMPLATES['smollm3']).
 CHAT_TEMPLATE = SMOLLM3_TEMPLATE
 
 

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 import data_gen  # noqa: F401  (registers builtin:tasks, a source the pretraining recipes mix in)
-from align.checkpoint import (
+from align.config import check_launch
+from align.runtime.checkpoint import (
     PREEMPTED_EXIT_CODE,
     SigtermFlag,
     clean_staging,
@@ -38,9 +39,10 @@ from align.checkpoint import (
     resolve_resume,
     save_loop_checkpoint,
 )
-from align.configs import check_launch, cpu_bf16_slower, keep_freed_memory
-from align.distributed import param_ndim, zero3_init_disabled
-from align.preflight import preflight_pretrain
+from align.runtime.device import cpu_bf16_slower
+from align.runtime.distributed import param_ndim, zero3_init_disabled
+from align.runtime.memory import keep_freed_memory
+from align.runtime.preflight import preflight_pretrain
 from pretrain.data import PackedStream
 from pretrain.loss import evaluate, lm_loss, to_device
 from pretrain.model import ModelArguments, build_model, describe, flops_per_token, grow_depth
@@ -117,7 +119,7 @@ class PretrainConfig:
     resume_from_checkpoint: str | None = field(
         default=None,
         metadata={"help": "A checkpoint dir, or 'auto' for the latest complete one in output_dir/checkpoints (unset: "
-                  "a fresh start; align/checkpoint.py)."},
+                  "a fresh start; align/runtime/checkpoint.py)."},
     )
     logging_steps: int = field(default=10, metadata={"help": "Log every N steps."})
     report_to: str = field(default="wandb", metadata={"help": "'wandb' (offline by default), 'tensorboard', 'none'."})

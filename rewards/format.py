@@ -166,7 +166,7 @@ def no_think_format(text: str) -> bool:
     with), no block under another tag name either (``<no_think>5 + 4 = 9</no_think>``: a think block renamed; the
     135M chain's two-round APO learned it for 516 of 1,024 held-out no_think prompts, docs/smol135m/report.md), then
     one visible boxed answer. The one rule for the rewards (``mode_format_reward``) and the evaluations'
-    format share (``align.answers.is_formatted``).
+    format share (``align.eval.generative.is_formatted``).
 
     >>> [no_think_format(t) for t in ("The answer is \\boxed{9}.", "<think>\n\n</think>\nThe answer is \\boxed{9}.",
     ...  "<think>\n5 + 4 = 9\n</think>\n\\boxed{9}", "<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.",

@@ -1,5 +1,5 @@
 """Run an ablation: every variant x seed of one stage (or of a pipeline from one stage on), judged against a
-baseline on the same held-out prompts; see align/ablation.py.
+baseline on the same held-out prompts; see align/pipeline/ablation.py.
 
     python scripts/ablate.py recipes/ablations/tiny_preference.yaml                  # run or continue it
     python scripts/ablate.py recipes/ablations/tiny_preference.yaml --report_only true   # rewrite the table
@@ -13,9 +13,9 @@ command again: finished runs are skipped and the interrupted one resumes.
 import signal
 import sys
 
-from align.ablation import AblationConfig, check, plan, run_all, write_runs, write_slurm
-from align.ablation_report import write
 from align.cli import run
+from align.pipeline.ablation import AblationConfig, check, plan, run_all, write_runs, write_slurm
+from align.pipeline.ablation_report import write
 
 CONFIG_TYPES = (AblationConfig,)
 

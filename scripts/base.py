@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from align.cli import run
-from align.models import load_model, load_tokenizer, resolve_model_path
+from align.modeling.loading import load_model, load_tokenizer, resolve_model_path
 
 
 @dataclass

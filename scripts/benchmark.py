@@ -20,7 +20,7 @@ import platform
 import time
 from pathlib import Path
 
-from align.configs import keep_freed_memory
+from align.runtime.memory import keep_freed_memory
 
 SUITES = ["pretrain", "sft", "rollout", "grpo", "grpo_padding", "distill_memory", "grpo_async"]
 # Run by name only: needs the SmolLM2-135M chain's models and ~30 min (not yet measured; issue 23 item 4).
@@ -90,11 +90,11 @@ def main() -> int:
                         help=f"write results even when the machine was busy (load >= {IDLE_LOAD}, before or by others)")
     args = parser.parse_args()
     suites = SUITES if args.suite == "all" else [args.suite]
-    # What every stage of ours runs with on a CPU (align.configs.keep_freed_memory), applied before any suite so that
+    # What every stage of ours runs with on a CPU (align.runtime.memory.keep_freed_memory), applied before any suite so that
     # ours and the baseline beside it in this process run under the same allocator, whichever is built first.
     keep_freed_memory()
     # Each suite names its precision and runs ours and the baseline in it: no fallback of a bf16 row to fp32 on a CPU
-    # without native bf16 (align.configs.cpu_bf16_slower), or a bf16 row would compare fp32 against bf16.
+    # without native bf16 (align.runtime.device.cpu_bf16_slower), or a bf16 row would compare fp32 against bf16.
     os.environ["SMOLALIGN_CPU_BF16"] = "1"
     summaries = []
     for name in suites:

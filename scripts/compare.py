@@ -6,14 +6,14 @@
 
 Prints a markdown table: each share both results hold per-item outcomes for (accuracy and format per eval set and
 mode, the tool suite's shares and each tool family), its value before and after, the items gained and lost, the
-exact McNemar p-value and the verdict; the chat loss's paired difference. The logic lives in align/compare.py.
+exact McNemar p-value and the verdict; the chat loss's paired difference. The logic lives in align/eval/compare.py.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from align.compare import compare, compare_markdown
+from align.eval.compare import compare, compare_markdown
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -10,7 +10,7 @@ All the work is in align/distill/trainer.py (main); this file wires the recipe t
 import logging
 
 from align.cli import run
-from align.configs import ModelConfig, ScriptArguments
+from align.config import ModelConfig, ScriptArguments
 from align.distill import DistillConfig, main
 
 CONFIG_TYPES = (ScriptArguments, DistillConfig, ModelConfig)

@@ -3,14 +3,15 @@
     python scripts/dpo.py recipes/tiny_apo.yaml [--key value ...]
     accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/dpo.py recipes/smollm3_apo.yaml
 
-All the work is in align/preference.py (main); this file wires the recipe to it.
+All the work is in align/preference/trainer.py (main); this file wires the recipe to it.
 """
 
 import logging
 
 from align.cli import run
-from align.configs import ModelConfig, ScriptArguments
-from align.preference import DPOConfig, main
+from align.config import ModelConfig, ScriptArguments
+from align.preference.config import DPOConfig
+from align.preference.trainer import main
 
 CONFIG_TYPES = (ScriptArguments, DPOConfig, ModelConfig)
 

@@ -1,5 +1,5 @@
 """Evaluate one checkpoint: held-out loss, cloze/MC scoring, verifiable accuracy (think / no_think / plain),
-completion lengths and a vibe-check markdown file. The suites live in align/evaluate.py.
+completion lengths and a vibe-check markdown file. The suites live in align/eval/suite.py.
 
     python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path outputs/tiny/sft
     python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path builtin:smollm2-135m-instruct --output_dir outputs/tiny/eval_smollm2
@@ -11,8 +11,8 @@ metrics; the pipeline runs it after every stage.
 import logging
 
 from align.cli import run
-from align.distributed import init_from_launcher, leave_launcher, world
-from align.evaluate import EvalConfig, evaluate, format_metrics
+from align.eval.suite import EvalConfig, evaluate, format_metrics
+from align.runtime.distributed import init_from_launcher, leave_launcher, world
 
 CONFIG_TYPES = (EvalConfig,)
 

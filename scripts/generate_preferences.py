@@ -2,14 +2,14 @@
 
     python scripts/generate_preferences.py recipes/tiny_preferences.yaml [--max_pairs 200 --backend hf]
 
-Prompts come from dataset_name / dataset_mixture (any source align.data reads: builtin:tasks, a local jsonl, a hub
+Prompts come from dataset_name / dataset_mixture (any source align.data.loading reads: builtin:tasks, a local jsonl, a hub
 id); every split the data has gets its own file. Rerun the same command to resume after an interruption.
 """
 
 import logging
 
 from align.cli import run
-from align.configs import ScriptArguments
+from align.config import ScriptArguments
 from data_gen.preferences import PreferenceDataConfig, main
 
 CONFIG_TYPES = (ScriptArguments, PreferenceDataConfig)

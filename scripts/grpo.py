@@ -4,15 +4,16 @@
     python scripts/grpo.py recipes/smol135m_grpo.yaml --rollout_backend vllm
     accelerate launch scripts/grpo.py recipes/smollm3_grpo.yaml                    # GPU
 
-All the work is in align/grpo.py (main); this file wires the recipe to it. The `__main__` guard matters:
+All the work is in align/grpo/trainer.py (main); this file wires the recipe to it. The `__main__` guard matters:
 vLLM starts worker processes that re-import this module.
 """
 
 import logging
 
 from align.cli import run
-from align.configs import ModelConfig, ScriptArguments
-from align.grpo import GRPOConfig, main
+from align.config import ModelConfig, ScriptArguments
+from align.grpo.config import GRPOConfig
+from align.grpo.trainer import main
 
 CONFIG_TYPES = (ScriptArguments, GRPOConfig, ModelConfig)
 

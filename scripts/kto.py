@@ -2,14 +2,15 @@
 
     python scripts/kto.py recipes/tiny_kto.yaml [--key value ...]
 
-All the work is in align/preference.py (main); this file wires the recipe to it.
+All the work is in align/preference/trainer.py (main); this file wires the recipe to it.
 """
 
 import logging
 
 from align.cli import run
-from align.configs import ModelConfig, ScriptArguments
-from align.preference import KTOConfig, main
+from align.config import ModelConfig, ScriptArguments
+from align.preference.config import KTOConfig
+from align.preference.trainer import main
 
 CONFIG_TYPES = (ScriptArguments, KTOConfig, ModelConfig)
 

@@ -1,4 +1,4 @@
-"""Merge models: a soup (uniform or weighted average) of checkpoints, or a linear merge; see align/merge.py.
+"""Merge models: a soup (uniform or weighted average) of checkpoints, or a linear merge; see align/pipeline/merge.py.
 
     python scripts/merge.py recipes/smollm3_apo_soup.yaml          # uniform soup of the APO checkpoints
     python scripts/merge.py recipes/smollm3_merge.yaml             # 0.9 x soup + 0.1 x mid-training, YaRN 128k
@@ -11,7 +11,7 @@ import json
 import logging
 
 from align.cli import run
-from align.merge import MergeConfig, merge
+from align.pipeline.merge import MergeConfig, merge
 
 CONFIG_TYPES = (MergeConfig,)
 

@@ -2,14 +2,15 @@
 
     python scripts/orpo.py recipes/tiny_orpo.yaml [--key value ...]
 
-All the work is in align/preference.py (main); this file wires the recipe to it.
+All the work is in align/preference/trainer.py (main); this file wires the recipe to it.
 """
 
 import logging
 
 from align.cli import run
-from align.configs import ModelConfig, ScriptArguments
-from align.preference import ORPOConfig, main
+from align.config import ModelConfig, ScriptArguments
+from align.preference.config import ORPOConfig
+from align.preference.trainer import main
 
 CONFIG_TYPES = (ScriptArguments, ORPOConfig, ModelConfig)
 

@@ -4,7 +4,7 @@
     python scripts/passk.py --model_name_or_path outputs/smol135m/sft --families arithmetic sort --mode no_think
 
 Each family's held-out prompts (`data_gen.tasks`, test split) are answered greedily once and sampled `k` times at
-`temperature`, through the shared rollout engine; answers are checked by each row's verifier (align.scoring).
+`temperature`, through the shared rollout engine; answers are checked by each row's verifier (align.eval.statistics).
 Prints a table (greedy accuracy with its 95% interval, pass@1 and pass@k of the samples, mean length) and writes
 <output_dir>/passk.json. GRPO has a signal only where a group of k samples holds both right and wrong answers.
 """
@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from align.cli import run
-from align.configs import rename_deprecated
-from align.models import load_tokenizer
+from align.config import rename_deprecated
+from align.eval.generation import generate_and_score, greedy_params, pass_at_k
+from align.eval.statistics import accuracy
+from align.eval.verification import correct
+from align.modeling.loading import load_tokenizer
 from align.rollout import BACKENDS, SamplingParams, get_engine
-from align.scoring import accuracy, correct, generate_and_score, greedy_params, pass_at_k
 from data_gen.tasks import DEFAULT_FAMILIES, make_tasks, prompt_messages
 
 

@@ -1,4 +1,4 @@
-"""Run a whole pipeline (pretrain -> SFT -> APO -> GRPO -> distillation ...) from one recipe; see align/pipeline.py.
+"""Run a whole pipeline (pretrain -> SFT -> APO -> GRPO -> distillation ...) from one recipe; see align/pipeline/run.py.
 
     python scripts/pipeline.py recipes/tiny_pipeline.yaml                  # `make demo`: the embedded tiny world
     python scripts/pipeline.py recipes/tiny_pipeline.yaml --report_only    # rewrite report.md + plots
@@ -15,8 +15,9 @@ import signal
 import sys
 
 from align.cli import run
-from align.pipeline import PipelineConfig, run_pipeline
-from align.report import write_report
+from align.pipeline.plan import PipelineConfig
+from align.pipeline.report import write_report
+from align.pipeline.run import run_pipeline
 
 CONFIG_TYPES = (PipelineConfig,)
 

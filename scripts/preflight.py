@@ -2,7 +2,7 @@
 
 The stage comes from the recipe's header command (its first comment naming `scripts/<stage>.py`); that script then
 runs exactly as it would for training (same parsing, same model/data/trainer building, same rank layout under
-`accelerate launch`) up to `align.preflight.preflight`, which stops it with exit code 0 once every check passed
+`accelerate launch`) up to `align.runtime.preflight.preflight`, which stops it with exit code 0 once every check passed
 (SMOLALIGN_PREFLIGHT_ONLY=1). A failing check prints one line and exits 1. Training is never reached: a stage
 that got to `Trainer.train` without running the preflight is an error here.
 
@@ -53,7 +53,7 @@ def _forbid_training() -> None:
     import transformers
 
     def train(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__}.train was reached without running align.preflight.preflight")
+        raise RuntimeError(f"{type(self).__name__}.train was reached without running align.runtime.preflight.preflight")
 
     transformers.Trainer.train = train
 

@@ -7,7 +7,7 @@
 After training, every rank checks the skill a base model can show (its share of the questions, then all
 gathered): greedy completions of held-out task questions (data_gen.tasks test split, never in training) in
 the pretraining text form "Question: ...\\nAnswer:", through the shared engine, checked by the one scorer
-(`align.scoring`: the row's verifier scores >= 1). Rank 0 writes `<output_dir>/skill.json` and prints the
+(`align.eval.statistics`: the row's verifier scores >= 1). Rank 0 writes `<output_dir>/skill.json` and prints the
 accuracy with its 95% interval (per family; chance is ~0 for these open-ended answers).
 """
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from align.answers import run_generative
 from align.cli import run
-from align.distributed import barrier, world, zero3_init_disabled
-from align.evaluate import eval_device
-from align.models import write_rope_scaling
-from align.scoring import model_generate
+from align.eval.generation import model_generate
+from align.eval.generative import run_generative
+from align.eval.suite import eval_device
+from align.modeling.loading import write_rope_scaling
+from align.runtime.distributed import barrier, world, zero3_init_disabled
 from data_gen.tasks import make_tasks
 from pretrain.model import ModelArguments
 from pretrain.train import PretrainConfig, train

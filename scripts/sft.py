@@ -5,14 +5,15 @@
         scripts/sft.py recipes/tiny_sft.yaml                                      # 2 CPU ranks
     accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/sft.py recipes/smollm3_sft.yaml
 
-All the work is in align/sft.py (main); this file wires the recipe to it.
+All the work is in align/sft/trainer.py (main); this file wires the recipe to it.
 """
 
 import logging
 
 from align.cli import run
-from align.configs import ModelConfig, ScriptArguments
-from align.sft import SFTConfig, main
+from align.config import ModelConfig, ScriptArguments
+from align.sft.config import SFTConfig
+from align.sft.trainer import main
 
 CONFIG_TYPES = (ScriptArguments, SFTConfig, ModelConfig)
 

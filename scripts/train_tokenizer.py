@@ -57,7 +57,7 @@ def main(cfg: TokenizerConfig) -> dict:
     tokenizers = {"ours": tokenizer}
     if cfg.reference_tokenizer:
         try:
-            from align.models import load_tokenizer
+            from align.modeling.loading import load_tokenizer
 
             tokenizers["reference"] = load_tokenizer(cfg.reference_tokenizer)
         except (ImportError, OSError, ValueError) as e:  # the report is a bonus; never fail training for it

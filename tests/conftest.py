@@ -5,7 +5,7 @@ import os
 import pytest
 
 # ------------------------------------------------------------------ precision (owner: align/configs)
-# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.configs.cpu_bf16_slower), a CPU with it (AVX512-BF16
+# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.runtime.device.cpu_bf16_slower), a CPU with it (AVX512-BF16
 # or AMX) in bf16. The tests train in fp32 on every CPU (SMOLALIGN_CPU_BF16=0, inherited by subprocess ranks), so
 # what a test asserts was learned does not depend on the machine CI drew. A test of bf16 autocast's own mechanics
 # takes `keep_bf16`: bf16 on any CPU. test_stage tests the fallback itself.

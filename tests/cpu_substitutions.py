@@ -81,7 +81,7 @@ def build(root: str | Path, rows: int = 4) -> dict:
     tokenizer/ (the base tokenizer), hub/ (the mirror). Returns their paths."""
     from hub_fixtures import build_mirror
 
-    from align.chat import install_eos, setup_chat_format
+    from align.data.chat import install_eos, setup_chat_format
 
     root = Path(root)
     tok = base_tokenizer()

@@ -2,7 +2,7 @@
 
 A repo is a directory with `data/<config>/<split>-0000k-of-0000n.parquet` files and a README whose YAML front
 matter lists them in a `configs:` block, exactly as the hub's parquet repos are laid out; `datasets.load_dataset`
-and `align.hub` read it like a hub id. `build_mirror(root)` writes every repo the smollm3_* recipes name under
+and `align.data.hub` read it like a hub id. `build_mirror(root)` writes every repo the smollm3_* recipes name under
 `root/<org>/<name>`, so `SMOLALIGN_DATA_MIRROR=root` serves them in place of the hub (recipes unchanged).
 
 The split names below are the real ones the published recipes use (alignment-handbook recipes/smollm3/), so a

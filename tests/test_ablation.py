@@ -1,4 +1,4 @@
-"""Ablations (align/ablation.py, align/ablation_report.py, scripts/ablate.py): the verdict rule against simulated
+"""Ablations (align/pipeline/ablation.py, align/pipeline/ablation_report.py, scripts/ablate.py): the verdict rule against simulated
 nulls and a constructed +10-point variant; bad recipes fail before any run; the tiny ablation recipe end to end on
 micro models, killed mid-run and resumed (finished runs skipped); the Slurm array file runs one run per task."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from align.ablation import AblationConfig, plan
-from align.scoring import mean_over_seeds, paired_over_seeds
+from align.eval.statistics import mean_over_seeds, paired_over_seeds
+from align.pipeline.ablation import AblationConfig, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "ablations" / "tiny_preference.yaml"
@@ -146,7 +146,7 @@ def test_plan_layers_overrides_and_seeds():
 
 def test_a_variant_removes_keys_its_script_does_not_take(tmp_path):
     """ORPO has no loss_type: the variant's copy of the base recipe drops it, and the check passes."""
-    from align.ablation import check
+    from align.pipeline.ablation import check
 
     cfg = _cfg(run_dir=str(tmp_path / "abl"), overrides={"loss_type": ["apo_zero"]}, variants=[
         {"name": "apo", "baseline": True}, {"name": "orpo", "script": "orpo", "remove": ["loss_type",
@@ -163,7 +163,7 @@ def test_a_variant_removes_keys_its_script_does_not_take(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "ablations").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_ablation_recipe_plans_and_every_run_config_checks(path):
-    from align.ablation import check
+    from align.pipeline.ablation import check
 
     cfg = AblationConfig(**yaml.safe_load(path.read_text()))
     runs = plan(cfg)
@@ -194,7 +194,7 @@ def micro(tmp_path_factory, tiny_model):
     """A tiny random model with a chat template, and a directory of strong-vs-weak-shaped pairs."""
     from test_preference import _pairs
 
-    from align.chat import setup_chat_format
+    from align.data.chat import setup_chat_format
     from pretrain.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("ablation")

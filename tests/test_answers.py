@@ -6,7 +6,7 @@ import pytest
 from cpu_substitutions import build
 
 import data_gen.answers as answers
-from align.data import load_source
+from align.data.loading import load_source
 from align.rollout import Rollout
 from data_gen.answers import AnswerDataConfig, generate_answers, prompts_of
 

@@ -1,4 +1,4 @@
-"""align/async_grpo.py + align/rollout/worker.py: asynchronous GRPO on a tiny random model — the engine in its own
+"""align/grpo/async_generation.py + align/rollout/worker.py: asynchronous GRPO on a tiny random model — the engine in its own
 process samples what the trainer's own engine samples, `max_staleness: 0` trains as synchronous GRPO, the
 staleness bound holds when the engine runs ahead, importance ratios are 1 when engine and trainer agree, and the
 settings it cannot run with are one-line errors."""
@@ -12,11 +12,13 @@ import datasets
 import pytest
 import torch
 
-from align.grpo import GRPOConfig, GRPOTrainer, prepare_prompts
+from align.grpo.config import GRPOConfig
+from align.grpo.prompts import prepare_prompts
+from align.grpo.trainer import GRPOTrainer
 from align.rollout import SamplingParams, get_engine
 from align.rollout.hf import load_model
+from align.rollout.sampler import Sampler, build_sampler
 from align.rollout.worker import EngineWorker, ServerWorker
-from align.sampler import Sampler, build_sampler
 from data_gen.tasks import make_tasks, prompt_messages, to_messages
 
 FAMILIES = ["arithmetic", "compare", "count_items"]

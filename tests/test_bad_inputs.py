@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.checkpoint import latest_checkpoint, write_marker
+from align.runtime.checkpoint import latest_checkpoint, write_marker
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "bad_inputs"
@@ -164,13 +164,15 @@ def _materialize(name: str, world, tmp_path: Path) -> tuple[dict, str, Path]:
 
 
 def _types(stage: str):
-    from align.configs import ModelConfig, ScriptArguments
+    from align.config import ModelConfig, ScriptArguments
 
     if stage == "grpo":
-        from align.grpo import GRPOConfig, main
+        from align.grpo.config import GRPOConfig
+        from align.grpo.trainer import main
 
         return main, (ScriptArguments, GRPOConfig, ModelConfig)
-    from align.preference import DPOConfig, main
+    from align.preference.config import DPOConfig
+    from align.preference.trainer import main
 
     return main, (ScriptArguments, DPOConfig, ModelConfig)
 

@@ -1,4 +1,4 @@
-"""Assistant-token masks for arbitrary chat templates (align/chat.py), checked token by token.
+"""Assistant-token masks for arbitrary chat templates (align/data/chat.py), checked token by token.
 
 Each case renders a conversation with one of the template fixtures in tests/fixtures/templates/ and compares
 the runs of trained tokens, decoded, with hand-written strings: the assistant contents plus their end-of-turn
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from align.chat import (
+from align.data.chat import (
     assistant_masks,
     completion_mask,
     has_generation_markers,

@@ -1,4 +1,4 @@
-"""Base-model chat setup (align.chat.setup_chat_format + the SFT stage): a tokenizer with no template gets SmolLM3's
+"""Base-model chat setup (align.data.chat.setup_chat_format + the SFT stage): a tokenizer with no template gets SmolLM3's
 think/no_think template or ChatML and <|im_end|> as EOS, on the tokenizer and in the saved model's config and
 generation_config, so generate() and vLLM stop at the end of a turn in every later stage.
 
@@ -15,7 +15,7 @@ import torch
 import yaml
 from cpu_substitutions import base_tokenizer, tiny_model
 
-from align.chat import CHATML_TEMPLATE, SMOLLM3_TEMPLATE, load_chat_template, render, setup_chat_format
+from align.data.chat import CHATML_TEMPLATE, SMOLLM3_TEMPLATE, load_chat_template, render, setup_chat_format
 
 CONVERSATION = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
 
@@ -57,8 +57,9 @@ def test_setup_errors_name_the_key_and_the_fix(tmp_path):
 
 def test_sft_of_a_base_model_saves_a_model_that_stops_at_im_end(tmp_path):
     from align.cli import parse
-    from align.configs import ModelConfig, ScriptArguments
-    from align.sft import SFTConfig, main
+    from align.config import ModelConfig, ScriptArguments
+    from align.sft.config import SFTConfig
+    from align.sft.trainer import main
 
     torch.set_num_threads(1)
     tok = base_tokenizer()

@@ -10,7 +10,7 @@ import pytest
 from trl import SFTConfig
 
 from align.cli import RecipeError, load_recipe, parse
-from align.configs import ModelConfig, ScriptArguments
+from align.config import ModelConfig, ScriptArguments
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = (ScriptArguments, SFTConfig, ModelConfig)
@@ -58,7 +58,7 @@ def test_missing_recipe_file():
 
 def _script(args: list[str]) -> subprocess.CompletedProcess:
     code = (
-        "from trl import SFTConfig\nfrom align.cli import run\nfrom align.configs import ScriptArguments, ModelConfig\n"
+        "from trl import SFTConfig\nfrom align.cli import run\nfrom align.config import ScriptArguments, ModelConfig\n"
         "run(lambda s, t, m: print('RAN', t.learning_rate), ScriptArguments, SFTConfig, ModelConfig)\n"
     )
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
@@ -156,7 +156,7 @@ def test_null_on_the_command_line_unsets_an_optional_recipe_value(recipe, tmp_pa
     ],
 )
 def test_list_fields_take_yaml_flow_or_space_separated_values(recipe, args):
-    from align.evaluate import EvalConfig
+    from align.eval.suite import EvalConfig
 
     path = recipe("model_name_or_path: m\nsuites: [loss]\nmodes: [think]\nmc_sets: truthfulqa:4\n")
     (cfg,) = parse(EvalConfig, args=[path, *args, "--modes", "[plain, no_think]", "--max_new_tokens", "7"])
@@ -166,7 +166,7 @@ def test_list_fields_take_yaml_flow_or_space_separated_values(recipe, args):
 
 
 def test_list_fields_in_trl_configs_and_bad_lists(recipe, tmp_path):
-    from align.grpo import GRPOConfig
+    from align.grpo.config import GRPOConfig
 
     path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\n")
     _, t, _ = parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "[math_reward, think_format_reward]"])
@@ -179,11 +179,11 @@ def test_list_fields_in_trl_configs_and_bad_lists(recipe, tmp_path):
 
 def test_old_key_names_still_load_as_the_new_ones_with_one_warning(recipe, caplog):
     """One name per knob (rollout_backend + rollout_kwargs in every stage); a recipe with the old names still runs."""
-    from align.evaluate import EvalConfig
+    from align.eval.suite import EvalConfig
     from data_gen.preferences import PreferenceDataConfig
 
     path = recipe("model_name_or_path: m\nbackend: hf\n")
-    with caplog.at_level("WARNING", logger="align.configs"):
+    with caplog.at_level("WARNING", logger="align.config"):
         (cfg,) = parse(EvalConfig, args=[path])
     assert cfg.rollout_backend == "hf" and cfg.backend is None
     assert [r.message for r in caplog.records if "'backend' is deprecated, use 'rollout_backend'" in r.message]
@@ -200,8 +200,8 @@ def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expec
     accumulate 2 steps, one 8-GPU node 16, one process 128, so all train at 128 sequences a step."""
     from types import SimpleNamespace
 
-    from align.configs import apply_global_batch
-    from align.sft import SFTConfig as OurSFTConfig
+    from align.config import apply_global_batch
+    from align.sft.config import SFTConfig as OurSFTConfig
 
     _, t, _ = parse(ScriptArguments, OurSFTConfig, ModelConfig,
                     args=[str(ROOT / "recipes" / "smollm3_sft.yaml"), "--output_dir", str(tmp_path / "o")])
@@ -253,8 +253,8 @@ def test_gradient_checkpointing_a_recipe_asks_for_is_kept_on_a_cpu(text, args, e
 
     import torch
 
-    from align.configs import apply_device_defaults
-    from align.grpo import GRPOConfig
+    from align.grpo.config import GRPOConfig
+    from align.runtime.device import apply_device_defaults
 
     path = recipe(f"output_dir: {tmp_path}/o\nreward_funcs: [math_reward]\n{text}")
     _, t, _ = parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, *args])

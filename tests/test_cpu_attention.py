@@ -1,11 +1,11 @@
-"""Attention in fp32 inside a CPU bf16 autocast (align/cpu_attention.py): closer to fp32, the same outside autocast,
+"""Attention in fp32 inside a CPU bf16 autocast (align/modeling/cpu_attention.py): closer to fp32, the same outside autocast,
 consistent under gradient checkpointing, and restored afterwards."""
 
 from __future__ import annotations
 
 import torch
 
-from align.cpu_attention import NAME, fp32_attention
+from align.modeling.cpu_attention import NAME, fp32_attention
 
 
 def _model(seed: int = 0):

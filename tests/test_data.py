@@ -1,4 +1,4 @@
-"""Tests for align/data.py: builtin sources (columns, exact row counts, stable order), local files, mixtures, errors.
+"""Tests for align/data/loading.py: builtin sources (columns, exact row counts, stable order), local files, mixtures, errors.
 
 Run: pytest tests/test_data.py -q   (about 20 s on 2 cores; no network)
 """
@@ -13,8 +13,10 @@ import datasets
 import pytest
 
 import data_gen  # noqa: F401  (registers builtin:tasks, as every stage and script does)
-from align import sources
-from align.data import SplitNotFoundError, get_dataset, load_source, register_builtin, require_columns
+from align.data import sources
+from align.data.hub import SplitNotFoundError
+from align.data.loading import get_dataset, load_source, require_columns
+from align.data.sources import register_builtin
 
 # name, args, rows, columns, (column, first-row value) — the row order is part of the contract.
 BUILTINS = [
@@ -269,7 +271,7 @@ def test_register_builtin_passes_split_and_arguments():
 def test_hub_id_path_passes_config_and_picks_the_split(tmp_path, monkeypatch):
     from hub_fixtures import write_repo
 
-    from align.hub import MIRROR_ENV
+    from align.data.hub import MIRROR_ENV
 
     write_repo(tmp_path / "org" / "set", {"main": {"train": ROWS[:6], "validation": ROWS[6:]}})
     monkeypatch.setenv(MIRROR_ENV, str(tmp_path))  # the hub id is read from a local copy shaped like the hub's

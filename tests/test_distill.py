@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from align.configs import ModelConfig, ScriptArguments
+from align.config import ModelConfig, ScriptArguments
 from align.distill import (
     LOSSES,
     DistillConfig,
@@ -88,9 +88,9 @@ def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
     assert saved["paired"]["gained"] - saved["paired"]["lost"] == sum(after["correct"]) - sum(before["correct"])
     assert 0.0 < saved["paired"]["p_value"] <= 1.0
     # the teacher's own accuracy, measured like the student's: evaluating the teacher as a student gives the same
-    from align.data import get_dataset
+    from align.data.loading import get_dataset
     from align.distill.metrics import evaluate
-    from align.models import load_model, load_tokenizer
+    from align.modeling.loading import load_model, load_tokenizer
 
     script, args, _ = _configs(tiny, tmp_path / "x", tiny["teacher"])
     teacher, tok = load_model(tiny["teacher"], dtype="float32"), load_tokenizer(tiny["student"])
@@ -238,7 +238,7 @@ def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny
 
     from align.distill import DistillTrainer
     from align.distill.metrics import render_prompts
-    from align.models import load_model, load_tokenizer
+    from align.modeling.loading import load_model, load_tokenizer
 
     tok = load_tokenizer(tiny["student"])
     student, teacher = load_model(tiny["student"], dtype="float32"), load_model(tiny["teacher"], dtype="float32")
@@ -300,7 +300,7 @@ def test_chunked_loss_gives_the_whole_logits_loss_and_gradients(tiny, beta):
 
     from align.distill import DistillTrainer
     from align.distill.metrics import render_prompts
-    from align.models import load_model, load_tokenizer
+    from align.modeling.loading import load_model, load_tokenizer
 
     tok = load_tokenizer(tiny["student"])
     student, teacher = load_model(tiny["student"], dtype="float32"), load_model(tiny["teacher"], dtype="float32")
@@ -329,8 +329,8 @@ def test_chunked_loss_gives_the_whole_logits_loss_and_gradients(tiny, beta):
 
 def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypatch):
     import align.distill.metrics as dm
-    from align.data import get_dataset
-    from align.models import load_tokenizer
+    from align.data.loading import get_dataset
+    from align.modeling.loading import load_tokenizer
 
     script, _, _ = _configs(tiny, "unused", tiny["teacher"])
     rows = get_dataset(script)["test"].select(range(4)).to_list()
@@ -512,10 +512,10 @@ def test_rejection_sampling_replay_rows_join_the_verified_answers(tmp_path):
 def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_teacher_per_mode(tiny, tmp_path,
                                                                                                   monkeypatch):
     import align.distill.rejection as dt
-    from align.data import get_dataset
+    from align.data.loading import get_dataset
     from align.distill.trainer import DistillTrainer
-    from align.models import load_model, load_tokenizer
-    from align.scoring import sequence_logprobs
+    from align.eval.multiple_choice import sequence_logprobs
+    from align.modeling.loading import load_model, load_tokenizer
 
     replay = tmp_path / "replay"  # the replay stage's shape: a directory with train.jsonl
     replay.mkdir()
@@ -570,8 +570,8 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
     ('previous') or the stage's starting model again ('start', ReST-EM); the stage's report judges round 1's before
     against round 2's after; a rerun skips the finished round."""
     import align.distill.rejection as dt
-    from align.data import get_dataset
-    from align.scoring import paired_change
+    from align.data.loading import get_dataset
+    from align.eval.statistics import paired_change
 
     out = tmp_path / "out"
     script, args, model = _configs(tiny, out, tiny["student"], loss="rejection_sampling", teacher_best_of=2,
@@ -625,7 +625,7 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
     assert [given for given, _ in answered] == [False, False, True, False]
     # ... and what was read equals what the saved round-1 model answers when loaded and asked again
     from align.distill.metrics import greedy_completions, teacher_accuracy
-    from align.models import load_model, load_tokenizer
+    from align.modeling.loading import load_model, load_tokenizer
 
     rows = data["test"].select(range(script.eval_num_prompts)).to_list()
     saved, tok = load_model(round_1, dtype="float32"), load_tokenizer(tiny["student"])
@@ -647,7 +647,7 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
 def test_held_out_answers_are_reused_only_for_the_same_weights_dtype_prompts_and_budget(tiny, tmp_path):
     """`answers_key`: what lets a distillation round read greedy answers made earlier instead of generating them."""
     from align.distill.held_out import answers_key
-    from align.models import load_model
+    from align.modeling.loading import load_model
 
     rows = [{"prompt_messages": [{"role": "user", "content": f"q{i}"}]} for i in range(3)]
     args = _configs(tiny, tmp_path / "out", tiny["student"])[1]
@@ -679,7 +679,7 @@ def test_rejection_sampling_loss_is_the_models_own_next_token_loss_on_the_answer
     from types import MethodType
 
     from align.distill.trainer import DistillTrainer
-    from align.models import load_model
+    from align.modeling.loading import load_model
 
     model = load_model(tiny["student"], dtype="float32")
     ids = torch.tensor([[5, 9, 17, 3, 44, 2, 0], [7, 8, 30, 31, 12, 6, 19]])
@@ -732,7 +732,7 @@ def test_bad_config_values_name_the_field():
 def test_engine_adapter_samples_per_unique_prompt_and_syncs():
     from types import SimpleNamespace
 
-    from align.sampler import Sampler
+    from align.rollout.sampler import Sampler
 
     class Rollout:
         def __init__(self, ids):
@@ -768,7 +768,7 @@ def test_the_smollm3_pipeline_places_its_teacher_where_the_launch_allows(monkeyp
     import yaml
 
     from align.distill import trainer as distill
-    from align.pipeline_plan import ROOT as REPO_ROOT
+    from align.pipeline.plan import ROOT as REPO_ROOT
 
     pipeline = yaml.safe_load((REPO_ROOT / "recipes" / "smollm3_pipeline.yaml").read_text())
     stages = [s for s in pipeline["stages"] if s["script"] == "distill"]

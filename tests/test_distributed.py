@@ -108,7 +108,8 @@ def test_apo_with_replay_rows_under_zero3(micro, tmp_path):
     the NLL term makes their answers likelier than in the SFT model it started from."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from align.preference import pair_logps, replay_pairs
+    from align.preference.accuracy import pair_logps
+    from align.preference.data import replay_pairs
 
     chats = [("Who are you?", "I am a small assistant."), ("Say hello.", "Hello there!")]
     rows = [{"messages": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q},
@@ -297,7 +298,7 @@ def test_grpo_vllm_under_zero3_pushes_gathered_weights(micro, tmp_path):
 
 @pytest.mark.vllm
 def test_grpo_bf16_vllm_under_zero3_corrects_in_the_loss_pass(micro, tmp_path, keep_bf16):
-    """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16 (align.grpo.rollout_knobs),
+    """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16 (align.grpo.trainer.rollout_knobs),
     and the trainer corrects the engine/trainer mismatch with truncated importance sampling built from its own loss
     pass, on every rank, without TRL's extra no-grad pass."""
     pytest.importorskip("vllm")
@@ -408,7 +409,7 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
     """Tool-use GRPO on 2 ZeRO-3 ranks (tests/workers/tools_grpo.py): scripted first turns call the calculator, the
     sharded model writes the turns after the tool's reply (async: each rank's engine process, fed the gathered
     weights, writes them in the tool thread, a step ahead); half the rollouts called on every rank, the tool tokens
-    are masked, the losses are finite. LoRA runs with replay rows (align/grpo_replay.py): each rank's NLL logged."""
+    are masked, the losses are finite. LoRA runs with replay rows (align/grpo/replay.py): each rank's NLL logged."""
     extra = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear"] if lora else []
     if lora:
         extra += ["--replay_data", "builtin:tool_tasks", "--replay_args", "{families: [tool_arithmetic], num: 8}"]

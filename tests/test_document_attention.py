@@ -1,10 +1,10 @@
-"""align/document_attention.py: per-document causal attention on packed rows equals attending each document
+"""align/modeling/document_attention.py: per-document causal attention on packed rows equals attending each document
 alone, and equals transformers' own block-diagonal mask, in the forward and the backward."""
 
 import pytest
 import torch
 
-from align.document_attention import document_attention, document_index
+from align.modeling.document_attention import document_attention, document_index
 from pretrain.model import ModelArguments, build_model
 
 
@@ -40,7 +40,7 @@ def test_the_index_lists_every_position_once_by_length_class():
 
 
 def test_packed_rows_equal_documents_alone_and_the_masked_path(model, monkeypatch):
-    import align.document_attention as da
+    import align.modeling.document_attention as da
 
     calls = []
     real = da._index

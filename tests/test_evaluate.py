@@ -1,4 +1,4 @@
-"""align/evaluate.py: log-likelihood scoring, CF/MCF picks, held-out loss, generative metrics, results file.
+"""align/eval/suite.py: log-likelihood scoring, CF/MCF picks, held-out loss, generative metrics, results file.
 
 A tiny random SmolLM3 and a tokenizer trained in the fixture (no hub); generation goes through a scripted
 engine whose answers we choose, so accuracy / format rate / lengths are checked against hand counts.
@@ -12,18 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from align.evaluate import (
-    EvalConfig,
-    build_prompt,
-    evaluate,
-    heldout_loss,
-    is_formatted,
-    run_generative,
-    score_mc,
-    set_spec,
-    task_mc_items,
-)
-from align.scoring import cloze_pick, letter_prompt, pair_ids, sequence_logprobs
+from align.eval.generative import build_prompt, is_formatted, run_generative
+from align.eval.multiple_choice import cloze_pick, letter_prompt, pair_ids, sequence_logprobs
+from align.eval.suite import EvalConfig, evaluate, heldout_loss, score_mc, set_spec, task_mc_items
 
 torch.set_num_threads(2)
 
@@ -228,9 +219,9 @@ def test_chat_loss_scores_the_answer_after_its_prompt_and_the_report_pairs_it(mo
     """loss/chat: each held-out conversation's assistant answer scored after its prompt (the model's own template),
     one mean per conversation, equal to the model's loss on those tokens; per-item losses are recorded, so the
     report compares two stages on the same conversations (mean difference with its interval)."""
-    from align.chat import setup_chat_format
-    from align.evaluate import chat_loss
-    from align.report import paired_loss
+    from align.data.chat import setup_chat_format
+    from align.eval.compare import paired_loss
+    from align.eval.suite import chat_loss
 
     setup_chat_format(tok)
     convs = [[{"role": "user", "content": f"What is {i} + {i}?"},
@@ -267,7 +258,7 @@ def test_a_vllm_eval_engine_holds_the_prompt_and_the_whole_generation_budget():
     4,096 minus its prompt and count it truncated; the engine gets room for both (never past the model's context)."""
     from types import SimpleNamespace
 
-    from align.evaluate import PROMPT_ROOM, engine_knobs
+    from align.eval.suite import PROMPT_ROOM, engine_knobs
 
     def cfg(**kw):
         return EvalConfig(model_name_or_path="m", rollout_backend="vllm", max_new_tokens=4096, **kw)
@@ -282,7 +273,7 @@ def test_a_vllm_eval_engine_holds_the_prompt_and_the_whole_generation_budget():
 def test_the_evaluated_model_goes_to_this_ranks_gpu_when_there_is_one(model, tok, monkeypatch, tmp_path):
     """Per-stage evaluation loaded the model without a device: on a GPU machine the loss/MC suites ran on the CPU
     (and flash-attn's kernel failed on CPU tensors). With CUDA present the model goes to cuda:LOCAL_RANK."""
-    import align.evaluate as ev
+    import align.eval.suite as ev
 
     moved = []
 
@@ -312,7 +303,7 @@ def test_config_errors_name_the_field():
 
 
 def test_real_engine_answers_are_the_models_greedy_answers(model, tok):
-    from align.evaluate import decode_completion, stop_ids
+    from align.eval.generative import decode_completion, stop_ids
     from align.rollout import get_engine
     from data_gen.tasks import make_tasks
 
@@ -337,8 +328,8 @@ def test_compare_pairs_two_evaluations_on_their_items(model, tok, tmp_path, caps
     items; results on other prompts (another row count) are refused, not compared."""
     import importlib.util
 
-    from align.compare import compare
-    from align.evaluate import gen_rows
+    from align.eval.compare import compare
+    from align.eval.suite import gen_rows
 
     cfg = EvalConfig(model_name_or_path="unused", suites=["generative"], gen_sets=["tasks:12"],
                      modes=["think", "no_think"], max_new_tokens=32)

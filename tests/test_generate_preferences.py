@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from align.configs import ScriptArguments
+from align.config import ScriptArguments
 from data_gen import preferences as prefs
 from data_gen.preferences import Generator, PreferenceDataConfig, generate_preferences
 from data_gen.tasks import make_tasks
@@ -257,7 +257,7 @@ def test_resume_after_interruption_duplicates_nothing(tmp_path, tok):
 
 
 def test_max_pairs_and_output_formats_load_back(tmp_path, tok):
-    from align.data import load_source
+    from align.data.loading import load_source
 
     rows = {"train": _rows(10, "train"), "test": _rows(6)}
     gold = {r["prompt"]: r["answer"] for split in rows.values() for r in split}
@@ -275,14 +275,14 @@ def test_max_pairs_and_output_formats_load_back(tmp_path, tok):
 
 
 def test_pairs_feed_the_preference_trainers(tmp_path, tok):
-    from align.preference import prepare_preference_data
+    from align.preference.data import prepare_preference_data
 
     rows = _rows(8)
     gold = {r["prompt"]: r["answer"] for r in rows}
     gens = {"strong": Generator("s", ScriptedEngine(tok, lambda q, k: _boxed(gold[q])), tok, "think"),
             "weak": Generator("w", ScriptedEngine(tok, lambda q, k: "no"), tok, "think")}
     generate_preferences(_cfg(tmp_path), {"train": rows}, gens)
-    from align.data import load_source
+    from align.data.loading import load_source
 
     ds = load_source(str(tmp_path / "out"), split="train")
     assert len(prepare_preference_data(ds, "dpo")) == 8

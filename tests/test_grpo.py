@@ -1,4 +1,4 @@
-"""align/grpo.py: GRPO on a tiny random model — rewards get the right columns, the policy moves, dynamic sampling
+"""align/grpo/trainer.py: GRPO on a tiny random model — rewards get the right columns, the policy moves, dynamic sampling
 drops zero-variance groups, truncated completions are masked, outside verifiers plug in, bad names are clear."""
 
 from __future__ import annotations
@@ -14,16 +14,11 @@ import pytest
 import torch
 
 import align.rollout as rollout
-from align.grpo import (
-    GRPOConfig,
-    GRPOTrainer,
-    build_rewards,
-    check_completion_budget,
-    group_has_signal,
-    merge_batches,
-    prepare_prompts,
-    required_reward_columns,
-)
+from align.grpo.config import GRPOConfig
+from align.grpo.dynamic_sampling import group_has_signal, merge_batches
+from align.grpo.prompts import check_completion_budget, prepare_prompts
+from align.grpo.reward_funcs import build_rewards, required_reward_columns
+from align.grpo.trainer import GRPOTrainer
 from data_gen.tasks import make_tasks, prompt_messages, to_messages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -401,8 +396,8 @@ def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path, monkeypatch):
     from scripts_grpo import CONFIG_TYPES  # noqa: I001  (scripts/ is not a package: imported by path below)
 
     from align.cli import run
-    from align.grpo import main
-    from align.scoring import paired_change
+    from align.grpo.trainer import main
+    from align.eval.statistics import paired_change
 
     monkeypatch.syspath_prepend(str(FIXTURES))
     out = tmp_path / "run"
@@ -441,7 +436,7 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
     from scripts_grpo import CONFIG_TYPES
 
     from align.cli import run
-    from align.grpo import main
+    from align.grpo.trainer import main
 
     base = ["--model_name_or_path", tiny["model"], "--dataset_name", "builtin:tasks", "--output_dir", str(tmp_path)]
     with pytest.raises(SystemExit) as e:
@@ -559,7 +554,7 @@ def test_the_ratio_built_in_the_loss_pass_equals_trls_own_pass_which_is_skipped(
 
 
 def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_sharing_the_model(tiny, tmp_path, keep_bf16):
-    from align.grpo import rollout_knobs
+    from align.grpo.trainer import rollout_knobs
 
     model = _model(tiny)
     bf16 = _args(tmp_path, bf16=True)
@@ -582,7 +577,7 @@ def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sam
     under accelerate's bf16 autocast (align.rollout.hf): a small, real mismatch, corrected in the loss pass (no
     no-grad pass). Without mixed precision the engine samples what the trainer computes: no correction."""
     from align import stage
-    from align.sampler import build_sampler
+    from align.rollout.sampler import build_sampler
 
     def run(bf16: bool):
         args = _args(tmp_path / str(bf16), max_steps=2, temperature=1.0, bf16=bf16,
@@ -600,12 +595,12 @@ def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sam
             return inner(*a, **k)
 
         trainer._get_per_token_logps_and_entropies = counted
-        stage.train(trainer, args)  # as align.grpo.main trains
+        stage.train(trainer, args)  # as align.grpo.trainer.main trains
         assert trainer.model.config._attn_implementation == "sdpa"  # restored after training
         return trainer, passes
 
     (mixed, mixed_passes), (plain, plain_passes) = run(True), run(False)
-    assert mixed.attention == plain.attention == {"sdpa_cpu_fp32"}  # the loss pass (align/cpu_attention.py)
+    assert mixed.attention == plain.attention == {"sdpa_cpu_fp32"}  # the loss pass (align/modeling/cpu_attention.py)
     assert mixed.importance_sampling and mixed.engine.bypasses_autocast()
     low, high = _is_metric(mixed, "sampling/importance_sampling_ratio/min"), \
         _is_metric(mixed, "sampling/importance_sampling_ratio/max")
@@ -661,7 +656,7 @@ def _padded_rl_batch(vocab: int, prompts: list[int], completions: list[int], see
 
 @pytest.mark.parametrize("gradient_checkpointing", [False, True])
 def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradients(tiny, gradient_checkpointing):
-    """align/packing.py: every sequence's real tokens in one row (position ids restarting, per-sequence attention,
+    """align/grpo/packing.py: every sequence's real tokens in one row (position ids restarting, per-sequence attention,
     labels shifted inside each sequence) give TRL's padded pass's per-token log-probs and entropies in its
     (rows, logits_to_keep) layout, zeros where a row has no token, and the same gradients (the backward re-runs the
     forward under gradient checkpointing: the per-sequence attention must hold there too)."""
@@ -672,7 +667,7 @@ def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradi
     from transformers import AutoModelForCausalLM
     from trl.trainer import utils as trl_utils
 
-    from align.packing import pack, packed_attention, packed_logps
+    from align.grpo.packing import pack, packed_attention, packed_logps
 
     padded_pass = getattr(trl.GRPOTrainer._get_per_token_logps_and_entropies, "__wrapped__",
                           trl.GRPOTrainer._get_per_token_logps_and_entropies)  # without TRL's profiling wrapper
@@ -714,7 +709,7 @@ def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradi
 def test_padding_free_grpo_trains_as_the_padded_trainer(tiny, tmp_path, beta, monkeypatch):
     """`padding_free: true`: the same engine samples (scripted, completions of random length), and the per-step
     losses, rewards and the trained weights equal the padded trainer's (the reference model's pass too, beta > 0)."""
-    import align.importance as importance
+    import align.grpo.loss as importance
 
     packed_rows = []
     real = importance.packed_logps

@@ -24,8 +24,9 @@ import pytest
 import torch
 from test_evaluate import model, tok  # noqa: F401  (fixtures: a tiny SmolLM3 and its tokenizer)
 
-from align.evaluate import MC_NORM, EvalConfig, mc_items, score_mc
-from align.scoring import LETTERS, correct, letter_prompt
+from align.eval.multiple_choice import LETTERS, letter_prompt
+from align.eval.suite import MC_NORM, EvalConfig, mc_items, score_mc
+from align.eval.verification import correct
 
 torch.set_num_threads(2)
 
@@ -177,9 +178,10 @@ def test_gsm8k_exact_match_against_lightevals_math_verify_metric(gold, completio
 def test_builtin_smollm2_agrees_with_lighteval_on_the_same_items():
     """SmolLM2-135M-Instruct (builtin): HellaSwag and TruthfulQA cloze/letter picks item by item, and GSM8K greedy
     answers scored by both definitions."""
-    from align.evaluate import gen_rows, run_generative
-    from align.models import load_model, load_tokenizer
-    from align.scoring import model_generate
+    from align.eval.generation import model_generate
+    from align.eval.generative import run_generative
+    from align.eval.suite import gen_rows
+    from align.modeling.loading import load_model, load_tokenizer
 
     smol, tokenizer = load_model("builtin:smollm2-135m-instruct", dtype="float32"), load_tokenizer("builtin:smollm2-135m-instruct")
     for name in ("hellaswag", "truthfulqa"):
@@ -206,7 +208,7 @@ def test_checkpoint_evaluation_hands_hub_benchmarks_to_lighteval(model, tok, tmp
     import json
     import sys
 
-    from align.evaluate import evaluate
+    from align.eval.suite import evaluate
 
     fake = tmp_path / "lighteval"
     fake.write_text(FAKE_LIGHTEVAL.format(python=sys.executable))

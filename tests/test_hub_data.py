@@ -1,4 +1,4 @@
-"""Hub-shaped data (align/hub.py through align/data.py): named configs, per-source splits picked and weighted in a
+"""Hub-shaped data (align/data/hub.py through align/data/loading.py): named configs, per-source splits picked and weighted in a
 mixture, only the requested split read, one-line errors listing the real configs/splits, streaming, the mirror.
 
 Run: pytest tests/test_hub_data.py -q   (a few seconds; local fixture repos, no network)
@@ -13,8 +13,8 @@ import datasets
 import pytest
 from hub_fixtures import chat_rows, write_repo
 
-from align.data import SplitNotFoundError, get_dataset, load_source
-from align.hub import MIRROR_ENV
+from align.data.hub import MIRROR_ENV, SplitNotFoundError
+from align.data.loading import get_dataset, load_source
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_hub_splits_are_prepared_once_per_machine_not_once_per_job(monkeypatch):
     import accelerate
     import torch.distributed as dist
 
-    from align import hub
+    from align.data import hub
 
     used = []
 

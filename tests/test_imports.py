@@ -7,7 +7,7 @@ import sys
 def test_import_does_not_pull_heavy_optional_packages():
     code = (
         "import sys, align, pretrain, rewards, data_gen\n"
-        "import align.cli, align.configs, align.data, align.models\n"
+        "import align.cli, align.config, align.data.loading, align.modeling.loading\n"
         "heavy = [m for m in ('vllm', 'deepspeed', 'liger_kernel') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

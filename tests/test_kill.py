@@ -31,7 +31,7 @@ import pytest
 from launching import free_port
 from launching import launch_env as _env
 
-from align.checkpoint import is_complete, latest_checkpoint
+from align.runtime.checkpoint import is_complete, latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow]
@@ -277,7 +277,7 @@ def _stopped_then_killed_then_finished(micro, reference, tmp_path, stage: str, r
     exits: PREEMPTED_EXIT_CODE in one process, a failure of the launcher's own on 2 ranks), then SIGKILL in the
     resumed run at a random later step (the rerun resumes from the newest complete checkpoint), then the same
     command finishes."""
-    from align.checkpoint import PREEMPTED_EXIT_CODE
+    from align.runtime.checkpoint import PREEMPTED_EXIT_CODE
 
     _needs(stage)
     want = reference(stage, ranks)
@@ -318,7 +318,7 @@ def test_sigterm_then_sigkill_on_two_ranks_then_rerun_gives_the_uninterrupted_ru
     pytest.param(signal.SIGKILL, 2, marks=pytest.mark.distributed)], ids=["sigkill", "sigterm", "sigkill-2-ranks"])
 def test_preference_generation_stopped_then_rerun_writes_every_row_once(micro, tmp_path, sig, ranks):
     """One process, or 2 ranks (each rank its own share and files; the launcher and both ranks killed at once)."""
-    from align.checkpoint import PREEMPTED_EXIT_CODE
+    from align.runtime.checkpoint import PREEMPTED_EXIT_CODE
 
     def command(out: Path) -> list[str]:
         cmd = [sys.executable, "scripts/generate_preferences.py", str(micro / "configs" / "preferences.yaml"),

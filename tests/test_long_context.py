@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_pretrain_helpers import tiny_config, tiny_model_args
 
-from align.models import set_rope_scaling
+from align.modeling.loading import set_rope_scaling
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

@@ -1,4 +1,4 @@
-"""Model merging (align/merge.py, scripts/merge.py): soups and linear merges equal the formula, tied embeddings stay
+"""Model merging (align/pipeline/merge.py, scripts/merge.py): soups and linear merges equal the formula, tied embeddings stay
 tied, the output is an HF model (tokenizer, chat template, generation_config, YaRN) that transformers and vLLM load,
 and MergeKit (when installed) computes the same tensors.
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from cpu_substitutions import base_tokenizer, tiny_model
 
-from align.chat import setup_chat_format
-from align.merge import MergeConfig, expand_models, merge
+from align.data.chat import setup_chat_format
+from align.pipeline.merge import MergeConfig, expand_models, merge
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""align/pipeline.py + align/report.py: references, skip/resume, manifest, report; the micro pipeline end to end.
+"""align/pipeline/run.py + align/pipeline/report.py: references, skip/resume, manifest, report; the micro pipeline end to end.
 
 Most tests run fake stage scripts (a few lines of Python that write checkpoints and a "model"), so the
 pipeline's own logic is tested in seconds; the slow test runs recipes/micro_pipeline.yaml for real.
@@ -14,14 +14,15 @@ import pytest
 import yaml
 
 from align.cli import parse
-from align.pipeline import MARKER, NO_MODEL, PipelineConfig, resolve_refs, resolve_stages, run_pipeline
-from align.report import accuracy_guard_lines, metric_table, target_lines, write_report
+from align.pipeline.plan import MARKER, NO_MODEL, PipelineConfig, resolve_refs, resolve_stages
+from align.pipeline.report import accuracy_guard_lines, metric_table, target_lines, write_report
+from align.pipeline.run import run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_STAGE = """
 import json, os, sys, yaml
-from align.checkpoint import write_marker
+from align.runtime.checkpoint import write_marker
 args = sys.argv[1:]
 cfg = yaml.safe_load(open(args[0]))
 resume = args[args.index("--resume_from_checkpoint") + 1] if "--resume_from_checkpoint" in args else None
@@ -35,7 +36,7 @@ for step in range(start + 1, cfg["steps"] + 1):
     os.makedirs(ck, exist_ok=True)
     hist = [{"step": s, "loss": 2.0 / s, "reward": s / 10, "completions/mean_length": 10 + s} for s in range(1, step + 1)]
     json.dump({"log_history": hist}, open(os.path.join(ck, "trainer_state.json"), "w"))
-    write_marker(ck, step)  # a finished save, as align.checkpoint writes it
+    write_marker(ck, step)  # a finished save, as align.runtime.checkpoint writes it
     print(f"step {step}", flush=True)
     if cfg.get("crash_at") == step and resume is None:
         sys.exit(3)  # dies mid-stage, after checkpoint-<step>
@@ -50,7 +51,7 @@ cfg = yaml.safe_load(open(sys.argv[1]))
 q = json.load(open(os.path.join(cfg["model_name_or_path"], "config.json")))["quality"]
 os.makedirs(cfg["output_dir"], exist_ok=True)
 metrics = {"acc/tasks/think": q, "loss/tasks": 1 - q}
-low, high = max(q - 0.1, 0.0), q + 0.1  # as align.scoring would write them for 100 items
+low, high = max(q - 0.1, 0.0), q + 0.1  # as align.eval.statistics would write them for 100 items
 stats = {"acc/tasks/think": {"num": 100, "ci_low": low, "ci_high": high}}
 json.dump({"metrics": metrics, "stats": stats, "stage": cfg["stage"]}, open(os.path.join(cfg["output_dir"], "eval_results.json"), "w"))
 """
@@ -121,7 +122,7 @@ def test_a_broken_accelerate_config_is_one_line_at_start(fake, tmp_path, text, m
 
 
 def test_shipped_accelerate_configs_pass_the_check():
-    from align.pipeline_plan import check_accelerate_config
+    from align.pipeline.plan import check_accelerate_config
 
     shipped = sorted((ROOT / "recipes" / "accelerate_configs").glob("*.yaml"))
     assert len(shipped) >= 4
@@ -225,7 +226,7 @@ def test_an_interrupted_stage_whose_input_was_made_again_starts_fresh(fake, tmp_
 
 
 def test_launch_commands(fake, tmp_path):
-    from align.pipeline import stage_command
+    from align.pipeline.run import stage_command
 
     cfg = fake(launcher="auto")
     base, sft = resolve_stages(cfg)
@@ -241,8 +242,7 @@ def test_launch_commands(fake, tmp_path):
 
 
 def test_latest_checkpoint_skips_partial_ones(tmp_path):
-    from align.checkpoint import write_marker
-    from align.pipeline import latest_checkpoint
+    from align.runtime.checkpoint import latest_checkpoint, write_marker
 
     for d in ("checkpoint-2", "checkpoint-10", "checkpoint-7"):
         (tmp_path / "hf" / d).mkdir(parents=True)
@@ -315,7 +315,7 @@ def test_targets_compare_with_the_parent_stage_not_a_side_branch():
 
 
 def test_accuracy_guard_flags_only_drops_beyond_noise_at_the_best_form():
-    from align.scoring import wilson_interval
+    from align.eval.statistics import wilson_interval
 
     def stage(name, accs, parent=None, num=128):
         ms = {f"acc/tasks/{m}": a for m, a in accs.items()}
@@ -339,8 +339,8 @@ def test_accuracy_guard_flags_only_drops_beyond_noise_at_the_best_form():
 def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
     """40/128 -> 28/128 with 2 prompts gained and 14 lost: the intervals overlap, the paired test says worse; a
     format that did not move is within noise; results on other prompts are not paired."""
-    from align.evaluate import prompts_digest
-    from align.scoring import overlaps, wilson_interval
+    from align.eval.statistics import overlaps, wilson_interval
+    from align.eval.suite import prompts_digest
 
     def stage(name, correct, formatted, parent=None, prompts="abc"):
         num = len(correct)
@@ -373,8 +373,8 @@ def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
 
 def test_the_chain_is_judged_against_its_sft_model_by_the_paired_test(tmp_path):
     """The last stage against the SFT model it descends from (through the recorded parents, past a side branch)."""
-    from align.evaluate import prompts_digest
-    from align.report import chain_lines
+    from align.eval.suite import prompts_digest
+    from align.pipeline.report import chain_lines
 
     def stage(name, script, correct, parent=None):
         results = tmp_path / f"{name}.json"
@@ -500,7 +500,9 @@ def test_the_slurm_template_requeues_a_job_stopped_by_sigterm_only(tmp_path, pip
 def test_a_follower_machine_waits_for_the_leaders_evaluation_not_only_the_marker(tmp_path):
     """Two machines: machine 0 writes stage k's marker, then evaluates it; a follower that launched stage k+1 on the
     marker alone sat at the rendezvous through that evaluation (torch gives up after 600 s)."""
-    from align.pipeline import MARKER, PipelineConfig, Stage, leader_finished, write_json_atomic
+    from align.pipeline.plan import MARKER, PipelineConfig, Stage
+    from align.pipeline.run import leader_finished
+    from align.runtime.checkpoint import write_json_atomic
 
     out = tmp_path / "sft"
     cfg = PipelineConfig(run_dir=str(tmp_path), eval_recipe="recipes/tiny_eval.yaml")

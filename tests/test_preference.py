@@ -1,4 +1,4 @@
-"""align/preference.py: APO/DPO, KTO and ORPO train a tiny random model on task pairs; data errors are clear."""
+"""align/preference/trainer.py: APO/DPO, KTO and ORPO train a tiny random model on task pairs; data errors are clear."""
 
 from __future__ import annotations
 
@@ -9,17 +9,11 @@ import datasets
 import pytest
 import torch
 
-from align.configs import ModelConfig, ScriptArguments
-from align.preference import (
-    DPOConfig,
-    KTOConfig,
-    ORPOConfig,
-    main,
-    pair_token_ids,
-    preference_accuracy,
-    prepare_preference_data,
-    to_unpaired,
-)
+from align.config import ModelConfig, ScriptArguments
+from align.preference.accuracy import pair_token_ids, preference_accuracy
+from align.preference.config import DPOConfig, KTOConfig, ORPOConfig
+from align.preference.data import prepare_preference_data, to_unpaired
+from align.preference.trainer import main
 from data_gen.tasks import assistant_text, make_tasks, prompt_messages
 
 FAMILIES = ["arithmetic", "compare", "count_items"]
@@ -192,7 +186,7 @@ def test_config_errors_name_the_field(tmp_path):
 def test_preference_round_settings_fail_before_round_1_trains(tiny, tmp_path):
     """Iterative APO's settings are checked before anything trains, one line each naming the fix; a later round's pairs
     config is the recipe's with the previous round's model, its own output dir, the seed moved on and the overrides."""
-    from align.preference_rounds import check, pairs_config
+    from align.preference.rounds import check, pairs_config
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "smol135m_preferences.yaml"
     model = ModelConfig(model_name_or_path=tiny["model"])
@@ -297,7 +291,7 @@ def _grads(tiny, loss_type, weights=None, shift=0.05):
     import trl
     from transformers import AutoModelForCausalLM
 
-    from align.preference import replay_pairs
+    from align.preference.data import replay_pairs
 
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CHATS]
     model = AutoModelForCausalLM.from_pretrained(tiny["model"])
@@ -319,7 +313,7 @@ def _grads(tiny, loss_type, weights=None, shift=0.05):
 def test_replay_rows_train_only_the_nll_term(tiny, loss_type):
     """chosen == rejected: the preference term's gradient is zero (TRL's own loss), so [loss, sft] trains exactly
     what the weighted NLL term alone does; a loss outside REPLAY_LOSS_TYPES (bco_pair) would not cancel."""
-    from align.preference import REPLAY_LOSS_TYPES
+    from align.preference.config import REPLAY_LOSS_TYPES
 
     assert loss_type in REPLAY_LOSS_TYPES and "bco_pair" not in REPLAY_LOSS_TYPES
     preference = _grads(tiny, [loss_type])
@@ -340,7 +334,7 @@ def test_apo_with_replay_rows_learns_the_replay_answers_and_the_preference(tiny,
     their answers likelier, while the held-out pairs are still learned."""
     from transformers import AutoModelForCausalLM
 
-    from align.preference import pair_logps
+    from align.preference.accuracy import pair_logps
 
     replay = _replay_file(tmp_path / "replay.jsonl")
     metrics, changed, start = _run(tiny, DPOConfig, "apo_replay", loss_type=["apo_zero", "sft"],
@@ -358,7 +352,7 @@ def test_apo_with_replay_rows_learns_the_replay_answers_and_the_preference(tiny,
 
 
 def test_replay_data_errors_name_the_fix(tiny, tmp_path):
-    from align.preference import add_replay
+    from align.preference.data import add_replay
 
     replay = _replay_file(tmp_path / "replay.jsonl")
     with pytest.raises(ValueError, match=r"replay_data needs a DPO loss_type list with 'sft'.*e\.g\. loss_type: \["):

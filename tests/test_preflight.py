@@ -1,4 +1,4 @@
-"""align/preflight.py: each check on tables of good and bad values, the whole preflight on a real Trainer (passes,
+"""align/runtime/preflight.py: each check on tables of good and bad values, the whole preflight on a real Trainer (passes,
 catches sorted data, leaves the RNG alone, skips loudly), and the collective checks on two real gloo ranks."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.checkpoint import write_marker
-from align.preflight import (
-    PreflightError,
+from align.runtime.checkpoint import write_marker
+from align.runtime.preflight import PreflightError, gather, preflight
+from align.runtime.preflight_checks import (
     check_checkpoint,
     check_data_order,
     check_known_answer,
@@ -23,8 +23,6 @@ from align.preflight import (
     check_seeds,
     check_shuffled,
     estimate_checkpoint_bytes,
-    gather,
-    preflight,
     spearman,
     weights_digest,
 )

@@ -382,7 +382,7 @@ def test_loss_is_next_token_cross_entropy(tok):
 
 
 def test_pretrain_runs_the_preflight_and_stops_on_a_bad_output_dir(tmp_path, monkeypatch):
-    from align.preflight import PREFLIGHT_ONLY_ENV, PreflightError, PreflightPassed
+    from align.runtime.preflight import PREFLIGHT_ONLY_ENV, PreflightError, PreflightPassed
 
     bad = tmp_path / "a_file"
     bad.write_text("not a directory")

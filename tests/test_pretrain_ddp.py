@@ -50,7 +50,7 @@ WORKER = textwrap.dedent(
         json.dump({{"ranks": gathered}}, open(out_dir + "/ddp.json", "w"))
     # how every script of ours ends under a launcher: a gloo group torn down with the interpreter can abort a
     # rank whose peer has gone ("terminate called without an active exception", seen in fresh-clone CI)
-    from align.distributed import leave_launcher
+    from align.runtime.distributed import leave_launcher
     leave_launcher()
     """
 )

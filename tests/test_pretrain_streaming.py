@@ -141,7 +141,7 @@ train(tiny_model_args(), tiny_config(out + "/cut", stop_after_steps=3, **kw))
 resumed = train(tiny_model_args(), tiny_config(out + "/cut", resume_from_checkpoint="auto", **kw))["history"]
 if acc.is_main_process:
     json.dump({{"full": full, "resumed": [h["loss"] for h in resumed]}}, open(out + "/losses.json", "w"))
-from align.distributed import leave_launcher
+from align.runtime.distributed import leave_launcher
 leave_launcher()  # how our scripts end under a launcher (a gloo group torn down at exit can abort a rank)
 """
 

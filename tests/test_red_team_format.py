@@ -157,7 +157,7 @@ RENAMED = ["<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.",  # w
 def test_a_renamed_reasoning_block_is_no_no_think_answer(completion):
     """A no_think answer that reasons inside a block under another tag name is paid nothing by the reward and
     counted unformatted by the evaluation (one rule: rewards.format.no_think_format), as a think block would be."""
-    from align.answers import is_formatted
+    from align.eval.generative import is_formatted
 
     assert mode_format_reward([completion], mode=["no_think"]) == [0.0]
     assert not is_formatted(completion, "no_think")

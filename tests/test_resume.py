@@ -1,4 +1,4 @@
-"""align/checkpoint.py: atomic checkpoints, auto-resume that skips torn saves, SIGKILL-and-resume loss parity,
+"""align/runtime/checkpoint.py: atomic checkpoints, auto-resume that skips torn saves, SIGKILL-and-resume loss parity,
 the non-finite guard (skip / stop with a checkpoint) and the engine resync after a resume."""
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from align.checkpoint import (
+from align.runtime.checkpoint import (
     COMPLETE_MARKER,
-    NonFiniteError,
     install,
     is_complete,
     latest_checkpoint,
@@ -27,6 +26,7 @@ from align.checkpoint import (
     rotate,
     write_marker,
 )
+from align.runtime.nonfinite import NonFiniteError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ import torch
 torch.set_num_threads(1)
 import datasets, trl
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from align.checkpoint import exit_if_preempted, install, resume_checkpoint
+from align.runtime.checkpoint import exit_if_preempted, install, resume_checkpoint
 
 model_dir, data, out, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 
@@ -143,7 +143,7 @@ def test_sigterm_saves_the_step_it_stops_at_and_resumes_to_the_uninterrupted_los
     checkpoint of that step, exits with PREEMPTED_EXIT_CODE; the same command resumes there. SIGTERM once before the
     first periodic checkpoint (step 3) and once more in the resumed run, then a last run to the end: the per-step
     losses equal an uninterrupted run's."""
-    from align.checkpoint import PREEMPTED_EXIT_CODE
+    from align.runtime.checkpoint import PREEMPTED_EXIT_CODE
 
     max_steps = 10
     ref = _launch(tiny, tmp_path / "ref", max_steps)
@@ -321,7 +321,7 @@ def test_nonfinite_stop_saves_a_checkpoint_and_names_the_step(tmp_path):
 
 
 def test_gradient_explosion_is_detected():
-    from align.checkpoint import NonFiniteGuard
+    from align.runtime.nonfinite import NonFiniteGuard
 
     guard = object.__new__(NonFiniteGuard)
     guard.factor, guard.window, guard.norms, guard.bad_loss = 50.0, 20, [1.0] * 12, None

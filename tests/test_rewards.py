@@ -540,7 +540,7 @@ def test_verifier_reward_binds_kwargs_and_rejects_bad_columns():
 
 
 def test_route_accuracy_keeps_name_columns_kwargs_and_pickles():
-    from align.grpo_data import required_reward_columns
+    from align.grpo.reward_funcs import required_reward_columns
 
     funcs, _ = get_rewards(["math_reward", "repetition_penalty_reward"], {"math_reward": {"last_number_fallback": True}})
     routed = route_accuracy(funcs)

@@ -198,7 +198,7 @@ def test_models_no_trainer_places_go_on_the_ranks_device(model_dirs, monkeypatch
     generation) and a distillation teacher (its answers are sampled before a trainer wraps it) move to this rank's
     device themselves. "meta" stands in for cuda:LOCAL_RANK here; a quantized teacher is left where it loaded."""
     import align.distill.teacher as teacher_mod
-    import align.models as models
+    import align.modeling.loading as models
     import align.rollout.hf as hf
     from align.distill.config import DistillConfig
     from align.rollout.hf import HFEngine
@@ -226,7 +226,7 @@ def test_hf_engine_on_a_cpu_samples_in_the_weights_precision_under_a_trainers_au
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    from align.models import has_autocast_forward
+    from align.modeling.loading import has_autocast_forward
     from align.rollout.hf import HFEngine
 
     model, reference = _load(model_dirs["tied"]), _load(model_dirs["tied"])
@@ -413,7 +413,7 @@ def _fsdp2_copy_check(model_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from align.distributed import iter_full_params
+    from align.runtime.distributed import iter_full_params
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -610,7 +610,7 @@ def _prompt_logprobs(engine, seqs):
 @pytest.mark.vllm
 def test_head_dtype_sets_the_precision_of_the_engines_lm_head_projection(vllm_engine, model_dirs):
     # GRPO under bf16 with TRL's `cast_lm_head_to_fp32` starts its vLLM engine with head_dtype float32
-    # (align.grpo.rollout_knobs; vLLM's hf_overrides). Seen here from the other side, where the difference is the head
+    # (align.grpo.trainer.rollout_knobs; vLLM's hf_overrides). Seen here from the other side, where the difference is the head
     # alone: an fp32 engine scores like the fp32 model; the same engine with its head projected in bf16 does not
     # (bf16 logits round at ~|logit| / 256).
     model = _load(model_dirs["tied"])

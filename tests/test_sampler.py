@@ -1,4 +1,4 @@
-"""align/sampler.py and align/distributed.py in one process: when weights are pushed and what they are (LoRA
+"""align/rollout/sampler.py and align/runtime/distributed.py in one process: when weights are pushed and what they are (LoRA
 merged while the push reads them), per-rank seeds, a server synced from the main process only, rank-split work.
 The same code on 2 ranks under ZeRO-3 is tested in tests/test_distributed.py."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from align.distributed import gather_shards, iter_full_params, rank_seed, shard
+from align.rollout.sampler import Sampler, build_sampler
 from align.rollout.vllm_server import VLLMServerEngine
-from align.sampler import Sampler, build_sampler
+from align.runtime.distributed import gather_shards, iter_full_params, rank_seed, shard
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
@@ -158,7 +158,7 @@ def test_full_model_gives_the_trainers_checkpointing_back_unchanged():
     ZeRO-3 after the first hf-engine generation. full_model hands back what the trainer set."""
     from accelerate import Accelerator
 
-    from align.distributed import checkpointing_kwargs, full_model
+    from align.runtime.distributed import checkpointing_kwargs, full_model
 
     model = tiny_llama()
     assert checkpointing_kwargs(model) is None

@@ -1,4 +1,4 @@
-"""align/scoring.py, the one scorer: correct = the row's verifier >= 1, Wilson intervals, generation through an
+"""align/eval/statistics.py, the one scorer: correct = the row's verifier >= 1, Wilson intervals, generation through an
 engine, shuffled multiple choice at chance, and the report's intervals and "within noise" verdicts."""
 
 import random
@@ -6,21 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from align.evaluate import EvalConfig, mc_items
-from align.report import metric_table, target_lines
-from align.scoring import (
-    accuracy,
-    chance,
-    correct,
-    generate_and_score,
-    greedy_params,
-    is_correct,
-    overlaps,
-    paired_change,
-    shuffle_choices,
-    summarize,
-    wilson_interval,
-)
+from align.eval.generation import generate_and_score, greedy_params, summarize
+from align.eval.multiple_choice import chance, shuffle_choices
+from align.eval.statistics import accuracy, overlaps, paired_change, wilson_interval
+from align.eval.suite import EvalConfig, mc_items
+from align.eval.verification import correct, is_correct
+from align.pipeline.report import metric_table, target_lines
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
-"""align/sft.py: the SFT stage trains on assistant tokens only, learns, saves a loadable model, merges LoRA.
+"""align/sft/trainer.py: the SFT stage trains on assistant tokens only, learns, saves a loadable model, merges LoRA.
 
 A tiny random SmolLM3 and the byte-level BPE of tests/test_chat.py (SmolLM3-style template fixture, which has
-no {% generation %} markers, so training goes through align.chat's template-independent masks).
+no {% generation %} markers, so training goes through align.data.chat's template-independent masks).
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ import torch
 import yaml
 from test_chat import MULTI, build_tokenizer
 
-from align.chat import tokenize_sft_dataset
 from align.cli import parse
-from align.configs import ModelConfig, ScriptArguments
-from align.preflight import check_shuffled
-from align.sft import LengthBucketSampler, SFTConfig, SFTTrainer, main
+from align.config import ModelConfig, ScriptArguments
+from align.data.chat import tokenize_sft_dataset
+from align.runtime.preflight_checks import check_shuffled
+from align.sft.batches import LengthBucketSampler
+from align.sft.config import SFTConfig
+from align.sft.trainer import SFTTrainer, main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -183,7 +185,7 @@ def test_length_bucket_sampler_low_padding_shuffled_and_deterministic():
 def test_liger_on_cpu_logs_one_line_and_trains_without(tmp_path, caplog):
     if torch.cuda.is_available():
         pytest.skip("GPU machine: Liger stays on")
-    with caplog.at_level("WARNING", logger="align.sft"):
+    with caplog.at_level("WARNING", logger="align.sft.trainer"):
         args = SFTConfig(output_dir=str(tmp_path), report_to="none", use_liger_kernel=True)
     assert args.use_liger_kernel is False
     assert [r.message for r in caplog.records if "Liger" in r.message] == [
@@ -230,12 +232,12 @@ def test_two_process_zero2_on_cpu(tiny, tmp_path):
 
 
 def test_compact_lm_head_scores_only_labelled_positions_with_the_same_logprobs_and_grads(tiny):
-    """align/fused_head.py: on a CPU, TRL's fused LM head runs on every position; ours only on the scored ones,
+    """align/modeling/lm_head.py: on a CPU, TRL's fused LM head runs on every position; ours only on the scored ones,
     with the same per-token log-probs and the same gradients."""
     from transformers import AutoModelForCausalLM
     from trl.trainer import utils as trl_utils
 
-    from align.fused_head import compact_lm_head
+    from align.modeling.lm_head import compact_lm_head
 
     model = AutoModelForCausalLM.from_pretrained(tiny["model"])
     trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
@@ -278,14 +280,14 @@ def test_compact_lm_head_scores_only_labelled_positions_with_the_same_logprobs_a
 def test_packing_layout_auto_picks_by_device(layout, cuda, expected, caplog):
     """Per-document rows are the CPU's fast path; on a GPU flash-attention's varlen kernel wants the flat row (the
     rows' buckets cost host syncs there), so 'auto' picks by device and an explicit 'rows' on a GPU warns."""
-    from align.sft import resolve_packing_layout
+    from align.sft.batches import resolve_packing_layout
 
     assert resolve_packing_layout(layout, cuda) == expected
     assert ("host syncs" in caplog.text) == (layout == "rows" and cuda)
 
 
 def test_bad_packing_layout_names_the_choices():
-    from align.sft import resolve_packing_layout
+    from align.sft.batches import resolve_packing_layout
 
     with pytest.raises(ValueError, match="choose 'auto', 'rows' or 'flat'"):
         resolve_packing_layout("packed", False)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from cpu_substitutions import build, command, overrides, script_of
 
-from align.hub import MIRROR_ENV, load_split
+from align.data.hub import MIRROR_ENV, load_split
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "recipes").glob("smollm3_*.yaml") if p.stem != "smollm3_pipeline")

@@ -13,13 +13,16 @@ import textwrap
 import pytest
 from trl import ModelConfig
 
-from align import grpo, preference, sft, stage
+from align import stage
 from align.distill import DistillConfig
 from align.distill import trainer as distill_trainer
-from align.grpo import GRPOConfig
-from align.preference import DPOConfig, KTOConfig, ORPOConfig
-from align.sampler import ROLLOUT_BACKENDS
-from align.sft import SFTConfig
+from align.grpo import trainer as grpo
+from align.grpo.config import GRPOConfig
+from align.preference import trainer as preference
+from align.preference.config import DPOConfig, KTOConfig, ORPOConfig
+from align.rollout.sampler import ROLLOUT_BACKENDS
+from align.sft import trainer as sft
+from align.sft.config import SFTConfig
 
 STEPS = ["start", "load_tokenizer", "load_data", "load_model", "prepare", "train", "save", "write_report"]
 # one round of the stages that repeat: distillation's (align.distill.trainer.main; rounds.py repeats it for
@@ -54,7 +57,7 @@ def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32(config, tmp_path, monk
     config falls back to fp32 with one line saying why; a CPU that has it, or SMOLALIGN_CPU_BF16=1, keeps bf16."""
     import torch
 
-    from align.configs import cpu_bf16_slower
+    from align.runtime.device import cpu_bf16_slower
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("SMOLALIGN_CPU_BF16", raising=False)
@@ -62,7 +65,7 @@ def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32(config, tmp_path, monk
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda n=native: n)
         caplog.clear()
-        with caplog.at_level("WARNING", logger="align.configs"):
+        with caplog.at_level("WARNING", logger="align.config"):
             assert config(output_dir=str(tmp_path), bf16=True).bf16 is native
         assert ("no native bf16" in caplog.text) is (not native)
         assert config(output_dir=str(tmp_path), bf16=False).bf16 is False
@@ -179,7 +182,7 @@ def test_a_report_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     half-way leaves the previous report, not half a file that the rerun could not read."""
     import json
 
-    from align.checkpoint import write_json_atomic
+    from align.runtime.checkpoint import write_json_atomic
 
     path = tmp_path / "round-1" / "preference_eval.json"
     write_json_atomic(str(path), {"after": {"accuracy": 0.5}})

@@ -274,7 +274,7 @@ def test_an_environment_rollout_resets_from_its_row_and_pays_its_reward(tok):
 
 
 def test_tool_replies_render_through_the_chat_template_for_each_mode(tok):
-    from align.chat import CHATML_TEMPLATE, SMOLLM3_TEMPLATE
+    from align.data.chat import CHATML_TEMPLATE, SMOLLM3_TEMPLATE
     from align.tools.runner import ToolResult
 
     loop = ToolLoop(tok, ToolRunner(["calculator"]))
@@ -293,7 +293,7 @@ def test_tool_replies_render_through_the_chat_template_for_each_mode(tok):
 
 
 def test_sft_traces_train_the_calls_and_answers_not_the_tool_replies(tok):
-    from align.chat import SMOLLM3_TEMPLATE, assistant_masks
+    from align.data.chat import SMOLLM3_TEMPLATE, assistant_masks
     from data_gen.tool_tasks import make_tool_tasks, trace_messages
 
     schemas = [t.schema for t in load_tools(["calculator", "python", "search"]).values()]
@@ -311,7 +311,7 @@ def test_sft_traces_train_the_calls_and_answers_not_the_tool_replies(tok):
 def test_the_two_turn_family_chains_its_calls_and_its_trace_trains_every_call(tok):
     """tool_difference: two searches in one turn, then the calculator on their replies; running the trace's calls
     with the real tools gives the gold answer, and the SFT mask trains all three calls, never the four replies."""
-    from align.chat import SMOLLM3_TEMPLATE, assistant_masks
+    from align.data.chat import SMOLLM3_TEMPLATE, assistant_masks
     from data_gen.tool_tasks import DEFAULT_FAMILIES, make_tool_tasks, tool_reply, trace_messages
 
     assert "tool_difference" not in DEFAULT_FAMILIES  # asked for by name: the documented tool chain's data is kept
@@ -413,7 +413,7 @@ def solver(text, k):
 
 
 def test_the_tool_suite_scores_calls_and_accuracy_with_and_without_tools(tmp_path, tok, tiny_model):
-    from align.evaluate import EvalConfig, evaluate
+    from align.eval.suite import EvalConfig, evaluate
 
     class Engine(TurnEngine):
         def encode(self, text):
@@ -449,8 +449,8 @@ def test_compare_splits_the_tool_suite_by_family(tmp_path, tok, tiny_model):
     """scripts/compare.py on two tool-suite evaluations of the same rows (6 arithmetic, 6 count): a second policy that
     answers the count family in its head (no python call) loses exactly that family's 6 rows; the arithmetic rows
     read unchanged."""
-    from align.compare import compare
-    from align.evaluate import EvalConfig, evaluate
+    from align.eval.compare import compare
+    from align.eval.suite import EvalConfig, evaluate
 
     class Engine(TurnEngine):
         def encode(self, text):
@@ -481,7 +481,7 @@ def test_compare_splits_the_tool_suite_by_family(tmp_path, tok, tiny_model):
 def test_the_tool_suite_judges_the_think_form_of_the_answer_turn(tmp_path, tok, tiny_model, drop_think):
     """think mode: a policy that opens every turn with reasoning has the form; one that drops the think block from
     its answer turn (what tool GRPO did) keeps its accuracy and loses the form."""
-    from align.evaluate import EvalConfig, evaluate
+    from align.eval.suite import EvalConfig, evaluate
 
     class Engine(TurnEngine):
         def encode(self, text):
@@ -505,7 +505,7 @@ def test_the_tool_suite_judges_the_think_form_of_the_answer_turn(tmp_path, tok, 
 
 def test_the_report_pairs_two_stages_on_the_tool_suites_items(tmp_path):
     """A pipeline stage that targets tools/<mode>/acc_with_tools is judged by the paired test on the same rows."""
-    from align.report import eval_outcomes, paired_eval
+    from align.eval.compare import eval_outcomes, paired_eval
 
     def stage(name, with_tools):
         path = tmp_path / f"{name}.json"
@@ -523,8 +523,8 @@ def test_the_report_pairs_two_stages_on_the_tool_suites_items(tmp_path):
 def test_tool_traces_mix_with_other_chat_data():
     """A recipe mixes builtin:tool_tasks traces with builtin:tasks conversations: the messages share one schema."""
     import data_gen  # noqa: F401  (registers the builtins)
-    from align.configs import ScriptArguments
-    from align.data import get_dataset
+    from align.config import ScriptArguments
+    from align.data.loading import get_dataset
 
     mixture = {"seed": 0, "test_split_size": 2, "datasets": [
         {"id": "builtin:tool_tasks", "args": {"num": 6, "mode": "mixed"}, "columns": ["messages"]},

@@ -8,7 +8,9 @@ import datasets
 import pytest
 import torch
 
-from align.grpo import GRPOConfig, GRPOTrainer, prepare_prompts
+from align.grpo.config import GRPOConfig
+from align.grpo.prompts import prepare_prompts
+from align.grpo.trainer import GRPOTrainer
 from align.rollout.base import Rollout
 from align.tools import call_text
 from align.tools.grpo import add_tools_to_prompts, build_tool_loop
@@ -179,9 +181,9 @@ def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, m
     """On-policy distillation with the calculator: the student's rollouts run the turn loop (scripted: half call and
     answer with the reply), the teacher reads the whole trajectory, and no label falls on a tool token."""
     import align.distill.trainer as distill
-    from align.configs import ModelConfig, ScriptArguments
+    from align.config import ModelConfig, ScriptArguments
     from align.distill import DistillConfig
-    from align.sampler import Sampler
+    from align.rollout.sampler import Sampler
 
     tok = tiny["tokenizer"]
     monkeypatch.setattr(distill, "build_sampler", lambda *a, seed=0, **k: Sampler(CalcEngine(tok), a[5], seed=seed))
@@ -330,11 +332,11 @@ REPLAY = {"replay_data": "builtin:tool_tasks",
 
 
 def test_replay_rows_pull_the_policy_back_to_the_sft_traces(tiny, tmp_path):
-    """replay_data (align/grpo_replay.py): GRPO + replay_coef x the NLL of tool-use traces' assistant turns. After the
+    """replay_data (align/grpo/replay.py): GRPO + replay_coef x the NLL of tool-use traces' assistant turns. After the
     same steps on the same rollouts, the policy trained with replay rows writes the traces more likely than the one
     trained without; the NLL covers the calls and answers, never the tool replies; a micro-batch's rows depend on
     its step only (a resumed run reads what an uninterrupted one would)."""
-    from align.grpo_replay import load_replay, replay_nll
+    from align.grpo.replay import load_replay, replay_nll
 
     args = GRPOConfig(output_dir=str(tmp_path / "x"), seed=0, report_to="none", **REPLAY)
     rows = load_replay(args, tiny["tokenizer"])
@@ -383,12 +385,12 @@ def test_replay_settings_that_cannot_run_are_one_line(tiny, tmp_path):
 
 def test_replay_nll_is_the_same_under_padding_free_attention(tiny, tmp_path):
     """`padding_free: true` runs the whole training step, the replay pass included, under the per-document attention
-    (align/packing.py). The replay batch is right-padded with positions 0..L-1 per row: one document a row, the pad
+    (align/grpo/packing.py). The replay batch is right-padded with positions 0..L-1 per row: one document a row, the pad
     tail after it, which a causal query never reads. So the NLL must not move."""
     from transformers import AutoModelForCausalLM
 
-    from align.grpo_replay import load_replay, replay_nll
-    from align.packing import packed_attention
+    from align.grpo.packing import packed_attention
+    from align.grpo.replay import load_replay, replay_nll
 
     mixed = {**REPLAY, "replay_args": {**REPLAY["replay_args"], "mode": "mixed"}}  # think rows are longer
     args = GRPOConfig(output_dir=str(tmp_path), seed=0, report_to="none", **mixed)

@@ -8,7 +8,7 @@ import pytest
 from test_grpo import ScriptedEngine, _args, _trainer, tiny  # noqa: F401  (tiny is a fixture)
 
 import align.rollout as rollout
-from align.grpo_data import build_rewards
+from align.grpo.reward_funcs import build_rewards
 from data_gen.preferences import PreferenceDataConfig, grade
 from data_gen.tasks import make_tasks, prompt_messages
 
@@ -24,7 +24,7 @@ EXPECTED = [1.0, 0.0, 1.0, 0.0]
 
 
 def test_grpo_preferences_and_evaluation_agree(tmp_path):
-    from align.scoring import correct
+    from align.eval.verification import correct
 
     train_reward = build_rewards(_args(tmp_path, reward_funcs=["math_reward"]))[0]
     columns = {k: [r[k] for r in ROWS] for k in ROWS[0]}

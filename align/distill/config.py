@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from align.configs import StageArgs, apply_device_defaults
-from align.sampler import ROLLOUT_BACKENDS
+from align.config import StageArgs
+from align.rollout.sampler import ROLLOUT_BACKENDS
+from align.runtime.device import apply_device_defaults
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # GOLD lives in trl.experimental in TRL 1.x
 from trl.experimental.gold import GOLDConfig  # noqa: E402

@@ -15,9 +15,9 @@ import os
 
 from align.distill.config import DistillConfig
 from align.distill.metrics import evaluate, teacher_accuracy
-from align.distributed import full_model
-from align.models import has_autocast_forward, native_forward, resolve_model_path
-from align.scoring import summarize
+from align.eval.generation import summarize
+from align.modeling.loading import has_autocast_forward, native_forward, resolve_model_path
+from align.runtime.distributed import full_model
 
 
 def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,

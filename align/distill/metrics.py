@@ -2,7 +2,7 @@
 
 Why a module of its own: `align/distill/trainer.py` measures before and after training with these, and they are plain
 functions of two models, their tokenizers and prompts (no trainer), so a benchmark or a test can call them alone.
-Answers are generated through the shared engine and checked by the one scorer (`align.scoring`).
+Answers are generated through the shared engine and checked by the one scorer (`align.eval.statistics`).
 same tokenizer: exact per-token reverse and forward KL on the student's greedy completions; cross tokenizer:
 ULD's sorted-probability L1 on byte-aligned spans, the GOLD training distance.
 
@@ -20,8 +20,10 @@ import copy
 
 import torch
 
-from align.distributed import gather_objects, shard
-from align.scoring import accuracy, correct, generate_and_score, greedy_params, model_generate, summarize
+from align.eval.generation import generate_and_score, greedy_params, model_generate, summarize
+from align.eval.statistics import accuracy
+from align.eval.verification import correct
+from align.runtime.distributed import gather_objects, shard
 
 
 def render_prompts(tokenizer, prompts: list[list[dict]], template_kwargs: dict | None = None) -> list[list[int]]:
@@ -34,7 +36,7 @@ def render_prompts(tokenizer, prompts: list[list[dict]], template_kwargs: dict |
 def greedy_token_completions(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
                              batch_size: int = 16) -> list[list[int]]:
     """Greedy completion ids (up to and including the first eos) of already-tokenized prompts, through the shared
-    engine's decode loop (`align.scoring.model_generate`). Local: this process's prompts."""
+    engine's decode loop (`align.eval.generation.model_generate`). Local: this process's prompts."""
     if not prompt_ids:
         return []
     groups = model_generate(model, tokenizer, batch_size)(prompt_ids, greedy_params(max_new_tokens, [tokenizer.eos_token_id]))
@@ -151,7 +153,7 @@ def _checkable(rows: list[dict]) -> bool:
 
 
 def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[int]]) -> float:
-    """Share of rows answered correctly by their completions, by the one scorer (`align.scoring.correct`: the
+    """Share of rows answered correctly by their completions, by the one scorer (`align.eval.verification.correct`: the
     verifier the row's `reward` column names scores it >= 1)."""
     texts = [_decode(tokenizer)(c) for c in completion_ids]
     return accuracy([float(c) for c in correct(texts, rows)])["accuracy"]

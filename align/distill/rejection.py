@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from align.data import load_replay_conversations
+from align.data.loading import load_replay_conversations
 from align.distill.config import DistillConfig
 from align.distill.metrics import _decode, render_prompts
 from align.distill.teacher import FewShotPool, _prompt_part, _teacher_view, teacher_hints, thinking_view
-from align.distributed import full_model
+from align.eval.generation import generate_and_score, model_generate
 from align.rollout import SamplingParams
-from align.scoring import generate_and_score, model_generate
+from align.runtime.distributed import full_model
 from rewards.extract import strip_think
 from rewards.format import mode_format_reward
 from rewards.length import prompt_mode
@@ -33,7 +33,7 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
                     args: DistillConfig, pool: FewShotPool | None = None, groups: Sequence | None = None,
                     hints: Sequence[str] | None = None) -> list[str | None]:
     """rejection_sampling: `teacher_best_of` answers per prompt sampled at `temperature` (the teacher's own view of
-    it), and the first that the row's verifier accepts (`align.scoring`, as every accuracy here) in the shape its
+    it), and the first that the row's verifier accepts (`align.eval.statistics`, as every accuracy here) in the shape its
     asked mode wants (`rewards.format.mode_format_reward`: a think block with reasoning in think mode, none in
     no_think); None where no sample is. The teacher's lead is its samples plus the verifier: the student sees
     neither the answer nor the verifier, only what they picked. A prompt is sampled until its first accepted

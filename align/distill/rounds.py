@@ -30,10 +30,10 @@ import os
 
 from accelerate import PartialState
 
-from align.checkpoint import write_json_atomic
 from align.distill.trainer import main as one_round
-from align.distributed import release_accelerator_state
-from align.scoring import paired_change
+from align.eval.statistics import paired_change
+from align.runtime.checkpoint import write_json_atomic
+from align.runtime.distributed import release_accelerator_state
 from align.stage import round_dir
 
 logger = logging.getLogger(__name__)

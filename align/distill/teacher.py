@@ -21,7 +21,7 @@ from transformers import BitsAndBytesConfig
 
 from align.distill.config import DistillConfig
 from align.distill.metrics import _decode, greedy_completions
-from align.models import load_model, load_tokenizer, local_device
+from align.modeling.loading import load_model, load_tokenizer, local_device
 
 MODE_FLAGS = ("/no_think", "/think")
 

@@ -30,7 +30,7 @@ student share a tokenizer. We configure TRL's `GOLDTrainer` (trl.experimental.go
 - teacher placement: `teacher_device` (e.g. cuda:1) and `teacher_quantization` (8bit/4bit, bitsandbytes) on GPUs.
 - metrics before/after on held-out prompts: `divergence` (same tokenizer: exact per-token reverse and forward
   KL on the student's greedy completions; cross: ULD sorted-probability L1 on byte-aligned spans, the GOLD
-  training distance) and `accuracy` (greedy answers checked by the one scorer, `align.scoring`), with a paired
+  training distance) and `accuracy` (greedy answers checked by the one scorer, `align.eval.statistics`), with a paired
   McNemar test of the accuracy on those same prompts (`paired`). Written to `<output_dir>/distill_eval.json`.
 
 The config is align/distill/config.py, the teacher's side (its tokenizer, placement and view of each prompt)
@@ -67,11 +67,11 @@ from align.distill.teacher import (
     teacher_prompt_map,
     teacher_samples,
 )
-from align.distributed import full_model, gather_shards, is_zero3, launched_world_size, shard
-from align.models import resolve_model_path
+from align.eval.statistics import paired_change
+from align.modeling.loading import resolve_model_path
 from align.rollout import SamplingParams
-from align.sampler import Sampler, build_sampler
-from align.scoring import paired_change
+from align.rollout.sampler import Sampler, build_sampler
+from align.runtime.distributed import full_model, gather_shards, is_zero3, launched_world_size, shard
 from align.tools.distill import (
     add_tools_to_conversations,
     check_tool_distillation,
@@ -91,7 +91,7 @@ logger = logging.getLogger(__name__)
 
 
 class EngineGeneration:
-    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our sampler (align.sampler):
+    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our sampler (align.rollout.sampler):
     whole weights under ZeRO-3, weights pushed to an engine with its own copy, sampling seeded per rank."""
 
     def __init__(self, sampler: Sampler, trainer, args: DistillConfig, stop_token_ids: list[int]):
@@ -188,7 +188,7 @@ class DistillTrainer(GOLDTrainer):
             self._tool_masks = None
 
     def resume_state(self) -> dict:
-        """Per rank in every checkpoint (align.checkpoint.RESUME_STATE): the sampler's call count."""
+        """Per rank in every checkpoint (align.runtime.checkpoint.RESUME_STATE): the sampler's call count."""
         return {"sampler": None if self.sampler is None else self.sampler.state_dict()}
 
     def load_resume_state(self, state: dict) -> None:
@@ -196,7 +196,7 @@ class DistillTrainer(GOLDTrainer):
             self.sampler.load_state_dict(state["sampler"])
 
     def sync_engine(self) -> None:
-        """After a resume (align.checkpoint): the engine gets the restored weights before the first step."""
+        """After a resume (align.runtime.checkpoint): the engine gets the restored weights before the first step."""
         if self.sampler is not None:
             self.sampler.sync(self.model_wrapped, self.state.global_step)
 

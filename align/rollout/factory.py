@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from align.models import resolve_model_path
+from align.modeling.loading import resolve_model_path
 from align.rollout.base import BACKENDS, ENGINES, RolloutEngine
 from align.rollout.hf import HFEngine
 from align.rollout.vllm import VLLMEngine

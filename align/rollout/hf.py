@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from align.distributed import iter_full_params, zero3_init_disabled
-from align.models import has_autocast_forward, load_model, local_device, native_forward
+from align.modeling.loading import has_autocast_forward, load_model, local_device, native_forward
 from align.rollout.base import (
     Rollout,
     SamplingParams,
@@ -45,6 +44,7 @@ from align.rollout.base import (
 )
 from align.rollout.hf_decode import fast_decode_attention, onednn_linears, preallocated_cache
 from align.rollout.vllm_patch import fix_vllm_patched_model
+from align.runtime.distributed import iter_full_params, zero3_init_disabled
 
 logger = logging.getLogger(__name__)
 

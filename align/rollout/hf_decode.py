@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from align.cpu_attention import NAME as CPU_FP32
+from align.modeling.cpu_attention import NAME as CPU_FP32
 
 ATTN_NAME = "smolalign_decode"
 _REGISTERED = False
@@ -123,7 +123,7 @@ def _register() -> None:
 @contextlib.contextmanager
 def fast_decode_attention(model: Any) -> Iterator[bool]:
     """Use `decode_attention` for the duration of a generate call, on a CPU sdpa model (also one a trainer switched
-    to fp32 attention, align/cpu_attention.py); its implementation is restored after."""
+    to fp32 attention, align/modeling/cpu_attention.py); its implementation is restored after."""
     config = model.config
     saved = getattr(config, "_attn_implementation", None)
     if model.device.type != "cpu" or saved not in ("sdpa", CPU_FP32):

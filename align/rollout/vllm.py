@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig, GenerationConfig
 
-from align.models import resolve_model_path
+from align.modeling.loading import resolve_model_path
 from align.rollout.base import (
     Rollout,
     SamplingParams,
@@ -136,7 +136,7 @@ class VLLMEngine:
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.vocab_size = self.config.vocab_size
         if dtype == "auto":
-            # fp32 on CPU: exact parity with an fp32 trainer (GRPO under bf16 asks for bf16: align.grpo.rollout_knobs)
+            # fp32 on CPU: exact parity with an fp32 trainer (GRPO under bf16 asks for bf16: align.grpo.trainer.rollout_knobs)
             dtype = "bfloat16" if on_gpu else "float32"
         self.dtype = dtype
         self.max_model_len = max_model_len or min(getattr(self.config, "max_position_embeddings", 4096), 4096)
@@ -153,7 +153,7 @@ class VLLMEngine:
         )
         if head_dtype is not None:
             # The LM head's projection in this dtype (vLLM's `--hf-overrides '{"head_dtype": "float32"}'`): with a
-            # trainer whose head runs in fp32 (TRL's `cast_lm_head_to_fp32`, set by align.grpo.rollout_knobs) the
+            # trainer whose head runs in fp32 (TRL's `cast_lm_head_to_fp32`, set by align.grpo.trainer.rollout_knobs) the
             # engine's log-probs then come from the same fp32 logits rather than bf16 ones.
             kwargs["hf_overrides"] = {"head_dtype": head_dtype}
         if max_num_batched_tokens:  # tokens per scheduler step; above the longest prompt, prefill is never chunked

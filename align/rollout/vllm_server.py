@@ -15,7 +15,7 @@ Limits, by construction:
   to the server to get raw ones. We return what the server sends.
 - Finish reasons are inferred (TRL's client does not return them): "stop" when the last token is
   a stop token, else "length".
-- Weight sync comes from the main process only (align.sampler); the other ranks take part in the gathers.
+- Weight sync comes from the main process only (align.rollout.sampler); the other ranks take part in the gathers.
 Construction, error messages and the weight stream are tested here (no GPU, no server): tests/test_rollout.py,
 tests/test_sampler.py.
 """
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from align.models import resolve_model_path
+from align.modeling.loading import resolve_model_path
 from align.rollout.base import Rollout, SamplingParams, check_prompts, default_stop_ids, normalize_param_name, release
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class VLLMServerEngine:
             self.default_stop = [tokenizer.eos_token_id]
         # Importance sampling needs the log-probs of the distribution sampled from: vLLM returns those only when its
         # server runs with --logprobs-mode processed_logprobs (TRL's vllm-serve sets it; a plain `vllm serve` does
-        # not). GRPO refuses a "raw" engine when its correction is on (align/grpo.py).
+        # not). GRPO refuses a "raw" engine when its correction is on (align/grpo/trainer.py).
         self.logprobs_kind = server_logprobs_kind(url, timeout=min(timeout, 30.0))
         self.communicator_ready = False
         self.metadata: list[tuple[str, str, list[int]]] | None = None  # what a weight push sends, learnt once

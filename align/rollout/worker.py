@@ -43,7 +43,7 @@ class EngineWorker:
     """The RolloutEngine interface (generate, update_weights, close) over an engine in a child process, plus the
     asynchronous calls (`submit`, `result`, `cancel_pending`). `backend` is the inner engine's."""
 
-    versioned = True  # update_weights takes `version` (align.sampler.Sampler.push passes the trainer's step)
+    versioned = True  # update_weights takes `version` (align.rollout.sampler.Sampler.push passes the trainer's step)
 
     def __init__(self, model_path: str, backend: str = "hf", knobs: dict | None = None, threads: int | None = None,
                  logprobs_kind: str = "sampling", start_timeout_s: float = 900.0):
@@ -101,7 +101,7 @@ class EngineWorker:
 
     def submit(self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None) -> int:
         """Queue a generation; it starts once a version >= `min_version` (default: the newest) is published."""
-        with self._lock:  # the trainer's thread and a tool-loop thread (align.async_grpo) may both submit
+        with self._lock:  # the trainer's thread and a tool-loop thread (align.grpo.async_generation) may both submit
             job = self._next_job
             self._next_job += 1
             wanted = self.version if min_version is None else int(min_version)
@@ -239,7 +239,7 @@ class ServerWorker:
     The server already generates outside the trainer, so nothing is spawned: jobs run in order in a thread of the
     trainer's process, each once a version >= its `min_version` is published, and `info["version"]` names the
     weights the server held. A push must not change the server's weights under a generation in flight (the batch
-    would mix two policies), and every rank shares the one server: `align.sampler.Sampler.push` holds `paused()` on
+    would mix two policies), and every rank shares the one server: `align.rollout.sampler.Sampler.push` holds `paused()` on
     every rank (each waits for its own generation in flight, none starts another), meets the other ranks, and only
     then does the main process send the weights (NCCL, GPU only); the version is published before the pause ends.
     Generation stops for one push, as with EngineWorker, plus the wait for the generation in flight."""

@@ -23,8 +23,8 @@ import json
 import re
 from collections import Counter
 
+from align.eval.statistics import paired_change, wilson_interval
 from align.rollout.base import SamplingParams
-from align.scoring import paired_change, wilson_interval
 from align.tools.functions import TOOLS
 from align.tools.loop import ToolLoop, with_tools
 from align.tools.runner import ToolRunner

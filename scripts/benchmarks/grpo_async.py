@@ -39,7 +39,7 @@ def _model_dir() -> str:
     the overlap is the measure (a fresh clone's `make bench` has no chain), its accuracies then start near zero."""
     from pathlib import Path
 
-    from align.models import resolve_model_path
+    from align.modeling.loading import resolve_model_path
 
     for path in MODEL_CANDIDATES:
         if (Path(path) / "config.json").exists():
@@ -71,10 +71,13 @@ class _StepClock:
 
 def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
     from align import stage
-    from align.async_grpo import set_trainer_threads
-    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
-    from align.models import load_model, load_tokenizer
-    from align.sampler import build_sampler
+    from align.grpo.async_generation import set_trainer_threads
+    from align.grpo.config import GRPOConfig
+    from align.grpo.prompts import prepare_prompts
+    from align.grpo.reward_funcs import build_rewards
+    from align.grpo.trainer import GRPOTrainer
+    from align.modeling.loading import load_model, load_tokenizer
+    from align.rollout.sampler import build_sampler
     from data_gen.tasks import tasks_dataset
 
     asynchronous = mode != "sync"
@@ -126,7 +129,7 @@ def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
             result["G"] = statistics.median(generate_s[1:])
             result["T"] = result["s_per_step"] - result["G"]
         if rows is not None:
-            from align.grpo_data import heldout_accuracy
+            from align.grpo.heldout import heldout_accuracy
             from align.rollout import SamplingParams, get_engine
 
             judge = get_engine(trainer.model, backend="hf", tokenizer=tokenizer)
@@ -143,7 +146,7 @@ def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    from align.scoring import paired_change
+    from align.eval.statistics import paired_change
     from data_gen.tasks import tasks_dataset
 
     threads = min(2, torch.get_num_threads()) if quick else torch.get_num_threads()

@@ -1,4 +1,4 @@
-"""GRPO's loss pass, padding-free (`padding_free: true`, align/packing.py) vs TRL's padded pass, tokens per second.
+"""GRPO's loss pass, padding-free (`padding_free: true`, align/grpo/packing.py) vs TRL's padded pass, tokens per second.
 
     python scripts/benchmark.py grpo_padding [--quick]
 
@@ -8,7 +8,7 @@ log-probs and entropies of the completion tokens and the backward of a loss buil
 head on the completion tokens only (what our trainer runs).
 - padded (TRL): `trl.GRPOTrainer._get_per_token_logps_and_entropies` on the (rows, longest prompt + longest
   completion) batch.
-- ours: `align.packing.packed_logps` under `packed_attention`: one row of the real tokens, per-sequence attention.
+- ours: `align.grpo.packing.packed_logps` under `packed_attention`: one row of the real tokens, per-sequence attention.
 Tokens/s counts the real (non-pad) tokens for both; passes alternate, medians compared. The loss of both is
 printed and compared (relative difference).
 Summary: `grpo_padding: ours/padded tokens-per-s ratio R (target >= 1.3)`.
@@ -44,9 +44,9 @@ def run(quick: bool = False) -> dict:
     import trl
     from trl.trainer import utils as trl_utils
 
-    from align.fused_head import compact_lm_head
-    from align.models import load_model, resolve_model_path
-    from align.packing import packed_attention, packed_logps
+    from align.grpo.packing import packed_attention, packed_logps
+    from align.modeling.lm_head import compact_lm_head
+    from align.modeling.loading import load_model, resolve_model_path
 
     torch.manual_seed(0)
     model = load_model(resolve_model_path("builtin:smollm2-135m-instruct"), dtype="float32")

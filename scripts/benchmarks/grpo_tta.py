@@ -75,8 +75,8 @@ class _Clock:
 
 
 def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float | None, every: int) -> dict:
-    from align.grpo import prepare_prompts
-    from align.grpo_data import heldout_accuracy
+    from align.grpo.heldout import heldout_accuracy
+    from align.grpo.prompts import prepare_prompts
     from align.rollout import SamplingParams, get_engine
     from align.stage import own_precision
     from benchmarks.grpo import build_trainer

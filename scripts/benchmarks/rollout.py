@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from align.models import load_model, resolve_model_path
+from align.modeling.loading import load_model, resolve_model_path
 from align.rollout import SamplingParams, choose_backend, get_engine
 from align.rollout.hf_decode import onednn_available, packed_linear
 from benchmarks.common import (

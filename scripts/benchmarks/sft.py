@@ -4,14 +4,14 @@
 
 Model: the tiny world's default base shape (pretrain.model.ModelArguments(), ~3.4M params) with a 4k BPE
 trained on the task text; data: `builtin:tasks` conversations (think and no_think mixed), tokenized ONCE
-with align.chat's assistant masks, so both trainers see identical token ids and labels.
+with align.data.chat's assistant masks, so both trainers see identical token ids and labels.
 
 - trl-default: trl.SFTTrainer + trl.SFTConfig() defaults, except what a CPU needs to start at all
   (bf16=False: TRL's default bf16 refuses to start on a CPU; gradient_checkpointing=False, which only
   makes the baseline faster): padded batches of 8 in random order, fp32.
-- ours: align.sft.SFTTrainer + align.sft.SFTConfig defaults (bf16 autocast on CPU) with the layout under test:
+- ours: align.sft.trainer.SFTTrainer + align.sft.config.SFTConfig defaults (bf16 autocast on CPU) with the layout under test:
   `rows` = bfd packing into [8, max_length] rows with per-document attention (RowPackedCollator +
-  align/document_attention.py), or `bucket` = length-bucketed batches of 8.
+  align/modeling/document_attention.py), or `bucket` = length-bucketed batches of 8.
 - plain-loop: the batches ours builds, fed to a hand-written loop (autocast, the same attention, forward with
   labels, backward, clip, AdamW): the Trainer's own overhead is the difference.
 
@@ -28,9 +28,10 @@ import time
 
 import torch
 
-from align.chat import tokenize_sft_dataset
-from align.models import load_model
-from align.sft import SFTConfig, SFTTrainer
+from align.data.chat import tokenize_sft_dataset
+from align.modeling.loading import load_model
+from align.sft.config import SFTConfig
+from align.sft.trainer import SFTTrainer
 from benchmarks.common import alternate, current_rss_mb, summary_line
 from data_gen.tasks import tasks_dataset
 from pretrain.model import ModelArguments, build_model

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from align.models import resolve_model_path
+from align.modeling.loading import resolve_model_path
 from align.rollout import get_engine
 from benchmarks.common import alternate
 from benchmarks.rollout import _prompts

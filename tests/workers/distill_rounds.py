@@ -22,8 +22,8 @@ def main() -> None:
     import align.distill.rejection as rejection
     import align.distill.trainer as trainer
     from align.cli import launch_rank, parse, run
-    from align.configs import ModelConfig, ScriptArguments
-    from align.data import get_dataset
+    from align.config import ModelConfig, ScriptArguments
+    from align.data.loading import get_dataset
     from align.distill import DistillConfig
     from align.distill import main as distill
     from data_gen.tasks import assistant_text

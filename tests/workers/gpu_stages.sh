@@ -41,7 +41,7 @@ run distill $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_pat
     --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill" $trl --per_device_train_batch_size 2 \
     --max_completion_length 16 --max_length 128 --eval_num_prompts 4 --distill_eval_max_new_tokens 16 \
     --dataset_args "{num: 32, mode: mixed, seed: 0}"
-# replay rows beside the GRPO loss (align/grpo_replay.py), padded and padding-free
+# replay rows beside the GRPO loss (align/grpo/replay.py), padded and padding-free
 run grpo_replay $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_replay" $trl --rollout_backend hf \
     --replay_data builtin:tasks --replay_args "{num: 16, mode: mixed, seed: 1}" --replay_coef 0.2
 run grpo_replay_pf $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_replay_pf" $trl --rollout_backend hf \

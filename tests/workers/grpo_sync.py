@@ -20,7 +20,7 @@ import torch
 
 
 def gathered_before_save(model, acc):
-    from align.distributed import iter_full_params
+    from align.runtime.distributed import iter_full_params
 
     return [(n, t.detach().float().cpu().clone()) for n, t in iter_full_params(model, acc)]
 
@@ -30,21 +30,17 @@ def main() -> None:
     from trl import get_peft_config
 
     from align.cli import parse
-    from align.configs import ModelConfig, ScriptArguments
-    from align.data import get_dataset
-    from align.distributed import full_model, gather_objects, iter_full_params
-    from align.grpo import (
-        GRPOConfig,
-        GRPOTrainer,
-        build_rewards,
-        engine_context_length,
-        prepare_prompts,
-        rollout_knobs,
-    )
-    from align.models import load_model, load_tokenizer, resolve_model_path
+    from align.config import ModelConfig, ScriptArguments
+    from align.data.loading import get_dataset
+    from align.grpo.config import GRPOConfig
+    from align.grpo.prompts import engine_context_length, prepare_prompts
+    from align.grpo.reward_funcs import build_rewards
+    from align.grpo.trainer import GRPOTrainer, rollout_knobs
+    from align.modeling.loading import load_model, load_tokenizer, resolve_model_path
     from align.rollout import SamplingParams
     from align.rollout.hf import HFEngine
-    from align.sampler import Sampler, build_sampler
+    from align.rollout.sampler import Sampler, build_sampler
+    from align.runtime.distributed import full_model, gather_objects, iter_full_params
     from align.stage import save_trained_model
 
     script_args, args, model_args = parse(ScriptArguments, GRPOConfig, ModelConfig, args=argv)
@@ -104,7 +100,7 @@ def main() -> None:
     if acc.is_main_process:
         from transformers import AutoModelForCausalLM
 
-        from align.distributed import zero3_init_disabled
+        from align.runtime.distributed import zero3_init_disabled
 
         with zero3_init_disabled():  # one rank loads a whole model: no ZeRO-3 partitioning (it would wait for the rest)
             saved = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -127,6 +123,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    from align.distributed import leave_launcher
+    from align.runtime.distributed import leave_launcher
 
     leave_launcher()  # how our scripts end under a launcher

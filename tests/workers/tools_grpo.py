@@ -19,13 +19,16 @@ def main() -> None:
     from trl import get_peft_config
 
     from align.cli import parse
-    from align.configs import ModelConfig, ScriptArguments
-    from align.data import get_dataset
-    from align.distributed import gather_objects
-    from align.grpo import GRPOConfig, GRPOTrainer, build_rewards, prepare_prompts
-    from align.models import load_model, load_tokenizer, resolve_model_path
+    from align.config import ModelConfig, ScriptArguments
+    from align.data.loading import get_dataset
+    from align.grpo.config import GRPOConfig
+    from align.grpo.prompts import prepare_prompts
+    from align.grpo.reward_funcs import build_rewards
+    from align.grpo.trainer import GRPOTrainer
+    from align.modeling.loading import load_model, load_tokenizer, resolve_model_path
     from align.rollout.base import Rollout
-    from align.sampler import build_sampler
+    from align.rollout.sampler import build_sampler
+    from align.runtime.distributed import gather_objects
     from align.tools import call_text
     from align.tools.grpo import add_tools_to_prompts, build_tool_loop
 
@@ -110,6 +113,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    from align.distributed import leave_launcher
+    from align.runtime.distributed import leave_launcher
 
     leave_launcher()  # how our scripts end under a launcher

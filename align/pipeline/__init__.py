@@ -1,0 +1,3 @@
+"""Chains of stages (``scripts/pipeline.py``): the plan, the run, the report, ablations and
+model merging.
+"""

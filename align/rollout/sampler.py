@@ -1,0 +1,189 @@
+"""The trainer's side of the rollout engine: one sampler that GRPO and distillation share.
+
+Why: a trainer that generates must (1) build its engine outside ZeRO-3's partitioning context, sized for the
+recipe's lengths, (2) push its weights to an engine that holds its own copy, gathered from the ranks' shards
+one parameter at a time, with LoRA merged, (3) generate with whole weights when the engine IS the trained model
+(the hf backend), (4) seed each rank's sampling differently and reproducibly, (5) let a colocated vLLM sleep
+while the trainer trains, and (6) sync a vLLM server from the main process only. Each of these was once written
+twice (GRPO and distillation) and wrong under ZeRO-3; here it is written once.
+
+    sampler = build_sampler("auto", {}, model, model_path, tokenizer, accelerator, seed=0, max_model_len=2048)
+    sampler.sync(trainer.model_wrapped, step)                                 # every rank, after a step
+    groups = sampler.generate(trainer.model_wrapped, prompt_ids, params)      # every rank, its own prompts
+
+`model_wrapped` is what the trainer trains (the DeepSpeed engine, the DDP module, or the plain model before
+training): the sampler unwraps and gathers it as the backend needs. Every method is collective under ZeRO-3 and
+FSDP (all ranks call it, in the same order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import torch
+
+from align.rollout import SamplingParams, choose_backend, fix_vllm_patched_model, get_engine
+from align.rollout.worker import EngineWorker, ServerWorker
+from align.runtime.distributed import full_model, iter_full_params, rank_seed, world, zero3_init_disabled
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_BACKENDS = ("auto", "hf", "vllm", "vllm-server", "trl")
+
+
+class Sampler:
+    """An engine plus what a trainer needs around it (see the module doc). `engine.model is model` means the
+    engine generates with the trained model object itself (hf backend): no weight push, but a gather under ZeRO-3."""
+
+    def __init__(self, engine: Any, accelerator: Any, seed: int = 0, sleep: bool = False):
+        self.engine, self.accelerator, self.seed = engine, accelerator, seed
+        self.sleep_between = sleep and hasattr(engine, "sleep")
+        self.num_calls = 0
+        self.num_pushes = 0
+        self.synced_step: int | None = None  # None: push before the first generation (a cached engine may be stale)
+
+    @property
+    def backend(self) -> str:
+        return getattr(self.engine, "backend", "custom")
+
+    def shares(self, model) -> bool:
+        """The engine generates with this (unwrapped) model object: nothing to push."""
+        return getattr(self.engine, "model", None) is _unwrap(model, self.accelerator)
+
+    def samples_another_precision(self, model) -> bool:
+        """The engine's samples come from another distribution than `model`'s forward gives the trainer: it holds
+        weights of its own (vLLM, a copy in another dtype), or it shares the model but samples outside the
+        trainer's mixed-precision autocast (the hf engine on a CPU: align.rollout.hf)."""
+        if not self.shares(model):
+            return True
+        bypasses = getattr(self.engine, "bypasses_autocast", None)
+        return bool(bypasses and bypasses())
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the call count the next seeds continue from (align.runtime.checkpoint.RESUME_STATE)."""
+        return {"num_calls": self.num_calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.num_calls = int(state["num_calls"])
+
+    def next_seed(self) -> int:
+        """The sampling seed of the next generation call: per rank, per call, reproducible for (seed, world size)."""
+        self.num_calls += 1
+        return rank_seed(self.seed, self.num_calls, rank=self.accelerator.process_index if self.accelerator else None)
+
+    # -- weights -----------------------------------------------------------------------------------------------
+
+    def push(self, model, version: int | None = None) -> None:
+        """Send the model's current weights to the engine: gathered one parameter at a time, LoRA merged. A vLLM
+        server gets them from the main process only; the other ranks still take part in the gathers. An engine in
+        its own process (align.rollout.worker) also gets the weights' `version` (the trainer's step)."""
+        unwrapped = _unwrap(model, self.accelerator)
+        params = iter_full_params(unwrapped, self.accelerator)
+        main = self.accelerator is None or self.accelerator.is_main_process
+        pause = getattr(self.engine, "paused", None)  # a shared server's asynchronous jobs (align.rollout.worker)
+        with pause() if pause is not None else contextlib.nullcontext():
+            if pause is not None and self.accelerator is not None:
+                self.accelerator.wait_for_everyone()  # no rank's generation is on the server while it changes
+            if pause is not None:
+                self.engine.update_weights(params, version=version, send=main)
+            elif self.backend == "vllm-server" and not main:
+                for _ in params:  # the gathers are collective
+                    pass
+            elif getattr(self.engine, "versioned", False):
+                self.engine.update_weights(params, version=version)
+            else:
+                self.engine.update_weights(params)
+            self.num_pushes += 1
+            if self.backend == "vllm-server" and self.accelerator is not None:
+                self.accelerator.wait_for_everyone()  # nobody samples from the server before it has the new weights
+
+    def sync(self, model, step: int) -> None:
+        """Push when the engine holds its own copy and the weights changed since the last push (step moved), or the
+        engine dropped its weights while it slept (level 2: nothing to generate with until the next push)."""
+        if self.synced_step == step and not getattr(self.engine, "weights_discarded", False):
+            return
+        if not self.shares(model):
+            self.push(model, version=step)
+        self.synced_step = step
+
+    # -- generation --------------------------------------------------------------------------------------------
+
+    def generate(self, model, prompts: list[list[int]], params: SamplingParams) -> list[list]:
+        """One list of `params.n` rollouts per prompt. Call on every rank (an empty prompt list is fine: the rank
+        still takes part in the ZeRO-3 gather). Dropout is off while sampling; a sleeping engine wakes up."""
+        if self.shares(model):
+            with full_model(model, self.accelerator):  # gathered under ZeRO-3, eval mode
+                return self.engine.generate(prompts, params) if prompts else []
+        unwrapped = _unwrap(model, self.accelerator)
+        was_training = unwrapped.training
+        unwrapped.eval()
+        try:
+            with torch.no_grad():
+                out = self.engine.generate(prompts, params) if prompts else []
+        finally:
+            unwrapped.train(was_training)
+        if self.sleep_between:
+            # Level 2 drops the weights rather than copying them to host memory and back (level 1): the next
+            # generation is preceded by a push of the trained weights anyway (sync sees `weights_discarded`).
+            self.engine.sleep(level=2)
+        return out
+
+    def close(self, model=None) -> None:
+        if model is None or not self.shares(model):
+            self.engine.close()
+
+
+def _unwrap(model, accelerator):
+    if accelerator is None:
+        return model
+    return accelerator.unwrap_model(model)
+
+
+def build_sampler(backend: str, knobs: dict | None, model, model_path: str, tokenizer, accelerator, *,
+                  seed: int = 0, max_model_len: int | None = None, logprobs_kind: str = "raw",
+                  own_process: bool = False, threads: int | None = None) -> Sampler | None:
+    """The sampler for `backend` (None for `trl`: TRL's own generation). hf generates with the trained `model`
+    itself; vllm (one engine per rank, in-process) loads `model_path` outside ZeRO-3's partitioning and gets the
+    weights pushed; vllm-server talks to a `trl vllm-serve` server. `max_model_len` sizes vLLM's context (prompt
+    + completion budget) unless the knobs set it; `logprobs_kind` "sampling" starts vLLM reporting the log-probs of
+    the distribution it samples from (importance sampling needs them)."""
+    if backend not in ROLLOUT_BACKENDS:
+        raise ValueError(f"rollout_backend {backend!r} is not one of {list(ROLLOUT_BACKENDS)}")
+    if backend == "trl":
+        return None
+    knobs = dict(knobs or {})
+    if backend == "auto":
+        backend = choose_backend(model)
+    rank = accelerator.process_index if accelerator is not None else world()[0]
+    if own_process and backend == "vllm-server":  # the server is the engine's own process: jobs in a thread here
+        engine = ServerWorker(get_engine(model_path, backend="vllm-server", tokenizer=tokenizer, **knobs))
+        logger.info("rollout engine: a vllm server, asynchronous jobs (rank %d)", rank)
+        return Sampler(engine, accelerator, seed=seed)
+    if own_process:
+        if backend not in ("hf", "vllm"):
+            raise ValueError(f"an engine in its own process runs the hf or vllm backend, not {backend!r}")
+        if backend == "vllm":
+            knobs.setdefault("seed", rank_seed(seed, rank=rank))
+            if max_model_len:
+                knobs.setdefault("max_model_len", max_model_len)
+        else:
+            knobs.setdefault("dtype", str(next(model.parameters()).dtype).removeprefix("torch."))
+        engine = EngineWorker(model_path, backend=backend, knobs=knobs, threads=threads, logprobs_kind=logprobs_kind)
+        logger.info("rollout engine: %s in its own process, %d threads (rank %d)", backend, engine.info["threads"], rank)
+        return Sampler(engine, accelerator, seed=seed)
+    if backend == "vllm":
+        knobs.setdefault("seed", rank_seed(seed, rank=rank))
+        knobs.setdefault("logprobs_kind", logprobs_kind)
+        if max_model_len:
+            knobs.setdefault("max_model_len", max_model_len)
+        with zero3_init_disabled():  # vLLM builds a whole model of its own on this rank
+            engine = get_engine(model_path, backend="vllm", tokenizer=tokenizer, **knobs)
+        fix_vllm_patched_model(model)  # vLLM's Transformers backend patches shared classes (SmolLM3): undo for ours
+    elif backend == "hf":
+        engine = get_engine(model, backend="hf", tokenizer=tokenizer, **knobs)
+    else:
+        engine = get_engine(model_path, backend="vllm-server", tokenizer=tokenizer, **knobs)
+    logger.info("rollout engine: %s (rank %d)", backend, rank)
+    return Sampler(engine, accelerator, seed=seed, sleep=bool(knobs.get("enable_sleep_mode")) and torch.cuda.is_available())
