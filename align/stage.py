@@ -45,6 +45,7 @@ from align.data.loading import get_dataset
 from align.modeling import loading as models
 from align.modeling.cpu_attention import fp32_attention
 from align.runtime.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint, write_json_atomic
+from align.runtime.device import setup_process
 from align.runtime.distributed import zero3_init_disabled
 from align.runtime.memory import trim_if_memory_low
 from align.runtime.preflight import preflight
@@ -58,7 +59,9 @@ ADAPTER_DIR = "adapter"
 
 
 def start(stage: str, script_args, training_args, model_args) -> None:
-    """Seed every RNG, log the resolved config (rank 0) and refuse a run without a model to start from."""
+    """Set up the process (`setup_process`), seed every RNG, log the resolved config (rank 0) and refuse a run
+    without a model to start from."""
+    setup_process()
     set_seed(training_args.seed)
     if training_args.process_index == 0:
         logger.info("%s stage: script=%s\nmodel=%s\ntraining=%s", stage, script_args, model_args, training_args)

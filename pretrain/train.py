@@ -39,9 +39,8 @@ from align.runtime.checkpoint import (
     resolve_resume,
     save_loop_checkpoint,
 )
-from align.runtime.device import cpu_bf16_slower
+from align.runtime.device import cpu_bf16_slower, setup_process
 from align.runtime.distributed import param_ndim, zero3_init_disabled
-from align.runtime.memory import keep_freed_memory
 from align.runtime.preflight import preflight_pretrain
 from pretrain.data import PackedStream
 from pretrain.loss import evaluate, lm_loss, to_device
@@ -285,10 +284,9 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     from transformers import AutoTokenizer
 
     check_launch()  # FSDP on a CPU: one clear line
-    if not torch.cuda.is_available():
-        keep_freed_memory()  # no page faults on every step's large tensors
-        if cpu_bf16_slower(cfg.mixed_precision == "bf16"):
-            cfg.mixed_precision = "no"
+    setup_process()  # on a CPU: no page faults on every step's large tensors
+    if not torch.cuda.is_available() and cpu_bf16_slower(cfg.mixed_precision == "bf16"):
+        cfg.mixed_precision = "no"
     for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps), ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
         if os.environ.get(f"ACCELERATE_{key}") == "auto":  # an accelerate DeepSpeed config's `auto`: the recipe's value
             os.environ[f"ACCELERATE_{key}"] = str(value)

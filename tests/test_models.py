@@ -80,7 +80,7 @@ def test_kept_freed_memory_means_a_training_step_does_not_fault_again():
 
     code = (
         "import resource, sys, torch\n"
-        "from align.config import keep_freed_memory\n"
+        "from align.runtime.memory import keep_freed_memory\n"
         "if sys.argv[1] == '1':\n    assert keep_freed_memory()\n"
         "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "w = torch.randn(1024, requires_grad=True)\n"
@@ -110,7 +110,7 @@ def test_kept_freed_memory_still_gives_back_blocks_above_its_ceiling():
 
     code = (
         "import torch\n"
-        "from align.config import KEEP_FREED_CEILING, keep_freed_memory\n"
+        "from align.runtime.memory import KEEP_FREED_CEILING, keep_freed_memory\n"
         "assert keep_freed_memory()\n"
         "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
         "before = rss()\n"
@@ -133,7 +133,7 @@ def test_kept_freed_memory_goes_back_when_the_machine_runs_low():
 
     code = (
         "import torch\n"
-        "import align.config as c\n"
+        "import align.runtime.memory as c\n"
         "assert c.keep_freed_memory()\n"
         "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
         "big = torch.ones(200 << 20, dtype=torch.uint8)\n"  # under the ceiling: from the heap

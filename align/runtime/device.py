@@ -47,7 +47,7 @@ def apply_device_defaults(args) -> None:
     not need. Without CUDA we set `use_cpu=True` (bf16 then means CPU autocast: faster matmuls where the CPU
     has native bf16, fp32 instead where it has not: `cpu_bf16_slower`), leave checkpointing off unless the recipe
     asks for it (`gradient_checkpointing: true` is kept on a CPU: a rehearsal runs the GPU's path, and a big batch
-    may need it), and keep freed memory in the process (`keep_freed_memory`).
+    may need it). Only the config changes: the process is tuned by `setup_process`, which the stage's main calls.
     """
     import torch
 
@@ -55,7 +55,6 @@ def apply_device_defaults(args) -> None:
     apply_global_batch(args)
     if not torch.cuda.is_available():
         args.use_cpu = True
-        keep_freed_memory()
         if cpu_bf16_slower(getattr(args, "bf16", False)):
             args.bf16 = False
     if getattr(args, "gradient_checkpointing", False) is None:  # StageArgs' unset: TRL's default on CUDA only
@@ -64,3 +63,20 @@ def apply_device_defaults(args) -> None:
         args.report_to = "none"
 
 
+_SETUP = {"done": False}
+
+
+def setup_process() -> None:
+    """Tune this process for training on the machine at hand, once (each stage's main calls it before loading a
+    model; a second call does nothing). On a CPU: keep freed memory in the process (`keep_freed_memory`), so that a
+    step does not re-fault the pages of the last one's large tensors. Logs what it did, once."""
+    import torch
+
+    if _SETUP["done"]:
+        return
+    _SETUP["done"] = True
+    if torch.cuda.is_available():
+        return
+    kept = keep_freed_memory()
+    logger.info("process setup: CPU, freed memory kept in the process: %s", "yes" if kept else "no (not glibc, or "
+                "SMOLALIGN_KEEP_FREED_MEMORY=0)")

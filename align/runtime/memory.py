@@ -18,14 +18,12 @@ def keep_freed_memory() -> bool:
     """CPU training: keep freed memory in the process instead of handing it back to the OS.
 
     glibc serves every block over 32 MB (a step's logits, activations, gradients) with a fresh mmap and returns it
-    on free, so every step re-faults every page of them. On these VMs that cost 10% of an SmolLM2-135M training step,
-    and 35-45% once a vLLM engine lives in the same process (measured: forward+backward of 16 x 160 tokens, 4.5 s ->
-    6-7 s after `LLM(...)`; 4.1-4.5 s either way with this). Blocks up to KEEP_FREED_CEILING are kept; bigger ones
-    (whole-vocabulary logits: a preference batch of 16 x 320 tokens over SmolLM2's 49k vocabulary is 1 GB in fp32)
-    still come from mmap and go back on free: kept in a heap that never shrinks, blocks that large and of a size that
-    changes with every batch's longest sequence left the heap fragmented and growing (the 135M APO grew to 24 GB and
-    was killed at step 69 of 159, where glibc's defaults held 10.2 GB). Set SMOLALIGN_KEEP_FREED_MEMORY=0 to keep
-    glibc's defaults. Returns whether it applied."""
+    on free, so every step re-faults every page of them; the cost grows when a vLLM engine lives in the same
+    process. Blocks up to KEEP_FREED_CEILING are kept in the heap. Bigger ones (whole-vocabulary logits: a
+    preference batch of 16 x 320 tokens over a 49k vocabulary is 1 GB in fp32) still come from mmap and go back on
+    free: blocks that large, of a size that changes with every batch's longest sequence, would leave a heap that
+    never shrinks fragmented and growing. Set SMOLALIGN_KEEP_FREED_MEMORY=0 to keep glibc's defaults. Returns
+    whether it applied."""
     if os.environ.get("SMOLALIGN_KEEP_FREED_MEMORY", "1") == "0" or not os.uname().sysname == "Linux":
         return False
     import ctypes
