@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: align/pipeline/plan.py -> ./
 MARKER = ".smolalign_stage.json"  # written into a stage's output dir only after it finished
 STARTED = ".smolalign_stage_started.json"  # the config a (possibly interrupted) attempt ran with
 # stage script names -> scripts/<file>.py (pretrain and midtrain both run scripts/run_pretrain.py)
