@@ -1,9 +1,8 @@
 """The trainer's side of the rollout engine: one sampler that GRPO and distillation share.
 
 Why: a trainer that generates must (1) build its engine outside ZeRO-3's partitioning context, sized for the
-recipe's lengths, (2) push its weights to an engine that holds its own copy, gathered from the ranks' shards
-one parameter at a time, with LoRA merged, (3) generate with whole weights when the engine IS the trained model
-(the hf backend), (4) seed each rank's sampling differently and reproducibly, (5) let a colocated vLLM sleep
+recipe's lengths, (2) push its weights to an engine that holds its own copy (align/rollout/weight_sync.py),
+(3) generate with whole weights when the engine IS the trained model (the hf backend), (4) seed each rank's sampling differently and reproducibly, (5) let a colocated vLLM sleep
 while the trainer trains, and (6) sync a vLLM server from the main process only. Each of these was once written
 twice (GRPO and distillation) and wrong under ZeRO-3; here it is written once.
 
@@ -18,15 +17,15 @@ FSDP (all ranks call it, in the same order).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
 import torch
 
 from align.rollout import SamplingParams, choose_backend, fix_vllm_patched_model, get_engine
+from align.rollout.weight_sync import WeightSync
 from align.rollout.worker import EngineWorker, ServerWorker
-from align.runtime.distributed import full_model, iter_full_params, rank_seed, world, zero3_init_disabled
+from align.runtime.distributed import full_model, rank_seed, world, zero3_init_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +40,7 @@ class Sampler:
         self.engine, self.accelerator, self.seed = engine, accelerator, seed
         self.sleep_between = sleep and hasattr(engine, "sleep")
         self.num_calls = 0
-        self.num_pushes = 0
-        self.synced_step: int | None = None  # None: push before the first generation (a cached engine may be stale)
+        self.weights = WeightSync(engine, accelerator)
 
     @property
     def backend(self) -> str:
@@ -73,40 +71,19 @@ class Sampler:
         self.num_calls += 1
         return rank_seed(self.seed, self.num_calls, rank=self.accelerator.process_index if self.accelerator else None)
 
-    # -- weights -----------------------------------------------------------------------------------------------
+    # -- weights (align/rollout/weight_sync.py) ---------------------------------------------------------------
+
+    @property
+    def num_pushes(self) -> int:
+        return self.weights.num_pushes
 
     def push(self, model, version: int | None = None) -> None:
-        """Send the model's current weights to the engine: gathered one parameter at a time, LoRA merged. A vLLM
-        server gets them from the main process only; the other ranks still take part in the gathers. An engine in
-        its own process (align.rollout.worker) also gets the weights' `version` (the trainer's step)."""
-        unwrapped = _unwrap(model, self.accelerator)
-        params = iter_full_params(unwrapped, self.accelerator)
-        main = self.accelerator is None or self.accelerator.is_main_process
-        pause = getattr(self.engine, "paused", None)  # a shared server's asynchronous jobs (align.rollout.worker)
-        with pause() if pause is not None else contextlib.nullcontext():
-            if pause is not None and self.accelerator is not None:
-                self.accelerator.wait_for_everyone()  # no rank's generation is on the server while it changes
-            if pause is not None:
-                self.engine.update_weights(params, version=version, send=main)
-            elif self.backend == "vllm-server" and not main:
-                for _ in params:  # the gathers are collective
-                    pass
-            elif getattr(self.engine, "versioned", False):
-                self.engine.update_weights(params, version=version)
-            else:
-                self.engine.update_weights(params)
-            self.num_pushes += 1
-            if self.backend == "vllm-server" and self.accelerator is not None:
-                self.accelerator.wait_for_everyone()  # nobody samples from the server before it has the new weights
+        """Send the model's current weights to the engine (`WeightSync.push`)."""
+        self.weights.push(_unwrap(model, self.accelerator), version=version)
 
     def sync(self, model, step: int) -> None:
-        """Push when the engine holds its own copy and the weights changed since the last push (step moved), or the
-        engine dropped its weights while it slept (level 2: nothing to generate with until the next push)."""
-        if self.synced_step == step and not getattr(self.engine, "weights_discarded", False):
-            return
-        if not self.shares(model):
-            self.push(model, version=step)
-        self.synced_step = step
+        """Push when the engine holds its own copy and the weights changed (`WeightSync.sync`)."""
+        self.weights.sync(_unwrap(model, self.accelerator), step, shares=self.shares(model))
 
     # -- generation --------------------------------------------------------------------------------------------
 
