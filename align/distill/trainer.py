@@ -86,6 +86,24 @@ from trl.experimental.gold import GOLDTrainer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
+# TRL's private names this module overrides or reads, each with the parameters we rely on (checked against the
+# installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in one place).
+TRL_PRIVATE_METHODS = {
+    # after TRL buffers on-policy completions: mask the tool tokens of tool-use rollouts out of the loss
+    "_process_completions_to_buffer": "(self, slices, on_policy_indices, local_slice_indices, completion_ids, "
+                                      "prompt_ids_list, prompts_text, max_completion_length)",
+}
+TRL_PRIVATE_ATTRIBUTES = (
+    "_tokenizer",  # the student tokenizer TRL resolved (its eos id stops sampling)
+    "_buffered_inputs",  # the buffered on-policy batch, whose labels the tool masks edit
+    # GOLD samples through `self.vllm_generation` when `use_vllm`; our sampler stands in for it (`attach_sampler`),
+    # synced every step: `_last_vllm_sync_step` is the step TRL last synced at
+    "_last_vllm_sync_step",
+    "vllm_generation",
+    "vllm_sync_frequency",
+)
+
+
 
 # ----------------------------------------------------------------------------- rollout engine adapter
 

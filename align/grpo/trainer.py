@@ -52,6 +52,31 @@ from align.tools.grpo import ToolUse, add_tools_to_prompts, build_tool_loop
 
 logger = logging.getLogger(__name__)
 
+# TRL's private names this package overrides or reads, each with the parameters we rely on (checked against the
+# installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in one place).
+TRL_PRIVATE_METHODS = {
+    # generation: the shared rollout engine samples instead of TRL's generate / vLLM paths
+    "_generate_single_turn": "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
+    "_generate": "(self, prompts)",  # tool use: the turn loop returns whole trajectories (align/tools/grpo.py)
+    "_tokenize_prompts": "(self, prompts)",  # tool use and asynchronous jobs render prompts as TRL does
+    # scoring: per-mode metrics, dynamic sampling's rounds
+    "_calculate_rewards": "(self, inputs, prompts, completions, completion_ids_list)",
+    "_generate_and_score_completions": "(self, inputs)",
+    # the loss pass: replay NLL, importance ratios from the loss pass's own log-probs, padding-free passes
+    "_compute_loss": "(self, model, inputs)",
+    "_get_per_token_logps_and_entropies": (
+        "(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, "
+        "compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, pixel_attention_mask=None, "
+        "spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None, mm_token_type_ids=None, "
+        "image_position_ids=None)"
+    ),
+}
+TRL_PRIVATE_ATTRIBUTES = (
+    "_metrics",  # where TRL's logged metrics accumulate; ours join them
+    "_tokenizer",  # the processing class TRL resolved
+    "_last_loaded_step",  # TRL's weight-sync step, kept in step with our engine's under tool use
+)
+
 
 class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPOTrainer):
     """TRL's GRPOTrainer with generation by a shared rollout engine and DAPO dynamic sampling.

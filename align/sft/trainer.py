@@ -44,6 +44,16 @@ from align.sft.config import SFTConfig
 
 logger = logging.getLogger(__name__)
 
+# TRL's private names this module overrides or reads, each with the parameters we rely on (checked against the
+# installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in one place).
+TRL_PRIVATE_METHODS = {
+    "_get_train_sampler": "(self, train_dataset=None)",  # the length-bucketed sampler
+}
+TRL_PRIVATE_ATTRIBUTES = (
+    "_tokenizer",  # the processing class TRL resolved (its pad id for the packed-row collator)
+)
+
+
 
 class SFTTrainer(trl.SFTTrainer):
     """TRL's SFTTrainer with a length-bucketed sampler (`length_bucketing`) and packed rows (`packing_layout`)."""
