@@ -2,12 +2,18 @@
 
     python scripts/benchmark.py pretrain [--quick]
     python scripts/benchmark.py all --quick
+    python scripts/benchmark.py compare [--history PATH] [--cpu KIND]  # exit 1: a ratio dropped
+    python scripts/benchmark.py table [--history PATH] [--cpu KIND] [--write FILE]
 
 Each suite lives in scripts/benchmarks/<suite>.py and returns table rows and summary lines shaped
-`<suite>: ours/<baseline> <unit> ratio R (target >= T)`. Results go to outputs/bench/<suite>.json
-(history, with the load average before and the CPU other processes used during it) and a markdown table on stdout,
-then the summary lines. A suite run on a busy machine (1-minute load >= 0.5 before, or other processes using >= 0.5
+`<suite>: ours/<baseline> <unit> ratio R (target >= T)`, most followed by
+`[spread S% of N ratios]`. Results go to outputs/bench/<suite>.json (with the load average before
+and the CPU other processes used during it) and a markdown table on stdout, then the summary
+lines. A suite run on a busy machine (1-minute load >= 0.5 before, or other processes using >= 0.5
 cores during it) is printed, marked, and not written (--allow-busy).
+Every summary line, busy or not (marked), goes to the history, docs/research/bench/history.jsonl
+(--history, --no-history): `compare` holds the last run against the last earlier one on the same
+CPU and core count, `table` prints the last complete `all` run (scripts/benchmarks/history.py).
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ import importlib
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
+
+from benchmarks import history
 
 from align.runtime.memory import keep_freed_memory
 
@@ -81,15 +90,49 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def read_history(argv: list[str]) -> int:
+    """`compare` and `table`: read the history and print; `compare` returns 1 on a drop."""
+    parser = argparse.ArgumentParser(prog="benchmark.py " + argv[0], description=history.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["compare", "table"])
+    parser.add_argument("--history", type=Path, default=history.HISTORY,
+                        help="the history file (JSON lines)")
+    parser.add_argument("--cpu", default=None, help="the last run on a CPU whose model name "
+                        "contains this, case-insensitive (default: the last run)")
+    parser.add_argument("--write", type=Path, default=None,
+                        help="table: also write it between the bench-table markers of this file")
+    args = parser.parse_args(argv)
+    try:
+        entries = history.load(args.history)
+        if args.command == "compare":
+            lines, dropped = history.compare(entries, args.cpu)
+            print("\n".join(lines))
+            return 1 if dropped else 0
+        text = history.table(entries, args.cpu, source=str(args.history))
+        if args.write is not None:
+            history.write_section(args.write, text)
+    except ValueError as e:
+        raise SystemExit(f"benchmark.py {args.command}: error: {e}") from None
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in ("compare", "table"):
+        return read_history(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES + EXTRA_SUITES + ["all"])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller shapes")
     parser.add_argument("--out", default="outputs/bench", help="directory for the JSON results")
     parser.add_argument("--allow-busy", action="store_true",
                         help=f"write results even when the machine was busy (load >= {IDLE_LOAD}, before or by others)")
-    args = parser.parse_args()
+    parser.add_argument("--history", type=Path, default=history.HISTORY,
+                        help="append every summary line to this file (JSON lines)")
+    parser.add_argument("--no-history", action="store_true", help="append nothing to the history")
+    args = parser.parse_args(argv)
     suites = SUITES if args.suite == "all" else [args.suite]
+    context = history.run_context(args.suite, suites, args.quick, cpu_model(), os.cpu_count())
     # What every stage of ours runs with on a CPU (align.runtime.memory.keep_freed_memory), applied before any suite so that
     # ours and the baseline beside it in this process run under the same allocator, whichever is built first.
     keep_freed_memory()
@@ -110,9 +153,15 @@ def main() -> int:
         t0 = time.time()
         result = module.run(quick=args.quick)
         load_others = others.stop()
+        load_after = os.getloadavg()[0]
         result.update(suite=name, quick=args.quick, seconds=round(time.time() - t0, 1), time=time.strftime("%F %T"),
-                      machine=platform.platform(), cpu=cpu_model(), load_before=load_before, load_of_others_during=load_others)
+                      machine=platform.platform(), cpu=cpu_model(), load_before=load_before,
+                      load_after=load_after, load_of_others_during=load_others)
         busy = load_before >= IDLE_LOAD or load_others >= IDLE_LOAD
+        if not args.no_history:  # every line, busy or not: compare and table skip the busy ones
+            load = dict(load_before=load_before, load_after=load_after,
+                        load_of_others_during=load_others, busy=busy)
+            history.append(args.history, history.entries(context, result["summary"], load))
         if busy and not args.allow_busy:  # a number from a busy machine is not a number to report
             print(f"## {name}: NOT written: the machine was busy (load average {load_before:.2f} before; other "
                   f"processes used {load_others:.2f} cores during it; idle means < {IDLE_LOAD}). Re-run on an idle "
