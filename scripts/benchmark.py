@@ -2,7 +2,7 @@
 
     python scripts/benchmark.py pretrain [--quick]
     python scripts/benchmark.py all --quick
-    python scripts/benchmark.py compare [--history PATH] [--cpu KIND]  # exit 1: a ratio dropped
+    python scripts/benchmark.py compare [--history PATH] [--cpu KIND]  # 1: a ratio dropped
     python scripts/benchmark.py table [--history PATH] [--cpu KIND] [--write FILE]
 
 Each suite lives in scripts/benchmarks/<suite>.py and returns table rows and summary lines shaped
@@ -91,7 +91,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def read_history(argv: list[str]) -> int:
-    """`compare` and `table`: read the history and print; `compare` returns 1 on a drop."""
+    """`compare` and `table`: read the history and print. Returns 1 when `compare` found a drop, 2
+    (with the message on stderr) when there is nothing to read."""
     parser = argparse.ArgumentParser(prog="benchmark.py " + argv[0], description=history.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["compare", "table"])
@@ -112,7 +113,8 @@ def read_history(argv: list[str]) -> int:
         if args.write is not None:
             history.write_section(args.write, text)
     except ValueError as e:
-        raise SystemExit(f"benchmark.py {args.command}: error: {e}") from None
+        print(f"benchmark.py {args.command}: error: {e}", file=sys.stderr)
+        return 2
     print(text)
     return 0
 
