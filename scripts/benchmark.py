@@ -28,56 +28,13 @@ import time
 from pathlib import Path
 
 from benchmarks import history
+from benchmarks.machine import IDLE_LOAD, OtherLoad, cpu_model, wait_until_idle
 
 from align.runtime.memory import keep_freed_memory
 
 SUITES = ["pretrain", "sft", "rollout", "grpo", "grpo_padding", "distill_memory", "grpo_async"]
 # Run by name only: needs the SmolLM2-135M chain's models and ~30 min (not yet measured; issue 23 item 4).
 EXTRA_SUITES = ["grpo_tta", "vllm_seeding"]
-IDLE_LOAD = 0.5  # 1-minute load average below which a machine counts as idle (before and after a suite)
-
-
-class OtherLoad:
-    """CPU used by OTHER processes while a suite runs, in cores: the machine's busy time (/proc/stat) minus this
-    process's own (and its waited-for children's). The 1-minute load average after a suite counts the suite itself."""
-
-    def __init__(self):
-        self.wall, self.busy, self.own = time.time(), self._busy(), self._own()
-
-    @staticmethod
-    def _busy() -> float:
-        with open("/proc/stat") as f:
-            fields = [float(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def _own() -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system
-
-    def stop(self) -> float:
-        wall = max(time.time() - self.wall, 1e-9)
-        return max(0.0, (self._busy() - self.busy) - (self._own() - self.own)) / wall
-
-
-def cpu_model() -> str:
-    """The CPU's model name: ratios move with it (MKL's fp32 sgemm runs at under half oneDNN's speed on AMD EPYC)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return platform.processor() or "unknown"
-
-
-def wait_until_idle(limit_s: float = 300.0) -> None:
-    """Let the 1-minute load average fall below IDLE_LOAD before a suite: after `make setup` or the suite before it
-    (two busy cores) it takes ~1.5 minutes. A machine still busy after `limit_s` is measured, and marked busy."""
-    start = time.time()
-    if os.getloadavg()[0] >= IDLE_LOAD:
-        print(f"waiting for the load average ({os.getloadavg()[0]:.2f}) to fall below {IDLE_LOAD} ...", flush=True)
-    while os.getloadavg()[0] >= IDLE_LOAD and time.time() - start < limit_s:
-        time.sleep(5)
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -90,39 +47,10 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def read_history(argv: list[str]) -> int:
-    """`compare` and `table`: read the history and print. Returns 1 when `compare` found a drop, 2
-    (with the message on stderr) when there is nothing to read."""
-    parser = argparse.ArgumentParser(prog="benchmark.py " + argv[0], description=history.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["compare", "table"])
-    parser.add_argument("--history", type=Path, default=history.HISTORY,
-                        help="the history file (JSON lines)")
-    parser.add_argument("--cpu", default=None, help="the last run on a CPU whose model name "
-                        "contains this, case-insensitive (default: the last run)")
-    parser.add_argument("--write", type=Path, default=None,
-                        help="table: also write it between the bench-table markers of this file")
-    args = parser.parse_args(argv)
-    try:
-        entries = history.load(args.history)
-        if args.command == "compare":
-            lines, dropped = history.compare(entries, args.cpu)
-            print("\n".join(lines))
-            return 1 if dropped else 0
-        text = history.table(entries, args.cpu, source=str(args.history))
-        if args.write is not None:
-            history.write_section(args.write, text)
-    except ValueError as e:
-        print(f"benchmark.py {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    print(text)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in ("compare", "table"):
-        return read_history(argv)
+        return history.cli(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES + EXTRA_SUITES + ["all"])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller shapes")

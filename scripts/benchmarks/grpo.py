@@ -160,7 +160,7 @@ def run(quick: bool = False) -> dict:
                          "s_per_step": med[k]["s_per_step"], "gen_share": med[k]["gen_share"],
                          "gen_tok_per_s": med[k]["gen_tok_per_s"]})
         ratio = med["trl"]["s_per_step"] / med["ours"]["s_per_step"]
-        # the 135M model repeats once: its timed steps, paired in order, show its noise
+        # each timed step of each repetition, paired in order: the 135M model repeats only once
         per_step = [t / o for rt, ro in zip(results["trl"], results["ours"])
                     for t, o in zip(rt["steps"], ro["steps"])]
         summary.append(summary_line("grpo", f"ours/trl-default[{name}]", "s-per-step", ratio,

@@ -167,7 +167,7 @@ def run(quick: bool = False) -> dict:
                   "G (s)": "", "T (s)": "",
                   "held-out acc": f"max_staleness 1 vs 0: {paired['gained']} gained, {paired['lost']} lost, "
                                   f"p={paired['p_value']:.2g}"})
-    # one run a side: its timed steps, paired in order, are the measurements its noise shows in
+    # one run a side: its timed steps, paired in order, show its noise
     per_step = [a / b / ideal for a, b in zip(lagless["steps"], lagged["steps"])]
     summary = [summary_line("grpo_async", "async/ideal-overlap", "speedup", reached / ideal, TARGET,
                             per_step),

@@ -17,9 +17,11 @@ fp32 GEMM runs at under half oneDNN's speed on an AMD EPYC).
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -216,3 +218,34 @@ def write_section(path: Path, text: str) -> None:
         raise ValueError(f"{path}: no `{TABLE_START}` ... `{TABLE_END}` section to write the table "
                          "into: add the two markers where the table goes")
     path.write_text(content[: start + len(TABLE_START)] + "\n" + text + "\n" + content[end:])
+
+
+def cli(argv: list[str]) -> int:
+    """`compare` and `table`: read the history and print. Returns 1 when `compare` found a drop, 2
+    (with the message on stderr) when there is nothing to read."""
+    parser = argparse.ArgumentParser(prog="benchmark.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["compare", "table"])
+    parser.add_argument("--history", type=Path, default=HISTORY,
+                        help="the history file (JSON lines)")
+    parser.add_argument("--cpu", default=None, help="the last run on a CPU whose model name "
+                        "contains this, case-insensitive (default: the last run)")
+    parser.add_argument("--write", type=Path, default=None,
+                        help="table: also write it between the bench-table markers of this file")
+    args = parser.parse_args(argv)
+    try:
+        entries = load(args.history)
+        if args.command == "compare":
+            lines, dropped = compare(entries, args.cpu)
+            print("\n".join(lines))
+            return 1 if dropped else 0
+        shown = args.history.resolve()  # named from the checkout's root when it lies inside it
+        source = str(shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown)
+        text = table(entries, args.cpu, source=source)
+        if args.write is not None:
+            write_section(args.write, text)
+    except ValueError as e:
+        print(f"benchmark.py {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
