@@ -1,6 +1,7 @@
 # smolalign — the README's commands.
 #   make demo   set up, then run the embedded tiny pipeline (pretrain -> SFT -> APO -> GRPO -> GOLD) on the CPU
 #   make test   set up, then run the test suite
+#   make bench  set up, run every benchmark suite, then compare it with the last run on this machine
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -50,8 +51,13 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check align pretrain rewards data_gen scripts tests
 
+# Every suite, each appending its summary lines to docs/research/bench/history.jsonl, then each line
+# against the last earlier run on this CPU model and core count: `make bench` fails when a suite
+# fails or a ratio dropped beyond its run-to-run spread (a first run on a machine has nothing to
+# compare and passes). A line below its target alone does not fail it: the summary lines show that.
 bench: setup
 	$(BIN)/python scripts/benchmark.py all
+	$(BIN)/python scripts/benchmark.py compare
 
 clean:
 	rm -rf outputs wandb runs .pytest_cache

@@ -6,26 +6,9 @@ Run: pytest tests/test_benchmark_suites.py -q   (seconds)
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _suite(name: str):
-    """scripts/benchmarks/<name>.py as `benchmarks.<name>` (scripts/ itself stays off sys.path: its scripts would
-    shadow the packages of the same name)."""
-    if "benchmarks" not in sys.modules:
-        init = ROOT / "scripts" / "benchmarks" / "__init__.py"
-        spec = importlib.util.spec_from_file_location("benchmarks", init,
-                                                      submodule_search_locations=[str(init.parent)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["benchmarks"] = module
-        spec.loader.exec_module(module)
-    return importlib.import_module(f"benchmarks.{name}")
+from bench_suites import suite as _suite
 
 
 def test_time_to_accuracy_clock_counts_training_not_evaluation_and_stops_at_the_target(monkeypatch):

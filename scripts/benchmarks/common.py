@@ -10,7 +10,7 @@ import gc
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -76,6 +76,22 @@ def alternate(fns: dict[str, Callable[[], float]], reps: int) -> dict[str, list[
     return out
 
 
-def summary_line(suite: str, what: str, unit: str, ratio: float, target: float) -> str:
-    """The one-line shape scripts read: `pretrain: ours/plain-torch tokens-per-s ratio 0.97 (target >= 0.95)`."""
-    return f"{suite}: {what} {unit} ratio {ratio:.2f} (target >= {target:g})"
+def relative_spread(samples: Sequence[float]) -> float | None:
+    """How far the single measurements behind a median ratio lie apart: (max - min) / median.
+    None below two measurements (one says nothing of its noise)."""
+    if len(samples) < 2:
+        return None
+    return (max(samples) - min(samples)) / statistics.median(samples)
+
+
+def summary_line(suite: str, what: str, unit: str, ratio: float, target: float,
+                 samples: Sequence[float] | None = None) -> str:
+    """The one-line shape scripts read:
+    `pretrain: ours/plain-torch tokens-per-s ratio 0.97 (target >= 0.95)`.
+
+    `samples`: the ratio of each single measurement behind `ratio` (each alternating repetition,
+    or each timed step where a suite repeats once). Their spread follows the shape as
+    `[spread 4.1% of 3 ratios]`: the noise `benchmark.py compare` holds a later drop against."""
+    line = f"{suite}: {what} {unit} ratio {ratio:.2f} (target >= {target:g})"
+    spread = relative_spread(samples or [])
+    return line if spread is None else f"{line} [spread {spread:.1%} of {len(samples)} ratios]"

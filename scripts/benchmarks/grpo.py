@@ -135,7 +135,7 @@ def _run(kind: str, model_dir: str, shape: dict, num_steps: int) -> dict:
     train(kind, trainer)
     steps, gens, toks = timer.steps[1:], timer.gens[1:], timer.tokens[1:]
     return {"s_per_step": statistics.median(steps), "gen_share": sum(gens) / sum(steps),
-            "gen_tok_per_s": sum(toks) / max(sum(gens), 1e-9)}
+            "gen_tok_per_s": sum(toks) / max(sum(gens), 1e-9), "steps": steps}
 
 
 def run(quick: bool = False) -> dict:
@@ -152,12 +152,17 @@ def run(quick: bool = False) -> dict:
     for name, model_dir, label, shape in cases:
         results = alternate(
             {k: (lambda k=k, d=model_dir, s=shape: _run(k, d, s, num_steps)) for k in ("ours", "trl")}, reps[name])
-        med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
+        med = {k: {m: statistics.median(r[m] for r in v) for m in v[0] if m != "steps"}
+               for k, v in results.items()}
         for k in ("ours", "trl"):
             rows.append({"model": name, "source": label, "stack": "ours" if k == "ours" else "trl-default",
                          "shape": f"{shape['prompts']}x{shape['generations']}x{shape['tokens']}",
                          "s_per_step": med[k]["s_per_step"], "gen_share": med[k]["gen_share"],
                          "gen_tok_per_s": med[k]["gen_tok_per_s"]})
         ratio = med["trl"]["s_per_step"] / med["ours"]["s_per_step"]
-        summary.append(summary_line("grpo", f"ours/trl-default[{name}]", "s-per-step", ratio, TARGETS[name]))
+        # each timed step of each repetition, paired in order: the 135M model repeats only once
+        per_step = [t / o for rt, ro in zip(results["trl"], results["ours"])
+                    for t, o in zip(rt["steps"], ro["steps"])]
+        summary.append(summary_line("grpo", f"ours/trl-default[{name}]", "s-per-step", ratio,
+                                    TARGETS[name], per_step))
     return {"rows": rows, "summary": summary}

@@ -167,21 +167,21 @@ def _bench_model(
     peak: float,
     variants: tuple[tuple[str, str], ...],
     warm_baseline: bool = True,
-) -> tuple[list[dict], dict[str, float]]:
+) -> tuple[list[dict], dict[str, float], dict[str, list[float]]]:
     """Plain generate (fp32, what a user writes) vs our engine for each (backend, dtype) in `variants`. Backend
     "auto" is what `get_engine` picks; dtype "auto" = the model's own (fp32 here: token-exact with generate),
-    "bfloat16" = bf16 weights and KV cache (~4% of greedy tokens differ). Returns rows and the median ratio per
-    variant label."""
+    "bfloat16" = bf16 weights and KV cache (~4% of greedy tokens differ). Returns rows, the median ratio per
+    variant label and the ratio of each repetition (both modes) behind it."""
     model = load_model(path, dtype=torch.float32).eval()
     num_params = sum(p.numel() for p in model.parameters())
     prompts = _prompts(num, model.config.vocab_size)
     auto = choose_backend(path)
-    rows, ratios = [], {}
+    rows, ratios, samples = [], {}, {}
     generate_runs: dict[str, list[float]] = {"greedy": [], "sampling": []}
     for backend, dtype in variants:
         chosen = auto if backend == "auto" else backend
         label = f"ours ({'auto -> ' if backend == 'auto' else ''}{chosen}, {'fp32' if dtype == 'auto' else 'bf16'})"
-        ratios[label] = []
+        ratios[label], samples[label] = [], []
         t = time.perf_counter()
         engine = get_engine(path, backend=chosen, dtype=dtype)
         start_s = time.perf_counter() - t
@@ -209,6 +209,7 @@ def _bench_model(
             med = {k: statistics.median(v) for k, v in runs.items()}
             ratio = med["ours"] / med["hf-generate"]
             ratios[label].append(ratio)
+            samples[label] += [o / g for o, g in zip(runs["ours"], runs["hf-generate"])]
             for who in ("hf-generate", "ours"):
                 rows.append(
                     {
@@ -242,7 +243,7 @@ def _bench_model(
             }
         )
     ratios["ceiling"] = ceiling_ratios
-    return rows, {label: statistics.median(r) for label, r in ratios.items()}
+    return rows, {label: statistics.median(r) for label, r in ratios.items()}, samples
 
 
 def run(quick: bool) -> dict:
@@ -260,12 +261,14 @@ def run(quick: bool) -> dict:
     }
     for name, path in models.items():
         reps, warm = plan[name]
-        model_rows, ratios = _bench_model(name, path, num, new, reps, peak, variants[name], warm_baseline=warm)
+        model_rows, ratios, samples = _bench_model(name, path, num, new, reps, peak, variants[name],
+                                                   warm_baseline=warm)
         rows += model_rows
         ceiling = ratios.pop("ceiling")
         for label, ratio in ratios.items():
             what = f"{label.replace(' ', '')}/hf-generate" + ("-tiny" if name == "tiny" else "")
-            summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name]))
+            summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name],
+                                        samples[label]))
         summary.append(
             f"rollout: fp32-ceiling/hf-generate{'-tiny' if name == 'tiny' else ''} tokens-per-s ratio {ceiling:.2f} "
             "(GEMMs + KV-cache reads only: no exact fp32 engine on this machine passes it)"

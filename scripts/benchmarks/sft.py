@@ -168,9 +168,12 @@ def run(quick: bool = False, layout: str = "rows") -> dict:
     ratio = med["ours"]["tok_per_s"] / med["trl"]["tok_per_s"]
     plain_ratio = med["ours"]["tok_per_s"] / med["plain"]["tok_per_s"]
     gap = abs(med["ours"]["initial_eval_loss"] - med["trl"]["initial_eval_loss"]) / med["trl"]["initial_eval_loss"]
+    per_rep = {k: [r["tok_per_s"] for r in v] for k, v in results.items()}
     summary = [
-        summary_line("sft", "ours/trl-default", "non-pad-tokens-per-s", ratio, TARGET),
-        summary_line("sft", "ours/plain-loop", "non-pad-tokens-per-s", plain_ratio, PLAIN_TARGET),
+        summary_line("sft", "ours/trl-default", "non-pad-tokens-per-s", ratio, TARGET,
+                     [a / b for a, b in zip(per_rep["ours"], per_rep["trl"])]),
+        summary_line("sft", "ours/plain-loop", "non-pad-tokens-per-s", plain_ratio, PLAIN_TARGET,
+                     [a / b for a, b in zip(per_rep["ours"], per_rep["plain"])]),
         f"sft: padding ours {med['ours']['padding']:.1%} vs trl-default {med['trl']['padding']:.1%} (target < 5%)",
         f"sft: same-weights eval loss ours {med['ours']['initial_eval_loss']:.4f} vs trl-default "
         f"{med['trl']['initial_eval_loss']:.4f} (relative gap {gap:.2%}); after {num_steps} steps "
