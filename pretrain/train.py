@@ -1,16 +1,26 @@
 """The pretraining loop: packed document-masked batches -> AdamW -> atomic checkpoints, in one readable file.
 
-What it does, in order (`train(model_args, config)`):
-  1. load our tokenizer; build a SmolLM3-style model (or continue from `init_from` for mid-training, with
-     optional new `rope_theta` / `max_position_embeddings` for a long-context stage);
-  2. build the staged, document-masked data stream (pretrain/data.py); this rank takes its slice;
-  3. AdamW with no weight decay on embeddings, norms and biases; WSD / cosine / multi-step / constant
-     learning rate computed from the step (so a WSD run can be extended mid-run by raising max_steps);
-  4. loop: grad accumulation (no DDP sync until the last micro-batch), clipping, optional z-loss, a NaN/inf
-     or loss-spike guard (`skip` the batch or `stop` with a checkpoint and a message naming the step),
-     held-out eval every `eval_steps`, atomic checkpoints every `save_steps` (keep the last
-     `save_total_limit`), tokens/s + MFU + loss to tqdm and wandb (offline) or tensorboard;
-  5. save an HF model dir (fp32 safetensors + tokenizer + chat template), metrics.json and loss_curve.png.
+What `train(model_args, config)` does, in order, one function per phase:
+  1. `_setup_accelerator`: the process (CPU allocator, bf16 fallback), DeepSpeed's `auto` values
+     from the recipe, the Accelerator, threads and seeds;
+  2. `_load_tokenizer`, `_build_model`: our tokenizer; a SmolLM3-style model (or continue from
+     `init_from` for mid-training, with optional new `rope_theta` / `max_position_embeddings` for a
+     long-context stage);
+  3. `_build_stream`: the staged, document-masked data stream (pretrain/data.py); this rank takes
+     its slice;
+  4. `_prepare`, `_resume`: AdamW with no weight decay on embeddings, norms and biases, prepared by
+     accelerate; a checkpoint restored when resuming;
+  5. `_preflight`, `_start_logging`: the checks before the first step; tqdm and wandb (offline) or
+     tensorboard;
+  6. `_loop`, one `_train_step` per optimizer step: WSD / cosine / multi-step / constant learning
+     rate computed from the step (`lr_at`, so a WSD run can be extended mid-run by raising
+     max_steps); grad accumulation (no DDP sync until the last micro-batch), clipping, optional
+     z-loss, a NaN/inf or loss-spike guard (`skip` the batch or `stop` with a checkpoint and a
+     message naming the step); tokens/s + MFU + loss logged; held-out eval every `eval_steps`;
+     atomic checkpoints every `save_steps` (keep the last `save_total_limit`); `stop_after_steps`
+     and SIGTERM stop with a checkpoint;
+  7. `_save_final`: an HF model dir (fp32 safetensors + tokenizer + chat template), metrics.json
+     and loss_curve.png.
 
 Resume is exact: model, optimizer, step, RNG and the data stream's position are restored, so the losses
 after resuming equal those of an uninterrupted run. Distributed: accelerate (DDP, DeepSpeed ZeRO via
@@ -25,6 +35,7 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
@@ -226,7 +237,7 @@ def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, reps
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
-# ---- DeepSpeed ----------------------------------------------------------------------------------------------
+# ---- DeepSpeed -----------------------------------------------------------------------------------
 
 
 def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
@@ -242,7 +253,7 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
             ds[key]["enabled"] = (cfg.mixed_precision == "bf16") if key == "bf16" else False
 
 
-# ---- the loop ----------------------------------------------------------------------------------------------
+# ---- the model -----------------------------------------------------------------------------------
 
 
 def attention(name: str) -> str:
@@ -278,47 +289,156 @@ def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokeni
     return model
 
 
+# ---- the run's state -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """What the phases of `train` share: the prepared objects, and the progress a checkpoint saves
+    (the step, the data stream's position, the loss history, the evals and the skipped steps)."""
+
+    cfg: PretrainConfig
+    acc: Any  # accelerate.Accelerator, imported lazily
+    model: torch.nn.Module  # as prepare() wrapped it (DDP, a DeepSpeed engine)
+    raw: torch.nn.Module  # unwrapped: its config, the preflight, save_pretrained
+    optimizer: torch.optim.Optimizer
+    stream: PackedStream
+    tokenizer: Any
+    total_steps: int
+    tokens_per_step: int
+    description: str
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    running: float | None = None  # running mean of the applied steps' losses: the spike reference
+
+    def checkpoint(self) -> str:
+        """Save the current step. Every rank calls it: DeepSpeed saves collectively, a streamed
+        source gathers its positions."""
+        state = {"step": self.step, "data": self.stream.state_dict(), "history": self.history,
+                 "evals": self.evals, "skipped": self.skipped}
+        return save_loop_checkpoint(self.cfg.output_dir, self.step, self.acc, self.model,
+                                    self.optimizer, state, self.tokenizer,
+                                    self.cfg.save_total_limit)
+
+
+@dataclass
+class _Throughput:
+    """tokens/s and MFU over the steps since the last log line."""
+
+    flops_per_token: float
+    peak_flops: float  # of one device
+    num_processes: int
+    since: float = 0.0
+    tokens: int = 0
+
+    def restart(self) -> None:
+        self.since, self.tokens = time.perf_counter(), 0
+
+    def exclude(self, since: float) -> None:
+        """Leave the time from `since` to now out of the rate (eval and checkpoints do not count
+        against tokens/s)."""
+        self.since += time.perf_counter() - since
+
+    def rates(self) -> tuple[float, float]:
+        tps = self.tokens / (time.perf_counter() - self.since)
+        return tps, self.flops_per_token * tps / self.num_processes / self.peak_flops
+
+
+class _StepOutcome(NamedTuple):
+    loss: float  # mean over the micro-batches (and ranks)
+    grad_norm: float  # before clipping; nan when the backend reports none
+    problem: str | None  # what the guard found (a non-finite loss/grad, a loss spike), else None
+    action: str  # "applied", "skipped" or "stop"
+
+
+# ---- the phases of train(), in order -------------------------------------------------------------
+
+
 def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
-    """Run (or resume) one pretraining/mid-training job; returns the final metrics (also in metrics.json)."""
+    """Run (or resume) one pretraining/mid-training job; returns the final metrics (also in
+    metrics.json), or {step, history, stopped: True} when `stop_after_steps` ends it early."""
+    acc = _setup_accelerator(cfg)
+    tokenizer, special = _load_tokenizer(cfg)
+    model = _build_model(model_args, cfg, tokenizer, special)
+    stream = _build_stream(cfg, acc, tokenizer)
+    run = _prepare(cfg, acc, model, stream, tokenizer)
+    _resume(run)
+    eval_batches = _preflight(run)  # after the resume: the checks see the weights that will train
+    run_config = {**asdict(model_args), **asdict(cfg), "total_steps": run.total_steps}
+    log, meter = _start_logging(run, run_config)
+    stopped = _loop(run, log, meter, eval_batches)
+    return stopped if stopped is not None else _save_final(run, run_config)
+
+
+def _setup_accelerator(cfg: PretrainConfig):
+    """The process and the Accelerator: the launch check, CPU tuning, the bf16 fallback,
+    DeepSpeed's `auto` values from the recipe, then threads and seeds (the same on every rank)."""
     from accelerate import Accelerator
-    from transformers import AutoTokenizer
 
     check_launch()  # FSDP on a CPU: one clear line
     setup_process()  # on a CPU: no page faults on every step's large tensors
     if not torch.cuda.is_available() and cpu_bf16_slower(cfg.mixed_precision == "bf16"):
         cfg.mixed_precision = "no"
-    for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps), ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
-        if os.environ.get(f"ACCELERATE_{key}") == "auto":  # an accelerate DeepSpeed config's `auto`: the recipe's value
+    for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps),
+                       ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
+        # an accelerate DeepSpeed config's `auto`: the recipe's value
+        if os.environ.get(f"ACCELERATE_{key}") == "auto":
             os.environ[f"ACCELERATE_{key}"] = str(value)
     on_cpu = not torch.cuda.is_available()
     if on_cpu and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-        # As transformers' TrainingArguments does: the ranks join over gloo first, then the Accelerator takes DeepSpeed
-        # (cpu=True would drop DeepSpeed; neither would leave every rank believing it is rank 0 of 1).
+        # As transformers' TrainingArguments does: the ranks join over gloo first, then the
+        # Accelerator takes DeepSpeed (cpu=True would drop DeepSpeed; neither would leave every rank
+        # believing it is rank 0 of 1).
         from accelerate import PartialState
 
         PartialState(cpu=True)
         on_cpu = False
-    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=on_cpu, gradient_accumulation_steps=cfg.grad_accum_steps)
+    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=on_cpu,
+                      gradient_accumulation_steps=cfg.grad_accum_steps)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    tok_path = cfg.tokenizer_path or cfg.init_from  # mid-training reuses the model's own tokenizer by default
+    return acc
+
+
+def _load_tokenizer(cfg: PretrainConfig) -> tuple[Any, dict[str, int]]:
+    """The tokenizer, and the ids of those of our special tokens it has."""
+    from transformers import AutoTokenizer
+
+    # mid-training reuses the model's own tokenizer by default
+    tok_path = cfg.tokenizer_path or cfg.init_from
     try:
         tokenizer = AutoTokenizer.from_pretrained(tok_path)
     except (OSError, TypeError, ValueError) as e:
         raise FileNotFoundError(
-            f"tokenizer_path={tok_path!r} is not a tokenizer dir or hub id ({e}); run scripts/train_tokenizer.py"
+            f"tokenizer_path={tok_path!r} is not a tokenizer dir or hub id ({e}); "
+            "run scripts/train_tokenizer.py"
         ) from e
-    # Our specials when present (a hub tokenizer may lack some: they are simply not set in the config).
+    # Our specials when present (a hub tokenizer may lack some: they are simply not set in the
+    # config).
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     special = {t: i for t, i in ids.items() if i is not None and i != tokenizer.unk_token_id}
-    with zero3_init_disabled():  # built whole (the same on every rank); DeepSpeed partitions it in prepare()
+    return tokenizer, special
+
+
+def _build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer,
+                 special: dict[str, int]) -> torch.nn.Module:
+    # built whole (the same on every rank); DeepSpeed partitions it in prepare()
+    with zero3_init_disabled():
         model = _load_or_build_model(model_args, cfg, tokenizer, special)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))} for s in cfg.stages]
-    stream = PackedStream(
+    return model
+
+
+def _build_stream(cfg: PretrainConfig, acc, tokenizer) -> PackedStream:
+    """The staged data stream, its budget scaled; this rank takes its slice of each global batch."""
+    stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))}
+              for s in cfg.stages]
+    return PackedStream(
         cfg.sources,
         stages,
         tokenizer,
@@ -329,6 +449,10 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
         cfg.eval_docs,
         cfg.document_separator,
     )
+
+
+def _prepare(cfg: PretrainConfig, acc, model, stream: PackedStream, tokenizer) -> _Run:
+    """The step count, AdamW, and the model and optimizer prepared by accelerate."""
     tokens_per_step = cfg.micro_batch_size * cfg.grad_accum_steps * acc.num_processes * cfg.seq_len
     total_steps = cfg.max_steps or math.ceil(stream.total_tokens / tokens_per_step)
     optimizer = torch.optim.AdamW(
@@ -341,150 +465,225 @@ def train(model_args: ModelArguments, cfg: PretrainConfig) -> dict:
     if is_deepspeed(acc):
         _fill_deepspeed_config(acc, cfg)
     model, optimizer = acc.prepare(model, optimizer)
-    raw = acc.unwrap_model(model)
+    return _Run(cfg, acc, model, acc.unwrap_model(model), optimizer, stream, tokenizer, total_steps,
+                tokens_per_step, description)
 
-    step, history, evals, skipped = 0, [], [], []
-    if acc.is_main_process:
+
+def _resume(run: _Run) -> None:
+    """Continue from a checkpoint when asked: weights, optimizer, RNG, the stream's position and
+    the progress."""
+    cfg = run.cfg
+    if run.acc.is_main_process:
         clean_staging(cfg.output_dir, layout="loop")  # a save a killed run left half-written
     resume = resolve_resume(cfg.resume_from_checkpoint, cfg.output_dir, layout="loop", unset="no")
     if resume:
-        state = load_loop_checkpoint(resume, acc, model, optimizer)
-        stream.load_state_dict(state["data"])
-        step, history, evals, skipped = state["step"], state["history"], state["evals"], state["skipped"]
-        acc.print(f"resumed from {resume} at step {step}")
-    eval_batches = stream.eval_batches(cfg.eval_rows)
+        state = load_loop_checkpoint(resume, run.acc, run.model, run.optimizer)
+        run.stream.load_state_dict(state["data"])
+        run.step, run.history = state["step"], state["history"]
+        run.evals, run.skipped = state["evals"], state["skipped"]
+        run.acc.print(f"resumed from {resume} at step {run.step}")
 
-    held_out = [tokenizer.decode(b["input_ids"][0][:128]) for b in eval_batches.values()]
-    eval_batches = {name: to_device(b, acc.device) for name, b in eval_batches.items()}
+
+def _preflight(run: _Run) -> dict:
+    """The preflight checks (the tokenizer must round-trip the held-out text too); returns the
+    held-out eval batches, on the device."""
+    cfg = run.cfg
+    eval_batches = run.stream.eval_batches(cfg.eval_rows)
+    held_out = [run.tokenizer.decode(b["input_ids"][0][:128]) for b in eval_batches.values()]
+    eval_batches = {name: to_device(b, run.acc.device) for name, b in eval_batches.items()}
     preflight_pretrain(
-        raw,
-        tokenizer,
+        run.raw,
+        run.tokenizer,
         output_dir=cfg.output_dir,
         num_checkpoints=cfg.save_total_limit if cfg.save_steps else 0,
         texts=[*PREFLIGHT_TEXTS, *held_out],
         skip=cfg.skip_preflight,
     )
-    flops_tok = flops_per_token(raw.config, cfg.seq_len)
+    return eval_batches
+
+
+def _start_logging(run: _Run, run_config: dict) -> tuple[Logger, _Throughput]:
+    """The progress bar and tracker (starting at the resumed step), and the MFU's terms."""
+    cfg, acc = run.cfg, run.acc
+    flops_tok = flops_per_token(run.raw.config, cfg.seq_len)
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
     peak = cfg.peak_flops or peak_flops(dtype, acc.device)
-    run_config = {**asdict(model_args), **asdict(cfg), "total_steps": total_steps}
-    acc.print(f"model: {description}; {total_steps} steps x {tokens_per_step} tokens")
-    log = Logger(cfg.report_to, cfg.output_dir, cfg.run_name, acc.is_main_process, total_steps, step, run_config)
+    acc.print(f"model: {run.description}; {run.total_steps} steps x {run.tokens_per_step} tokens")
+    log = Logger(cfg.report_to, cfg.output_dir, cfg.run_name, acc.is_main_process, run.total_steps,
+                 run.step, run_config)
+    return log, _Throughput(flops_tok, peak, acc.num_processes)
 
-    def checkpoint() -> str:  # every rank: DeepSpeed saves collectively, a streamed source gathers its positions
-        state = {"step": step, "data": stream.state_dict(), "history": history, "evals": evals, "skipped": skipped}
-        return save_loop_checkpoint(cfg.output_dir, step, acc, model, optimizer, state, tokenizer, cfg.save_total_limit)
 
-    running, t_interval, tokens_interval = None, time.perf_counter(), 0
-    sigterm = SigtermFlag().install()  # preemption: finish the step, checkpoint it, exit PREEMPTED_EXIT_CODE
-    model.train()
-    while step < total_steps:
-        lr = lr_at(step, cfg, total_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros(())
-        for _ in range(cfg.grad_accum_steps):
-            batch = to_device(stream.next_batch(cfg.micro_batch_size), acc.device)
-            # accumulate(): no DDP sync until the last micro-batch; backward() scales by 1/grad_accum_steps (DeepSpeed
-            # scales itself, and steps its engine inside the last backward: the guard below sees that step after it)
-            with acc.accumulate(model):
-                loss = lm_loss(model, batch, cfg.z_loss, cfg.loss_chunk_tokens)
-                acc.backward(loss)
-            loss_sum += loss.detach().float().cpu() / cfg.grad_accum_steps
-        loss_val = acc.reduce(loss_sum, "mean").item() if acc.num_processes > 1 else loss_sum.item()
-        grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-        grad_norm = float("nan") if grad_norm is None else float(grad_norm)
-        bad = "non-finite loss/grad" if not (math.isfinite(loss_val) and math.isfinite(grad_norm)) else None
-        policy = cfg.nan_policy
-        if bad is None and running is not None and step >= cfg.warmup_steps and loss_val > cfg.spike_factor * running:
-            bad, policy = (
-                f"loss spike ({loss_val:.3f} > {cfg.spike_factor} x running mean {running:.3f})",
-                cfg.spike_policy,
-            )
-        if bad and policy == "stop":
-            optimizer.zero_grad(set_to_none=True)
-            step += 1  # the bad batch is consumed: a resume continues after it
-            path = checkpoint()
-            log.close()
-            raise RuntimeError(
-                f"{bad} at step {step - 1}; checkpoint saved at {path}. Resume with --resume_from_checkpoint auto "
-                "(the bad batch is skipped), or lower learning_rate / set nan_policy/spike_policy to 'skip'."
-            )
-        if bad and policy == "skip":
-            optimizer.zero_grad(set_to_none=True)
-            applied = is_deepspeed(acc)  # DeepSpeed stepped inside the last backward: too late to skip
-            skipped.append({"step": step, "reason": bad, **({"applied_by_deepspeed": True} if applied else {})})
-            acc.print(f"step {step}: {bad}; " + ("DeepSpeed already applied this update (logged only)" if applied
-                                                 else "batch skipped"))
-        else:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            running = loss_val if running is None else 0.9 * running + 0.1 * loss_val
-        step += 1
-        tokens_interval += tokens_per_step
-        history.append(
-            {"step": step, "tokens": step * tokens_per_step, "loss": loss_val, "lr": lr, "time": time.perf_counter()}
-        )
+def _loop(run: _Run, log: Logger, meter: _Throughput, eval_batches: dict) -> dict | None:
+    """The optimizer steps from `run.step` to the end. Returns the partial result when
+    `stop_after_steps` ends the run early, else None; the guard's `stop` raises, and a SIGTERM the
+    ranks agree on exits PREEMPTED_EXIT_CODE."""
+    cfg = run.cfg
+    meter.restart()
+    # preemption: finish the step, checkpoint it, exit PREEMPTED_EXIT_CODE
+    sigterm = SigtermFlag().install()
+    run.model.train()
+    while run.step < run.total_steps:
+        lr = lr_at(run.step, cfg, run.total_steps)
+        outcome = _train_step(run, lr)
+        if outcome.action == "stop":
+            _stop_on_bad_step(run, log, outcome.problem)
+        run.step += 1
+        meter.tokens += run.tokens_per_step
+        run.history.append({"step": run.step, "tokens": run.step * run.tokens_per_step,
+                            "loss": outcome.loss, "lr": lr, "time": time.perf_counter()})
         log.bar.update(1)
-        if step % cfg.logging_steps == 0 or step == total_steps:
-            dt = time.perf_counter() - t_interval
-            tps = tokens_interval / dt
-            metrics = {
-                "loss": loss_val,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens_per_s": tps,
-                "mfu": flops_tok * tps / acc.num_processes / peak,
-                "stage": stream.stage_index,
-            }
-            history[-1].update(tokens_per_s=tps, mfu=metrics["mfu"])
-            log.bar.set_postfix(loss=f"{loss_val:.3f}", tok_s=f"{tps:.0f}", mfu=f"{metrics['mfu']:.1%}")
-            log.log(metrics, step)
+        if run.step % cfg.logging_steps == 0 or run.step == run.total_steps:
+            _log_step(run, log, meter, outcome, lr)
         pause = time.perf_counter()
-        if (cfg.eval_steps and step % cfg.eval_steps == 0) or step == total_steps:
-            evals.append(
-                {"step": step, "tokens": step * tokens_per_step,
-                 **evaluate(model, eval_batches, acc.autocast, cfg.loss_chunk_tokens)}
-            )
-            log.log({k: v for k, v in evals[-1].items() if k.startswith("eval")}, step)
-        if cfg.save_steps and step % cfg.save_steps == 0 and step < total_steps:
-            checkpoint()
-        if cfg.stop_after_steps and step >= cfg.stop_after_steps and step < total_steps:
-            checkpoint()
-            log.close()
-            sigterm.restore()
-            return {"step": step, "history": history, "stopped": True}
-        if step < total_steps and sigterm.agreed(acc.device):
-            path = checkpoint()
-            log.close()
-            acc.print(f"stopped by SIGTERM at step {step}; checkpoint saved at {path}: run the same command with "
-                      "--resume_from_checkpoint auto to resume")
-            raise SystemExit(PREEMPTED_EXIT_CODE)
-        if step % cfg.logging_steps == 0:
-            t_interval, tokens_interval = time.perf_counter(), 0
+        if (cfg.eval_steps and run.step % cfg.eval_steps == 0) or run.step == run.total_steps:
+            _eval_held_out(run, log, eval_batches)
+        stopped = _checkpoint_or_stop(run, log, sigterm)
+        if stopped is not None:
+            return stopped
+        if run.step % cfg.logging_steps == 0:
+            meter.restart()
         else:
-            t_interval += time.perf_counter() - pause  # eval/checkpoint time does not count against tokens/s
+            meter.exclude(pause)
     log.close()
     sigterm.restore()
+    return None
 
+
+def _train_step(run: _Run, lr: float) -> _StepOutcome:
+    """One optimizer step at learning rate `lr`, unless the guard objects: `skip` drops the update
+    (the batch stays consumed), `stop` leaves the step to the caller, `ignore` applies it."""
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    loss = _forward_backward(run)
+    max_norm = run.cfg.max_grad_norm or float("inf")
+    grad_norm = run.acc.clip_grad_norm_(run.model.parameters(), max_norm)
+    grad_norm = float("nan") if grad_norm is None else float(grad_norm)
+    problem, policy = _guard(run, loss, grad_norm)
+    if problem and policy in ("stop", "skip"):
+        run.optimizer.zero_grad(set_to_none=True)
+        if policy == "stop":
+            return _StepOutcome(loss, grad_norm, problem, "stop")
+        # DeepSpeed stepped inside the last backward: too late to skip
+        applied = is_deepspeed(run.acc)
+        run.skipped.append({"step": run.step, "reason": problem,
+                            **({"applied_by_deepspeed": True} if applied else {})})
+        run.acc.print(f"step {run.step}: {problem}; "
+                      + ("DeepSpeed already applied this update (logged only)" if applied
+                         else "batch skipped"))
+        return _StepOutcome(loss, grad_norm, problem, "skipped")
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.running = loss if run.running is None else 0.9 * run.running + 0.1 * loss
+    return _StepOutcome(loss, grad_norm, problem, "applied")
+
+
+def _forward_backward(run: _Run) -> float:
+    """Gradients of one step's micro-batches; returns their mean loss (over the ranks too)."""
+    cfg, acc = run.cfg, run.acc
+    loss_sum = torch.zeros(())
+    for _ in range(cfg.grad_accum_steps):
+        batch = to_device(run.stream.next_batch(cfg.micro_batch_size), acc.device)
+        # accumulate(): no DDP sync until the last micro-batch; backward() scales by
+        # 1/grad_accum_steps (DeepSpeed scales itself, and steps its engine inside the last
+        # backward: the guard sees that step after it)
+        with acc.accumulate(run.model):
+            loss = lm_loss(run.model, batch, cfg.z_loss, cfg.loss_chunk_tokens)
+            acc.backward(loss)
+        loss_sum += loss.detach().float().cpu() / cfg.grad_accum_steps
+    return acc.reduce(loss_sum, "mean").item() if acc.num_processes > 1 else loss_sum.item()
+
+
+def _guard(run: _Run, loss: float, grad_norm: float) -> tuple[str | None, str]:
+    """(what is wrong with this step, the policy for it), or (None, 'ignore') for a sound step. A
+    spike counts only after warmup, against the running mean of the applied steps."""
+    cfg = run.cfg
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        return "non-finite loss/grad", cfg.nan_policy
+    after_warmup = run.running is not None and run.step >= cfg.warmup_steps
+    if after_warmup and loss > cfg.spike_factor * run.running:
+        spike = f"loss spike ({loss:.3f} > {cfg.spike_factor} x running mean {run.running:.3f})"
+        return spike, cfg.spike_policy
+    return None, "ignore"
+
+
+def _stop_on_bad_step(run: _Run, log: Logger, problem: str) -> NoReturn:
+    run.step += 1  # the bad batch is consumed: a resume continues after it
+    path = run.checkpoint()
+    log.close()
+    raise RuntimeError(
+        f"{problem} at step {run.step - 1}; checkpoint saved at {path}. "
+        "Resume with --resume_from_checkpoint auto (the bad batch is skipped), "
+        "or lower learning_rate / set nan_policy/spike_policy to 'skip'."
+    )
+
+
+def _log_step(run: _Run, log: Logger, meter: _Throughput, outcome: _StepOutcome,
+              lr: float) -> None:
+    tps, mfu = meter.rates()
+    metrics = {
+        "loss": outcome.loss,
+        "lr": lr,
+        "grad_norm": outcome.grad_norm,
+        "tokens_per_s": tps,
+        "mfu": mfu,
+        "stage": run.stream.stage_index,
+    }
+    run.history[-1].update(tokens_per_s=tps, mfu=mfu)
+    log.bar.set_postfix(loss=f"{outcome.loss:.3f}", tok_s=f"{tps:.0f}", mfu=f"{mfu:.1%}")
+    log.log(metrics, run.step)
+
+
+def _eval_held_out(run: _Run, log: Logger, eval_batches: dict) -> None:
+    scores = evaluate(run.model, eval_batches, run.acc.autocast, run.cfg.loss_chunk_tokens)
+    run.evals.append({"step": run.step, "tokens": run.step * run.tokens_per_step, **scores})
+    log.log({k: v for k, v in run.evals[-1].items() if k.startswith("eval")}, run.step)
+
+
+def _checkpoint_or_stop(run: _Run, log: Logger, sigterm: SigtermFlag) -> dict | None:
+    """After a step: the periodic checkpoint, then an early stop. `stop_after_steps` checkpoints
+    and returns the partial result; a SIGTERM checkpoints and exits. The last step saves in
+    `_save_final` instead."""
+    cfg, step, total_steps = run.cfg, run.step, run.total_steps
+    if cfg.save_steps and step % cfg.save_steps == 0 and step < total_steps:
+        run.checkpoint()
+    if cfg.stop_after_steps and step >= cfg.stop_after_steps and step < total_steps:
+        run.checkpoint()
+        log.close()
+        sigterm.restore()
+        return {"step": step, "history": run.history, "stopped": True}
+    # agreed() is a collective: every rank asks at every step's end, so all of them save this step
+    if step < total_steps and sigterm.agreed(run.acc.device):
+        path = run.checkpoint()
+        log.close()
+        run.acc.print(f"stopped by SIGTERM at step {step}; checkpoint saved at {path}: "
+                      "run the same command with --resume_from_checkpoint auto to resume")
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+    return None
+
+
+def _save_final(run: _Run, run_config: dict) -> dict:
+    """The final checkpoint (when checkpointing), then on rank 0 the HF model dir, metrics.json
+    and the loss curve; returns the metrics."""
+    cfg, acc = run.cfg, run.acc
     result = {
-        "step": step,
-        "total_tokens": step * tokens_per_step,
-        "history": history,
-        "evals": evals,
-        "skipped": skipped,
-        "final_eval": evals[-1] if evals else {},
-        "model": description,
+        "step": run.step,
+        "total_tokens": run.step * run.tokens_per_step,
+        "history": run.history,
+        "evals": run.evals,
+        "skipped": run.skipped,
+        "final_eval": run.evals[-1] if run.evals else {},
+        "model": run.description,
     }
     if cfg.save_steps:
-        checkpoint()
+        run.checkpoint()
     acc.wait_for_everyone()
-    weights = acc.get_state_dict(model)  # collective under ZeRO-3: every rank, whole on rank 0
+    weights = acc.get_state_dict(run.model)  # collective under ZeRO-3: every rank, whole on rank 0
     if acc.is_main_process:
         os.makedirs(cfg.output_dir, exist_ok=True)
-        raw.save_pretrained(cfg.output_dir, safe_serialization=True, state_dict=weights)
-        tokenizer.save_pretrained(cfg.output_dir)
+        run.raw.save_pretrained(cfg.output_dir, safe_serialization=True, state_dict=weights)
+        run.tokenizer.save_pretrained(cfg.output_dir)
         with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
             json.dump({**result, "config": run_config}, f, indent=1, default=str)
-        plot_losses(history, evals, os.path.join(cfg.output_dir, "loss_curve.png"))
+        plot_losses(run.history, run.evals, os.path.join(cfg.output_dir, "loss_curve.png"))
     return result
