@@ -94,6 +94,11 @@ _KINDS = _Table(_kind)
 _WORD_STARTS = str.maketrans({"l": None, "m": None, "p": " "})
 
 
+def drop_invisible(text: str) -> str:
+    """``text`` without default-ignorable or format characters, not normalised (``visible_text`` without NFKC)."""
+    return text.translate(_DROP)
+
+
 def visible_text(text: str) -> str:
     """``text`` in NFKC form without default-ignorable or format characters.
 
