@@ -57,13 +57,18 @@ _BOX_OR_BRACE = re.compile(r"\\boxed\s*\{|[{}]")
 def boxed_answer(text: str) -> str | None:
     r"""The one final boxed answer (``rewards.extract.final_answer``) when it holds an answer (``box_holds_answer``:
     not ``\boxed{\,}``, ``\boxed{?}`` or ``\boxed{\ldots}``) and is short enough to be compared
-    (``MAX_ANSWER_CHARS``), else None. An answer part with more than ``MAX_ANSWER_BOXES`` boxes has none.
+    (``MAX_ANSWER_CHARS``), else None. An answer part with more than ``MAX_ANSWER_BOXES`` boxes, or with a box
+    longer than ``MAX_ANSWER_CHARS``, has none (both bound what the extractor reads).
 
     >>> boxed_answer("The answer is \\boxed{4}."), boxed_answer("\\boxed{\\,}"), boxed_answer("\\boxed{\\text{?}}")
     ('4', None, None)
     """
-    if strip_think(text).count("\\boxed") > MAX_ANSWER_BOXES:
+    part = strip_think(text)
+    boxes = part.count("\\boxed")
+    if boxes == 0 or boxes > MAX_ANSWER_BOXES:  # no box, or too many to be one answer: nothing to read
         return None
+    if any(b - a > MAX_ANSWER_CHARS + len("\\boxed{}") for a, b in answer_boxes(part)):
+        return None  # a box too long to be compared is no answer, and no other box can be the one answer
     answer = final_answer(text)
     return answer if answer is not None and len(answer) <= MAX_ANSWER_CHARS and box_holds_answer(answer) else None
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import deque
 from typing import Any
 
 from rewards.confusables import FOLD, unpack
@@ -79,6 +80,20 @@ def skeleton(text: str) -> str:
     return _LOOSE_MARKS.sub("", unicodedata.normalize("NFC", s))
 
 
+def _ngram_counts(text: str, n: int) -> tuple[int, int]:
+    """(n-grams, distinct n-grams) of the words of ``text``, one window at a time: a long text keeps only the hashes
+    of its distinct n-grams, never a list of its words."""
+    window: deque[str] = deque(maxlen=n)
+    seen: set[int] = set()
+    total = 0
+    for m in _WORD.finditer(text):
+        window.append(m.group())
+        if len(window) == n:
+            seen.add(hash(tuple(window)))
+            total += 1
+    return total, len(seen)
+
+
 def repetition_penalty_reward(
     completions: list, ngram_size: int = 3, max_penalty: float = -1.0, **kwargs: Any
 ) -> list[float]:
@@ -94,10 +109,6 @@ def repetition_penalty_reward(
         raise ValueError(f"repetition_penalty_reward: max_penalty must be <= 0 (it is a penalty), got {max_penalty}")
     scores = []
     for completion in completions:
-        words = _WORD.findall(skeleton(completion_text(completion)))
-        if len(words) < ngram_size:
-            scores.append(0.0)
-            continue
-        ngrams = [tuple(words[i : i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
-        scores.append(round((1 - len(set(ngrams)) / len(ngrams)) * max_penalty, 6) + 0.0)
+        total, distinct = _ngram_counts(skeleton(completion_text(completion)), ngram_size)
+        scores.append(0.0 if total == 0 else round((1 - distinct / total) * max_penalty, 6) + 0.0)
     return scores
