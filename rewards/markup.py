@@ -19,8 +19,9 @@ answer's own wrapper holds a word (``hidden``). A structural region is everythin
 delimiters (any closing tag closes the innermost open region: mismatched names still pair; a closing tag with
 nothing open closes a region that began with the reply; a self-closing tag opens a region or closes the one the
 last self-closing tag opened; a region never closed runs to the end). A region whose own text (not that of the
-regions inside it) holds a word is hidden reasoning unless the region holds an answer; the words of a structural
-tag's attributes are hidden too (``<r why="5 + 4 = 9"/>``).
+regions inside it) holds a word is hidden reasoning unless that own text holds the answer too (``<answer>The answer
+is \boxed{9}</answer>`` wraps the answer; ``[think] 5 + 4 = 9 [answer] \boxed{9}`` reasons in ``[think]``); the
+words of a structural tag's attributes are hidden too (``<r why="5 + 4 = 9"/>``).
 
 ``prose_words``: the words a text shows (``rewards.visible.reasoning_words``) once every tag (with its attributes)
 and every LaTeX command name is removed: ``<b></b><i></i>`` or ``\frac{}{}`` is no reasoning.
@@ -135,10 +136,6 @@ class _Regions:
             self.hidden |= bool(self.outside & _WORDS) and not self.outside & _ANSWER
             return
         bits = self.flags.pop()
-        if self.flags:
-            self.flags[-1] |= bits & _ANSWER
-        else:
-            self.outside |= bits & _ANSWER
         self.hidden |= bool(bits & _WORDS) and not bits & _ANSWER
 
     def leaf(self, a: int, b: int) -> None:
@@ -167,8 +164,7 @@ def reply_shape(text: str) -> Shape:
     ...  f"<answer>The answer is {A}</answer>", f"<r/>5 + 4<r/> {A}", f"<r>\n</r> {A}", f"3 < 5 > 1 so {A}")]
     [True, True, True, True, True, True, False, True, False, False]
     """
-    text = _blank_commands(text)
-    regions = _Regions(text, text.translate(_KINDS))
+    regions = _Regions(text, _blank_commands(text).translate(_KINDS))
     pos, n = 0, len(text)
     while (m := _DELIMITER.search(text, pos)) is not None:
         regions.segment(pos, m.start())
