@@ -49,6 +49,9 @@ _THINK = re.compile(r"\A\s*<think>(?P<think>.*?)</think>(?P<answer>.*)\Z", re.DO
 # 3), rounded up. A sentence of justification fits ("5 + 4 = 9, so the answer is \boxed{9}." is 7); a derivation
 # does not.
 MAX_NO_THINK_WORDS = 12
+# A no_think reply longer than this is no direct answer, whatever it holds: the longest answer that is compared
+# (``MAX_ANSWER_CHARS``, 1,000) and the word budget with its markup fit with room to spare. It bounds what is read.
+MAX_NO_THINK_CHARS = 4096
 # More boxes than this in an answer part is no one final answer (it bounds what the answer's extractor reads).
 MAX_ANSWER_BOXES = 16
 _BOX_OR_BRACE = re.compile(r"\\boxed\s*\{|[{}]")
@@ -228,11 +231,12 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
 
 def no_think_format(text: str, max_words: int = MAX_NO_THINK_WORDS) -> bool:
     r"""The no_think form, an allow-list: an optional empty think block (some templates open a no_think answer with
-    one), then a reply that is one boxed answer (``boxed_answer``) and at most ``max_words`` words outside it
-    (``MAX_NO_THINK_WORDS``; words of the box's text-mode prose count too), where no markup other than formatting
-    hides a word (``rewards.markup.reply_shape``: a block under any tag name and in any bracket shape, a fence, a
-    comment, an environment, a structural tag's attributes) unless it wraps the answer. The one rule for the
-    rewards (``mode_format_reward``) and the evaluations' format share (``align.answers.is_formatted``).
+    one), then a reply of at most ``MAX_NO_THINK_CHARS`` characters that is one boxed answer (``boxed_answer``) and
+    at most ``max_words`` words outside it (``MAX_NO_THINK_WORDS``; the words of the box's text-mode prose count
+    too), where no markup other than formatting hides a word (``rewards.markup.reply_shape``: a block under any tag
+    name and in any bracket shape, a fence, a comment, an environment, a structural tag's attributes) unless it
+    wraps the answer. The one rule for the rewards (``mode_format_reward``) and the evaluations' format share
+    (``align.answers.is_formatted``).
 
     >>> [no_think_format(t) for t in ("The answer is \\boxed{9}.", "<think>\n\n</think>\nThe answer is \\boxed{9}.",
     ...  "<think>\n5 + 4 = 9\n</think>\n\\boxed{9}", "<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.",
@@ -245,7 +249,7 @@ def no_think_format(text: str, max_words: int = MAX_NO_THINK_WORDS) -> bool:
     if m is not None and has_visible(m.group("think")):
         return False
     rest = text if m is None else m.group("answer")
-    if "<think>" in rest or "</think>" in rest or boxed_answer(rest) is None:
+    if len(rest) > MAX_NO_THINK_CHARS or "<think>" in rest or "</think>" in rest or boxed_answer(rest) is None:
         return False
     masked, box_words = _masked_reply(rest)
     if shown_words(masked) + box_words > max_words:  # over budget before any markup is read

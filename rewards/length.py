@@ -49,7 +49,7 @@ def estimated_tokens(text: str) -> int:
     >>> estimated_tokens("三加四等于七"), estimated_tokens("")
     (5, 0)
     """
-    words = sum(1 for _ in _WORD.finditer(text))
+    words = _WORD.subn("", text)[1]  # counted in C: no list of words, no match objects
     return max(words, -(-len(_SPACE.sub("", text).encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN))
 
 

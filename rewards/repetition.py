@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections import deque
+from itertools import islice
 from typing import Any
 
 from rewards.confusables import FOLD, unpack
@@ -49,6 +49,8 @@ _WORD = re.compile(r"[^\W_]+")
 # Combining diacritics of every script (the generic blocks); left over after NFC they decorate, they do not spell.
 _LOOSE_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
 _LOOK_ALIKES = unpack(FOLD)
+_BETWEEN_WORDS = re.compile(r"[\W_]")
+_PIECE = 1 << 16
 
 
 class _Fold(dict):
@@ -81,16 +83,20 @@ def skeleton(text: str) -> str:
 
 
 def _ngram_counts(text: str, n: int) -> tuple[int, int]:
-    """(n-grams, distinct n-grams) of the words of ``text``, one window at a time: a long text keeps only the hashes
-    of its distinct n-grams, never a list of its words."""
-    window: deque[str] = deque(maxlen=n)
+    """(n-grams, distinct n-grams) of the words of ``text``. The text is read in pieces cut between words (the
+    last ``n - 1`` words carried over), and only the hashes of distinct n-grams are kept: a long text costs no list
+    of all its words, and the windows are hashed in C."""
     seen: set[int] = set()
-    total = 0
-    for m in _WORD.finditer(text):
-        window.append(m.group())
-        if len(window) == n:
-            seen.add(hash(tuple(window)))
-            total += 1
+    total, carry, start = 0, [], 0
+    while start < len(text):
+        cut = _BETWEEN_WORDS.search(text, start + _PIECE)
+        end = cut.end() if cut else len(text)
+        words = carry + _WORD.findall(text, start, end)
+        if len(words) >= n:
+            seen.update(map(hash, zip(*(islice(words, i, None) for i in range(n)))))
+            total += len(words) - n + 1
+        carry = words[len(words) - n + 1 :] if n > 1 else []
+        start = end
     return total, len(seen)
 
 

@@ -122,6 +122,8 @@ NO_THINK_HONEST = [
     ("trailing_newlines", f"{ANSWER}\n\n"),
 ]
 
+NO_THINK_ATTACKS += [("megabyte_of_empty_fences", "```\n```\n" * 100_000 + ANSWER)]  # no direct answer: too long
+
 
 @pytest.mark.parametrize("case", NO_THINK_ATTACKS, ids=[c[0] for c in NO_THINK_ATTACKS])
 def test_no_think_attack_scores_zero(case):
@@ -374,6 +376,10 @@ SHAPES = {
     "unspaced": _fill("a"),
     "words": _fill("w "),
 }
+# Each shape again with an answer after it, so that no early refusal hides the parser's cost.
+SHAPES.update({f"{name}_then_answer": text + " The answer is \\boxed{9}." for name, text in list(SHAPES.items())
+               if name in ("fences", "comment_openings", "self_closing_tags", "whitespace", "nested_braces",
+                           "tag_pairs")})
 
 BUDGET = {"max_completion_len": 100, "soft_punish_cache": 10}
 REWARDS = {
