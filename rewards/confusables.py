@@ -35,7 +35,11 @@ import unicodedata
 
 
 def parse_confusables(text: str) -> dict[str, str]:
-    """Source -> prototype from the lines of ``confusables.txt`` (``src ; prototype ; MA # comment``)."""
+    """Source -> prototype from the lines of ``confusables.txt`` (``src ; prototype ; MA # comment``).
+
+    >>> parse_confusables("0430 ;\t0061 ;\tMA\t# ( а → a ) CYRILLIC SMALL LETTER A → LATIN SMALL LETTER A")
+    {'а': 'a'}
+    """
     table = {}
     for line in text.splitlines():
         data = line.split("#", 1)[0].strip().lstrip("\ufeff")
@@ -150,7 +154,12 @@ def pack(fold: dict[str, str], width: int = 100) -> str:
 
 def unpack(packed: str) -> dict[str, str]:
     """The inverse of ``pack``'s pairs: the first character of each is the source, the rest (up to ``|``) the
-    target."""
+    target.
+
+    >>> fold = unpack(FOLD)
+    >>> fold["а"], fold["ꓮ"], fold["Ꭲ"], fold["т"], fold["ϲ"], "t" in fold
+    ('a', 'a', 'T', 't', 'c', False)
+    """
     return {pair[0]: pair[1:].rstrip("|") for pair in packed.split()}
 
 

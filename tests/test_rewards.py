@@ -51,6 +51,8 @@ MODULES = [
     "rewards.verifier",
     "rewards.format",
     "rewards.visible",
+    "rewards.markup",
+    "rewards.confusables",
     "rewards.length",
     "rewards.repetition",
     "rewards.tools",
