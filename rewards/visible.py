@@ -5,7 +5,8 @@ It is its own module because two floors of rewards need it and neither may impor
 as the format rewards (``rewards.format``, which import ``final_answer``) refuse one, and ``rewards.repetition``
 compares loops by the same visible text. It imports nothing of ours.
 
-Only what is visible counts (``visible_text``, ``has_visible``, ``reasoning_words``, ``box_is_visible``):
+Only what is visible counts (``visible_text``, ``has_visible``, ``reasoning_words``, ``box_is_visible``,
+``box_holds_answer``):
 
 - a character is dropped before anything is read when it is Default_Ignorable_Code_Point (Unicode
   DerivedCoreProperties: zero-width spaces and joiners, bidi controls, the soft hyphen, Hangul fillers, variation
@@ -15,11 +16,16 @@ Only what is visible counts (``visible_text``, ``has_visible``, ``reasoning_word
   blank Braille cell U+2800, U+FFFC, U+1D159). A combining mark alone is no word. Han ideographs and Hiragana are
   a word each (as in Unicode's word boundaries, UAX #29), and so is each letter of Thai, Lao, Myanmar and Khmer
   (written without spaces), so unspaced reasoning is counted;
-- a box holds an answer when, after LaTeX that prints nothing is removed (spacing commands, ``~``, ``\phantom``
-  and its kin with their argument, ``\hspace{..}``/``\kern``/``\rule``, colour and label arguments, style switches,
-  ``\left.``, ``$``, comments, empty groups, and commands whose every argument is empty, such as ``\text{}``), it
-  still holds a visible character: a command (``\pi``) or a letter, digit, symbol or bracket; sentence
-  punctuation alone (``\boxed{.}``) is no answer.
+- a box is visible (``box_is_visible``, what ``final_answer`` skips) when, after LaTeX that prints nothing is removed
+  (spacing commands, ``~``, ``\phantom`` and its kin with their argument, ``\hspace{..}``/``\kern``/``\rule``, colour
+  and label arguments, style switches, ``\left.``, ``$``, comments, empty groups, and commands whose every argument is
+  empty, such as ``\text{}``), it still holds a visible character: a command (``\pi``) or a letter, digit, symbol or
+  bracket; sentence punctuation alone (``\boxed{.}``) is not;
+- a box holds an answer (``box_holds_answer``, what the format rewards pay) when what is left holds a value, an
+  allow-list: a digit, a math-mode letter, a text-mode word or single letter, a command that names a value, a
+  relation, an operation or a function (``VALUE_COMMANDS``), a math symbol, an empty bracket pair or a sign alone.
+  Placeholders print but hold none: ``?``, ``\ldots``, ``\cdots``, ``\text{N/A}``, ``\_``, ``\square``, ``\foo``.
+  A box longer than ``MAX_BOX_CHARS`` is not read (neither).
 
 Run the examples: ``python -m pytest --doctest-modules rewards/visible.py``.
 """
