@@ -17,8 +17,12 @@ a short guess. Correctness is each row's verifier (``rewards.verifier``: its ``r
 long end (-0.5 rather than -1): that is the schedule's design (exploration), so pair it with
 ``repetition_penalty_reward`` when filler is a risk.
 
-Lengths are in tokens when TRL passes ``completion_ids`` (it does for every reward function), else in
-whitespace-separated words. Run the examples: ``python -m pytest --doctest-modules rewards/length.py``.
+Lengths are in tokens when TRL passes ``completion_ids`` (it does for every reward function), else estimated by
+``estimated_tokens``: the larger of the whitespace-separated words and the UTF-8 bytes of the text that is not
+whitespace over ``BYTES_PER_TOKEN`` (4: byte-level BPE tokenizers average about 4 bytes a token on English). Words
+alone can be gamed (a text without spaces is one word); bytes cannot (removing spaces removes no byte that counts),
+and on ordinary English the two agree within a third (a word is about 5.5 bytes, 1.3 tokens). Invisible characters
+count: they cost tokens all the same. Run the examples: ``python -m pytest --doctest-modules rewards/length.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,22 @@ from rewards.match import completion_text
 from rewards.verifier import verifier_reward
 
 _THINK_CONTENT = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.DOTALL)
+_WORD = re.compile(r"\S+")
+_SPACE = re.compile(r"\s+")
+BYTES_PER_TOKEN = 4
+
+
+def estimated_tokens(text: str) -> int:
+    """A completion's length without its token ids: the larger of its whitespace-separated words and its UTF-8
+    bytes outside whitespace over ``BYTES_PER_TOKEN`` (rounded up). Linear, and it keeps no list of the words.
+
+    >>> estimated_tokens("w " * 5), estimated_tokens("the cat sat on the mat"), estimated_tokens("x" * 400)
+    (5, 6, 100)
+    >>> estimated_tokens("三加四等于七"), estimated_tokens("")
+    (5, 0)
+    """
+    words = _WORD.subn("", text)[1]  # counted in C: no list of words, no match objects
+    return max(words, -(-len(_SPACE.sub("", text).encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN))
 
 
 def _lengths(completions: list, completion_ids: list | None) -> list[int]:
@@ -40,7 +60,7 @@ def _lengths(completions: list, completion_ids: list | None) -> list[int]:
                 f"completion_ids has {len(completion_ids)} rows but there are {len(completions)} completions"
             )
         return [len(ids) for ids in completion_ids]
-    return [len(completion_text(c).split()) for c in completions]
+    return [estimated_tokens(completion_text(c)) for c in completions]
 
 
 def is_think_mode(text: str) -> bool:

@@ -9,20 +9,27 @@ A loop must not escape by looking different while reading the same, so words are
 spirit of Unicode TR39 (confusable detection), applied in this order:
 
 1. invisible characters are dropped (``rewards.visible.visible_text``: Default_Ignorable_Code_Point and format
-   controls — zero-width spaces and joiners, soft hyphens, variation selectors, tag characters) and the text is
-   put in NFKC form (fullwidth ``ｔｈｅ``, mathematical ``𝐭𝐡𝐞``, circled and superscript letters become plain);
-2. case is folded (``Go, go. GO!`` is one word three times; punctuation separates words and is not compared);
-3. combining diacritics that NFC cannot compose with their letter are dropped (``t̴h̴e̴``): an orthographic accent
-   composes (``é``) and stays;
-4. letters of other scripts that look like a Latin letter are read as it (``_LOOK_ALIKES``, after Unicode's
-   confusables: Cyrillic ``а е о р с у х ѕ і ј ...``, Greek ``α ε ι κ ν ο ρ τ υ χ ...``, Armenian ``օ ս ո հ``,
-   Latin small capitals ``ᴛʜᴇ``), decomposed first so an accent on a look-alike stays on its Latin letter; the Greek
-   capitals ``Η Ν Υ`` (like H N Y, while ``η ν υ`` look like n v u) are read before case folding. A decimal digit of
-   any script is read as its ASCII digit.
+   controls: zero-width spaces and joiners, soft hyphens, variation selectors, tag characters);
+2. look-alike letters are read as the letter they look like (``rewards.confusables.FOLD``, derived by one rule
+   from Unicode's confusables data for every script it covers: Cyrillic, Greek, Armenian, Cherokee, Lisu, Coptic,
+   Canadian syllabics, Tifinagh, Latin small capitals, ...), decomposed first so an accent on a look-alike stays on
+   its letter, once before NFKC (``ϲ`` looks like ``c``, NFKC makes it ``ς``) and once after it (fullwidth
+   ``ｔｈｅ``, mathematical ``𝐭𝐡𝐞``, circled and superscript letters become plain first); a decimal digit of any
+   script is read as its ASCII digit;
+3. case is folded (``Go, go. GO!`` is one word three times; punctuation separates words and is not compared), and
+   the fold runs once more on what case folding made (``Σ`` is ``σ``, which looks like ``o``);
+4. combining marks that NFC cannot compose with their letter are dropped (``t̴h̴e̴``, and the overlays of
+   prototypes such as ``ł`` = ``l̸``): an orthographic accent that composes (``é``) stays.
+
+The fold is case-sensitive and runs before case folding: a capital that looks like a Latin capital (``Н``, ``Τ``)
+is read as it, and a small letter without a look-alike of its own reads as its capital does (``н`` as ``h``), so a
+word and its capitals stay one word. The Greek ``Ν``/``ν`` and ``Υ``/``υ`` look like N/v and Y/u: both looks are
+kept, and a word holding them has two case spellings.
 
 ASCII text is unchanged but for case, so the scores equal TRL's ``get_repetition_penalty_reward`` on one-token words
 (tests/test_reward_parity.py). Honest text in another script keeps its own n-grams: only a collision of whole
-n-grams across scripts could merge them.
+n-grams across scripts could merge them. Linear time: every step is a ``str.translate``, a normalisation or one
+regular-expression pass, and the n-grams are hashed one window at a time.
 
 Run the examples: ``python -m pytest --doctest-modules rewards/repetition.py``.
 """
@@ -31,36 +38,35 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from itertools import islice
 from typing import Any
 
+from rewards.confusables import FOLD, unpack
 from rewards.match import completion_text
-from rewards.visible import visible_text
+from rewards.visible import drop_invisible, visible_text
 
 _WORD = re.compile(r"[^\W_]+")
 # Combining diacritics of every script (the generic blocks); left over after NFC they decorate, they do not spell.
 _LOOSE_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
-# Greek capitals that look like a different Latin letter than their small form (η ν υ read as n v u), read before
-# case folding: a Greek word holding them compares case-sensitively (two or three spellings, not a disguise).
-_CAPITALS = str.maketrans({"Η": "h", "Ν": "n", "Υ": "y"})
-# Small letters (after case folding) that look like a Latin letter, after Unicode's confusables.txt.
-_LOOK_ALIKE_PAIRS = (
-    "аa вb еe кk мm нh оo пn рp сc тt уy хx ѕs іi јj һh ԁd ԛq ԝw ӏl үy"  # Cyrillic
-    " αa βb γy εe ζz ηn ιi κk μm νv οo ρp τt υu χx ωw ϲc ϳj"  # Greek (μ follows its capital Μ)
-    " օo սu ոn հh"  # Armenian
-    " ıi ȷj ɑa ɡg ɩi ᴀa ʙb ᴄc ᴅd ᴇe ɢg ʜh ɪi ᴊj ᴋk ʟl ᴍm ɴn ᴏo ᴘp ʀr ꜱs ᴛt ᴜu ᴠv ᴡw ʏy ᴢz"  # Latin variants
-)
-_LOOK_ALIKES = {ord(pair[0]): pair[1] for pair in _LOOK_ALIKE_PAIRS.split()}
+_LOOK_ALIKES = unpack(FOLD)
+_BETWEEN_WORDS = re.compile(r"[\W_]")
+_PIECE = 1 << 16
 
 
-class _Latin(dict):
-    """``str.translate`` table: look-alikes to their Latin letter, decimal digits of any script to ASCII."""
+class _Fold(dict):
+    """``str.translate`` table: look-alikes to the letter they look like, decimal digits of any script to ASCII."""
 
     def __missing__(self, cp: int) -> Any:
-        value = self[cp] = _LOOK_ALIKES.get(cp, str(unicodedata.decimal(chr(cp), "")) or cp)
+        ch = chr(cp)
+        value = self[cp] = _LOOK_ALIKES.get(ch) or str(unicodedata.decimal(ch, "")) or cp
         return value
 
 
-_TO_LATIN = _Latin()
+_TO_LATIN = _Fold()
+
+
+def _fold(text: str) -> str:
+    return unicodedata.normalize("NFD", text).translate(_TO_LATIN)
 
 
 def skeleton(text: str) -> str:
@@ -68,12 +74,30 @@ def skeleton(text: str) -> str:
 
     >>> skeleton("Тhе саt"), skeleton("th\u200be \uff43\uff41\uff54"), skeleton("𝐭𝐡𝐞 ᴄᴀᴛ ٣")
     ('the cat', 'the cat', 'the cat 3')
-    >>> skeleton("t\u0334h\u0334e Ρ\u200bΑΤ")
-    'the pat'
+    >>> skeleton("t\u0334h\u0334e Ρ\u200bΑΤ"), skeleton("ϲat ꓔꓧꓰ ᏟᎪᎢ ⲟⲣ")
+    ('the pat', 'cat the cat op')
     """
-    s = unicodedata.normalize("NFC", visible_text(text).translate(_CAPITALS).casefold())
-    s = _LOOSE_MARKS.sub("", s)
-    return unicodedata.normalize("NFC", unicodedata.normalize("NFD", s).translate(_TO_LATIN))
+    s = _fold(drop_invisible(text))
+    s = _fold(_fold(visible_text(s)).casefold())  # again after case folding: Σ folds as σ does
+    return _LOOSE_MARKS.sub("", unicodedata.normalize("NFC", s))
+
+
+def _ngram_counts(text: str, n: int) -> tuple[int, int]:
+    """(n-grams, distinct n-grams) of the words of ``text``. The text is read in pieces cut between words (the
+    last ``n - 1`` words carried over), and only the hashes of distinct n-grams are kept: a long text costs no list
+    of all its words, and the windows are hashed in C."""
+    seen: set[int] = set()
+    total, carry, start = 0, [], 0
+    while start < len(text):
+        cut = _BETWEEN_WORDS.search(text, start + _PIECE)
+        end = cut.end() if cut else len(text)
+        words = carry + _WORD.findall(text, start, end)
+        if len(words) >= n:
+            seen.update(map(hash, zip(*(islice(words, i, None) for i in range(n)))))
+            total += len(words) - n + 1
+        carry = words[len(words) - n + 1 :] if n > 1 else []
+        start = end
+    return total, len(seen)
 
 
 def repetition_penalty_reward(
@@ -91,10 +115,6 @@ def repetition_penalty_reward(
         raise ValueError(f"repetition_penalty_reward: max_penalty must be <= 0 (it is a penalty), got {max_penalty}")
     scores = []
     for completion in completions:
-        words = _WORD.findall(skeleton(completion_text(completion)))
-        if len(words) < ngram_size:
-            scores.append(0.0)
-            continue
-        ngrams = [tuple(words[i : i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
-        scores.append(round((1 - len(set(ngrams)) / len(ngrams)) * max_penalty, 6) + 0.0)
+        total, distinct = _ngram_counts(skeleton(completion_text(completion)), ngram_size)
+        scores.append(0.0 if total == 0 else round((1 - distinct / total) * max_penalty, 6) + 0.0)
     return scores

@@ -5,7 +5,8 @@ It is its own module because two floors of rewards need it and neither may impor
 as the format rewards (``rewards.format``, which import ``final_answer``) refuse one, and ``rewards.repetition``
 compares loops by the same visible text. It imports nothing of ours.
 
-Only what is visible counts (``visible_text``, ``has_visible``, ``reasoning_words``, ``box_is_visible``):
+Only what is visible counts (``visible_text``, ``has_visible``, ``reasoning_words``, ``box_is_visible``,
+``box_holds_answer``):
 
 - a character is dropped before anything is read when it is Default_Ignorable_Code_Point (Unicode
   DerivedCoreProperties: zero-width spaces and joiners, bidi controls, the soft hyphen, Hangul fillers, variation
@@ -15,11 +16,16 @@ Only what is visible counts (``visible_text``, ``has_visible``, ``reasoning_word
   blank Braille cell U+2800, U+FFFC, U+1D159). A combining mark alone is no word. Han ideographs and Hiragana are
   a word each (as in Unicode's word boundaries, UAX #29), and so is each letter of Thai, Lao, Myanmar and Khmer
   (written without spaces), so unspaced reasoning is counted;
-- a box holds an answer when, after LaTeX that prints nothing is removed (spacing commands, ``~``, ``\phantom``
-  and its kin with their argument, ``\hspace{..}``/``\kern``/``\rule``, colour and label arguments, style switches,
-  ``\left.``, ``$``, comments, empty groups, and commands whose every argument is empty, such as ``\text{}``), it
-  still holds a visible character: a command (``\pi``) or a letter, digit, symbol or bracket; sentence
-  punctuation alone (``\boxed{.}``) is no answer.
+- a box is visible (``box_is_visible``, what ``final_answer`` skips) when, after LaTeX that prints nothing is removed
+  (spacing commands, ``~``, ``\phantom`` and its kin with their argument, ``\hspace{..}``/``\kern``/``\rule``, colour
+  and label arguments, style switches, ``\left.``, ``$``, comments, empty groups, and commands whose every argument is
+  empty, such as ``\text{}``), it still holds a visible character: a command (``\pi``) or a letter, digit, symbol or
+  bracket; sentence punctuation alone (``\boxed{.}``) is not;
+- a box holds an answer (``box_holds_answer``, what the format rewards pay) when what is left holds a value, an
+  allow-list: a digit, a math-mode letter, a text-mode word or single letter, a command that names a value, a
+  relation, an operation or a function (``VALUE_COMMANDS``), a math symbol, an empty bracket pair or a sign alone.
+  Placeholders print but hold none: ``?``, ``\ldots``, ``\cdots``, ``\text{N/A}``, ``\_``, ``\square``, ``\foo``.
+  A box longer than ``MAX_BOX_CHARS`` is not read (neither).
 
 Run the examples: ``python -m pytest --doctest-modules rewards/visible.py``.
 """
@@ -89,7 +95,14 @@ def _kind(ch: str) -> str:
 
 
 _KINDS = _Table(_kind)
-_RUNS = re.compile(r"[wlm]+|s")
+# A word is a maximal run of w, l and m holding a w, or one s: with l and m deleted, each run of w starts a word.
+# Counted by str.count, so a long text costs no list of its words.
+_WORD_STARTS = str.maketrans({"l": None, "m": None, "p": " "})
+
+
+def drop_invisible(text: str) -> str:
+    """``text`` without default-ignorable or format characters, not normalised (``visible_text`` without NFKC)."""
+    return text.translate(_DROP)
 
 
 def visible_text(text: str) -> str:
@@ -118,8 +131,8 @@ def reasoning_words(text: str) -> int:
     >>> reasoning_words("th\u200bi\u200bs"), reasoning_words("三加四等于七"), reasoning_words("삼 더하기 사")
     (1, 6, 3)
     """
-    runs = _RUNS.findall(visible_text(text).translate(_KINDS))
-    return sum(1 for run in runs if run == "s" or "w" in run)
+    kinds = visible_text(text).translate(_KINDS).translate(_WORD_STARTS)
+    return kinds.count("s") + (" " + kinds.replace("s", " ")).count(" w")
 
 
 # ------------------------------------------------------------------------------------------ visible boxes
@@ -156,8 +169,11 @@ _DEPTH = {"{": 1, "}": -1}
 
 
 def _drop_phantoms(s: str) -> str:
-    """Remove ``\\phantom``, ``\\hphantom``, ``\\vphantom`` and the argument each takes (a group or one token)."""
-    while m := _PHANTOM.search(s):
+    """Remove ``\\phantom``, ``\\hphantom``, ``\\vphantom`` and the argument each takes (a group or one token), in
+    one pass: the pieces kept are joined once."""
+    kept, i = [], 0
+    while m := _PHANTOM.search(s, i):
+        kept.append(s[i : m.start()])
         j = m.end()
         if s.startswith("{", j):
             depth = 0
@@ -170,8 +186,9 @@ def _drop_phantoms(s: str) -> str:
             j = c.end()
         else:
             j += 1
-        s = s[: m.start()] + s[j:]
-    return s
+        i = j
+    kept.append(s[i:])
+    return "".join(kept)
 
 
 def _drop_empty_groups(s: str) -> str:
@@ -198,6 +215,21 @@ def _drop_empty_groups(s: str) -> str:
     return "".join(piece for piece in out if piece is not None)
 
 
+MAX_BOX_CHARS = 4096  # a longer box is not read: no answer (rewards.extract never asks about one over 1,000)
+
+
+def _inked(content: str) -> str | None:
+    """The box's content without the LaTeX that prints nothing (module docstring), or None when it is too long to
+    read. Each round removes what the last one uncovered (``\\hspace{\\,}``), so rounds are bounded by the nesting."""
+    if len(content) > MAX_BOX_CHARS:
+        return None
+    s, previous = visible_text(content).translate(_BOX_BLANKS), None
+    while s != previous:
+        previous = s
+        s = _drop_empty_groups(_NO_INK.sub(" ", _drop_phantoms(s)))
+    return s
+
+
 def box_is_visible(content: str) -> bool:
     r"""True when a box's content prints something once LaTeX that prints nothing is removed (module docstring).
 
@@ -206,10 +238,125 @@ def box_is_visible(content: str) -> bool:
     >>> [box_is_visible(b) for b in ["\\frac{1}{2}", "\\text{yes}", "-3", "x^2", "\\pi", "\\{\\}", "0"]]
     [True, True, True, True, True, True, True]
     """
-    s, previous = visible_text(content).translate(_BOX_BLANKS), None
-    while s != previous:
-        previous = s
-        s = _drop_empty_groups(_NO_INK.sub(" ", _drop_phantoms(s)))
+    s = _inked(content)
+    if s is None:
+        return False
     if _COMMAND.search(s):  # a command or escaped symbol that prints (\pi, \infty, \{, \%)
         return True
     return any(k in "wslp" for k in _SYNTAX.sub("", s).translate(_KINDS))
+
+
+# ------------------------------------------------------------------------------------------ boxes that hold an answer
+
+# Commands that name a value, a relation or an operation: each is an answer by itself (\boxed{\pi}, \boxed{\geq}).
+_GREEK = ("alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa varkappa lambda mu nu xi "
+          "omicron pi varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega digamma "
+          "Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega varGamma varDelta varTheta varLambda varXi "
+          "varPi varSigma varUpsilon varPhi varPsi varOmega")
+_CONSTANTS = "infty emptyset varnothing hbar hslash ell imath jmath aleph beth gimel daleth Re Im wp partial nabla top bot"
+_RELATIONS = ("leq le geq ge neq ne lt gt leqslant geqslant equiv approx sim simeq cong propto ll gg prec succ "
+              "preceq succeq subset subseteq subsetneq supset supseteq supsetneq in notin ni cup cap setminus "
+              "bigcup bigcap perp parallel mid nmid")
+_OPERATIONS = ("pm mp times div oplus ominus otimes odot land lor lnot neg wedge vee to rightarrow "
+               "leftarrow Rightarrow Leftarrow leftrightarrow Leftrightarrow iff implies impliedby mapsto "
+               "longrightarrow Longrightarrow uparrow downarrow forall exists nexists sum prod int iint oint "
+               "checkmark surd")
+_FUNCTIONS = ("sin cos tan cot sec csc sinh cosh tanh coth arcsin arccos arctan log ln lg exp lim liminf limsup "
+              "max min sup inf det gcd lcm deg dim ker arg Pr mod bmod")
+VALUE_COMMANDS = frozenset(" ".join((_GREEK, _CONSTANTS, _RELATIONS, _OPERATIONS, _FUNCTIONS)).split())
+# Commands whose argument is text (prose rules: a word, a number or one letter; not N/A, not ?).
+TEXT_COMMANDS = frozenset("text textrm textbf textit textsf texttt textnormal textup textsl textsc textmd emph mbox "
+                          "hbox fbox".split())
+_NAME_COMMANDS = frozenset({"begin", "end"})  # their argument names an environment, it is no answer
+_BOX_TOKEN = re.compile(r"\\[a-zA-Z]+\*?\s*|\\.|[{}]|[^\\{}]+", re.DOTALL)
+_EMPTY_PAIR = re.compile(r"(?:\\\{|\[|\()\s*(?:\\\}|\]|\))")  # \{\}, [], (): the empty set, list, tuple
+
+
+def _math_symbol(ch: str) -> bool:
+    """A mathematical symbol that is an answer by itself (``<``, ``=``, ``±``, ``∞``, ``−``); not an ellipsis (``⋯``
+    is a math symbol in Unicode) nor a dot operator (a placeholder as much as ``.``)."""
+    if unicodedata.category(ch) != "Sm":
+        return False
+    name = unicodedata.name(ch, "")
+    return "ELLIPSIS" not in name and "DOT" not in name
+
+
+_MATH_SYMBOL = _Table(lambda ch: "y" if _math_symbol(ch) else None)
+
+
+def _text_holds_answer(text: str) -> bool:
+    """Text-mode content holds an answer when one of its words, stripped of the punctuation around it, is a number
+    (a digit), a word (two letters in a row) or a single letter (a choice, a variable): ``yes``, ``(B)``, ``12 cm``,
+    ``七``; not ``?``, ``...``, ``--``, nor letters only joined by punctuation (``N/A``, ``n.a.``)."""
+    for token in text.split():
+        inner = token.translate(_KINDS).replace("m", "").strip("p")
+        if any(ch.isdigit() for ch in token) or "ww" in inner or "s" in inner or inner == "w":
+            return True
+    return False
+
+
+def _read_box(s: str) -> tuple[bool, str]:
+    """(whether inked box content ``s`` holds a value outside text mode, its text-mode content): one pass."""
+    if _EMPTY_PAIR.search(s) or s.strip() == "-":  # the empty set; a sign alone (a dash line is punctuation)
+        return True, ""
+    # What each open group is: "t" text mode, "n" an environment's name (no answer), "m" math mode. A group opened
+    # right after a command takes the mode that command gives its argument (``pending``), else its parent's.
+    stack: list[str] = []
+    pending: str | None = None
+    text: list[str] = []
+    value = False
+    for token in _BOX_TOKEN.findall(s):
+        mode = stack[-1] if stack else "m"
+        if token.startswith("\\") and token[1:2].isalpha():
+            name = token[1:].rstrip().rstrip("*")
+            value |= name in VALUE_COMMANDS
+            pending = "t" if name in TEXT_COMMANDS else "n" if name in _NAME_COMMANDS else None
+            continue
+        if token == "{":
+            stack.append(pending or mode)
+            if stack[-1] == "t":
+                text.append(" ")  # a text group is its own words
+        elif token == "}":
+            if stack:
+                stack.pop()
+                if mode == "t":
+                    text.append(" ")
+        elif token.startswith("\\"):
+            pass  # an escaped sign alone (\{ \} \% \$ \_ \# \&) is no answer
+        elif mode == "t":
+            text.append(token)
+        elif mode == "m" and (any(k in "ws" for k in token.translate(_KINDS)) or token.translate(_MATH_SYMBOL)):
+            value = True
+        pending = None
+    return value, "".join(text)
+
+
+def box_holds_answer(content: str) -> bool:
+    r"""True when a box holds an answer, not only something that prints: once LaTeX that prints nothing is removed
+    (``box_is_visible``'s rule), it holds a digit, a letter of math mode (``x``, ``AB``), a text-mode word
+    (``_text_holds_answer``), a command that names a value, a relation or an operation (``VALUE_COMMANDS``: ``\pi``,
+    ``\infty``, ``\emptyset``, greek letters, ``\leq``, ``\times``, ``\sin``), a mathematical symbol (``<``, ``=``)
+    or an empty pair of brackets (the empty set ``\{\}``), or is a sign alone (``-``). Placeholders hold none of
+    them: punctuation (``?``, ``.``, ``--``), ellipses (``\ldots``, ``\dots``, ``\cdots``, ``⋯``), dots (``\cdot``),
+    blanks to fill (``\_``, ``\square``), escaped signs alone (``\%``, ``\$``), ``\text{N/A}``, unknown commands.
+
+    >>> [box_holds_answer(b) for b in ["?", "\\text{?}", "\\ldots", "\\dots", "\\text{N/A}", "\\_\\_", "\\square"]]
+    [False, False, False, False, False, False, False]
+    >>> [box_holds_answer(b) for b in ["3", "x", "\\text{yes}", "\\text{(B)}", "\\pi", "\\{\\}", "\\geq", "-"]]
+    [True, True, True, True, True, True, True, True]
+    """
+    s = _inked(content)
+    if s is None:
+        return False
+    value, text = _read_box(s)
+    return value or _text_holds_answer(text)
+
+
+def box_prose(content: str) -> str:
+    r"""The text-mode content of a box (the arguments of ``\text`` and its kin): the prose an answer holds.
+
+    >>> box_prose("3\\text{ cm}").split(), box_prose("\\text{I added \\textbf{4}} 9").split()
+    (['cm'], ['I', 'added', '4'])
+    """
+    s = _inked(content)
+    return "" if s is None else _read_box(s)[1]

@@ -51,6 +51,8 @@ MODULES = [
     "rewards.verifier",
     "rewards.format",
     "rewards.visible",
+    "rewards.markup",
+    "rewards.confusables",
     "rewards.length",
     "rewards.repetition",
     "rewards.tools",
@@ -392,7 +394,7 @@ def test_cosine_length_reward_orders_short_right_over_long_right_over_long_wrong
     assert short_right > long_right > 0 > long_wrong > short_wrong
     assert cosine_length_reward(["\\boxed{4}"], answer=[None]) == [None]
     assert cosine_length_reward(["\\boxed{yes}"], answer=["Yes"], verifier="exact_match", max_len=10) == [
-        pytest.approx(0.987764, abs=1e-6)  # 1 word of 10: cos(0.1 pi)
+        pytest.approx(0.896946, abs=1e-6)  # 11 bytes, 3 estimated tokens of 10: cos(0.3 pi) (one word, unspaced)
     ]
 
 
