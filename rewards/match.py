@@ -22,8 +22,10 @@ from rewards.answer import (  # noqa: F401  (re-exported: the other reward modul
     answer_matches,
     completion_text,
     final_answer,
+    judge,
     last_boxed,
     normalize_answer,
+    prompt_text,
     strip_think,
 )
 
@@ -37,7 +39,8 @@ def answers_match(predicted: str, gold: str) -> bool:
     return bool(answer_matches(predicted, gold, exact=True))
 
 
-def exact_match_reward(completions: list, answer: list[str | None], **kwargs: Any) -> list[float | None]:
+def exact_match_reward(completions: list, answer: list[str | None], prompts: list | None = None, **kwargs: Any
+                       ) -> list[float | None]:
     r"""1.0 when the completion's boxed answer equals the gold ``answer`` after normalisation, else 0.0;
     None (abstain) for a row without a gold answer.
 
@@ -47,10 +50,11 @@ def exact_match_reward(completions: list, answer: list[str | None], **kwargs: An
     [1.0, 0.0, 0.0, 1.0, 0.0]
     """
     scores: list[float | None] = []
-    for completion, gold in zip(completions, answer, strict=True):
+    for i, (completion, gold) in enumerate(zip(completions, answer, strict=True)):
         if gold is None or str(gold).strip() == "":
             scores.append(None)
             continue
-        pred = final_answer(completion_text(completion))
-        scores.append(1.0 if pred is not None and answers_match(pred, str(gold)) else 0.0)
+        prompt = prompt_text(prompts[i]) if prompts is not None and i < len(prompts) else None
+        right = judge(completion_text(completion), str(gold), prompt=prompt, exact=True, need_box=True)
+        scores.append(1.0 if right else 0.0)
     return scores

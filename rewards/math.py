@@ -31,10 +31,12 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from rewards.answer import answer_kind, answer_matches, completion_text, final_answer, strip_think
+from rewards.answer import answer_kind, answer_matches, completion_text, judge, prompt_text, strip_think
+from rewards.extract import MAX_SCAN_CHARS
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 T = TypeVar("T")
+_SYMBOLIC_KINDS = ("expression", "inequality", "equation")  # kinds math-verify must read for a verdict
 
 SYMBOLIC_SECONDS = 5.0  # wall-clock bound on one symbolic comparison (parse + verify), on any thread
 MAX_SYMBOLIC_CHARS = 300  # a longer prediction (and twice the gold's length) is not parsed
@@ -216,7 +218,7 @@ def _read(answer: str) -> list:
 
 
 def _gold_unreadable(gold: str) -> bool:
-    return answer_kind(gold) == "expression" and not bounded(lambda: _read(gold), default=[])
+    return answer_kind(gold) in _SYMBOLIC_KINDS and not bounded(lambda: _read(gold), default=[])
 
 
 def _expression_equal(pred: str, gold: str) -> bool | None:
@@ -236,30 +238,34 @@ def _expression_equal(pred: str, gold: str) -> bool | None:
     return bounded(compare, default=False)
 
 
-def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False) -> bool | None:
-    r"""True when the final answer of ``text`` (a completion) equals ``gold``; None when the gold itself
-    cannot be parsed (the row is abstained on, with a warning, rather than scored 0 forever).
+def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False, prompt: str | None = None
+                      ) -> bool | None:
+    r"""True when the completion ``text`` states ``gold`` (``rewards.answer.judge``: every answer candidate, read
+    under the gold's grammar); None when the gold itself cannot be parsed (the row is abstained on, with a warning,
+    rather than scored 0 forever). ``prompt``: the question, whose words may be the answer's units.
 
     >>> math_verify_equal("so the answer is \\boxed{0.75}", "3/4"), math_verify_equal("\\boxed{3 + 4}", "7")
     (True, False)
     """
-    pred = final_answer(text, anchors=True)
-    if pred is None and last_number_fallback:
-        numbers = _NUMBER.findall(strip_think(text))
-        pred = numbers[-1].rstrip(",").replace(",", "") if numbers else None
-    if pred is None:
-        equal = None if _gold_unreadable(gold) else False
-    else:
-        equal = answer_matches(pred, gold, expression_equal=_expression_equal)
+    equal = judge(text, gold, prompt=prompt, expression_equal=_expression_equal)
+    if equal is None and last_number_fallback:
+        numbers = _NUMBER.findall(strip_think(text)[-MAX_SCAN_CHARS:])
+        if numbers:
+            equal = answer_matches(numbers[-1].rstrip(",").replace(",", ""), gold, expression_equal=_expression_equal,
+                                   prompt=prompt)
     if equal is None:
+        if not _gold_unreadable(gold):
+            return False
         _warn_gold(gold)
     return equal
 
 
 def math_reward(
-    completions: list, answer: list[str | None], last_number_fallback: bool = False, **kwargs: Any
+    completions: list, answer: list[str | None], last_number_fallback: bool = False, prompts: list | None = None,
+    **kwargs: Any,
 ) -> list[float | None]:
     r"""1.0 when the completion's final answer equals the gold ``answer``, 0.0 otherwise, None without a gold.
+    ``prompts`` (TRL passes them): a unit after a number may be a word the question uses (``5 apples``).
 
     >>> math_reward(
     ...     ["<think>\n2+2\n</think>\nThe answer is \\boxed{4}.", "\\boxed{\\frac{1}{2}}", "I think 4", "\\boxed{5}"],
@@ -267,12 +273,15 @@ def math_reward(
     [1.0, 1.0, 0.0, None]
     >>> math_reward(["I think 4"], answer=["4"], last_number_fallback=True)
     [1.0]
+    >>> math_reward(["\\boxed{5 apples}"] * 2, answer=["5"] * 2, prompts=["How many apples?", "How tall is it?"])
+    [1.0, 0.0]
     """
     scores: list[float | None] = []
-    for completion, gold in zip(completions, answer, strict=True):
+    for i, (completion, gold) in enumerate(zip(completions, answer, strict=True)):
         if gold is None or str(gold).strip() == "":
             scores.append(None)
             continue
-        equal = math_verify_equal(completion_text(completion), str(gold), last_number_fallback)
+        prompt = prompt_text(prompts[i]) if prompts is not None and i < len(prompts) else None
+        equal = math_verify_equal(completion_text(completion), str(gold), last_number_fallback, prompt)
         scores.append(None if equal is None else float(equal))
     return scores
