@@ -51,6 +51,7 @@ from rewards.grammar import (  # noqa: F401  (re-exported)
     answer_kind,
     choice_letter,
     expression_foreign,
+    inequality_interval,
     outer_pair,
     read_choice,
     read_equations,
@@ -219,14 +220,20 @@ class Reader:
         g = _items(gold, "set")
         return True, _cover(p, g, self.item)
 
+    def _same_intervals(self, p: list[tuple[str, str, str, str]], g: list[tuple[str, str, str, str]]) -> bool:
+        """Intervals in order, each with the same brackets and equal endpoints in order."""
+        return len(p) == len(g) and all(
+            a[0] == b[0] and a[3] == b[3] and self.item(a[1], b[1]) and self.item(a[2], b[2]) for a, b in zip(p, g)
+        )
+
     def _interval(self, pred: str, gold: str) -> Reading:
         t = strip_membership(plain(pred))
-        p, g = read_intervals(t), read_intervals(gold)
+        g = read_intervals(gold)
+        p = read_intervals(t)
+        if p is None and (one := inequality_interval(t)) is not None:
+            p = [one[1]]  # 1 < x \leq 2 is (1, 2]
         if p is not None and g is not None:
-            same = len(p) == len(g) and all(
-                a[0] == b[0] and a[3] == b[3] and self.item(a[1], b[1]) and self.item(a[2], b[2]) for a, b in zip(p, g)
-            )
-            return True, same
+            return True, self._same_intervals(p, g)
         if relations(t):
             return self._symbolic(t, gold, RELATIONS)
         return NOT_A_VALUE
@@ -285,7 +292,14 @@ class Reader:
 
     def _inequality(self, pred: str, gold: str) -> Reading:
         t = strip_membership(plain(pred))
-        if not relations(t) and read_intervals(t) is None:
+        g = inequality_interval(gold)
+        p = inequality_interval(t)
+        if g is not None and p is not None:  # one variable: the same variable, the same interval
+            return True, p[0] == g[0] and self._same_intervals([p[1]], [g[1]])
+        intervals = read_intervals(t)
+        if g is not None and intervals is not None:
+            return True, self._same_intervals(intervals, [g[1]])
+        if not relations(t):
             return NOT_A_VALUE
         return self._symbolic(t, gold, RELATIONS)
 

@@ -65,7 +65,7 @@ _HEADING_HEAD = re.compile(r"[#*_ \t]*(?:final[ \t]+)?[#*_ \t]*", re.IGNORECASE)
 _GSM8K = re.compile(r"####[ \t]*(?=[-+$\\(.\d])")
 # A lettered choice alone on its line: "(B)", "B)", "(B) 42", "Option B", "B", "**B.**"; not "A cat sat".
 _CHOICE_LINE = re.compile(
-    r"^[ \t*_#>]{0,8}(?:(?:[Oo]ption|[Cc]hoice)[ \t]+\(?[A-J]\)?|\(?[A-J]\))(?:[ \t.:][^\n]{0,200})?$"
+    r"^[ \t*_#>]{0,8}(?:(?:[Oo]ption|[Cc]hoice)[ \t]+\(?[A-J]\)?|\(?[A-J]\))(?:[ \t.:*_][^\n]{0,200})?$"
     r"|^[ \t*_#>]{0,8}[A-J][.:]?[ \t*_]{0,8}$",
     re.MULTILINE,
 )

@@ -9,13 +9,13 @@ kind           gold                                         a prediction may be
 choice         ``B``, ``(B)``                               ``B``, ``(B)``, ``B)``, ``\text{(B)}``, ``Option B``,
                                                             ``(B) 42`` when ``42`` is that option's text in the
                                                             prompt (``read_choice``)
+equation       ``y = 2x+1``, ``x = 1, y = 2``, ``y = 3``    equations matched by variable name, in any order;
+                                                            a chain only when every side is equal; a bare value
+                                                            for a one-variable gold; ``(x, y) = (1, 2)``;
+                                                            ``x \in \{1, 2\}`` (``read_equations``)
 number         ``42``, ``3/4``, ``50\%``, ``12 \text{cm}``  ``rewards.numbers.parse_number``; ``x = 42``
 matrix         ``\begin{pmatrix}..\end{pmatrix}``           a matrix in any matrix environment (or ``array``),
                                                             entry by entry (``read_matrix``)
-equation       ``y = 2x+1``, ``x = 1, y = 2``               equations matched by variable name, in any order;
-                                                            a chain only when every side is equal; a bare value
-                                                            for a one-equation gold; ``(x, y) = (1, 2)``;
-                                                            ``x \in \{1, 2\}`` (``read_equations``)
 inequality     ``x \leq 5``, ``-1 < x < 2``                 an inequality in any spelling or direction, or an
                                                             interval (``relations``)
 set            ``\{1, 2\}``, ``\emptyset``                  a set, a bare list (commas, "and", "or"),
@@ -51,7 +51,7 @@ from rewards.numbers import _VARIABLE, gold_number
 from rewards.units import UnitContext
 
 KINDS = (
-    "choice", "number", "matrix", "equation", "inequality", "set", "interval", "tuple", "list", "text", "expression",
+    "choice", "equation", "number", "matrix", "inequality", "set", "interval", "tuple", "list", "text", "expression",
 )  # fmt: skip
 
 MATH_WORDS = frozenset(
@@ -218,6 +218,41 @@ def read_intervals(s: str) -> list[tuple[str, str, str, str]] | None:
     return out
 
 
+_FLIP = {"<": ">", ">": "<", "\\leq": "\\geq", "\\geq": "\\leq"}
+_CLOSED = {"<": False, ">": False, "\\leq": True, "\\geq": True}
+
+
+def inequality_interval(s: str) -> tuple[str, tuple[str, str, str, str]] | None:
+    r"""(variable, interval) of an inequality in one variable: ``x \leq 5`` is ``x`` in ``(-\infty, 5]``, read in
+    any direction (``5 \geq x``, ``2 > x > -1``); None for anything else (two variables, mixed directions).
+
+    >>> inequality_interval("5 \\geq x"), inequality_interval("2 > x > -1")
+    (('x', ('(', '-\\infty', '5', ']')), ('x', ('(', '-1', '2', ')')))
+    """
+    toks = re.split(r"(<|>|\\leq(?![A-Za-z])|\\geq(?![A-Za-z]))", plain(s))
+    sides, ops = [t.strip() for t in toks[0::2]], toks[1::2]
+    if not ops or len(ops) > 2 or not all(sides):
+        return None
+    if ops[0] in (">", "\\geq"):  # read left to right as "less than"
+        sides, ops = sides[::-1], [_FLIP[o] for o in ops[::-1]]
+    if any(o not in ("<", "\\leq") for o in ops):
+        return None
+    names = [i for i, side in enumerate(sides) if _VARIABLE.fullmatch(side.replace(" ", ""))]
+    if len(ops) == 2:
+        if names != [1] and 1 not in names:
+            return None
+        low, high = (sides[0], _CLOSED[ops[0]]), (sides[2], _CLOSED[ops[1]])
+        var = sides[1]
+    elif 0 in names:
+        var, low, high = sides[0], ("-\\infty", False), (sides[1], _CLOSED[ops[0]])
+    elif 1 in names:
+        var, low, high = sides[1], (sides[0], _CLOSED[ops[0]]), ("\\infty", False)
+    else:
+        return None
+    interval = ("[" if low[1] else "(", low[0], high[0], "]" if high[1] else ")")
+    return var.replace(" ", ""), interval
+
+
 def relations(s: str) -> list[str]:
     r"""The order relations of ``s``, in order, spelt one way (``\geq`` = ``>=`` = ``≥``; ``\lt`` = ``<``).
 
@@ -241,12 +276,12 @@ def answer_kind(gold: str) -> str:
     s = plain(gold)
     if choice_letter(gold) is not None:
         return "choice"
+    if read_equations(s) is not None:  # before numbers: "y = 3" names its variable
+        return "equation"
     if gold_number(gold) is not None:
         return "number"
     if read_matrix(s) is not None:
         return "matrix"
-    if read_equations(s) is not None:
-        return "equation"
     if relations(s):
         return "inequality"
     pair = outer_pair(s)
@@ -278,21 +313,43 @@ def _squash(s: str) -> str:
     return " ".join(unwrap_text(plain(s)).lower().split())
 
 
+_OPTION_LABEL = re.compile(r"(?:^|(?<=[\s(]))\(?([A-J])[).:](?=\s)|\(([A-J])\)", re.MULTILINE)
+
+
+def option_text(prompt: str, letter: str) -> str | None:
+    r"""The text of option ``letter`` in a prompt that lists options (``(A) 40 (B) 42``, ``A. 40\nB. 42``): from
+    its label to the next label or the end of its line; None when the prompt has no such option.
+
+    >>> option_text("Pick one: (A) 40 (B) 42 (C) 44", "B"), option_text("A) red\nB) blue", "B")
+    ('42', 'blue')
+    """
+    labels = [(m.group(1) or m.group(2), m.start(), m.end()) for m in _OPTION_LABEL.finditer(prompt[:20_000])]
+    for k, (found, _, end) in enumerate(labels):
+        if found == letter:
+            stop = labels[k + 1][1] if k + 1 < len(labels) else len(prompt)
+            line_end = prompt.find("\n", end, stop)
+            return prompt[end : line_end if line_end >= 0 else stop].strip()
+    return None
+
+
 def read_choice(pred: str, prompt: str | None) -> str | None:
     r"""The letter a prediction chooses: ``B``, ``(B)``, ``B)``, ``B.``, ``\text{(B)}``, ``Option B``; a text after
-    the letter only when it is in the prompt (the option's own text). Upper-cased; None otherwise.
+    the letter only when it is that option's own text in the prompt. Upper-cased; None otherwise.
 
-    >>> read_choice("\\text{(b)}", None), read_choice("(B) 42", "(A) 40 (B) 42"), read_choice("B because", "..")
+    >>> read_choice("\\text{(b)}", None), read_choice("(B) 42", "(A) 40 (B) 42"), read_choice("(B) 40", "(A) 40 (B) 42")
     ('B', 'B', None)
     """
     s = unwrap_text(plain(pred)).strip().strip("*_").strip()
     m = _CHOICE.match(s)
     if m is None:
         return None
+    letter = (m.group("p") or m.group("b")).upper()
     rest = m.group("rest")
-    if rest is not None and (prompt is None or _squash(rest).strip(" .") not in _squash(prompt)):
-        return None
-    return (m.group("p") or m.group("b")).upper()
+    if rest is not None:
+        own = option_text(prompt, letter) if prompt is not None else None
+        if own is None or _squash(rest).strip(" .*_") != _squash(own).strip(" .*_"):
+            return None
+    return letter
 
 
 # ----------------------------------------------------------------------------------------------- equations
