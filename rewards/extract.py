@@ -52,17 +52,18 @@ LAYOUT_BOXES = frozenset(
     "rotatebox reflectbox".split()
 )
 _LEADING_ARGUMENTS = {"colorbox": 1, "fcolorbox": 2}  # colour arguments before the boxed content
-_BOX_TOKEN = re.compile(r"\\([A-Za-z]+)|\\.|[{}]", re.DOTALL)
+_BOX_COMMAND = re.compile(r"\\([A-Za-z]*box(?:ed)?)(?![A-Za-z])", re.IGNORECASE)
+_BRACE = re.compile(r"\\.|[{}]", re.DOTALL)
 _SPACE = re.compile(r"\s*")
 _OPTIONAL = re.compile(r"\[[^\[\]{}]{0,100}\]\s*")
 _BARE = re.compile(r"[^\s$}]+")
-_ANCHOR = re.compile(r"answer|####", re.IGNORECASE)
-_CONNECTOR = re.compile(
-    r"s?[*_ \t]{0,8}(?:(?:is|are|would\s+be|will\s+be|must\s+be)(?![A-Za-z])[*_ \t]{0,4}:?|[:=])", re.IGNORECASE
+# An answer phrase: "answer is/are/would be/...", "answer:", "answer =", a "Final Answer" heading line, "#### ".
+_ANCHOR = re.compile(
+    r"(?<![A-Za-z])answers?[*_ \t]{0,8}(?:(?:is|are|would\s+be|will\s+be|must\s+be)(?![A-Za-z])[*_ \t]{0,4}:?|[:=])"
+    r"|(?P<heading>^[#*_ \t]{0,8}(?:final[ \t]+)?[#*_ \t]{0,4}answers?[*_#: \t]{0,8}$)"
+    r"|(?P<gsm8k>####[ \t]*(?=[-+$\\(.\d]))",
+    re.IGNORECASE | re.MULTILINE,
 )
-_HEADING_TAIL = re.compile(r"s?[*_#: \t]{0,8}\n")
-_HEADING_HEAD = re.compile(r"[#*_ \t]*(?:final[ \t]+)?[#*_ \t]*", re.IGNORECASE)
-_GSM8K = re.compile(r"####[ \t]*(?=[-+$\\(.\d])")
 # A lettered choice alone on its line: "(B)", "B)", "(B) 42", "Option B", "B", "**B.**"; not "A cat sat".
 _CHOICE_LINE = re.compile(
     r"^[ \t*_#>]{0,8}(?:(?:[Oo]ption|[Cc]hoice)[ \t]+\(?[A-J]\)?|\(?[A-J]\))(?:[ \t.:*_][^\n]{0,200})?$"
@@ -152,7 +153,8 @@ def strip_think(text: str) -> str:
 
 
 def is_box_command(name: str) -> bool:
-    r"""Whether ``\name`` frames an answer: a name ending in ``box`` or ``boxed``, any case, not a layout box.
+    r"""Whether ``\name`` frames an answer: a name ending in ``box`` or ``boxed``, any case, not a layout box
+    (``_BOX_COMMAND`` finds these).
 
     >>> [is_box_command(n) for n in ("boxed", "fbox", "framebox", "Boxed", "colorbox", "mbox", "makebox", "box")]
     [True, True, True, True, True, False, False, True]
@@ -190,36 +192,56 @@ def _box_argument(text: str, pos: int, name: str) -> tuple[str, int, int] | None
     return ("bare", pos, end) if end > pos else None
 
 
+def _closing_brace(text: str, open_at: int) -> int:
+    """The index of the brace closing the group that opens at ``open_at``: -1 when the text ends first (a box cut
+    off), -2 when the group holds more than ``MAX_ANSWER_CHARS`` (never read: it refuses). Bounded scan."""
+    depth, stop = 0, open_at + MAX_ANSWER_CHARS + 2
+    for m in _BRACE.finditer(text, open_at, stop):
+        token = m.group()
+        if token == "{":
+            depth += 1
+        elif token == "}":
+            depth -= 1
+            if depth == 0:
+                return m.start()
+    return -1 if stop >= len(text) else -2
+
+
 def box_spans(text: str, limit: int = MAX_CANDIDATES + 1) -> list[tuple[int, int]]:
-    r"""(start, end) of the content of every complete outermost box, in order, at most ``limit`` of them. One pass
-    that keeps a brace depth and at most one open box: nested or unclosed openings cost nothing extra.
+    r"""(start, end) of the content of every complete box, in order, at most ``limit``; a box inside a box is part
+    of its content. A box longer than ``MAX_ANSWER_CHARS`` (or more than ``4 * limit`` box commands) is
+    ``(start, -1)`` and ends the list (it refuses).
+    One left-to-right pass: a regular expression finds the next box command; only a box's own content (at most
+    ``MAX_ANSWER_CHARS``) is scanned for its closing brace, so nested or unclosed openings cost nothing extra.
 
     >>> t = "\\boxed{1} then \\fbox {\\frac{3}{4}} and \\boxed{\\boxed{2}} \\boxed 5. \\boxed{"
     >>> [t[a:b] for a, b in box_spans(t)]
     ['1', '\\frac{3}{4}', '\\boxed{2}', '5']
     """
     spans: list[tuple[int, int]] = []
-    depth, open_at, open_depth, pos = 0, -1, 0, 0
-    while len(spans) < limit and (m := _BOX_TOKEN.search(text, pos)) is not None:
-        pos, token = m.end(), m.group()
-        if token == "{":
-            depth += 1
-        elif token == "}":
-            if open_at >= 0 and depth == open_depth:
-                spans.append((open_at, m.start()))
-                open_at = -1
-            depth = max(depth - 1, 0)
-        elif m.group(1) and open_at < 0 and is_box_command(m.group(1)):
-            argument = _box_argument(text, pos, m.group(1))
-            if argument is None:
-                continue
-            kind, start, end = argument
-            if kind == "group":
-                depth += 1
-                open_at, open_depth, pos = start + 1, depth, start + 1
-            else:
-                spans.append((start, end))
-                pos = end
+    pos, commands = 0, 0
+    while len(spans) < limit and (m := _BOX_COMMAND.search(text, pos)) is not None:
+        pos = m.end()
+        if m.group(1).lower() in LAYOUT_BOXES:
+            continue
+        commands += 1
+        if commands > 4 * limit:  # a flood of box commands: no answer to find among them
+            spans.append((m.start(), -1))
+            break
+        argument = _box_argument(text, pos, m.group(1))
+        if argument is None:
+            continue
+        kind, start, end = argument
+        if kind == "group":
+            close = _closing_brace(text, start)
+            if close == -1:
+                continue  # cut off: a box inside it may still be complete
+            start, end = start + 1, close
+        if end < 0 or end - start > MAX_ANSWER_CHARS:
+            spans.append((start, -1))
+            break
+        spans.append((start, end))
+        pos = end
     return spans
 
 
@@ -229,7 +251,7 @@ def all_boxed(text: str) -> list[str]:
     >>> all_boxed("\\boxed{1} then \\boxed{\\frac{3}{4}} and \\boxed{")
     ['1', '\\frac{3}{4}']
     """
-    return [text[a:b] for a, b in box_spans(text, limit=len(text) + 1)]
+    return [text[a:b] for a, b in box_spans(text, limit=len(text) + 1) if b >= 0]  # limit: every box
 
 
 def last_boxed(text: str) -> str | None:
@@ -260,39 +282,24 @@ def _sentence_end(text: str, start: int, stop: int) -> int:
     return stop
 
 
-def _heading_value(text: str, m: re.Match) -> int | None:
-    """Where the value of a "Final Answer" heading starts (the next non-blank line), or None if ``m`` is no
-    heading: only markup and "final" before it on its line, only markup after it."""
-    line_start = text.rfind("\n", max(0, m.start() - 32), m.start()) + 1
-    if line_start == 0 and m.start() > 32:
-        return None
-    if _HEADING_HEAD.fullmatch(text, line_start, m.start()) is None:
-        return None
-    tail = _HEADING_TAIL.match(text, m.end())
-    return None if tail is None else _SPACE.match(text, tail.end()).end()
-
-
 def _anchor_spans(text: str, boxes: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
-    """(start, end) of the value of every answer phrase that does not point at a box, at most ``limit``."""
-    matches, spans = [], []
+    """(start, end) of the value of every answer phrase that does not point at a box, at most ``limit`` + 1."""
+    matches = []
     for m in _ANCHOR.finditer(text):
-        if m.group() == "####":
-            g = _GSM8K.match(text, m.start())
-            if g is not None:
-                matches.append((m.start(), g.end(), True))
-        elif m.start() == 0 or not text[m.start() - 1].isalpha():
-            c = _CONNECTOR.match(text, m.end())
-            start = _SPACE.match(text, c.end()).end() if c is not None else _heading_value(text, m)
-            if start is not None:
-                matches.append((m.start(), start, False))
-        if len(matches) > limit * 4:
+        # a heading's value is on the next non-blank line; a "####" value is the rest of its line
+        start = _SPACE.match(text, m.end() + (m.group("heading") is not None)).end()
+        matches.append((m.start(), start, m.group("gsm8k") is not None))
+        if len(matches) > 4 * limit:
             break
+    spans: list[tuple[int, int]] = []
     box_starts = [a for a, _ in boxes]
     for k, (_, start, line) in enumerate(matches):
-        stop = matches[k + 1][0] if k + 1 < len(matches) else len(text)
-        end = text.find("\n", start, min(stop, start + MAX_ANSWER_CHARS + 1)) if line else -1
-        if end < 0:
-            end = min(stop, start + MAX_ANSWER_CHARS + 1) if line else _sentence_end(text, start, stop)
+        stop = min(matches[k + 1][0] if k + 1 < len(matches) else len(text), start + MAX_ANSWER_CHARS + 1)
+        if line:
+            end = text.find("\n", start, stop)
+            end = stop if end < 0 else end
+        else:
+            end = _sentence_end(text, start, stop)
         i = bisect.bisect_left(box_starts, start)
         if i < len(box_starts) and box_starts[i] < end:
             continue  # "The answer is \boxed{4}": the phrase points at the box
@@ -323,7 +330,7 @@ def answer_candidates(text: str, anchors: bool = True, choices: bool = False) ->
     found: list[Candidate] = []
     boxes = box_spans(text)
     for a, b in boxes:
-        content = text[a:b].strip() if b - a <= MAX_ANSWER_CHARS else None
+        content = text[a:b].strip() if b >= 0 else None
         if content is None or box_is_visible(content):  # a box that prints nothing is no answer
             found.append(Candidate(content, "box", a))
     if anchors:
