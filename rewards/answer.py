@@ -190,6 +190,9 @@ class Reader:
         g = gold_number(gold)
         units = self.units if gold == self.gold else UnitContext(gold=gold, prompt=self.prompt)
         p = parse_number(pred, units=units)
+        pair = outer_pair(plain(pred)) if p is None else None
+        if pair is not None and pair[0] + pair[2] == "()" and len(split_top(pair[1])) == 1:
+            p = parse_number(pair[1], units=units)  # \left(\frac{1}{3}\right): the value in parentheses
         if p is None:
             sides = self._sides(pred)
             if sides is None or (p := parse_number(sides[1], units=units)) is None:

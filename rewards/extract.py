@@ -12,7 +12,8 @@ Shared by every reward that reads an answer (``math_reward``, ``exact_match_rewa
     ``\boxed {3}``, ``\boxed`` + newline + ``{3}``, ``\boxed*{3}``, ``\fbox{3}``, ``\framebox[2cm]{3}``,
     ``\colorbox{yellow}{3}``; without braces the argument is the run up to the next space or ``$`` (``\boxed 3``).
     A box inside a box is part of the outer one's content, not a candidate of its own;
-  - every **answer phrase**: "answer is / are / would be / will be / must be X", "answer: X", "answer = X" (so "The
+  - every **answer phrase**: "answer is / are / would be / will be / must be X", "answer: X", "answer = X" (also
+    with "option" or "choice" for "answer": "The correct option is B"; so "The
     final answer is X", Minerva's "Final Answer: The final answer is $X$. I hope it is correct.", "**Answer:** X"),
     a heading "Final Answer" with X on the next line, and GSM8K's ``#### X``. X runs to the end of its sentence
     (a ``.``/``!``/``?`` before a space, outside ``$..$``) or line, or to the next answer phrase. A phrase whose
@@ -59,7 +60,7 @@ _OPTIONAL = re.compile(r"\[[^\[\]{}]{0,100}\]\s*")
 _BARE = re.compile(r"[^\s$}]+")
 # An answer phrase: "answer is/are/would be/...", "answer:", "answer =", a "Final Answer" heading line, "#### ".
 _ANCHOR = re.compile(
-    r"(?<![A-Za-z])answers?[*_ \t]{0,8}(?:(?:is|are|would\s+be|will\s+be|must\s+be)(?![A-Za-z])[*_ \t]{0,4}:?|[:=])"
+    r"(?<![A-Za-z])(?:answer|option|choice)s?[*_ \t]{0,8}(?:(?:is|are|would\s+be|will\s+be|must\s+be)(?![A-Za-z])[*_ \t]{0,4}:?|[:=])"
     r"|(?P<heading>^[#*_ \t]{0,8}(?:final[ \t]+)?[#*_ \t]{0,4}answers?[*_#: \t]{0,8}$)"
     r"|(?P<gsm8k>####[ \t]*(?=[-+$\\(.\d]))",
     re.IGNORECASE | re.MULTILINE,
@@ -276,8 +277,8 @@ def _sentence_end(text: str, start: int, stop: int) -> int:
             math = not math
         elif ch == "\n" and not math:
             return i
-        elif ch in ".!?" and not math and (i + 1 >= len(text) or text[i + 1].isspace()):
-            return i
+        elif ch in ".!?" and not math and (i + 1 >= len(text) or text[i + 1].isspace()) and text[i - 1] != ".":
+            return i  # "3..." is an ellipsis, not the end of a sentence
         i += 1
     return stop
 

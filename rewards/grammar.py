@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import re
 
-from rewards.latex import group_end, plain, split_top, tokens
+from rewards.latex import plain, split_top, tokens
 from rewards.numbers import _VARIABLE, gold_number
 from rewards.units import UnitContext
 
@@ -205,7 +205,9 @@ def read_intervals(s: str) -> list[tuple[str, str, str, str]] | None:
     >>> read_intervals("(-\\infty, 1) \\cup [2, 3]"), read_intervals("\\{1, 2\\}")
     ([('(', '-\\infty', '1', ')'), ('[', '2', '3', ']')], None)
     """
-    pieces = [p.strip() for p in re.split(r"\\cup(?![A-Za-z])", plain(strip_membership(plain(s))))]
+    t = plain(strip_membership(plain(s)))
+    t = re.sub(r"\\mathbb\s*\{\s*R\s*\}", r"(-\\infty, \\infty)", t)  # the real line
+    pieces = [p.strip() for p in re.split(r"\\cup(?![A-Za-z])", t)]
     out = []
     for piece in pieces:
         pair = outer_pair(piece)

@@ -201,12 +201,10 @@ def parse_number(s: str, strict: bool = True, units: UnitContext | None = None) 
     s = plain(s)
     head = _HEAD.match(s)
     pos = head.end()
-    for kind, pattern in _BODIES:
-        body = pattern.match(s, pos)
-        if body is not None:
-            break
-    else:
+    found = next(((kind, m) for kind, pattern in _BODIES if (m := pattern.match(s, pos)) is not None), None)
+    if found is None:
         return None
+    kind, body = found
     if sum(ch.isdigit() for ch in body.group()) > MAX_DIGITS:
         return None
     pos = body.end()

@@ -184,7 +184,8 @@ class UnitContext:
 
     def accepts(self, word: str, marked: bool = False, power: str = "") -> bool:
         r"""Whether ``word`` may stand after a number as its unit here (module docstring). ``marked``: written in
-        ``\text{..}`` or under a slash (a single letter is a unit only then); ``power``: ``2``/``3`` for ``cm^2``.
+        ``\text{..}`` or under a slash (a single letter is a unit only then, or when the question writes it after
+        a number: ``2 m long``); ``power``: ``2``/``3`` for ``cm^2``.
 
         >>> ctx = UnitContext(gold="12", prompt="Tom has 5 red apples. How many apples does he have?")
         >>> [ctx.accepts(w) for w in ("apples", "apple", "red", "cm", "approximately", "dozen", "tops")]
@@ -197,8 +198,8 @@ class UnitContext:
         w = word.lower().rstrip(".")
         if not w.isalpha() or is_closed_class(w):
             return False
-        if len(w) == 1 and not (marked and w in LETTER_UNITS):
-            return False
+        if len(w) == 1 and not (w in LETTER_UNITS and (marked or w in self.counted)):
+            return False  # a lone letter is a variable, unless marked up or the question uses it as a unit
         if _stem(w) in self.counted:
             return True
         dimension = dimension_of(w)
