@@ -96,6 +96,7 @@ def _words(s: str) -> int:
     return len(normalize_answer(s).split())
 
 
+_LEADING_NUMBER = re.compile(r"(?:\\\$\s*)?([-+]?(?:\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+)?)(?![\d.])")
 _TRAILING_UNIT = re.compile(r"\s*\\text\{([^{}]*)\}(?:\s*\^\s*\{?[23]\}?)?\s*$")
 
 
@@ -151,6 +152,14 @@ class Reader:
             return self._read_exact(pred, gold, kind)
         reader = getattr(self, "_" + kind)
         return reader(pred, gold)
+
+    def contradicts(self, prose: str) -> bool:
+        """Whether an answer phrase that states no value still begins with a number other than a number gold
+        ("The answer is 4 apples, ..." beside ``\boxed{3}``): what a phrase begins with is what it answers."""
+        if self.kind != "number" or (m := _LEADING_NUMBER.match(plain(prose))) is None:
+            return False
+        lead, gold = gold_number(m.group(1)), gold_number(self.gold)
+        return lead is not None and gold is not None and not _equal(lead, gold)
 
     def item(self, pred: str, gold: str) -> bool:
         """Whether one entry (of a list, set, interval, tuple or matrix) equals its gold entry, by that entry's kind."""
@@ -317,7 +326,7 @@ class Reader:
         value = drop_marked_units(value, self.units)
         if symbols(gold) and parse_number(value) is not None:
             return True, False  # "2" for "2x": a number is not an expression in a variable
-        return self._symbolic(value, gold, frozenset())
+        return self._symbolic(value, gold, frozenset({"="}) if "=" in plain(gold) else frozenset())
 
     def _symbolic(self, pred: str, gold: str, allow: frozenset[str]) -> Reading:
         """math-verify's verdict on a prediction the expression grammar accepts next to the gold."""
@@ -384,8 +393,9 @@ def judge(
     need_box: bool = False,
 ) -> bool | None:
     r"""The verdict on a whole completion (module docstring): True when every candidate of its answer part states
-    the gold, False when none does, one states something else, or a box states no value; None when the gold
-    cannot be judged or there is no candidate (the caller decides: ``math_reward`` may read the last number).
+    the gold, False when none does, one states something else, a box states no value, or every answer phrase is
+    prose; None when the gold cannot be judged or there is no candidate at all (the caller decides:
+    ``math_reward`` may read the last number).
     ``need_box``: an answer phrase alone is not enough (``exact_match_reward``).
 
     >>> judge("So \\boxed{4}. The answer is 4.", "4"), judge("\\boxed{4}. The answer is 5.", "4")
@@ -411,10 +421,12 @@ def judge(
             if not value:
                 return False  # \boxed{3 or 4}: the completion boxed something that is no answer
         elif not value:
+            if reader.contradicts(candidate.text):
+                return False  # "The answer is 4 apples." beside \boxed{3}
             continue  # "the answer is 4 because ...": prose after an answer phrase
         verdicts.append(equal)
     if not verdicts:
-        return None
+        return False if found else None  # only prose after answer phrases: stated, but not as a value
     if need_box and not boxed:
         return False
     if any(v is False for v in verdicts):

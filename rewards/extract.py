@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,13 +59,15 @@ _BRACE = re.compile(r"\\.|[{}]", re.DOTALL)
 _SPACE = re.compile(r"\s*")
 _OPTIONAL = re.compile(r"\[[^\[\]{}]{0,100}\]\s*")
 _BARE = re.compile(r"[^\s$}]+")
-# An answer phrase: "answer is/are/would be/...", "answer:", "answer =", a "Final Answer" heading line, "#### ".
+# Answer phrases are found on an ASCII-lower-cased copy (same length, same offsets) by one pattern that starts
+# with a literal word, so the search skips ahead in C and prose that merely uses the word costs nothing.
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _ANCHOR = re.compile(
-    r"(?<![A-Za-z])(?:answer|option|choice)s?[*_ \t]{0,8}(?:(?:is|are|would\s+be|will\s+be|must\s+be)(?![A-Za-z])[*_ \t]{0,4}:?|[:=])"
-    r"|(?P<heading>^[#*_ \t]{0,8}(?:final[ \t]+)?[#*_ \t]{0,4}answers?[*_#: \t]{0,8}$)"
-    r"|(?P<gsm8k>####[ \t]*(?=[-+$\\(.\d]))",
-    re.IGNORECASE | re.MULTILINE,
+    r"(?:answer|option|choice)s?[*_ \t]{0,8}(?:(?:is|are|would\s+be|will\s+be|must\s+be)(?![a-z])[*_ \t]{0,4}:?|[:=])"
+    r"|(?P<heading>answers?[*_#: \t]{0,8}(?:\n|\Z))"
+    r"|(?P<gsm8k>####[ \t]{0,8}(?=[-+$\\(.\d]))"
 )
+_HEADING_HEAD = re.compile(r"[#*_ \t]{0,8}(?:final[ \t]+)?[#*_ \t]{0,4}")
 # A lettered choice alone on its line: "(B)", "B)", "(B) 42", "Option B", "B", "**B.**"; not "A cat sat".
 _CHOICE_LINE = re.compile(
     r"^[ \t*_#>]{0,8}(?:(?:[Oo]ption|[Cc]hoice)[ \t]+\(?[A-J]\)?|\(?[A-J]\))(?:[ \t.:*_][^\n]{0,200})?$"
@@ -283,13 +286,25 @@ def _sentence_end(text: str, start: int, stop: int) -> int:
     return stop
 
 
+def _is_heading(low: str, start: int) -> bool:
+    """Whether only markup and "final" stand before the word at ``start`` on its line (a "Final Answer" heading;
+    looked at up to 32 characters back)."""
+    line_start = low.rfind("\n", max(0, start - 32), start) + 1
+    if line_start == 0 and start > 32:
+        return False
+    return _HEADING_HEAD.fullmatch(low, line_start, start) is not None
+
+
 def _anchor_spans(text: str, boxes: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
     """(start, end) of the value of every answer phrase that does not point at a box, at most ``limit`` + 1."""
-    matches = []
-    for m in _ANCHOR.finditer(text):
-        # a heading's value is on the next non-blank line; a "####" value is the rest of its line
-        start = _SPACE.match(text, m.end() + (m.group("heading") is not None)).end()
-        matches.append((m.start(), start, m.group("gsm8k") is not None))
+    low = text.translate(_ASCII_LOWER)
+    matches = []  # (where the phrase starts, where its value starts, the value is the rest of the line)
+    for m in _ANCHOR.finditer(low):
+        if m.group("gsm8k") is None and m.start() > 0 and low[m.start() - 1].isalpha():
+            continue  # inside another word
+        if m.group("heading") is not None and not _is_heading(low, m.start()):
+            continue
+        matches.append((m.start(), _SPACE.match(text, m.end()).end(), m.group("gsm8k") is not None))
         if len(matches) > 4 * limit:
             break
     spans: list[tuple[int, int]] = []
