@@ -1,14 +1,15 @@
-r"""Exact-match verification of a final ``\boxed{...}`` answer.
+r"""Exact-match verification of a final boxed answer.
 
 Task families whose answers are not mathematical expressions (sorted lists, words, yes/no) are checked by
-``exact_match_reward``: the completion's one boxed answer after its reasoning (``rewards.answer.final_answer``:
-several boxes must agree, an answer only inside ``<think>`` does not count) is compared with the gold
-``answer`` column after normalising whitespace, case, a trailing period and ``$...$`` / ``\text{...}``
-wrappers. Comma-separated lists are compared element by element, in order; a gold in set braces
-(``\{a, b\}``) as a set. Numbers are compared as text (``3.0`` is not ``3``: use ``math_reward`` for that).
+``exact_match_reward``: the completion must give a box, and every answer candidate of its answer part
+(``rewards.answer.judge`` with ``exact=True``: every box spelling and answer phrase, as for ``math_reward``; an
+answer only inside ``<think>`` does not count) must equal the gold ``answer`` after normalising whitespace, case,
+a trailing period and ``$...$`` / ``\text{...}`` wrappers. Comma-separated lists are compared element by element,
+in order; a gold in set braces (``\{a, b\}``) as a set; a lettered-choice gold by its letter. Numbers are compared
+as text (``3.0`` is not ``3``: use ``math_reward`` for that).
 
 The text helpers every reward shares (``completion_text``, ``strip_think``, ``last_boxed``, ...) live in
-``rewards.answer`` and are importable from here too.
+``rewards.extract`` and are importable from here too.
 
 Run the examples: ``python -m pytest --doctest-modules rewards/match.py``.
 """

@@ -545,3 +545,11 @@ def test_the_answer_rewards_are_bounded_on_1_mb(shape):
     scores = [math_reward([text], answer=["3"])[0], math_reward([text], answer=["B"])[0],
               math_reward([text], answer=["3"], last_number_fallback=True)[0], exact_match_reward([text], answer=["3"])[0]]
     assert all(s in (0.0, 1.0) for s in scores) and time.perf_counter() - start < 4 * BOUND_S
+
+
+def test_the_symbolic_comparisons_of_one_completion_share_one_deadline():
+    # 20 entries that each run to the deadline alone: together they still stop at it
+    costly = "\\boxed{\\{" + ", ".join(["(x+y+z)^{100}"] * 20) + "\\}}"
+    start = time.perf_counter()
+    assert math_reward([costly], answer=["\\{x^2+1, x^3\\}"]) == [0.0]
+    assert time.perf_counter() - start < 4 * BOUND_S
