@@ -68,7 +68,7 @@ MATH_COMMANDS = frozenset(
         "frac sqrt sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh coth log ln lg exp det gcd lcm max "
         "min mod bmod pmod deg infty cdot times div circ prime overline bar hat vec dot ddot tilde widetilde "
         "widehat mathbb mathcal mathfrak cup cap setminus emptyset lfloor rfloor lceil rceil lvert rvert vert "
-        "lVert rVert langle rangle text " + _GREEK
+        "lVert rVert langle rangle text ell hbar partial nabla angle degree Re Im ast " + _GREEK
     ).split()),
 ) | frozenset({"\\{", "\\}", "\\|"})
 RELATIONS = frozenset({"<", ">", "\\leq", "\\geq"})

@@ -40,8 +40,10 @@ _NO_MEANING = re.compile(
 # \left. and \right. print nothing; after \left/\right went, a lone "." before a closing delimiter is gone too.
 _TEXT_WRAPPERS = (
     r"text|textnormal|textrm|textup|textmd|textbf|textit|textsf|texttt|textsl|emph|mbox|hbox|mathrm|mathnormal"
-    r"|mathit|mathsf|mathtt|mathbf|boldsymbol|bm|operatorname"
+    r"|mathit|mathsf|mathtt|mathbf|boldsymbol|bm|operatorname|underline|uline"
 )
+_COLOUR = re.compile(r"\\(?:color|textcolor)\s*\{[^{}]*\}")  # \textcolor{red}{3}: the colour goes
+_INKLESS_TEXT = re.compile(r"\\text\{([^{}A-Za-z]*)\}")  # \text{3}, \textbf{\%}: prints what it holds
 _WRAPPER = re.compile(r"\\(?:" + _TEXT_WRAPPERS + r")\*?(?![A-Za-z])\s*(?=\{)")
 _NESTED_TEXT = re.compile(r"\\text\{\s*\\text\{([^{}]*)\}\s*\}")
 _FRAC = re.compile(r"\\[dtc]frac(?![A-Za-z])")
@@ -150,12 +152,18 @@ def plain(s: str) -> str:
         s = _unwrap(s, _BOX, " {} ")
         if s == before:
             break
-    s = _WRAPPER.sub(r"\\text", s)
+    s = _WRAPPER.sub(r"\\text", _COLOUR.sub(" ", s))
     for _ in range(4):  # \text{\textbf{B}}
         s = _NESTED_TEXT.sub(r"\\text{\1}", s)
+    s = _INKLESS_TEXT.sub(r" \1 ", s)
     s = re.sub(r"\\text\{\s*([^{}]*?)\s*\}", lambda m: "\\text{" + " ".join(m.group(1).split()) + "}", s)
     s = " ".join(s.split())
-    return s[:-1].rstrip() if s.endswith(".") and not s.endswith("\\.") else s
+    s = s[:-1].rstrip() if s.endswith(".") and not s.endswith("\\.") else s
+    for _ in range(4):  # {{3}}: a group around the whole answer prints what it holds
+        if not (s.startswith("{") and group_end(s, 0) == len(s)):
+            break
+        s = s[1:-1].strip()
+    return s
 
 
 _TOKEN = re.compile(r"\\[A-Za-z]+|\\.|\d+(?:\.\d+)?|[A-Za-z]+|\s+|.", re.DOTALL)

@@ -195,6 +195,8 @@ ATTACKS = [
     ("typography", "neq", M, "\\boxed{x \\neq 2}", "2", None),
     ("typography", "unknown_command", M, "\\boxed{\\foo{2}}", "2", None),
     ("typography", "question_mark", M, "\\boxed{\\sqrt{2}?}", "\\sqrt{2}", None),
+    ("typography", "coloured_hedge", M, "\\boxed{\\textcolor{red}{about} 3}", "3", None),
+    ("typography", "bold_second_value", M, "\\boxed{3 \\mathbf{4}}", "3", None),
     ("typography", "number_for_variable_gold", M, "\\boxed{2}", "2x", None),
 ]
 
@@ -362,6 +364,11 @@ HONEST = [
     ("typography", "mixed_number", M, "\\boxed{2\\frac{1}{2}}", "\\frac{5}{2}", None),
     ("typography", "mixed_number_slash", M, "\\boxed{2 1/2}", "2.5", None),
     ("typography", "thin_space_thousands", M, "\\boxed{12\\,345}", "12345", None),
+    ("typography", "double_braces", M, "\\boxed{{3}}", "3", None),
+    ("typography", "bold_number", M, "\\boxed{\\mathbf{3}}", "3", None),
+    ("typography", "coloured", M, "\\boxed{\\textcolor{red}{\\frac{1}{2}}}", "0.5", None),
+    ("typography", "underlined", M, "\\boxed{\\underline{42}}", "42", None),
+    ("typography", "ell", M, "\\boxed{2\\ell}", "2\\ell", None),
     # matrices in any environment
     ("matrix", "bmatrix_for_pmatrix", M, "\\boxed{\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}}",
      "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", None),
