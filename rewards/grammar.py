@@ -79,7 +79,8 @@ _ENV_ARGS = re.compile(r"\s*(?:\[[^\]]*\])?\s*(?:\{[^{}]*\})?")
 _IN = re.compile(r"^\s*(?:" + _VARIABLE.pattern + r")\s*\\in(?![A-Za-z])\s*")
 _TUPLE_OF_VARIABLES = re.compile(r"^\(\s*(" + _VARIABLE.pattern + r"(?:\s*,\s*" + _VARIABLE.pattern + r")+)\s*\)$")
 _CHOICE = re.compile(
-    r"^(?:(?:option|choice|answer)\s*:?\s*)?(?:\(\s*(?P<p>[A-Ja-j])\s*\)|(?P<b>[A-Ja-j])\s*[).:]?)(?:\s+(?P<rest>.+))?$",
+    r"^(?:(?:option|choice|answer)\s*:?\s*)?(?:\(\s*(?P<p>[A-Ja-j])\s*\)|(?P<b>[A-Ja-j])\s*[).:]?)"
+    r"(?:\s+(?P<rest>.+))?$",
     re.IGNORECASE,
 )
 _TEXT_GROUP = re.compile(r"\\text\{([^{}]*)\}")
@@ -338,7 +339,8 @@ def read_choice(pred: str, prompt: str | None) -> str | None:
     r"""The letter a prediction chooses: ``B``, ``(B)``, ``B)``, ``B.``, ``\text{(B)}``, ``Option B``; a text after
     the letter only when it is that option's own text in the prompt. Upper-cased; None otherwise.
 
-    >>> read_choice("\\text{(b)}", None), read_choice("(B) 42", "(A) 40 (B) 42"), read_choice("(B) 40", "(A) 40 (B) 42")
+    >>> options = "(A) 40 (B) 42"
+    >>> read_choice("\\text{(b)}", None), read_choice("(B) 42", options), read_choice("(B) 40", options)
     ('B', 'B', None)
     """
     s = unwrap_text(plain(pred)).strip().strip("*_").strip()

@@ -25,7 +25,8 @@ _MINUS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-", "\u2013": "
 _SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-")
 _SUPERSCRIPTS = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻]+")
 _SPACES = re.compile(
-    r"[\u00a0\u2007\u2009\u200a\u202f]|(?<!\\)\\[,;:> ]|\\(?:thinspace|medspace|thickspace|enspace|quad|qquad)(?![A-Za-z])"
+    r"[\u00a0\u2007\u2009\u200a\u202f]|(?<!\\)\\[,;:> ]"
+    r"|\\(?:thinspace|medspace|thickspace|enspace|quad|qquad)(?![A-Za-z])"
     r"|\\[hm]space\s*\{[^{}]*\}"
 )
 # A leading ~ means "about" (~3); anywhere else it is LaTeX's non-breaking space (12~\text{cm}).
@@ -112,9 +113,9 @@ def _unwrap(s: str, pattern: re.Pattern, keep: str) -> str:
 
 
 def typography(s: str) -> str:
-    r"""Typographic forms of the same characters made plain: Unicode minus, superscript exponents, ``×``/``·``/``÷``,
-    thin and non-breaking spaces and LaTeX spacing (digit groups separated by them are joined: ``12 345`` is
-    12345), and ``~`` read as "about" when it leads a number (``≈``).
+    r"""Typographic forms of the same characters made plain: Unicode minus, superscript exponents,
+    ``×``/``·``/``÷``, thin and non-breaking spaces and LaTeX spacing (digit groups separated by them are joined:
+    ``12 345`` is 12345), and ``~`` read as "about" when it leads a number (``≈``).
 
     >>> typography("−1.2×10³"), typography("12\u202f345"), typography("~3"), typography("2,\\!000")
     ('-1.2 \\times 10^{3}', '12345', '≈3', '2,000')

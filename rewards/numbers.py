@@ -278,10 +278,10 @@ def numbers_equal(pred: str, gold: str, units: UnitContext | None = None) -> boo
     non-terminating gold (1/3) counts when it gives at least 3 places. ``units``: what may follow the prediction
     (default: the gold's words and units of measure).
 
-    >>> numbers_equal("0.75", "3/4"), numbers_equal("25%", "25"), numbers_equal("0.333", "1/3"), numbers_equal("0.3", "1/3")
-    (True, True, True, False)
-    >>> numbers_equal("50\\%", "0.5"), numbers_equal("0.5 pct", "0.5"), numbers_equal("0.5", "50\\%"), numbers_equal("50", "50\\%")
-    (True, False, False, True)
+    >>> [numbers_equal(p, g) for p, g in [("0.75", "3/4"), ("25%", "25"), ("0.333", "1/3"), ("0.3", "1/3")]]
+    [True, True, True, False]
+    >>> [numbers_equal(p, g) for p, g in [("50\\%", "0.5"), ("0.5 pct", "0.5"), ("0.5", "50\\%"), ("50", "50\\%")]]
+    [True, False, False, True]
     """
     p = parse_number(pred, units=units if units is not None else UnitContext(gold=gold))
     g = gold_number(gold)

@@ -111,8 +111,8 @@ ATTACKS = [
     ("anchor", "box_then_phrase", M, "\\boxed{3}. The answer is 4.", "3", None),
     ("anchor", "phrase_then_box", M, "The answer is 4. So \\boxed{3}", "3", None),
     ("anchor", "gsm8k_beside_box", M, "\\boxed{3}\n#### 4", "3", None),
-    ("anchor", "minerva_beside_box", M, "\\boxed{3}\nFinal Answer: The final answer is $4$. I hope it is correct.", "3",
-     None),
+    ("anchor", "minerva_beside_box", M,
+     "\\boxed{3}\nFinal Answer: The final answer is $4$. I hope it is correct.", "3", None),
     ("anchor", "two_phrases", M, "The answer is 4. No, the answer is 3.", "3", None),
     ("anchor", "two_gsm8k", M, "#### 3\n#### 4", "3", None),
     ("anchor", "heading_beside_box", M, "\\boxed{3}\n### Final Answer\n4", "3", None),
@@ -330,8 +330,8 @@ HONEST = [
     ("pm", "for_set", M, "\\boxed{1 \\pm \\sqrt{2}}", "\\{1-\\sqrt{2}, 1+\\sqrt{2}\\}", None),
     ("pm", "integer_for_set", M, "\\boxed{\\pm 3}", "\\{-3, 3\\}", None),
     ("pm", "assignment", M, "\\boxed{x = \\pm 3}", "\\{3, -3\\}", None),
-    ("pm", "in_fraction", M, "\\boxed{\\frac{-1 \\pm \\sqrt{5}}{2}}", "\\frac{-1+\\sqrt{5}}{2}, \\frac{-1-\\sqrt{5}}{2}",
-     None),
+    ("pm", "in_fraction", M, "\\boxed{\\frac{-1 \\pm \\sqrt{5}}{2}}",
+     "\\frac{-1+\\sqrt{5}}{2}, \\frac{-1-\\sqrt{5}}{2}", None),
     ("pm", "list_for_pm_gold", M, "\\boxed{2, -2}", "\\pm 2", None),
     # lettered choices
     ("choice", "letter", M, "\\boxed{B}", "B", None),
@@ -349,8 +349,8 @@ HONEST = [
     ("choice", "gold_in_text", M, "\\boxed{C}", "\\text{(C)}", None),
     # typography is not content
     ("typography", "displaystyle", M, "\\boxed{\\displaystyle \\frac{1}{2}}", "\\frac{1}{2}", None),
-    ("typography", "displaystyle_expression", M, "\\boxed{\\displaystyle \\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}",
-     None),
+    ("typography", "displaystyle_expression", M, "\\boxed{\\displaystyle \\frac{\\sqrt{3}}{2}}",
+     "\\frac{\\sqrt{3}}{2}", None),
     ("typography", "cfrac", M, "\\boxed{\\cfrac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", None),
     ("typography", "cfrac_number", M, "\\boxed{\\cfrac{3}{4}}", "0.75", None),
     ("typography", "textnormal", M, "\\boxed{\\textnormal{Evelyn}}", "\\text{Evelyn}", None),
@@ -433,7 +433,8 @@ def test_every_class_has_attacks_and_honest_forms():
 
 
 @pytest.mark.parametrize(("gold", "kind"), [
-    ("42", "number"), ("-3.5", "number"), ("\\frac{3}{4}", "number"), ("50\\%", "number"), ("12 \\text{ cm}", "number"),
+    ("42", "number"), ("-3.5", "number"), ("\\frac{3}{4}", "number"), ("50\\%", "number"),
+    ("12 \\text{ cm}", "number"),
     ("0.\\overline{3}", "number"), ("2\\frac{1}{2}", "number"), ("(B)", "choice"), ("C", "choice"),
     ("y = 2x + 1", "equation"), ("x = 1, y = 2", "equation"), ("y = 3", "equation"), ("x \\leq 5", "inequality"),
     ("-1 < x < 2", "inequality"), ("\\{1, 2\\}", "set"), ("\\emptyset", "set"), ("(1, 2]", "interval"),
@@ -460,7 +461,8 @@ def test_a_number_is_read_whole(text, value, percent):
 
 
 @pytest.mark.parametrize("text", [
-    "3 + 4", "12/4", "\\frac{12}{4}", "\\frac{3}{1}", "2^3", "12 \\times 10^{2}", "3 or 4", "maybe 3", "~3", "\\approx 3",
+    "3 + 4", "12/4", "\\frac{12}{4}", "\\frac{3}{1}", "2^3", "12 \\times 10^{2}", "3 or 4", "maybe 3", "~3",
+    "\\approx 3",
     "3 approximately", "3 dozen", "3 squared", "3 tops", "3 incorrect", "3\\ldots", "1.41\\ldots", "0.12\\ldots",
     "3, 4", "2x", "3ab", "2\\frac{3}{2}", "--3", "3 \\pm 1", "3 \\text{ (approx.)}", "3 apples",
 ])  # fmt: skip
@@ -550,7 +552,8 @@ def test_the_answer_rewards_are_bounded_on_1_mb(shape):
     text = SHAPES[shape]
     start = time.perf_counter()
     scores = [math_reward([text], answer=["3"])[0], math_reward([text], answer=["B"])[0],
-              math_reward([text], answer=["3"], last_number_fallback=True)[0], exact_match_reward([text], answer=["3"])[0]]
+              math_reward([text], answer=["3"], last_number_fallback=True)[0],
+              exact_match_reward([text], answer=["3"])[0]]
     assert all(s in (0.0, 1.0) for s in scores) and time.perf_counter() - start < 4 * BOUND_S
 
 
