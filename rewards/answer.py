@@ -226,12 +226,11 @@ class Reader:
 
     def _set(self, pred: str, gold: str) -> Reading:
         t = strip_membership(plain(pred))
-        intervals = read_intervals(t)
-        if intervals is not None and len(intervals) == 1 and outer_pair(t) is not None and t[0] in "([":
-            return True, False  # an interval or a tuple is not a set
-        p = _items(t, "set")
         g = _items(gold, "set")
-        return True, _cover(p, g, self.item)
+        intervals = read_intervals(t)
+        if intervals is not None and len(intervals) == 1 and not any(outer_pair(x) for x in g):
+            return True, False  # an interval or a tuple is not a set (unless the set's entries are tuples)
+        return True, _cover(_items(t, "set"), g, self.item)
 
     def _same_intervals(self, p: list[tuple[str, str, str, str]], g: list[tuple[str, str, str, str]]) -> bool:
         """Intervals in order, each with the same brackets and equal endpoints in order."""
