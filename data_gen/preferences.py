@@ -241,6 +241,8 @@ def grade(rows: list[dict], texts: list[str], cfg: PreferenceDataConfig) -> list
     row's own `reward` column names (`cfg.default_reward` for rows without one)."""
     keys = {k for r in rows for k, v in r.items() if k not in PROMPT_KEYS and v is not None}
     columns = {k: [r.get(k) for r in rows] for k in keys}
+    if any(r.get("prompt") is not None for r in rows):  # as TRL passes it in GRPO: a unit may be the question's word
+        columns["prompts"] = [r.get("prompt") for r in rows]
     if cfg.rewards:
         funcs, weights = get_rewards(cfg.rewards, None, cfg.reward_weights)
         return score(route_accuracy(funcs), texts, weights, **columns).total

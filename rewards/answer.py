@@ -1,212 +1,85 @@
-r"""What "correct" means for each kind of gold answer, given the final answer of a completion.
+r"""What "correct" means for each kind of gold answer, given a completion: one definition, shared by
+``math_reward`` and ``exact_match_reward`` (and so by GRPO, preference grading and evaluation, which call them).
 
-One definition of correct, shared by ``math_reward`` and ``exact_match_reward`` (and so by GRPO, preference
-grading and evaluation, which call them). It is read in three steps, in three modules:
+A verdict (``judge``) is read in three steps, each owned by one module:
 
-- **Where the answer is** (``final_answer``, in ``rewards.extract``): after the last ``</think>`` and before any
-  ``<think>`` that reopens reasoning (a ``<think>`` never closed means no answer there); the content of its
-  ``\boxed{...}``. A box that prints nothing (``\boxed{\,}``) is skipped; the others must agree:
-  ``\boxed{3} \boxed{4}`` is no answer. Without a box, ``anchors=True`` accepts "The answer is X." /
-  "Final answer: X", markdown emphasis ignored (``**Answer:** 3``); all must agree.
-- **What kind the gold is** (``answer_kind``, here): ``number`` (``42``, ``-3.5``, ``3/4``, ``\frac{3}{4}``,
-  ``1,000``, ``50\%``, ``12 \text{ cm}``), ``list`` (``3, 3, 7, 9``: order and multiplicity count), ``set``
-  (``\{2, 3\}``: order does not), ``text`` (``paris``, ``yes``) or ``expression`` (anything else:
-  ``\sqrt{2}``, ``2x``, ``(1, 2]``).
-- **How a prediction is compared** (``answer_matches``, here): the gold's own text (normalised) always matches.
-  Otherwise a number must be *stated as a number* (``parse_number``, in ``rewards.numbers``): nothing before it
-  but ``x =``, nothing after it but units (words, ``\text{..}``, ``°``), a fraction only in lowest terms,
-  scientific notation only normalised (``1.2 \times 10^{3}``); ``3 + 4``, ``12/4``, ``maybe 3``, ``~3``,
-  ``3 und 4`` are not numbers. A percent sign is read one way per gold (``numbers_equal``). An equation counts
-  only as ``x = value`` or when its sides are equal (``equation_value``). Lists compare element by element in
-  order, sets as sets, text after normalising case, spaces, ``$``/``\text{}`` and a trailing period.
-  Expressions are compared by math-verify (``expression_equal``, passed in by ``rewards.math``) once words
-  and relations the gold does not have are refused (``foreign_to``).
-- **Never raises, bounded**: an answer longer than ``MAX_ANSWER_CHARS`` or a number longer than
-  ``MAX_DIGITS`` digits is not read (Python refuses ``int()`` past 4,300 digits); arithmetic errors on
-  adversarial text score 0.
+1. **Where the candidates are** (``rewards.extract.answer_candidates``): every box in any spelling, every answer
+   phrase ("The answer is X", "Final Answer: X", ``#### X``) and, for a lettered-choice gold, every choice on a
+   line of its own, in the answer part (after the reasoning).
+2. **What each candidate states** (``Reader.read``): the gold's kind (``rewards.grammar.answer_kind``) names the
+   grammar that must read the WHOLE candidate as a value of that kind (``rewards.numbers`` for numbers,
+   ``rewards.grammar`` for the others); anything left over means it states no value.
+3. **The rule over candidates**: a box that states no value refuses (the completion boxed something that is not
+   an answer); an answer phrase or choice line that states no value is prose and is skipped; every candidate
+   left must equal the gold. So two distinct answers refuse, whichever spelling hides the second one.
 
-The names of ``rewards.extract`` (``final_answer``, ``completion_text``, ``strip_think``, ...) and the number
-reading this module uses (``parse_number``, ``numbers_equal``, ...) are importable from here too.
+``Reader.read`` compares one candidate, by the gold's kind: numbers exactly (a percent read one way per gold),
+lists in order, sets in any order, intervals and tuples with their brackets in order, matrices entry by entry
+whatever their environment, equations by variable name, inequalities in any spelling and direction, a choice by
+its letter, text after normalising; expressions by math-verify (``expression_equal``, passed in by
+``rewards.math``) once the expression grammar found nothing foreign. The gold's own text always matches.
 
-Run the examples: ``python -m pytest --doctest-modules rewards/answer.py``.
+Never raises, bounded: a candidate longer than ``MAX_ANSWER_CHARS`` is never read (a box that long refuses);
+arithmetic errors on adversarial text score 0.
+
+Names of ``rewards.extract``, ``rewards.numbers`` and ``rewards.grammar`` that callers used from here are
+importable from here too. Run the examples: ``python -m pytest --doctest-modules rewards/answer.py``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from rewards.extract import (  # noqa: F401  (re-exported: reward modules and tests import them from here)
     MAX_ANSWER_CHARS,
+    Candidate,
     all_boxed,
+    answer_candidates,
     completion_text,
     final_answer,
     last_boxed,
     normalize_answer,
+    prompt_text,
     strip_markdown,
     strip_think,
 )
+from rewards.grammar import (  # noqa: F401  (re-exported)
+    KINDS,
+    RELATIONS,
+    answer_kind,
+    choice_letter,
+    expression_foreign,
+    inequality_interval,
+    outer_pair,
+    read_choice,
+    read_equations,
+    read_intervals,
+    read_matrix,
+    relations,
+    split_items,
+    split_pm,
+    strip_membership,
+    symbols,
+)
+from rewards.latex import plain, split_top
 from rewards.numbers import (  # noqa: F401  (Number, is_proportion, percent_divisor: re-exported)
-    _TEXT_WRAP,
-    _VAR,
     _VARIABLE,
     Number,
-    _clean,
-    _typography,
+    _equal,
+    gold_number,
     is_proportion,
     is_unit_tail,
     numbers_equal,
     parse_number,
     percent_divisor,
 )
-
-KINDS = ("number", "list", "set", "text", "expression")
+from rewards.units import UnitContext
 
 ExpressionEqual = Callable[[str, str], "bool | None"]
-
-
-# ----------------------------------------------------------------------------------------------- equations
-
-
-def _split_top(s: str, sep: str = ",") -> list[str]:
-    """Split on ``sep`` outside brackets and braces."""
-    parts, depth, cur = [], 0, []
-    for ch in s:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts]
-
-
-_MEMBERSHIP = re.compile(r"^\s*" + _VAR + r"\s*\\in\b\s*")  # "x \in [1, 2]"
-
-
-def equation_value(pred: str, gold: str, sides_equal: ExpressionEqual | None) -> str | None:
-    r"""The value an answer states when it is an equation, or None for an equation that states nothing.
-
-    ``x = value`` (a variable name on the left) states its right side, as ``x \in [1, 2]`` states its set;
-    ``3 + 4 = 7`` states its last side when every side equals it (checked by ``sides_equal``; without one it
-    cannot be checked); a false equation (``2 + 2 = 5``) states nothing. An answer without ``=``, or a gold that
-    is itself an equation, is left as is.
-
-    >>> equation_value("x = 5", "5", None), equation_value("2+2=5", "5", None), equation_value("5", "5", None)
-    ('5', None, '5')
-    """
-    if "=" in gold:
-        return pred
-    pred = _MEMBERSHIP.sub("", pred, count=1)
-    sides = _split_top(pred, "=")
-    if len(sides) == 1:
-        return pred
-    if any(not side for side in sides):
-        return None
-    if _VARIABLE.fullmatch(_clean(sides[0])):
-        sides = sides[1:]
-    if len(sides) > 1 and (sides_equal is None or not all(sides_equal(a, sides[-1]) for a in sides[:-1])):
-        return None
-    return sides[-1]
-
-
-# ----------------------------------------------------------------------------------------------- expressions
-
-_RELATION = re.compile(
-    r"\\(?:approx|approxeq|sim|simeq|cong|propto|pm|mp|lor|vee|land|wedge|geq?|leq?|geqslant|leqslant|neq?|"
-    r"gtrsim|lesssim|in|ni|notin|subset|subseteq|supset|supseteq|lt|gt)\b|[<>≈∼±∓≤≥≠∨∧]"
-)
-MATH_WORDS = frozenset(
-    "sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh coth log ln lg exp lim sup inf max min gcd lcm "
-    "det mod deg dim ker arg sgn tr pi infty".split()
-)
-_COMMAND = re.compile(r"\\[A-Za-z]+")
-_LETTERS = re.compile(r"[A-Za-z]+")
-_TRAILING_UNIT = re.compile(r"\s*\\(?:text|textrm|mathrm|mbox)\s*\{([^{}]*)\}(?:\s*\^\s*\{?[23]\}?)?\s*$")
-
-
-def drop_marked_units(s: str) -> str:
-    r"""Drop ``\text{..}`` units at the end of an expression (``\sqrt{2}\text{ cm}``) when they are unit words.
-
-    >>> drop_marked_units("2\\sqrt{3} \\text{ cm}^2"), drop_marked_units("\\sqrt{2}\\text{ probably}")
-    ('2\\sqrt{3}', '\\sqrt{2}\\text{ probably}')
-    """
-    while (m := _TRAILING_UNIT.search(s)) and m.start() > 0 and is_unit_tail(" \\text{" + m.group(1).strip() + "}"):
-        s = s[: m.start()]
-    return s.strip()
-
-
-def symbols(s: str) -> set[str]:
-    r"""The letters of ``s`` that are math symbols: outside commands (``\sqrt``) and ``\text{..}`` units.
-
-    >>> sorted(symbols("2x + \\sqrt{y} \\text{ cm}")), symbols("\\frac{\\pi}{2}")
-    (['x', 'y'], set())
-    """
-    return set("".join(_LETTERS.findall(_COMMAND.sub(" ", _TEXT_WRAP.sub(" ", s)))))
-
-
-def foreign_to(pred: str, gold: str) -> str | None:
-    r"""The first word or relation in ``pred`` that the gold does not have, else None. Allowed: the gold's own
-    words, function names (``sin``, ``log``), products of the gold's variables (``xy``), single-letter symbols
-    (math-verify compares those). Refused: any other word (``maybe``, ``und``, ``roughly``) and relations or
-    alternatives (``\approx``, ``\pm``, ``<``, ``\lor``) the gold does not use.
-
-    >>> foreign_to("maybe \\sqrt{2}", "\\sqrt{2}"), foreign_to("\\approx \\sqrt{2}", "\\sqrt{2}"), foreign_to("yx+1", "xy+1")
-    ('maybe', '\\approx', None)
-    """
-    for rel in _RELATION.findall(_typography(pred)):
-        if rel not in gold:
-            return rel
-    gold_words = {w.lower() for w in _LETTERS.findall(_COMMAND.sub(" ", gold))}
-    gold_letters = symbols(gold)
-    for word in _LETTERS.findall(_COMMAND.sub(" ", pred)):
-        low = word.lower()
-        if len(word) == 1 or low in gold_words or low in MATH_WORDS or set(word) <= gold_letters:
-            continue
-        return word
-    return None
-
-
-# ----------------------------------------------------------------------------------------------- kinds
-
-
-def _unwrap(s: str, pairs: tuple[tuple[str, str], ...]) -> str | None:
-    for left, right in pairs:
-        if s.startswith(left) and s.endswith(right):
-            return s[len(left) : len(s) - len(right)].strip()
-    return None
-
-
-_SET_BRACES = (("\\{", "\\}"), ("{", "}"))
-_LIST_BRACKETS = (("[", "]"), ("(", ")"))
-
-
-def answer_kind(gold: str) -> str:
-    r"""The kind of a gold answer: number, list, set, text or expression.
-
-    >>> [answer_kind(g) for g in ("42", "1,000", "3, 3, 7, 9", "\\{2, 3\\}", "Paris", "\\sqrt{2}", "(1, 2]", "2x")]
-    ['number', 'number', 'list', 'set', 'text', 'expression', 'expression', 'expression']
-    """
-    s = _clean(gold)
-    if parse_number(gold, strict=False) is not None:
-        return "number"
-    if _unwrap(s, _SET_BRACES) is not None:
-        return "set"
-    if len(_split_top(s)) > 1:
-        return "list"
-    if re.fullmatch(r"[A-Za-z][A-Za-z '\-]*", s):
-        return "text"
-    return "expression"
-
-
-def _items(s: str, brackets: tuple[tuple[str, str], ...]) -> list[str]:
-    s = _clean(s)
-    inner = _unwrap(s, brackets)
-    return _split_top(inner if inner is not None else s)
+Reading = tuple[bool, "bool | None"]  # (the candidate states a value of the gold's kind, it equals the gold)
+NOT_A_VALUE: Reading = (False, False)
 
 
 def same_text(pred: str, gold: str) -> bool:
@@ -216,59 +89,346 @@ def same_text(pred: str, gold: str) -> bool:
     >>> same_text("\\text{Yes}.", "yes"), same_text("−3", "-3"), same_text("~3", "3")
     (True, True, False)
     """
-    return normalize_answer(_clean(pred)) == normalize_answer(_clean(gold))
+    return normalize_answer(pred) == normalize_answer(gold)
 
 
-def _item_equal(pred: str, gold: str, exact: bool) -> bool:
-    if not exact and answer_kind(gold) == "number":
-        return numbers_equal(pred, gold)
-    return same_text(pred, gold)
+def _words(s: str) -> int:
+    return len(normalize_answer(s).split())
+
+
+_LEADING_NUMBER = re.compile(r"(?:\\\$\s*)?([-+]?(?:\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+)?)(?![\d.])")
+_TRAILING_UNIT = re.compile(r"\s*\\text\{([^{}]*)\}(?:\s*\^\s*\{?[23]\}?)?\s*$")
+
+
+def drop_marked_units(s: str, units: UnitContext | None = None) -> str:
+    r"""Drop ``\text{..}`` units the context accepts at the end of an expression (``\sqrt{2}\text{ cm}``).
+
+    >>> drop_marked_units("2\\sqrt{3} \\text{ cm}^2"), drop_marked_units("\\sqrt{2}\\text{ probably}")
+    ('2\\sqrt{3}', '\\sqrt{2}\\text{probably}')
+    """
+    s = plain(s)
+    units = units or UnitContext()
+    while (m := _TRAILING_UNIT.search(s)) and m.start() > 0:
+        words = m.group(1).replace("/", " ").split()
+        if not words or not all(units.accepts(w, marked=True) for w in words):
+            break
+        s = s[: m.start()]
+    return s.strip()
+
+
+@dataclass
+class Reader:
+    """Reads candidates against one gold: its kind, the units the question allows, and the comparers."""
+
+    gold: str
+    prompt: str | None = None
+    exact: bool = False
+    expression_equal: ExpressionEqual | None = None
+    kind: str = field(init=False)
+    units: UnitContext = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kind = answer_kind(self.gold)
+        self.units = UnitContext(gold=self.gold, prompt=self.prompt)
+
+    # ------------------------------------------------------------------------------------------- one candidate
+
+    def read(self, pred: str) -> Reading:
+        """(states a value of the gold's kind, equals the gold; None when the gold cannot be judged)."""
+        if len(pred) > MAX_ANSWER_CHARS:
+            return NOT_A_VALUE
+        try:
+            return self._read(pred, self.gold, self.kind)
+        except Exception:  # int() past 4,300 digits, or any text no grammar foresaw: not an answer, never a crash
+            return NOT_A_VALUE
+
+    def _read(self, pred: str, gold: str, kind: str) -> Reading:
+        if same_text(pred, gold):  # the gold's own shape always counts ("3 and 4" for "3 and 4")
+            return True, True
+        if kind == "choice":
+            letter = read_choice(pred, self.prompt)
+            return letter is not None, letter == choice_letter(gold)
+        if self.exact:
+            return self._read_exact(pred, gold, kind)
+        reader = getattr(self, "_" + kind)
+        return reader(pred, gold)
+
+    def contradicts(self, prose: str) -> bool:
+        """Whether an answer phrase that states no value still begins with a number other than a number gold
+        ("The answer is 4 apples, ..." beside ``\boxed{3}``): what a phrase begins with is what it answers."""
+        if self.kind != "number" or (m := _LEADING_NUMBER.match(plain(prose))) is None:
+            return False
+        lead, gold = gold_number(m.group(1)), gold_number(self.gold)
+        return lead is not None and gold is not None and not _equal(lead, gold)
+
+    def item(self, pred: str, gold: str) -> bool:
+        """Whether one entry (of a list, set, interval, tuple or matrix) equals its gold entry, by that entry's
+        kind."""
+        value, equal = self._read(pred, gold, answer_kind(gold))
+        return value and bool(equal)
+
+    def _read_exact(self, pred: str, gold: str, kind: str) -> Reading:
+        value = _words(pred) <= max(_words(gold), 1)  # a longer phrase is a sentence, not an answer
+        if kind in ("list", "set"):
+            p, g = _items(pred, kind), _items(gold, kind)
+            if kind == "list":
+                return value, len(p) == len(g) and all(same_text(a, b) for a, b in zip(p, g))
+            return value, _cover(p, g, same_text)
+        return value, False  # same_text was the test
+
+    # ------------------------------------------------------------------------------------------- by kind
+
+    def _sides(self, pred: str) -> tuple[bool, str] | None:
+        """An answer with ``=``: (True, its stated value) for ``x = v`` or a chain whose sides all equal its last
+        side (checked symbolically); (False, "") for a chain that is false or cannot be checked; None without ``=``."""
+        sides = split_top(plain(pred), ("=",))
+        if len(sides) == 1:
+            return None
+        if not all(sides):
+            return False, ""
+        if _VARIABLE.fullmatch(sides[0].replace(" ", "")):
+            sides = sides[1:]
+        last = sides[-1]
+        for side in sides[:-1]:
+            if self.expression_equal is None or expression_foreign(side, last, self.units) is not None:
+                return False, ""
+            if not self.expression_equal(side, last):
+                return False, ""
+        return True, last
+
+    def _number(self, pred: str, gold: str) -> Reading:
+        g = gold_number(gold)
+        units = self.units if gold == self.gold else UnitContext(gold=gold, prompt=self.prompt)
+        p = parse_number(pred, units=units)
+        pair = outer_pair(plain(pred)) if p is None else None
+        if pair is not None and pair[0] + pair[2] == "()" and len(split_top(pair[1])) == 1:
+            p = parse_number(pair[1], units=units)  # \left(\frac{1}{3}\right): the value in parentheses
+        if p is None:
+            sides = self._sides(pred)
+            if sides is None or (p := parse_number(sides[1], units=units)) is None:
+                return NOT_A_VALUE
+            if not sides[0]:
+                return True, False  # a false equation states no value
+        return True, g is not None and _equal(p, g)
+
+    def _text(self, pred: str, gold: str) -> Reading:
+        return _words(pred) <= max(_words(gold), 1), False
+
+    def _list(self, pred: str, gold: str) -> Reading:
+        g = _items(gold, "list")
+        if len(g) == 2 and (pm := split_pm(pred)) is not None:
+            return True, _cover(list(pm), g, self.item)
+        p = _items(pred, "list")
+        if len(p) != len(g):
+            return len(p) > 1, False
+        readings = [self._read(a, b, answer_kind(b)) for a, b in zip(p, g)]
+        return all(v for v, _ in readings), all(v and bool(e) for v, e in readings)
+
+    def _set(self, pred: str, gold: str) -> Reading:
+        t = strip_membership(plain(pred))
+        g = _items(gold, "set")
+        intervals = read_intervals(t)
+        if intervals is not None and len(intervals) == 1 and not any(outer_pair(x) for x in g):
+            return True, False  # an interval or a tuple is not a set (unless the set's entries are tuples)
+        return True, _cover(_items(t, "set"), g, self.item)
+
+    def _same_intervals(self, p: list[tuple[str, str, str, str]], g: list[tuple[str, str, str, str]]) -> bool:
+        """Intervals in order, each with the same brackets and equal endpoints in order."""
+        return len(p) == len(g) and all(
+            a[0] == b[0] and a[3] == b[3] and self.item(a[1], b[1]) and self.item(a[2], b[2]) for a, b in zip(p, g)
+        )
+
+    def _interval(self, pred: str, gold: str) -> Reading:
+        t = strip_membership(plain(pred))
+        g = read_intervals(gold)
+        p = read_intervals(t)
+        if p is None and (one := inequality_interval(t)) is not None:
+            p = [one[1]]  # 1 < x \leq 2 is (1, 2]
+        if p is not None and g is not None:
+            return True, self._same_intervals(p, g)
+        if relations(t):
+            return self._symbolic(t, gold, RELATIONS)
+        return NOT_A_VALUE
+
+    def _tuple(self, pred: str, gold: str) -> Reading:
+        gp = outer_pair(plain(gold))
+        if gp is None:
+            return NOT_A_VALUE
+        g = split_top(gp[1])
+        equations = read_equations(pred)
+        if equations is not None:
+            p = [value for _, value in equations]
+        else:
+            pp = outer_pair(plain(pred))
+            if pp is None or len(split_top(pp[1])) < 2:
+                return NOT_A_VALUE
+            if (pp[0], pp[2]) != (gp[0], gp[2]):
+                return True, False  # other brackets: another object ((1, 2] is not (1, 2))
+            p = split_top(pp[1])
+        return True, len(p) == len(g) and all(self.item(a, b) for a, b in zip(p, g))
+
+    def _matrix(self, pred: str, gold: str) -> Reading:
+        p, g = read_matrix(pred), read_matrix(gold)
+        if p is None or g is None:
+            return NOT_A_VALUE
+        same_shape = len(p) == len(g) and len(p[0]) == len(g[0])
+        return True, same_shape and all(self.item(a, b) for pr, gr in zip(p, g) for a, b in zip(pr, gr))
+
+    def _equation(self, pred: str, gold: str) -> Reading:
+        g = read_equations(gold)
+        if g is None:
+            return NOT_A_VALUE
+        p = read_equations(pred)
+        if p is None:
+            if "=" in plain(pred):
+                return self._symbolic(pred, gold, frozenset({"="}))  # an equation of expressions, compared whole
+            names = {name for name, _ in g}
+            if len(names) != 1:
+                return NOT_A_VALUE  # a bare value cannot say which variable it is
+            p = [(g[0][0], item) for item in _items(pred, "set")]
+        stated = []
+        for name, value in p:
+            sides = self._sides(f"{name} = {value}")
+            if sides is None or not sides[0]:
+                return True, False  # a false chain (y = 7 = 2x+1) states nothing true
+            stated.append((name, sides[1]))
+        by_name: dict[str, list[str]] = {}
+        for name, value in stated:
+            by_name.setdefault(name, []).append(value)
+        gold_by_name: dict[str, list[str]] = {}
+        for name, value in g:
+            gold_by_name.setdefault(name, []).append(value)
+        if set(by_name) != set(gold_by_name):
+            return True, False  # variables are matched by name
+        return True, all(_cover(by_name[n], gold_by_name[n], self.item) for n in gold_by_name)
+
+    def _inequality(self, pred: str, gold: str) -> Reading:
+        t = strip_membership(plain(pred))
+        g = inequality_interval(gold)
+        p = inequality_interval(t)
+        if g is not None and p is not None:  # one variable: the same variable, the same interval
+            return True, p[0] == g[0] and self._same_intervals([p[1]], [g[1]])
+        intervals = read_intervals(t)
+        if g is not None and intervals is not None:
+            return True, self._same_intervals(intervals, [g[1]])
+        if not relations(t):
+            return NOT_A_VALUE
+        return self._symbolic(t, gold, RELATIONS)
+
+    def _expression(self, pred: str, gold: str) -> Reading:
+        value = plain(pred)
+        if "=" not in plain(gold):
+            sides = self._sides(value)
+            if sides is not None:
+                if not sides[0]:
+                    return True, False  # a false equation (1 + 1 = \sqrt{2}) states nothing
+                value = sides[1]
+        value = drop_marked_units(value, self.units)
+        if symbols(gold) and parse_number(value) is not None:
+            return True, False  # "2" for "2x": a number is not an expression in a variable
+        return self._symbolic(value, gold, frozenset({"="}) if "=" in plain(gold) else frozenset())
+
+    def _symbolic(self, pred: str, gold: str, allow: frozenset[str]) -> Reading:
+        """math-verify's verdict on a prediction the expression grammar accepts next to the gold."""
+        if expression_foreign(pred, gold, self.units, allow=allow) is not None:
+            return NOT_A_VALUE
+        if self.expression_equal is None:
+            return True, None
+        return True, self.expression_equal(plain(pred), plain(gold))
+
+
+def _items(s: str, kind: str) -> list[str]:
+    r"""The entries of a list (``[..]`` or ``(..)`` around it allowed) or a set (``\{..\}`` or bare, commas, "and",
+    "or"; ``a \pm b`` is two entries; ``\emptyset`` none)."""
+    t = plain(s)
+    if kind == "set":
+        t = strip_membership(t)
+        if t in ("\\emptyset", "\\{\\}"):
+            return []
+        pm = split_pm(t)
+        if pm is not None:
+            return list(pm)
+        pair = outer_pair(t)
+        inner = pair[1] if pair is not None and pair[0] == "\\{" else t
+        return [x for x in split_items(inner, words=True) if x] if inner else []
+    pair = outer_pair(t)
+    if pair is not None and pair[0] + pair[2] in ("()", "[]") and len(split_top(pair[1])) > 1:
+        t = pair[1]
+    return split_top(t)
+
+
+def _cover(p: list[str], g: list[str], equal: Callable[[str, str], bool]) -> bool:
+    """Set equality: every predicted entry equals some gold entry and every gold entry some predicted one."""
+    if not p or not g:
+        return not p and not g
+    return all(any(equal(a, b) for b in g) for a in p) and all(any(equal(a, b) for a in p) for b in g)
 
 
 def answer_matches(
-    pred: str, gold: str, exact: bool = False, expression_equal: ExpressionEqual | None = None
+    pred: str, gold: str, exact: bool = False, expression_equal: ExpressionEqual | None = None,
+    prompt: str | None = None,
 ) -> bool | None:
-    r"""Whether the final answer ``pred`` is the gold answer, by the gold's kind; None when the gold cannot be
-    judged (an expression and no ``expression_equal``, or one it cannot parse). ``exact`` compares numbers as
-    text too (``exact_match_reward``). Never raises: adversarial text that breaks arithmetic scores False.
+    r"""Whether one final answer ``pred`` states the gold answer, by the gold's kind; None when the gold cannot be
+    judged (an expression and no ``expression_equal``, or one it cannot parse). ``exact`` compares as text
+    (``exact_match_reward``). Never raises.
 
     >>> answer_matches("7, 3, 9", "3, 3, 7, 9"), answer_matches("3, 3, 7, 9", "3, 3, 7, 9")
     (False, True)
     >>> answer_matches("\\{3, 2\\}", "\\{2, 3\\}"), answer_matches("3 not four", "3"), answer_matches("3 + 4", "7")
     (True, False, False)
-    >>> answer_matches("3 and 4", "3 and 4"), answer_matches("x = 3", "3"), answer_matches("2+2=5", "5")
-    (True, True, False)
+    >>> answer_matches("3 and 4", "3 and 4"), answer_matches("x = 3", "3"), answer_matches("(B)", "B")
+    (True, True, True)
     """
-    if len(pred) > MAX_ANSWER_CHARS:
-        return False
-    try:
-        return _matches(pred, gold, exact, expression_equal)
-    except (ValueError, ArithmeticError, RecursionError):  # e.g. int() past 4,300 digits: not an answer
-        return False
+    value, equal = Reader(gold, prompt, exact, expression_equal).read(pred)
+    return equal if value else False
 
 
-def _matches(pred: str, gold: str, exact: bool, expression_equal: ExpressionEqual | None) -> bool | None:
-    if same_text(pred, gold):  # the gold's own shape always counts ("3 and 4" for "3 and 4")
-        return True
-    kind = answer_kind(gold)
-    if kind == "list":
-        p, g = _items(pred, _LIST_BRACKETS), _items(gold, ())
-        return len(p) == len(g) and all(_item_equal(a, b, exact) for a, b in zip(p, g))
-    if kind == "set":
-        p, g = _items(pred, _SET_BRACES), _items(gold, _SET_BRACES)
-        return all(any(_item_equal(a, b, exact) for b in g) for a in p) and all(
-            any(_item_equal(a, b, exact) for a in p) for b in g
-        )
-    if kind == "text" or exact:
-        return False  # same_text was the test
-    value = equation_value(pred, gold, expression_equal)
-    if value is None:
+def judge(
+    text: str,
+    gold: str,
+    *,
+    prompt: str | None = None,
+    exact: bool = False,
+    expression_equal: ExpressionEqual | None = None,
+    need_box: bool = False,
+) -> bool | None:
+    r"""The verdict on a whole completion (module docstring): True when every candidate of its answer part states
+    the gold, False when none does, one states something else, a box states no value, or every answer phrase is
+    prose; None when the gold cannot be judged or there is no candidate at all (the caller decides:
+    ``math_reward`` may read the last number).
+    ``need_box``: an answer phrase alone is not enough (``exact_match_reward``).
+
+    >>> judge("So \\boxed{4}. The answer is 4.", "4"), judge("\\boxed{4}. The answer is 5.", "4")
+    (True, False)
+    >>> judge("\\boxed{4} \\fbox{5}", "4"), judge("Final Answer: The final answer is $4$. I hope it is correct.", "4")
+    (False, True)
+    >>> judge("The answer is 4 because 2 + 2 = 4, so \\boxed{4}", "4"), judge("no answer", "4") is None
+    (True, True)
+    """
+    reader = Reader(gold, prompt, exact, expression_equal)
+    found = answer_candidates(strip_think(text), choices=reader.kind == "choice")
+    if found is None:
         return False
-    if kind == "number":
-        return numbers_equal(value, gold)
-    value = drop_marked_units(value)
-    if foreign_to(value, gold) is not None:
-        return False  # "maybe x", "x \pm 1", "x und y": not one answer
-    if symbols(gold) and parse_number(value) is not None:
-        return False  # "2" for "2x": a number is not an expression in a variable
-    return None if expression_equal is None else expression_equal(value, gold)
+    verdicts, boxed = [], False
+    for candidate in found:
+        if candidate.text is None:
+            if candidate.source == "box":
+                return False
+            continue
+        value, equal = reader.read(candidate.text)
+        if candidate.source == "box":
+            boxed = True
+            if not value:
+                return False  # \boxed{3 or 4}: the completion boxed something that is no answer
+        elif not value:
+            if reader.contradicts(candidate.text):
+                return False  # "The answer is 4 apples." beside \boxed{3}
+            continue  # "the answer is 4 because ...": prose after an answer phrase
+        verdicts.append(equal)
+    if not verdicts:
+        return False if found else None  # only prose after answer phrases: stated, but not as a value
+    if need_box and not boxed:
+        return False
+    if any(v is False for v in verdicts):
+        return False
+    return None if any(v is None for v in verdicts) else True

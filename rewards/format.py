@@ -281,7 +281,7 @@ def mode_math_reward(completions: list, answer: list[str | None], mode: list[str
     ...                  reward=["math_reward", "exact_match_reward"])
     [1.0, 0.0]
     """
-    right = verifier_reward(completions, answer=answer, **kwargs)
+    right = verifier_reward(completions, answer=answer, prompts=prompts, **kwargs)  # prompts: units of the question
     form = mode_format_reward(completions, mode=mode, prompts=prompts, min_think_words=min_think_words,
                               think_in_prompt=think_in_prompt, answer_text=answer_text)
     return [None if r is None else r * (1.0 if f is None else f) for r, f in zip(right, form)]

@@ -1,21 +1,23 @@
-r"""Math answer verification: ``math_reward`` scores 1.0 when the completion's one final answer equals the
-gold ``answer`` column, else 0.0.
+r"""Math answer verification: ``math_reward`` scores 1.0 when the completion states the gold ``answer`` column,
+else 0.0 (None without a gold, or for a gold math-verify cannot read).
 
-What "equals" means depends on the gold (``rewards.answer``): a number must be stated as a number and be
-equal (``\frac{3}{4}`` = ``0.75``, ``50\%`` = ``0.5``, ``\$1,000`` = ``1000``, ``1.2 \times 10^{3}`` = ``1200``,
-units after it ``12 dollars``, ``42 \text{ cm}``); a comma list (the sort family's ``3, 3, 7, 9``) compares
-element by element in order; a set ``\{2, 3\}`` as a set; anything else (``\sqrt{2}``, ``2x``, intervals) by
-math-verify. Where the answer is: the ``\boxed{...}`` after any ``<think>...</think>`` (several boxes must
-agree), else "The final answer is 42" / "**Answer:** 42". Not accepted: an arithmetic expression for a number
-(``3 + 4`` or ``12/4`` for 3: echoing the question), a false equation (``2+2=5``), hedges (``3 or 4``,
-``about 3``, ``~3``, ``3 und 4``), several different boxed answers, an answer only inside the reasoning. A bare
-number somewhere in the text does not count unless ``last_number_fallback=True`` (then the last number of the
-answer part is used when nothing anchored is found) — off by default so the policy learns to state its answer.
+What "states" means is ``rewards.answer.judge``: every answer candidate of the answer part (every box in any
+spelling, "The answer is X", "Final Answer: X", ``#### X``; ``rewards.extract``) must be read whole by the grammar
+of the gold's kind (``rewards.grammar``: a number as a number, ``\frac{3}{4}`` = ``0.75``, ``50 pct`` = ``0.5``,
+units only from the question or a unit of measure of its dimension; equations by variable name; sets in any order;
+intervals, tuples and lists in order; matrices in any environment; inequalities in any spelling or direction; a
+choice by its letter) and equal the gold; expressions are compared by math-verify once the grammar found nothing
+foreign in them. Not accepted: ``3 + 4`` or ``12/4`` for 3 (echoing the question), a false equation, hedges
+(``3 or 4``, ``about 3``, ``3 approximately``), a second different answer in any spelling, an answer only inside
+the reasoning. A bare number somewhere in the text does not count unless ``last_number_fallback=True`` (then the
+last number of the answer part is used when there is no candidate at all) — off by default so the policy learns
+to state its answer. ``prompts`` (TRL passes them) lets a unit be the question's own word (``5 apples``).
 
 Symbolic comparison is bounded on every thread (``bounded``): a prediction far more costly than its gold (an
 exponent tower, a huge exponent or literal, a factorial the gold does not have) is refused before parsing,
 since big-integer arithmetic cannot be interrupted; what remains runs under a wall-clock deadline that works
-outside the main thread too (math-verify's own ``signal.alarm`` only works in the main thread).
+outside the main thread too (math-verify's own ``signal.alarm`` only works in the main thread), and all the
+comparisons one completion needs share that deadline (``SymbolicBudget``).
 
 math-verify is imported lazily (it pulls sympy and antlr). Run the examples:
 ``python -m pytest --doctest-modules rewards/math.py``.
@@ -26,15 +28,18 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from rewards.answer import answer_kind, answer_matches, completion_text, final_answer, strip_think
+from rewards.answer import answer_kind, answer_matches, completion_text, judge, prompt_text, strip_think
+from rewards.extract import MAX_SCAN_CHARS
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 T = TypeVar("T")
+_SYMBOLIC_KINDS = ("expression", "inequality", "equation")  # kinds math-verify must read for a verdict
 
 SYMBOLIC_SECONDS = 5.0  # wall-clock bound on one symbolic comparison (parse + verify), on any thread
 MAX_SYMBOLIC_CHARS = 300  # a longer prediction (and twice the gold's length) is not parsed
@@ -216,10 +221,10 @@ def _read(answer: str) -> list:
 
 
 def _gold_unreadable(gold: str) -> bool:
-    return answer_kind(gold) == "expression" and not bounded(lambda: _read(gold), default=[])
+    return answer_kind(gold) in _SYMBOLIC_KINDS and not bounded(lambda: _read(gold), default=[])
 
 
-def _expression_equal(pred: str, gold: str) -> bool | None:
+def _expression_equal(pred: str, gold: str, seconds: float = SYMBOLIC_SECONDS) -> bool | None:
     """math-verify's equality of two expressions, within budget and bounded in time (a timeout is False);
     None when the gold cannot be parsed."""
     if not within_budget(pred, gold):
@@ -233,33 +238,50 @@ def _expression_equal(pred: str, gold: str) -> bool | None:
         parsed = _read(pred)
         return bool(parsed) and bool(mv.verify(gold_parsed, parsed, timeout_seconds=None))
 
-    return bounded(compare, default=False)
+    return bounded(compare, seconds=seconds, default=False)
 
 
-def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False) -> bool | None:
-    r"""True when the final answer of ``text`` (a completion) equals ``gold``; None when the gold itself
-    cannot be parsed (the row is abstained on, with a warning, rather than scored 0 forever).
+class SymbolicBudget:
+    """``_expression_equal`` under one deadline for a whole completion: a list or set of costly entries, or a
+    chain of sides, shares ``seconds`` rather than getting them each; once spent, every comparison is False."""
+
+    def __init__(self, seconds: float = SYMBOLIC_SECONDS) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def __call__(self, pred: str, gold: str) -> bool | None:
+        left = self.deadline - time.monotonic()
+        return _expression_equal(pred, gold, seconds=left) if left > 0 else False
+
+
+def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False, prompt: str | None = None
+                      ) -> bool | None:
+    r"""True when the completion ``text`` states ``gold`` (``rewards.answer.judge``: every answer candidate, read
+    under the gold's grammar); None when the gold itself cannot be parsed (the row is abstained on, with a warning,
+    rather than scored 0 forever). ``prompt``: the question, whose words may be the answer's units.
 
     >>> math_verify_equal("so the answer is \\boxed{0.75}", "3/4"), math_verify_equal("\\boxed{3 + 4}", "7")
     (True, False)
     """
-    pred = final_answer(text, anchors=True)
-    if pred is None and last_number_fallback:
-        numbers = _NUMBER.findall(strip_think(text))
-        pred = numbers[-1].rstrip(",").replace(",", "") if numbers else None
-    if pred is None:
-        equal = None if _gold_unreadable(gold) else False
-    else:
-        equal = answer_matches(pred, gold, expression_equal=_expression_equal)
+    budget = SymbolicBudget()
+    equal = judge(text, gold, prompt=prompt, expression_equal=budget)
+    if equal is None and last_number_fallback:
+        numbers = _NUMBER.findall(strip_think(text)[-MAX_SCAN_CHARS:])
+        if numbers:
+            last = numbers[-1].rstrip(",").replace(",", "")
+            equal = answer_matches(last, gold, expression_equal=budget, prompt=prompt)
     if equal is None:
+        if not _gold_unreadable(gold):
+            return False
         _warn_gold(gold)
     return equal
 
 
 def math_reward(
-    completions: list, answer: list[str | None], last_number_fallback: bool = False, **kwargs: Any
+    completions: list, answer: list[str | None], last_number_fallback: bool = False, prompts: list | None = None,
+    **kwargs: Any,
 ) -> list[float | None]:
     r"""1.0 when the completion's final answer equals the gold ``answer``, 0.0 otherwise, None without a gold.
+    ``prompts`` (TRL passes them): a unit after a number may be a word the question uses (``5 apples``).
 
     >>> math_reward(
     ...     ["<think>\n2+2\n</think>\nThe answer is \\boxed{4}.", "\\boxed{\\frac{1}{2}}", "I think 4", "\\boxed{5}"],
@@ -267,12 +289,15 @@ def math_reward(
     [1.0, 1.0, 0.0, None]
     >>> math_reward(["I think 4"], answer=["4"], last_number_fallback=True)
     [1.0]
+    >>> math_reward(["\\boxed{5 apples}"] * 2, answer=["5"] * 2, prompts=["How many apples?", "How tall is it?"])
+    [1.0, 0.0]
     """
     scores: list[float | None] = []
-    for completion, gold in zip(completions, answer, strict=True):
+    for i, (completion, gold) in enumerate(zip(completions, answer, strict=True)):
         if gold is None or str(gold).strip() == "":
             scores.append(None)
             continue
-        equal = math_verify_equal(completion_text(completion), str(gold), last_number_fallback)
+        prompt = prompt_text(prompts[i]) if prompts is not None and i < len(prompts) else None
+        equal = math_verify_equal(completion_text(completion), str(gold), last_number_fallback, prompt)
         scores.append(None if equal is None else float(equal))
     return scores

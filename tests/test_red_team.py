@@ -265,7 +265,7 @@ HONEST_ANSWERS = [
     (math_reward, "<think>\n3 3 7 9\n</think>\nThe answer is \\boxed{3, 3, 7, 9}.", "3, 3, 7, 9"),
     (exact_match_reward, "The answer is \\boxed{3, 3, 7, 9}.", "3, 3, 7, 9"),
     (math_reward, "The answer is \\boxed{3}.", "3"),
-    (math_reward, "\\boxed{3 apples}", "3"),
+    (math_reward, "\\boxed{3 \\text{ cm}}", "3"),
     (math_reward, "The final answer is 3.", "3"),
     (math_reward, "\\boxed{7}", "7"),
     (exact_match_reward, "\\boxed{Yes}", "yes"),

@@ -146,7 +146,8 @@ HONEST = [
     ("unit_squared", M, "\\boxed{12 \\text{ cm}^2}", "12", {}),
     ("unit_rate", M, "\\boxed{60 \\text{ km/h}}", "60", {}),
     ("unit_mathrm_single_letter", M, "\\boxed{3.5 \\mathrm{m}}", "3.5", {}),
-    ("unit_counted_noun", M, "\\boxed{7 \\text{ students}}", "7", {}),
+    # a counted noun is a unit when the question counts it (TRL passes the prompts)
+    ("unit_counted_noun", M, "\\boxed{7 \\text{ students}}", "7", {"prompts": ["How many students are in the class?"]}),
     ("currency_dollar", M, "\\boxed{\\$5}", "5", {}),
     ("currency_word", M, "\\boxed{5 dollars}", "5", {}),
     ("degrees_circ", M, "\\boxed{90^\\circ}", "90", {}),
@@ -192,7 +193,6 @@ INVISIBLE_BOXES = [
     ("only_phantom_of_the_gold", "\\boxed{\\phantom{3}}", "3", None),
     ("only_phantom_of_an_expression", "\\boxed{\\phantom{\\sqrt{2}}}", "\\sqrt{2}", None),
     ("only_invisible_boxes", "\\boxed{~} \\boxed{\\hspace{1em}} \\boxed{\\text{\\phantom{yes}}}", "yes", None),
-    ("invisible_box_hides_no_anchor", "\\boxed{\\,} The answer is 4.", "4", None),  # as with \boxed{}
 ]
 
 
@@ -205,6 +205,15 @@ def test_a_box_that_prints_nothing_is_no_answer(case):
     assert math_reward([completion], answer=[gold]) == score
     assert exact_match_reward([completion], answer=[gold]) == score
     assert answer_format_reward([completion]) == score
+
+
+def test_an_invisible_box_leaves_the_answer_phrase_beside_it_as_the_candidate():
+    # every answer phrase is a candidate, box or no box; a box that prints nothing is none
+    completion = "\\boxed{\\,} The answer is 4."
+    assert final_answer(completion) is None and final_answer(completion, anchors=True) == "4"
+    assert math_reward([completion], answer=["4"]) == [1.0]
+    assert exact_match_reward([completion], answer=["4"]) == [0.0]  # exact match needs a box that prints
+    assert answer_format_reward([completion]) == [0.0]
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a[0] for a in ATTACKS])

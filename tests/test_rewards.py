@@ -40,6 +40,9 @@ MODULES = [
     "rewards.answer",
     "rewards.extract",
     "rewards.numbers",
+    "rewards.latex",
+    "rewards.units",
+    "rewards.grammar",
     "rewards.match",
     "rewards.math",
     "rewards.code",
@@ -479,7 +482,8 @@ def test_data_error_and_calculator_parse_safely_from_many_threads():
         ("42.0", "42", True),
         ("\\frac{84}{2}", "42", False),  # a reducible fraction is a division (84 / 2), not a stated number
         ("x = 42", "42", True),
-        ("42 apples", "42", True),
+        ("42 cm", "42", True),  # a unit of measure
+        ("42 apples", "42", False),  # a counted noun is a unit only when the question counts it (the prompt)
         ("41", "42", False),
         ("6 * 7", "42", False),  # an expression is not a stated number
         ("42 or 43", "42", False),

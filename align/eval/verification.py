@@ -33,6 +33,8 @@ def verify(completions: Sequence[str], rows: Sequence[dict], default_verifier: s
         return []
     keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in _NOT_COLUMNS]
     columns = {k: [r.get(k) for r in rows] for k in keys}
+    if any(r.get("prompt") is not None for r in rows):  # as TRL passes it in GRPO: a unit may be the question's word
+        columns["prompts"] = [r.get("prompt") for r in rows]
     return verifier_reward(list(completions), default_verifier=default_verifier, family_verifiers=family_verifiers,
                            **columns)
 
