@@ -49,11 +49,12 @@ def test_help_lists_every_command(capsys):
     assert "  recipes " in out
 
 
-def test_an_unknown_command_is_one_error_line():
-    proc = subprocess.run([sys.executable, "-m", "align.commands", "gpro", "recipes/tiny_grpo.yaml"], cwd=ROOT,
-                          env=launch_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [
+def test_an_unknown_command_is_one_error_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["gpro", "recipes/tiny_grpo.yaml"])
+    out = capsys.readouterr()
+    assert exit_.value.code == 2 and out.out == ""
+    assert out.err.splitlines() == [
         "smolalign: error: unknown command 'gpro'; did you mean 'grpo'? run `smolalign --help` for the list"]
 
 
