@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import inspect
 import os
 import re
 import sys
@@ -39,6 +40,10 @@ import yaml
 from align.runtime.distributed import leave_launcher
 
 PROG = "smolalign"
+# Set by align/commands.py while it runs a script: the command the usage line of --help names (read once, removed,
+# so the processes a stage starts do not inherit it).
+COMMAND_ENV = "SMOLALIGN_COMMAND"
+OUR_PACKAGES = ("align", "pretrain", "rewards", "data_gen")
 
 
 class RecipeError(ValueError):
@@ -169,9 +174,11 @@ def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
     if args and not args[0].startswith("-"):
         args = ["--config", *args]  # `script.py recipe.yaml ...` == `script.py --config recipe.yaml ...`
     _check_cli_keys([a for i, a in enumerate(args) if not (i > 0 and args[i - 1] == "--config")], dataclass_types)
-    parser = TrlParser(list(dataclass_types))
+    parser = TrlParser(list(dataclass_types), usage=f"{_prog()} [RECIPE.yaml] [--key value ...]",
+                       description=HELP_DESCRIPTION)
     parser.error = lambda message: fail(message, code=2)  # argparse would print the whole usage first
     _escape_help(parser)
+    _group_by_defining_class(parser, dataclass_types)
     if "--config" in args:
         i = args.index("--config")
         if i + 1 >= len(args):
@@ -184,6 +191,85 @@ def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
         args = args[:i] + args[i + 2 :]
     args = _structured_cli_values(args, dataclass_types, parser)
     return tuple(parser.parse_args_into_dataclasses(args=args))
+
+
+HELP_DESCRIPTION = (
+    "RECIPE.yaml sets these keys, --key value overrides them (defaults < recipe < command line). They are grouped "
+    f"by the config class that defines them: {PROG}'s first, then those of the libraries it builds on."
+)
+
+
+def _prog() -> str:
+    """How the user ran us: `smolalign sft` (align/commands.py says so), `python scripts/sft.py`, or the program."""
+    command = os.environ.pop(COMMAND_ENV, None)
+    if command:
+        return command
+    argv0 = sys.argv[0] if sys.argv else PROG
+    if argv0.endswith(".py"):
+        path = Path(argv0)
+        if path.is_absolute() and path.is_relative_to(Path.cwd()):
+            path = path.relative_to(Path.cwd())
+        return f"python {path}"
+    return os.path.basename(argv0) or PROG
+
+
+def _origin(cls: type) -> str:
+    """The package a config class comes from: ours (PROG) or the library's top-level module."""
+    module = cls.__module__
+    top = module.split(".")[0]
+    return PROG if top in OUR_PACKAGES or module in ("__main__", "<run_path>") else top
+
+
+def _defining_class(dataclass_type: type, name: str) -> type:
+    """The class whose definition of a field the dataclass uses: the first in its MRO that annotates it."""
+    return next((k for k in dataclass_type.__mro__ if name in inspect.get_annotations(k)), dataclass_type)
+
+
+def _library_order(classes: list[type]) -> list[str]:
+    """The packages of the classes, each before the packages its classes subclass (ours before TRL's before
+    transformers'), otherwise in the order they first appear."""
+    packages = list(dict.fromkeys(_origin(c) for c in classes))
+    below = {p: set() for p in packages}
+    for c in classes:
+        below[_origin(c)] |= {_origin(b) for b in c.__mro__[1:] if dataclasses.is_dataclass(b)} - {_origin(c)}
+    ordered: list[str] = []
+    while len(ordered) < len(packages):
+        left = [p for p in packages if p not in ordered]
+        # the first package no other remaining one builds on; a cycle (never seen) keeps first-seen order
+        ordered.append(next((p for p in left if not any(p in below[q] for q in left if q != p)), left[0]))
+    return ordered
+
+
+def _group_by_defining_class(parser, dataclass_types: Sequence[type]) -> None:
+    """--help lists each field under the class that defines it ("GRPOConfig (smolalign)", "ReplayArgs (smolalign)",
+    "GRPOConfig (trl)", "TrainingArguments (transformers)"), our classes first; argparse would list every field
+    in one block, the base class's (transformers') first."""
+    owner: dict[str, type] = {}
+    for dc in dataclass_types:
+        for f in dataclasses.fields(dc):
+            owner.setdefault(f.name, _defining_class(dc, f.name))
+    owners = set(owner.values())
+    # each config type's classes, the most derived first (GRPOConfig, then its mixins, then TRL's); ours first
+    classes = list(dict.fromkeys(k for dc in dataclass_types for k in dc.__mro__ if k in owners))
+    rank = {p: i for i, p in enumerate(_library_order(classes))}
+    classes.sort(key=lambda c: rank[_origin(c)])  # stable: that order within a package
+    groups = {c: parser.add_argument_group(f"{c.__name__} ({_origin(c)})", _docstring_line(c)) for c in classes}
+    for group in [parser._positionals, parser._optionals]:
+        for action in list(group._group_actions):
+            if action.dest in owner:
+                group._group_actions.remove(action)
+                groups[owner[action.dest]]._group_actions.append(action)
+    parser._action_groups = [parser._positionals, parser._optionals, *groups.values()]
+
+
+def _docstring_line(cls: type) -> str | None:
+    """The first sentence of a class's own docstring (not the signature dataclasses writes when there is none)."""
+    doc = cls.__dict__.get("__doc__") or ""
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    if not first or first.startswith(f"{cls.__name__}("):
+        return None
+    end = first.find(". ")
+    return first if end < 0 else first[: end + 1]
 
 
 def _escape_help(parser) -> None:

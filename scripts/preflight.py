@@ -14,35 +14,32 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import runpy
 import sys
 from pathlib import Path
 
 from align.cli import fail
+from align.commands import command_of, script_path
+from align.recipes import header, header_commands
 
-REPO = Path(__file__).resolve().parents[1]
-_SCRIPT_RE = re.compile(r"scripts/(\w+)\.py")
 # Scripts whose loop is not an HF Trainer (nothing would stop them before training): refused, not run.
 NO_PREFLIGHT = {"train_tokenizer", "pipeline", "evaluate", "benchmark", "generate_preferences"}
 
 
 def stage_script(recipe: str) -> Path:
-    """The stage script named by the recipe's header comment."""
+    """The stage script named by the recipe's header comment (`scripts/<stage>.py` or `smolalign <stage>`)."""
     path = Path(recipe)
     if not path.is_file():
         raise FileNotFoundError(f"recipe file '{recipe}' not found")
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            break  # the header is the leading comment block
-        for name in _SCRIPT_RE.findall(line):
-            if name in NO_PREFLIGHT:
-                raise ValueError(f"recipe '{recipe}' runs scripts/{name}.py, which has no preflight checks yet")
-            if name != "preflight":
-                script = REPO / "scripts" / f"{name}.py"
-                if not script.is_file():
-                    raise FileNotFoundError(f"recipe '{recipe}' names scripts/{name}.py, which does not exist")
-                return script
+    for form, word in header_commands(header(path)):
+        command = command_of(form, word)
+        if command is None and form == "script":
+            raise FileNotFoundError(f"recipe '{recipe}' names scripts/{word}.py, which does not exist")
+        if command is None or command.wraps:  # prose that says "smolalign ...", or this very check
+            continue
+        if command.script in NO_PREFLIGHT:
+            raise ValueError(f"recipe '{recipe}' runs scripts/{command.script}.py, which has no preflight checks yet")
+        return script_path(command)
     raise ValueError(
         f"recipe '{recipe}' has no header command naming a stage script; its first line should be a comment such "
         "as '# python scripts/sft.py recipes/tiny_sft.yaml'"

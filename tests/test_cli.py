@@ -1,7 +1,6 @@
 """The recipe CLI: precedence, one-line errors, and every recipe in recipes/ parses."""
 
 import importlib.util
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +8,9 @@ from pathlib import Path
 import pytest
 from trl import SFTConfig
 
-from align.cli import RecipeError, load_recipe, parse
+from align import recipes as recipe_files
+from align.cli import PROG, RecipeError, _defining_class, _origin, load_recipe, parse
+from align.commands import script_path, stage_of
 from align.config import ModelConfig, ScriptArguments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +92,7 @@ def test_every_script_help_lists_its_fields(script, monkeypatch, capsys):
     import runpy
 
     monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    monkeypatch.syspath_prepend(str(script.parent))  # as `python scripts/<x>.py` does (benchmark.py imports so)
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(script), run_name="__main__")
     out = capsys.readouterr()
@@ -102,20 +104,27 @@ def test_every_script_help_lists_its_fields(script, monkeypatch, capsys):
                                                    and v.__module__ == "<run_path>")
     fields = [f.name for t in types for f in dataclasses.fields(t) if f.init]
     assert out.out.strip() and all(f"--{name}" in out.out for name in fields), [n for n in fields if f"--{n}" not in out.out]
+    if namespace.get("CONFIG_TYPES"):  # a recipe script (align.cli.parse): the recipe first, our fields first
+        usage = out.out.splitlines()[0]
+        assert usage.startswith("usage: python ") and usage.endswith(f"{script.name} [RECIPE.yaml] [--key value ...]")
+        ours = [f.name for t in types for f in dataclasses.fields(t) if _origin(_defining_class(t, f.name)) == PROG]
+        theirs = [f.name for t in types for f in dataclasses.fields(t) if f.name not in ours]
+        assert ours, f"{script.name}: no field of ours"
+        if theirs:
+            first = lambda names: min(out.out.index(f"\n  --{n} ") for n in names)  # noqa: E731
+            assert first(ours) < first(theirs), f"{script.name}: a library's field is listed before ours"
 
 
 def _recipes() -> list[Path]:
-    return sorted([*(ROOT / "recipes").glob("*.yaml"), *(ROOT / "recipes" / "ablations").glob("*.yaml")])
+    """Every recipe of a stage under recipes/, in any folder (accelerate configs and launch templates are not)."""
+    return [r.path for r in recipe_files.find(ROOT / "recipes") if r.kind == "recipe"]
 
 
 def _script_for(path: Path) -> Path:
     """Each recipe starts with the command that runs it; the script named there parses it."""
-    head = path.read_text().splitlines()[:5]
-    for line in head:
-        m = re.search(r"scripts/(\w+)\.py", line)
-        if m:
-            return ROOT / "scripts" / f"{m.group(1)}.py"
-    raise AssertionError(f"{path.name}: the first lines must be a comment with the command that runs it")
+    stage = stage_of(recipe_files.read(path, ROOT / "recipes"))
+    assert stage, f"{path.name}: the first lines must be a comment with the command that runs it"
+    return script_path(stage)
 
 
 @pytest.mark.parametrize("path", _recipes(), ids=lambda p: p.name)

@@ -139,6 +139,14 @@ def test_floors_point_down():
     assert not up, "imports that point up:\n" + "\n".join(up)
 
 
+def test_the_command_registry_is_core_and_imports_no_stage():
+    """align/commands.py names every stage, by its script's file (it runs scripts/<x>.py with runpy), never by an
+    import: it stays on the core floor, so any module may use it (scripts/preflight.py, the pipeline) and
+    `smolalign --help` or `smolalign recipes` imports no trainer."""
+    assert floor("align.commands") == FLOORS["core"]
+    assert not [t for t in GRAPH["align.commands"] if stage_of(t) is not False or t.startswith("data_gen")]
+
+
 def test_rewards_import_nothing_of_ours_but_rewards():
     out = [f"{m} imports {t}" for m, targets in GRAPH.items() if m.startswith("rewards")
            for t in targets if not t.startswith("rewards")]
