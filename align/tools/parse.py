@@ -13,7 +13,8 @@ So `Use <code>len(s)</code> to count` is prose, never a call. Text inside the tu
 a call. A malformed call is answered with a tool message saying so (and counted), never dropped in silence. Whether
 a call that parsed did anything (an empty program, one that raised) is the tool's own verdict
 (`align.tools.runner`). One pass over the turn, whatever its shape (100k unclosed tags cost what one does); a turn
-longer than `MAX_TURN_CHARS` is one malformed call.
+longer than `MAX_TURN_CHARS` is one malformed call, and a turn reads at most `MAX_CALLS` calls (one more is a
+malformed call).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from align.tools.functions import PYTHON_TOOL
 
 MAX_TURN_CHARS = 1 << 20
+MAX_CALLS = 16  # calls in one turn; one more is a malformed call and the rest of the turn is not read
 _OPENERS = {False: re.compile(r"<tool_call>"), True: re.compile(r"<tool_call>|<code>")}
 _CLOSERS = {"<tool_call>": "</tool_call>", "<code>": "</code>"}
 
@@ -104,6 +106,9 @@ def parse_tool_calls(text: str, python_tool: bool = False) -> list[ToolCall]:
     lines, closes = _Lines(body), {}  # closes: where the next closing tag of each kind is (found once)
     pos = 0
     while (m := _OPENERS[python_tool].search(body, pos)) is not None:
+        if len(calls) >= MAX_CALLS:
+            calls.append(ToolCall("", error=f"more than {MAX_CALLS} calls in one turn: the rest are not read"))
+            break
         tag, start = m.group(), m.end()
         closer = _CLOSERS[tag]
         if closes.get(closer, -1) < start:
