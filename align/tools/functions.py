@@ -212,7 +212,9 @@ def calculator(expression: str) -> str:
 
 MAX_CODE_CHARS = 20_000  # a longer program is refused before it runs
 PYTHON_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=256, output_bytes=1 << 16)
-_KILLED = {128 + 24: ("timeout", "the program ran out of CPU time"), 128 + 9: ("killed", "the program was killed")}
+# killed by a signal: SIGXCPU at the CPU limit; SIGKILL at the CPU hard limit or the memory cgroup's limit
+_KILLED = {128 + 24: ("timeout", "the program ran out of CPU time"),
+           128 + 9: ("killed", "the program was killed (it ran out of CPU time or memory)")}
 
 
 def _printed(reason: str, out: str) -> str:
