@@ -12,8 +12,10 @@ So that a solution behaves as it would with the tests in one process, during a c
 - ``input(prompt)`` and reads of ``sys.stdin`` (``read``, ``readline``, iteration, ``buffer``) ask the judge,
   which answers from its own ``input`` and ``sys.stdin`` (patched or replaced by the tests) with the value, or
   the exception (``EOFError`` at the end of the input), before the call goes on;
-- the ``random`` module's state crosses with the call and with its reply whenever it changed, so a seed the
-  tests set is the one the solution draws from, and the tests draw on from where the solution left off.
+- after the tests call ``random.seed`` or ``random.setstate``, the next call carries the judge's generator state,
+  so the solution draws from the seed the tests set. Nothing goes back: the solution's draws, or its own seed,
+  never move the tests' generator (tests that draw random inputs could otherwise be steered to inputs the
+  solution chose, or predicted: one process would allow that, a judge must not).
 
 Between calls (the solution's own top-level code) input is this process's own, at its end, and output is this
 process's (reported as the candidate's stdout).
@@ -227,7 +229,7 @@ def _serve():
         else:
             names[name] = ["callable" if callable(value) else "value"]
     flush()
-    send({"hello": names, "random": encode(random.getstate())})
+    send({"hello": names})
     mutable = (list, dict, set, bytearray, Counter, OrderedDict, defaultdict, deque)  # changed in place: sent back
     while True:
         request = recv()
@@ -244,7 +246,6 @@ def _serve():
         try:
             if "random" in request:
                 random.setstate(decode(request["random"]))
-            drawn = random.getstate()
             sys.stdout, sys.stderr = out, err
             try:
                 args = [decode(a) for a in request["args"]]
@@ -263,9 +264,6 @@ def _serve():
             sys.stdout, sys.stderr = saved
             now["id"] = None
         reply["events"] = events()
-        state = random.getstate()
-        if state != drawn:
-            reply["random"] = encode(state)
         flush()
         send(reply)
 _serve()

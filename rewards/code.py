@@ -1,9 +1,14 @@
 r"""Code verification: run the completion's program against the row's tests in the sandbox.
 
-``code_reward(completions, tests, entry_point=None)`` takes the last fenced ```python block of each
-completion (or the raw text after any ``<think>`` block when there is no fence), runs it and the row's
-``tests`` in ``rewards.sandbox`` (no network, no host files, no parent environment, CPU/memory/process/
-file limits, a wall-clock kill), and scores 1.0 when every test passed, 0.0 on failure, timeout or crash.
+``code_reward(completions, tests, entry_point=None)`` takes each completion's solution block
+(``extract_code``: the fenced Python block that defines the entry point or a name the tests take from the
+solution, else the only one, else the last that defines something or reads input: never a usage example or a
+block of asserts after it; the raw text after any ``<think>`` block when there is no block), runs it and the
+row's ``tests`` in ``rewards.sandbox`` (no network, no host files, no parent environment, CPU/memory/process/
+file limits, a wall-clock kill), and scores 1.0 when every test passed, 0.0 on failure, timeout or crash. A
+completion longer than ``MAX_COMPLETION_CHARS`` scores 0 unread. Fences are read by ``rewards.fences`` in one
+linear pass.
+
 Tests are human-eval style (a ``check(candidate)`` function, called on ``entry_point``), plain ``assert``
 statements (one text, or a list of them), or stdin/stdout cases: a list of ``{"input": ..., "output": ...}`` (or its JSON text), each run as
 a program (its stdin the case's input, ``exit()``/``quit()`` available) that must exit with status 0 and
@@ -15,7 +20,9 @@ None (abstain, as TRL and ``rewards.score`` read it: the row adds nothing to the
 solution can pass or fail: no tests, or tests that are a data error (``rewards.checks.data_error``: they
 do not parse, check nothing — no ``assert``, ``raise`` or ``assert*``/``fail*`` call — or define
 ``check(candidate)`` with no entry point and no call of ``check``). Each kind of data error is warned once
-per process. Tests that reach no check at run time, or never call the solution, score 0.
+per process. Tests that reach no check at run time, or never call the solution, score 0. Where rows are
+loaded, ``check_code_rows`` refuses the ``check(candidate)`` rows without an entry point with a ``ValueError``
+naming the row.
 
 The verdict comes from ``rewards.judge``: the tests run in a second sandbox and see only plain data the
 solution returns, so a solution cannot forge a pass (see that module). Rows run in parallel (``num_workers``,

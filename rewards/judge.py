@@ -21,9 +21,9 @@ How (``execute(code, tests, entry_point)``):
   function under test (``rewards.checks.under_test``: the entry point, or the one builtin-named function the
   tests call when they call no other), so a solution that redefines ``set`` or ``all`` cannot change how the
   tests compare. Lists, dicts, sets and deques the function changed in place are written back to the judge's
-  arguments. What the function prints, the input it reads and the ``random`` state it draws from cross too, so
-  that tests that capture stdout, patch ``input`` or ``sys.stdin``, or seed ``random`` see what they would in
-  one process (``rewards.candidate``). An exception in the candidate is raised again in the judge as an
+  arguments. What the function prints and the input it reads cross too, and a seed the tests set reaches the
+  solution's ``random``, so that tests that capture stdout, patch ``input`` or ``sys.stdin``, or seed ``random``
+  see what they would in one process (``rewards.candidate``); the solution never sets the tests' generator. An exception in the candidate is raised again in the judge as an
   instance of a fresh class deriving from the builtin classes of its MRO, so ``except ValueError`` catches a
   solution's ``class MyError(ValueError)`` as it would in-process. An exit, a malformed reply, a closed pipe, a
   value that is not plain data or an exception that steers control flow (``StopIteration``, which
@@ -90,7 +90,7 @@ class TestsDataError(BaseException):
 class _Channel:
     def __init__(self, wfd, rfd, cap):
         self.wfd, self.rfd, self.cap, self.buf, self.calls = wfd, rfd, cap, bytearray(), 0
-        self.glob, self.random = {}, None
+        self.glob, self.reseeded = {}, False
 
     def read(self):
         import os
@@ -122,13 +122,9 @@ class _Channel:
         except OSError:
             raise fatal("the solution's process ended before the call") from None
 
-    def sync_random(self, wired):
-        # the solution's draws moved the generator: this process continues from where they left it
-        try:
-            random.setstate(decode(wired))
-        except (TypeError, ValueError, OverflowError):
-            raise fatal("a malformed random state") from None
-        self.random = random.getstate()
+    def seeded(self, *args, **kwargs):
+        # random.seed / random.setstate in the tests: the solution draws from the generator they set
+        self.reseeded = True
 
     def shared(self, name):
         # input / print as the solution would find them in one namespace with the tests: theirs, else builtins
@@ -201,9 +197,9 @@ class _Channel:
                 "kwargs": {k: encode(v) for k, v in kwargs.items()}}
         except TypeError as e:
             raise fatal(f"the tests pass an argument that is not plain data ({e})") from None
-        if not get and random.getstate() != self.random:  # the tests drew or seeded: the solution draws on from here
-            self.random = random.getstate()
-            request["random"] = encode(self.random)
+        if not get and self.reseeded:  # the tests set the generator: the solution draws on from where it is now
+            self.reseeded = False
+            request["random"] = encode(random.getstate())
         self.send(request)
         while True:
             reply = self.read()
@@ -212,8 +208,6 @@ class _Channel:
             if get or ("input" not in reply and "stdin" not in reply):
                 break
             self.answer(reply)
-        if "random" in reply:
-            self.sync_random(reply["random"])
         self.replay(reply.get("events"))  # in one process the output comes before the return
         if "invalid" in reply:
             if get:
@@ -261,6 +255,15 @@ def _write_back(arg, new):
         dict.update(arg, new)
 
 
+def _after(func, hook):
+    def wrapped(*args, **kwargs):
+        out = func(*args, **kwargs)
+        hook()
+        return out
+
+    return wrapped
+
+
 class _Remote:
     __slots__ = ("__name__", "_channel")
 
@@ -299,7 +302,8 @@ def _judge():
         names = hello.get("hello")
         if type(names) is not dict:
             raise fatal("the solution's process did not start properly")
-        channel.sync_random(hello.get("random"))  # one process: the tests start from the solution's generator
+        for name in ("seed", "setstate"):  # the tests' own seeds reach the solution; the solution never sets theirs
+            setattr(random, name, _after(getattr(random, name), channel.seeded))
         tree = ast.parse(spec["tests"], "tests.py")
         entry_point = (spec["entry_point"] or "").strip()
         free, called = free_names(tree)

@@ -146,8 +146,9 @@ ATTACKS = [
     ("forge_a_verdict_on_dev_stdout", "import json\ndef add(a, b):\n    for p in ('/dev/stdout', '/dev/stderr'):\n"
      "        with open(p, 'w') as f:\n            f.write(json.dumps({'token': '0', 'passed': True}) + '\\n')\n"
      "    return 0\n", ADD, "add", 0.0),
-    ("malformed_random_state", "import random, itertools\n_n = itertools.count()\n"
-     "random.getstate = lambda: (3, (next(_n),), None)\ndef roll():\n    return 4\n", "assert roll() == 4\n", None, 0.0),
+    ("solution_seeds_the_tests_generator_at_import", "import random\nrandom.seed(1)\n_mirror = random.Random(1)\n"
+     "def guess():\n    return _mirror.getrandbits(32)\n",
+     "import random\nfor _ in range(5):\n    secret = random.getrandbits(32)\n    assert guess() == secret\n", None, 0.0),
     ("input_the_tests_did_not_give", "def ask():\n    return input()\n", "assert ask() == '5'\n", None, 0.0),
     ("another_sandbox_seen_through_proc", "import os\nPIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
      "def add(a, b):\n    return a + b if len(PIDS) > 1 else 0\n", ADD, "add", 0.0),
@@ -276,12 +277,17 @@ HONEST = [
      "        return 'eof'\n", "assert ask() == 'eof'\n", None),
     ("random_seeded_by_the_tests", "import random\ndef roll(n):\n    return [random.randint(1, 6) for _ in range(n)]\n",
      "import random\nrandom.seed(42)\nexpected = [random.randint(1, 6) for _ in range(5)]\nrandom.seed(42)\n"
-     "assert roll(5) == expected\nafter = random.random()\nrandom.seed(42)\n"
-     "assert [random.randint(1, 6) for _ in range(5)] == expected and random.random() == after\n", None),
+     "assert roll(5) == expected\n", None),
+    ("random_seed_then_two_calls_draw_on", "import random\ndef roll(n):\n    return [random.randint(1, 6) for _ in range(n)]\n",
+     "from random import seed, randint\nseed(3)\na, b = roll(2), roll(3)\nseed(3)\n"
+     "assert a + b == [randint(1, 6) for _ in range(5)]\n", None),
+    ("random_setstate_by_the_tests", "import random\ndef draw():\n    return random.random()\n",
+     "import random\nrandom.seed(9)\nstate = random.getstate()\nwant = random.random()\nrandom.setstate(state)\n"
+     "assert draw() == want\n", None),
     ("random_seeded_by_the_solution", "import random\ndef shuffled(xs):\n    random.seed(7)\n    xs = list(xs)\n"
      "    random.shuffle(xs)\n    return xs\n",
-     "import random\nr = shuffled(range(6))\nafter = random.random()\nrandom.seed(7)\nxs = list(range(6))\n"
-     "random.shuffle(xs)\nassert r == xs and after == random.random()\n", None),
+     "import random\nr = shuffled(range(6))\nrandom.seed(7)\nxs = list(range(6))\nrandom.shuffle(xs)\n"
+     "assert r == xs and shuffled('abc') == shuffled('abc')\n", None),
     ("random_seeded_in_check", "import random\ndef pick(xs):\n    return random.choice(xs)\n",
      "import random\ndef check(candidate):\n    random.seed(0)\n    want = random.choice('abcdef')\n    random.seed(0)\n"
      "    assert candidate('abcdef') == want\n", "pick"),
