@@ -30,7 +30,15 @@ def _serve():
     spec = json.loads(sys.stdin.readline())
     rfd, wfd = spec["fds"]
     inbox = bytearray()
-    now = {"id": None, "events": []}  # the call being served (None between calls) and what it printed so far
+    now = {"id": None, "events": [], "size": 0}  # the call being served (None between calls), what it printed
+    cap = spec["max_output"]  # characters a call may print: beyond it the solution fails, as a flood does
+
+    def count(n):
+        now["size"] += n
+        if now["size"] > cap:
+            sys.__stderr__.write(f"the solution printed more than {cap} characters in one call\n")
+            flush()
+            os._exit(1)
 
     def send(message):
         data = json.dumps(message).encode() + b"\n"
@@ -63,7 +71,7 @@ def _serve():
             return type(e).__name__[:200]
 
     def events():
-        out, now["events"] = now["events"], []
+        out, now["events"], now["size"] = now["events"], [], 0
         return [["write", e[1], "".join(e[2])] if e[0] == "write" else e for e in out]
 
     def ask(request):  # a read of input during a call: the judge answers it
@@ -83,6 +91,7 @@ def _serve():
         def write(self, s):
             if not isinstance(s, str):
                 raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+            count(len(s))
             log = now["events"]
             if log and log[-1][0] == "write" and log[-1][1] == self.name:
                 log[-1][2].append(str.__str__(s))
@@ -199,8 +208,10 @@ def _serve():
         if "flush" in kwargs:
             kw["flush"] = bool(kwargs["flush"])
         if "file" in kwargs:
-            kw["file"] = target.name
-        now["events"].append(["print", [shown(a) for a in args], kw])
+            kw["file"] = None if kwargs["file"] is None else target.name
+        wired = [shown(a) for a in args]
+        count(sum(len(json.dumps(a)) for a in wired) + len(kw.get("sep") or "") + len(kw.get("end") or ""))
+        now["events"].append(["print", wired, kw])
 
     def input_(*args):
         if now["id"] is None:

@@ -12,10 +12,16 @@
 - ``count_checks(tree)``: instruments the tests so that each check a run reaches calls ``CHECK_COUNTER()``;
   the judge needs at least one (a loop over an empty output reaches none, ``print('ok')`` has none).
 
+- ``free_names(tree)``: the names the tests read and never bind (and those they call): the solution's names, as
+  when solution and tests share one namespace; ``under_test`` picks the builtin names among them that are the
+  solution's too (the function under test named like a builtin), so that no other builtin can be redefined under
+  the tests' comparisons.
+
 Why a module of its own: this is the judging of the tests' text, not of a run, and two places use it:
-``rewards.code`` (through ``data_error``) and the judge's sandbox, which ``rewards.judge`` ships
-``is_check_call`` and ``count_checks`` to as source (``inspect.getsource``). So these functions import ``ast``
-inside themselves and use nothing of this module but each other and ``CHECK_COUNTER``.
+``rewards.code`` (through ``data_error`` and ``free_names``) and the judge's sandbox, which ``rewards.judge``
+ships ``is_check_call``, ``count_checks``, ``free_names`` and ``under_test`` to as source
+(``inspect.getsource``). So these functions import what they need inside themselves and use nothing of this
+module but each other and ``CHECK_COUNTER``.
 """
 
 from __future__ import annotations

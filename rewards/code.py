@@ -66,7 +66,7 @@ def defined_names(code: str) -> set[str]:
     return {m.group(1) or m.group(2) for m in _DEFINES.finditer(code)}
 
 
-def extract_code(text: str, names: Any = None) -> str:
+def extract_code(text: str, names: Iterable[str] | str | None = None) -> str:
     r"""The solution's code out of a completion: the fenced Python block that defines one of ``names`` (the entry
     point, or the names the tests take from the solution), else the only Python block, else the last one that
     defines something or reads input (not a usage example or a block of asserts), else the text after any

@@ -154,10 +154,10 @@ class _Channel:
                 raise fatal("a print event that is not plain data") from None
             kw = dict(b)
             if any(k in kw and kw[k] is not None and type(kw[k]) is not str for k in ("sep", "end")) or \
-                    ("flush" in kw and type(kw["flush"]) is not bool) or kw.get("file", "stdout") not in (
-                        "stdout", "stderr"):
+                    ("flush" in kw and type(kw["flush"]) is not bool) or kw.get("file") not in (
+                        None, "stdout", "stderr"):
                 raise fatal("a malformed print event")
-            if "file" in kw:
+            if kw.get("file") is not None:
                 kw["file"] = sys.stdout if kw["file"] == "stdout" else sys.stderr
             self.shared("print")(*args, **kw)
 
@@ -388,7 +388,8 @@ def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits
     candidate = judge = None
     deadline = time.monotonic() + limits.wall_s
     try:
-        candidate = spawn(_WIRE + SERVER, json.dumps({"code": code, "fds": [req_r, rep_w]}).encode() + b"\n", limits,
+        spec = {"code": code, "fds": [req_r, rep_w], "max_output": max(MAX_REPLY_BYTES, limits.output_bytes) // 2}
+        candidate = spawn(_WIRE + SERVER, json.dumps(spec).encode() + b"\n", limits,
                           isolate, pass_fds=(req_r, rep_w))
         loads_only = not tests.strip() and not (entry_point or "").strip()  # no tests: does the solution load?
         payload = {"tests": tests, "entry_point": entry_point, "token": token, "fds": [req_w, rep_r, ver_w],

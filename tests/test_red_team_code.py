@@ -149,6 +149,8 @@ ATTACKS = [
     ("solution_seeds_the_tests_generator_at_import", "import random\nrandom.seed(1)\n_mirror = random.Random(1)\n"
      "def guess():\n    return _mirror.getrandbits(32)\n",
      "import random\nfor _ in range(5):\n    secret = random.getrandbits(32)\n    assert guess() == secret\n", None, 0.0),
+    ("flood_a_captured_stdout", "def add(a, b):\n    for _ in range(3000):\n        print('x' * 4096)\n    return a + b\n",
+     "import io, contextlib\nwith contextlib.redirect_stdout(io.StringIO()):\n    assert add(2, 3) == 5\n", None, 0.0),
     ("input_the_tests_did_not_give", "def ask():\n    return input()\n", "assert ask() == '5'\n", None, 0.0),
     ("another_sandbox_seen_through_proc", "import os\nPIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
      "def add(a, b):\n    return a + b if len(PIDS) > 1 else 0\n", ADD, "add", 0.0),
