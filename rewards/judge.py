@@ -23,9 +23,10 @@ How (``execute(code, tests, entry_point)``):
   tests compare. Lists, dicts, sets and deques the function changed in place are written back to the judge's
   arguments. What the function prints and the input it reads cross too, and a seed the tests set reaches the
   solution's ``random``, so that tests that capture stdout, patch ``input`` or ``sys.stdin``, or seed ``random``
-  see what they would in one process (``rewards.candidate``); the solution never sets the tests' generator. An exception in the candidate is raised again in the judge as an
-  instance of a fresh class deriving from the builtin classes of its MRO, so ``except ValueError`` catches a
-  solution's ``class MyError(ValueError)`` as it would in-process. An exit, a malformed reply, a closed pipe, a
+  see what they would in one process (``rewards.candidate``); the solution never sets the tests' generator.
+  An exception in the candidate is raised again in the judge as an instance of a fresh class deriving from
+  the builtin classes of its MRO, so ``except ValueError`` catches a solution's ``class MyError(ValueError)``
+  as it would in-process. An exit, a malformed reply, a closed pipe, a
   value that is not plain data or an exception that steers control flow (``StopIteration``, which
   ``all(map(...))`` would swallow, ``KeyboardInterrupt``, ``SystemExit``, ...) raises ``CandidateExit``, which
   no ``except Exception`` catches, and fails the run even where a bare ``except`` does.
@@ -42,10 +43,11 @@ How (``execute(code, tests, entry_point)``):
 
 The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
 different uids as root (or sibling user namespaces as a user), each sandbox's ``/proc`` lists only its own
-pid namespace's processes, and the judge marks itself non-dumpable. Without namespaces (``isolation="none"`` or the ``auto`` fallback) the two still run under
-different throwaway uids when the trainer is root; as a plain user without namespaces the candidate runs
-under the trainer's own uid, can read the trainer's memory through ``/proc`` and so can forge anything:
-the fallback warns, and ``isolation="namespace"`` refuses to run that way.
+pid namespace's processes, and the judge marks itself non-dumpable. Without namespaces (``isolation="none"``
+or the ``auto`` fallback) the two still run under different throwaway uids when the trainer is root; as a
+plain user without namespaces the candidate runs under the trainer's own uid, can read the trainer's memory
+through ``/proc`` and so can forge anything: the fallback warns, and ``isolation="namespace"`` refuses to run
+that way.
 
 What the judge cannot do: pass arguments that are not plain data (a lambda, a custom object) to the
 candidate, or let the tests look inside objects the candidate returns (they arrive as plain data or fail);

@@ -148,8 +148,10 @@ ATTACKS = [
      "    return 0\n", ADD, "add", 0.0),
     ("solution_seeds_the_tests_generator_at_import", "import random\nrandom.seed(1)\n_mirror = random.Random(1)\n"
      "def guess():\n    return _mirror.getrandbits(32)\n",
-     "import random\nfor _ in range(5):\n    secret = random.getrandbits(32)\n    assert guess() == secret\n", None, 0.0),
-    ("flood_a_captured_stdout", "def add(a, b):\n    for _ in range(3000):\n        print('x' * 4096)\n    return a + b\n",
+     "import random\nfor _ in range(5):\n    secret = random.getrandbits(32)\n"
+     "    assert guess() == secret\n", None, 0.0),
+    ("flood_a_captured_stdout", "def add(a, b):\n    for _ in range(2100):\n        print('x' * 4096)\n"
+     "    return a + b\n",
      "import io, contextlib\nwith contextlib.redirect_stdout(io.StringIO()):\n    assert add(2, 3) == 5\n", None, 0.0),
     ("input_the_tests_did_not_give", "def ask():\n    return input()\n", "assert ask() == '5'\n", None, 0.0),
     ("another_sandbox_seen_through_proc", "import os\nPIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
@@ -243,7 +245,8 @@ HONEST = [
      "import io, contextlib\nbuf = io.StringIO()\nwith contextlib.redirect_stdout(buf):\n    assert hello(3) == 3\n"
      "assert buf.getvalue() == 'Hello 3\\n'\n", None),
     ("stdout_swapped_for_a_stringio", "import sys\ndef hi():\n    sys.stdout.write('hi')\n    print('!', end='')\n",
-     "import io, sys\nold, sys.stdout = sys.stdout, io.StringIO()\nhi()\nout, sys.stdout = sys.stdout.getvalue(), old\n"
+     "import io, sys\nold, sys.stdout = sys.stdout, io.StringIO()\nhi()\n"
+     "out, sys.stdout = sys.stdout.getvalue(), old\n"
      "assert out == 'hi!'\n", None),
     ("patch_sys_stdout", "def table(n):\n    for i in range(n):\n        print(i, i * i, sep=':')\n",
      "import io\nfrom unittest.mock import patch\nwith patch('sys.stdout', new_callable=io.StringIO) as out:\n"
@@ -260,7 +263,8 @@ HONEST = [
      "sys.stdout.flush()\nout = sys.stdout.buffer.getvalue()\nsys.stdout = old\n"
      "assert out == b\"[1, 2] {'a': 1}\\nbytes\\n\", out\n", None),
     ("patch_input_return_value", "def double():\n    return 2 * int(input('n? '))\n",
-     "from unittest.mock import patch\nwith patch('builtins.input', return_value='21') as i:\n    assert double() == 42\n"
+     "from unittest.mock import patch\nwith patch('builtins.input', return_value='21') as i:\n"
+     "    assert double() == 42\n"
      "i.assert_called_once_with('n? ')\n", None),
     ("patch_input_side_effect", "def total():\n    n = int(input())\n    return sum(int(input()) for _ in range(n))\n",
      "from unittest.mock import patch\nwith patch('builtins.input', side_effect=['2', '3', '4']):\n"
@@ -277,10 +281,12 @@ HONEST = [
      "import io, sys\nsys.stdin = io.TextIOWrapper(io.BytesIO(b'1 2 3'))\nassert numbers() == [1, 2, 3]\n", None),
     ("input_at_the_end_raises_eof", "def ask():\n    try:\n        return input()\n    except EOFError:\n"
      "        return 'eof'\n", "assert ask() == 'eof'\n", None),
-    ("random_seeded_by_the_tests", "import random\ndef roll(n):\n    return [random.randint(1, 6) for _ in range(n)]\n",
+    ("random_seeded_by_the_tests", "import random\ndef roll(n):\n"
+     "    return [random.randint(1, 6) for _ in range(n)]\n",
      "import random\nrandom.seed(42)\nexpected = [random.randint(1, 6) for _ in range(5)]\nrandom.seed(42)\n"
      "assert roll(5) == expected\n", None),
-    ("random_seed_then_two_calls_draw_on", "import random\ndef roll(n):\n    return [random.randint(1, 6) for _ in range(n)]\n",
+    ("random_seed_then_two_calls_draw_on", "import random\ndef roll(n):\n"
+     "    return [random.randint(1, 6) for _ in range(n)]\n",
      "from random import seed, randint\nseed(3)\na, b = roll(2), roll(3)\nseed(3)\n"
      "assert a + b == [randint(1, 6) for _ in range(5)]\n", None),
     ("random_setstate_by_the_tests", "import random\ndef draw():\n    return random.random()\n",
@@ -291,7 +297,8 @@ HONEST = [
      "import random\nr = shuffled(range(6))\nrandom.seed(7)\nxs = list(range(6))\nrandom.shuffle(xs)\n"
      "assert r == xs and shuffled('abc') == shuffled('abc')\n", None),
     ("random_seeded_in_check", "import random\ndef pick(xs):\n    return random.choice(xs)\n",
-     "import random\ndef check(candidate):\n    random.seed(0)\n    want = random.choice('abcdef')\n    random.seed(0)\n"
+     "import random\ndef check(candidate):\n    random.seed(0)\n    want = random.choice('abcdef')\n"
+     "    random.seed(0)\n"
      "    assert candidate('abcdef') == want\n", "pick"),
     # 8. the function under test may be named check, or like a builtin
     ("mbpp_function_named_check", "def check(n):\n    return n % 2 == 0\n",
@@ -312,7 +319,8 @@ HONEST = [
      "assert squares([1, 2, 3]) == [1, 4, 9]\n", None),
     ("multiprocessing_shared_value", "import multiprocessing as mp\ndef bump(v):\n    with v.get_lock():\n"
      "        v.value += 1\ndef count(n):\n    v = mp.Value('i', 0)\n    ps = [mp.Process(target=bump, args=(v,))"
-     " for _ in range(n)]\n    for p in ps:\n        p.start()\n    for p in ps:\n        p.join()\n    return v.value\n",
+     " for _ in range(n)]\n    for p in ps:\n        p.start()\n    for p in ps:\n        p.join()\n"
+     "    return v.value\n",
      "assert count(3) == 3\n", None),
     ("stdio_fstat_fast_input", "import os\ndata = os.read(0, os.fstat(0).st_size).split()\n"
      "print(int(data[0]) + int(data[1]))\n", IO, None),
@@ -344,7 +352,8 @@ COMPLETIONS = [
     ("assert_block_after_the_solution", f"{FENCE}python\n{RIGHT}{FENCE}\nCheck:\n{FENCE}python\n"
      f"assert add(1, 1) == 3\n{FENCE}", ["assert add(2, 3) == 5"], None, 1.0),
     ("tilde_fence", f"~~~python\n{RIGHT}~~~", ["assert add(2, 3) == 5"], None, 1.0),
-    ("crlf_program", f"{FENCE}python\r\na, b = map(int, input().split())\r\nprint(a + b)\r\n{FENCE}\r\n", IO, None, 1.0),
+    ("crlf_program", f"{FENCE}python\r\na, b = map(int, input().split())\r\nprint(a + b)\r\n{FENCE}\r\n", IO,
+     None, 1.0),
     ("fence_line_inside_a_docstring", f"{FENCE}python\ndef add(a, b):\n    '''Use it so:\n    {FENCE}\n"
      f"    add(1, 2)\n    {FENCE}\n    '''\n    return a + b\n{FENCE}", ADD, "add", 1.0),
     ("program_then_its_output", f"{FENCE}python\nprint(sum(map(int, input().split())))\n{FENCE}\nOutput:\n"

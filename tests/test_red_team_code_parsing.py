@@ -179,7 +179,8 @@ def test_code_is_text_without_the_python_tool_and_calls_per_turn_are_capped():
 
 # (code, kind): the python tool's own verdict before anything runs
 EMPTY_OR_BROKEN = [("", "empty"), ("  \n\t", "empty"), ("# only a comment\n", "empty"), ("def f(:\n", "syntax_error"),
-                   ("x = 1\x00", "syntax_error"), ("(" * 300, "syntax_error"), ("x" * (MAX_CODE_CHARS + 1), "too_long")]
+                   ("x = 1\x00", "syntax_error"), ("(" * 300, "syntax_error"),
+                   ("x" * (MAX_CODE_CHARS + 1), "too_long")]
 
 
 @pytest.mark.parametrize("code, kind", EMPTY_OR_BROKEN, ids=[k + str(i) for i, (_, k) in enumerate(EMPTY_OR_BROKEN)])

@@ -9,6 +9,6 @@ from align.tools.runner import STATUSES, ToolResult, ToolRunner
 
 __all__ = [
     "STATUSES", "TOOLS", "Environment", "Tool", "ToolCall", "ToolError", "ToolLoop", "ToolResult", "ToolRunner",
-    "Trajectory", "call_text", "check_arguments", "environment_tools", "load_tools", "parse_tool_calls", "tools_system_text",
-    "with_tools",
+    "Trajectory", "call_text", "check_arguments", "environment_tools", "load_tools", "parse_tool_calls",
+    "tools_system_text", "with_tools",
 ]
