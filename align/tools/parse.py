@@ -9,10 +9,11 @@ What a call is, by an allow-list of the call syntax (everything else in the turn
   when it stands on its own lines: only spaces (or another call) between the start of its line and `<code>`, and
   between `</code>` and the end of its line; malformed when it stands at the start of a line and is left open.
 
-So `Use <code>len(s)</code> to count` is prose, never a call. Text inside the turn's think block is reasoning, not
-a call. A malformed call is answered with a tool message saying so (and counted), never dropped in silence. Whether
-a call that parsed did anything (an empty program, one that raised) is the tool's own verdict
-(`align.tools.runner`). One pass over the turn, whatever its shape (100k unclosed tags cost what one does); a turn
+A call's content that is one fenced block (```` <code>```python ... ```</code> ````) is read as that block's body.
+Line ends may be `\n` or `\r\n`. So `Use <code>len(s)</code> to count` is prose, never a call. Text inside the
+turn's think block is reasoning, not a call. A malformed call is answered with a tool message saying so (and
+counted), never dropped in silence. Whether a call that parsed did anything (an empty program, one that raised)
+is the tool's own verdict (`align.tools.runner`). One pass over the turn, whatever its shape (100k unclosed tags cost what one does); a turn
 longer than `MAX_TURN_CHARS` is one malformed call, and a turn reads at most `MAX_CALLS` calls (one more is a
 malformed call).
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from align.tools.functions import PYTHON_TOOL
+from rewards.fences import fences
 
 MAX_TURN_CHARS = 1 << 20
 MAX_CALLS = 16  # calls in one turn; one more is a malformed call and the rest of the turn is not read
@@ -67,11 +69,20 @@ def _json_call(raw: str) -> ToolCall:
     return ToolCall(obj["name"], args)
 
 
+def _unfenced(content: str) -> str:
+    """A call's content as written, or the body of the one fenced block it is (```python ... ``` inside <code>)."""
+    stripped = content.strip()
+    if not (stripped.startswith(("```", "~~~")) and stripped.endswith(("```", "~~~"))):
+        return content
+    blocks = fences(stripped)
+    return blocks[0].body if len(blocks) == 1 and blocks[0].closed else content
+
+
 class _Lines:
     """Whether a position starts its line (only spaces before it, back to a line end or the end of a call), read
     forwards once: each question costs only the text since the last one."""
 
-    _END = re.compile(r"[ \t]*(?:\n|$|<tool_call>|<code>)")
+    _END = re.compile(r"[ \t\r]*(?:\n|$|<tool_call>|<code>)")
 
     def __init__(self, text: str):
         self.text, self.checked, self.clean = text, 0, True
@@ -81,9 +92,9 @@ class _Lines:
         t = self.text
         newline = t.rfind("\n", self.checked, i)
         if newline >= 0:
-            self.clean = not t[newline + 1:i].strip(" \t")
+            self.clean = not t[newline + 1:i].strip(" \t\r")
         else:
-            self.clean = self.clean and not t[self.checked:i].strip(" \t")
+            self.clean = self.clean and not t[self.checked:i].strip(" \t\r")
         self.checked = i
         return self.clean
 
@@ -132,9 +143,9 @@ def parse_tool_calls(text: str, python_tool: bool = False) -> list[ToolCall]:
                 lines.skip(start, False)
                 pos = start
                 continue
-            calls.append(ToolCall(PYTHON_TOOL, {"code": body[start:close].strip("\n")}))
+            calls.append(ToolCall(PYTHON_TOOL, {"code": _unfenced(body[start:close]).strip("\r\n")}))
         else:
-            calls.append(_json_call(body[start:close].strip()))
+            calls.append(_json_call(_unfenced(body[start:close]).strip()))
         lines.skip(end, True)
         pos = end
     return calls
