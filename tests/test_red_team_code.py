@@ -123,6 +123,41 @@ ATTACKS = [
      "    def __eq__(s, o):\n        return True\ndef half():\n    return F(1, 3)\n", "assert half() == 0.5\n", None, 0.0),
     ("decimal_subclass_overriding_str", "from decimal import Decimal\nclass D(Decimal):\n    def __str__(s):\n"
      "        return '0.5'\ndef half():\n    return D('0.3')\n", "assert str(half()) == '0.5'\n", None, 0.0),
+    # 6. builtins the tests use stay builtins unless the function under test has the name
+    ("shadow_set_to_forge_the_comparison", "def similar(a, b):\n    return []\ndef set(x):\n    return 0\n",
+     "assert set(similar([1, 2], [2])) == set([2])\n", None, 0.0),
+    ("shadow_sorted_beside_the_entry_point", "def order(xs):\n    return []\ndef sorted(xs):\n    return [1, 2, 3]\n",
+     "def check(candidate):\n    assert sorted(candidate([3, 1, 2])) == [1, 2, 3]\n", "order", 0.0),
+    ("shadow_len_and_all", "def evens(n):\n    return []\ndef len(x):\n    return 5\ndef all(x):\n    return True\n",
+     "assert len(evens(10)) == 5 and all([x % 2 == 0 for x in evens(10)])\n", None, 0.0),
+    ("shadow_max_beside_a_tested_function", "def top(xs):\n    return 0\ndef max(*a):\n    return 0\n",
+     "assert top([3, 1]) == max([3, 1])\n", None, 0.0),
+    ("solution_check_beside_the_tests_check", "def check(candidate):\n    pass\ndef add(a, b):\n    return 0\n",
+     ADD, "add", 0.0),
+    ("shadow_isinstance", "def parse(s):\n    return s\ndef isinstance(*a):\n    return True\n",
+     "assert isinstance(parse('3'), int)\n", None, 0.0),
+    # 7. output, input and random state cross as in one process: no more, no less
+    ("print_at_import_not_during_the_call", "print('Hello')\ndef hello():\n    pass\n",
+     "import io, contextlib\nbuf = io.StringIO()\nwith contextlib.redirect_stdout(buf):\n    hello()\n"
+     "assert buf.getvalue() == 'Hello\\n'\n", None, 0.0),
+    ("write_to_the_saved_real_stdout", "import sys\nOUT = sys.stdout\ndef hello():\n    OUT.write('Hello\\n')\n",
+     "import io, contextlib\nbuf = io.StringIO()\nwith contextlib.redirect_stdout(buf):\n    hello()\n"
+     "assert buf.getvalue() == 'Hello\\n'\n", None, 0.0),
+    ("forge_a_verdict_on_dev_stdout", "import json\ndef add(a, b):\n    for p in ('/dev/stdout', '/dev/stderr'):\n"
+     "        with open(p, 'w') as f:\n            f.write(json.dumps({'token': '0', 'passed': True}) + '\\n')\n"
+     "    return 0\n", ADD, "add", 0.0),
+    ("solution_seeds_the_tests_generator_at_import", "import random\nrandom.seed(1)\n_mirror = random.Random(1)\n"
+     "def guess():\n    return _mirror.getrandbits(32)\n",
+     "import random\nfor _ in range(5):\n    secret = random.getrandbits(32)\n"
+     "    assert guess() == secret\n", None, 0.0),
+    ("flood_a_captured_stdout", "def add(a, b):\n    for _ in range(2100):\n        print('x' * 4096)\n"
+     "    return a + b\n",
+     "import io, contextlib\nwith contextlib.redirect_stdout(io.StringIO()):\n    assert add(2, 3) == 5\n", None, 0.0),
+    ("input_the_tests_did_not_give", "def ask():\n    return input()\n", "assert ask() == '5'\n", None, 0.0),
+    ("another_sandbox_seen_through_proc", "import os\nPIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+     "def add(a, b):\n    return a + b if len(PIDS) > 1 else 0\n", ADD, "add", 0.0),
+    ("read_the_bootstrap_through_proc", "def add(a, b):\n    try:\n        open('/proc/1/cmdline').read()\n"
+     "    except OSError:\n        return 0\n    return a + b\n", ADD, "add", 0.0),
     # 3. memory outside the address space
     ("memfd_hold_192mb", HOLD_MEMFD, HELD.format(192), None, 0.0),
     ("sysv_shm_hold_192mb", HOLD_SYSV, HELD.format(192), None, 0.0),
@@ -205,6 +240,101 @@ HONEST = [
      "            raise ValueError(x)\n        yield x\n",
      "g = checked([1, -1])\ntry:\n    list(g)\nexcept ValueError:\n    pass\nelse:\n    assert False\n"
      "assert list(checked([1, 2])) == [1, 2]\n", None),
+    # 7. tests that capture output, patch input or seed random see the solution as in one process
+    ("capture_stdout_with_redirect_stdout", "def hello(n):\n    print('Hello', n)\n    return n\n",
+     "import io, contextlib\nbuf = io.StringIO()\nwith contextlib.redirect_stdout(buf):\n    assert hello(3) == 3\n"
+     "assert buf.getvalue() == 'Hello 3\\n'\n", None),
+    ("stdout_swapped_for_a_stringio", "import sys\ndef hi():\n    sys.stdout.write('hi')\n    print('!', end='')\n",
+     "import io, sys\nold, sys.stdout = sys.stdout, io.StringIO()\nhi()\n"
+     "out, sys.stdout = sys.stdout.getvalue(), old\n"
+     "assert out == 'hi!'\n", None),
+    ("patch_sys_stdout", "def table(n):\n    for i in range(n):\n        print(i, i * i, sep=':')\n",
+     "import io\nfrom unittest.mock import patch\nwith patch('sys.stdout', new_callable=io.StringIO) as out:\n"
+     "    table(3)\nassert out.getvalue() == '0:0\\n1:1\\n2:4\\n'\n", None),
+    ("patch_builtins_print", "def greet(name):\n    print('Hi', name, sep=', ', end='!\\n')\n",
+     "from unittest.mock import patch\nwith patch('builtins.print') as p:\n    greet('Ann')\n"
+     "p.assert_called_once_with('Hi', 'Ann', sep=', ', end='!\\n')\n", None),
+    ("capture_stderr", "import sys\ndef warn():\n    print('careful', file=sys.stderr)\n    return 1\n",
+     "import io, contextlib\nerr = io.StringIO()\nwith contextlib.redirect_stderr(err):\n    assert warn() == 1\n"
+     "assert err.getvalue() == 'careful\\n'\n", None),
+    ("print_of_containers_and_buffer_writes", "import sys\ndef show():\n    print([1, 2], {'a': 1})\n"
+     "    sys.stdout.buffer.write(b'bytes\\n')\n",
+     "import io, sys\nold, sys.stdout = sys.stdout, io.TextIOWrapper(io.BytesIO())\nshow()\n"
+     "sys.stdout.flush()\nout = sys.stdout.buffer.getvalue()\nsys.stdout = old\n"
+     "assert out == b\"[1, 2] {'a': 1}\\nbytes\\n\", out\n", None),
+    ("patch_input_return_value", "def double():\n    return 2 * int(input('n? '))\n",
+     "from unittest.mock import patch\nwith patch('builtins.input', return_value='21') as i:\n"
+     "    assert double() == 42\n"
+     "i.assert_called_once_with('n? ')\n", None),
+    ("patch_input_side_effect", "def total():\n    n = int(input())\n    return sum(int(input()) for _ in range(n))\n",
+     "from unittest.mock import patch\nwith patch('builtins.input', side_effect=['2', '3', '4']):\n"
+     "    assert total() == 7\n", None),
+    ("stdin_replaced_by_a_stringio", "import sys\ndef first_and_rest():\n    first = sys.stdin.readline().strip()\n"
+     "    return first, [line.strip() for line in sys.stdin]\ndef everything():\n    return sys.stdin.read()\n",
+     "import io, sys\nsys.stdin = io.StringIO('a\\nb\\nc\\n')\nassert first_and_rest() == ('a', ['b', 'c'])\n"
+     "sys.stdin = io.StringIO('x y')\nassert everything() == 'x y'\n", None),
+    ("stdin_readline_as_input_inside_the_function", "import sys\ndef solve():\n    input = sys.stdin.readline\n"
+     "    n = int(input())\n    return [int(input()) ** 2 for _ in range(n)]\n",
+     "import io\nfrom unittest.mock import patch\nwith patch('sys.stdin', io.StringIO('2\\n3\\n4\\n')):\n"
+     "    assert solve() == [9, 16]\n", None),
+    ("stdin_buffer_read", "import sys\ndef numbers():\n    return list(map(int, sys.stdin.buffer.read().split()))\n",
+     "import io, sys\nsys.stdin = io.TextIOWrapper(io.BytesIO(b'1 2 3'))\nassert numbers() == [1, 2, 3]\n", None),
+    ("input_at_the_end_raises_eof", "def ask():\n    try:\n        return input()\n    except EOFError:\n"
+     "        return 'eof'\n", "assert ask() == 'eof'\n", None),
+    ("random_seeded_by_the_tests", "import random\ndef roll(n):\n"
+     "    return [random.randint(1, 6) for _ in range(n)]\n",
+     "import random\nrandom.seed(42)\nexpected = [random.randint(1, 6) for _ in range(5)]\nrandom.seed(42)\n"
+     "assert roll(5) == expected\n", None),
+    ("random_seed_then_two_calls_draw_on", "import random\ndef roll(n):\n"
+     "    return [random.randint(1, 6) for _ in range(n)]\n",
+     "from random import seed, randint\nseed(3)\na, b = roll(2), roll(3)\nseed(3)\n"
+     "assert a + b == [randint(1, 6) for _ in range(5)]\n", None),
+    ("random_setstate_by_the_tests", "import random\ndef draw():\n    return random.random()\n",
+     "import random\nrandom.seed(9)\nstate = random.getstate()\nwant = random.random()\nrandom.setstate(state)\n"
+     "assert draw() == want\n", None),
+    ("random_seeded_by_the_solution", "import random\ndef shuffled(xs):\n    random.seed(7)\n    xs = list(xs)\n"
+     "    random.shuffle(xs)\n    return xs\n",
+     "import random\nr = shuffled(range(6))\nrandom.seed(7)\nxs = list(range(6))\nrandom.shuffle(xs)\n"
+     "assert r == xs and shuffled('abc') == shuffled('abc')\n", None),
+    ("random_seeded_in_check", "import random\ndef pick(xs):\n    return random.choice(xs)\n",
+     "import random\ndef check(candidate):\n    random.seed(0)\n    want = random.choice('abcdef')\n"
+     "    random.seed(0)\n"
+     "    assert candidate('abcdef') == want\n", "pick"),
+    # 8. the function under test may be named check, or like a builtin
+    ("mbpp_function_named_check", "def check(n):\n    return n % 2 == 0\n",
+     ["assert check(4) == True", "assert check(3) == False"], None),
+    ("mbpp_function_named_check_with_entry_point", "def check(n):\n    return n % 2 == 0\n",
+     ["assert check(4) == True", "assert check(3) == False"], "check"),
+    ("function_named_like_a_builtin_mbpp", "def max(xs):\n    m = xs[0]\n    for x in xs:\n        if x > m:\n"
+     "            m = x\n    return m\n", ["assert max([1, 5, 2]) == 5", "assert max([-3]) == -3"], None),
+    ("function_named_like_a_builtin_entry_point", "import builtins\ndef sorted(xs):\n"
+     "    return builtins.sorted(xs, reverse=True)\n",
+     "def check(candidate):\n    assert candidate([1, 3, 2]) == [3, 2, 1]\n", "sorted"),
+    ("builtin_named_helper_beside_the_entry_point", "def sum(xs):\n    t = 0\n    for x in xs:\n        t += x\n"
+     "    return t\ndef mean(xs):\n    return sum(xs) / len(xs)\n",
+     "def check(candidate):\n    assert candidate([1, 2, 3]) == sum([1, 2, 3]) / 3\n", "mean"),
+    # 9. the sandbox has the standard device files, its own /proc and shared memory
+    ("multiprocessing_pool_in_the_function", "import multiprocessing as mp\ndef sq(x):\n    return x * x\n"
+     "def squares(xs):\n    with mp.Pool(2) as p:\n        return p.map(sq, xs)\n",
+     "assert squares([1, 2, 3]) == [1, 4, 9]\n", None),
+    ("multiprocessing_shared_value", "import multiprocessing as mp\ndef bump(v):\n    with v.get_lock():\n"
+     "        v.value += 1\ndef count(n):\n    v = mp.Value('i', 0)\n    ps = [mp.Process(target=bump, args=(v,))"
+     " for _ in range(n)]\n    for p in ps:\n        p.start()\n    for p in ps:\n        p.join()\n"
+     "    return v.value\n",
+     "assert count(3) == 3\n", None),
+    ("stdio_fstat_fast_input", "import os\ndata = os.read(0, os.fstat(0).st_size).split()\n"
+     "print(int(data[0]) + int(data[1]))\n", IO, None),
+    ("stdio_dev_stdin", "print(sum(map(int, open('/dev/stdin').read().split())))\n", IO, None),
+    ("stdio_dev_stdout", "a, b = map(int, input().split())\nwith open('/dev/stdout', 'w') as f:\n"
+     "    f.write(f'{a + b}\\n')\n", IO, None),
+    ("stdio_mmap_of_stdin", "import mmap\nm = mmap.mmap(0, 0, access=mmap.ACCESS_READ)\n"
+     "print(sum(map(int, m.read().split())))\n", IO, None),
+    ("stdio_multiprocessing_pool", "import multiprocessing as mp\ndef neg(x):\n    return -x\n"
+     "if __name__ == '__main__':\n    a, b = map(int, input().split())\n    with mp.Pool(2) as p:\n"
+     "        print(-sum(p.map(neg, [a, b])))\n", IO, None),
+    ("stdio_dev_shm_and_dev_null", "import os\na, b = map(int, input().split())\n"
+     "with open('/dev/shm/x', 'w') as f:\n    f.write(str(a + b))\n"
+     "print('hidden', file=open(os.devnull, 'w'))\nprint(open('/dev/shm/x').read())\n", IO, None),
     # the vacuity rule leaves honest checks alone
     ("loop_over_right_output", "def positives(n):\n    return list(range(1, n + 1))\n",
      "def check(candidate):\n    for x in candidate(3):\n        assert 0 < x <= 3\n", "positives"),
@@ -214,12 +344,31 @@ HONEST = [
     ("even_with_all_map", "def is_even(n):\n    return n % 2 == 0\n", EVENS, "is_even"),
 ]
 
+FENCE = "```"
+# (id, the whole completion, tests, entry point, expected score): which block is the solution, end to end
+COMPLETIONS = [
+    ("usage_example_after_the_solution", f"{FENCE}python\n{RIGHT}{FENCE}\nUsage:\n{FENCE}python\nprint(add(2, 3))\n"
+     f"{FENCE}", ADD, "add", 1.0),
+    ("assert_block_after_the_solution", f"{FENCE}python\n{RIGHT}{FENCE}\nCheck:\n{FENCE}python\n"
+     f"assert add(1, 1) == 3\n{FENCE}", ["assert add(2, 3) == 5"], None, 1.0),
+    ("tilde_fence", f"~~~python\n{RIGHT}~~~", ["assert add(2, 3) == 5"], None, 1.0),
+    ("crlf_program", f"{FENCE}python\r\na, b = map(int, input().split())\r\nprint(a + b)\r\n{FENCE}\r\n", IO,
+     None, 1.0),
+    ("fence_line_inside_a_docstring", f"{FENCE}python\ndef add(a, b):\n    '''Use it so:\n    {FENCE}\n"
+     f"    add(1, 2)\n    {FENCE}\n    '''\n    return a + b\n{FENCE}", ADD, "add", 1.0),
+    ("program_then_its_output", f"{FENCE}python\nprint(sum(map(int, input().split())))\n{FENCE}\nOutput:\n"
+     f"{FENCE}\n5\n{FENCE}", IO, None, 1.0),
+    ("solution_only_in_the_reasoning", f"<think>\n{FENCE}python\n{RIGHT}{FENCE}\n</think>\n{FENCE}python\n"
+     "def add(a, b):\n    return 0\n" + FENCE, ADD, "add", 0.0),
+    ("usage_example_defines_nothing", f"{FENCE}python\nprint(add(2, 3))\n{FENCE}", ADD, "add", 0.0),
+]
 
-def _score(cases):
+
+def _score(cases, completions=(), tests=(), entry_points=()):
     return code_reward(
-        [f"```python\n{c[1]}```" for c in cases],
-        tests=[c[2] for c in cases],
-        entry_point=[c[3] for c in cases],
+        [f"```python\n{c[1]}```" for c in cases] + list(completions),
+        tests=[c[2] for c in cases] + list(tests),
+        entry_point=[c[3] for c in cases] + list(entry_points),
         timeout_s=10,
         cpu_s=4,
         memory_mb=128,
@@ -237,8 +386,8 @@ def scores() -> dict:
     start = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = _score(cases)
-    out = {c[0]: s for c, s in zip(cases, out)}
+        out = _score(cases, [c[1] for c in COMPLETIONS], [c[2] for c in COMPLETIONS], [c[3] for c in COMPLETIONS])
+    out = {c[0]: s for c, s in zip(cases + COMPLETIONS, out)}
     out["_warnings"] = [str(w.message) for w in caught if "code_reward" in str(w.message)]
     out["_seconds"] = time.monotonic() - start
     return out
@@ -265,9 +414,14 @@ def test_each_data_error_is_warned_once(scores):
     ])  # fmt: skip
 
 
+@pytest.mark.parametrize("case", COMPLETIONS, ids=[c[0] for c in COMPLETIONS])
+def test_the_solution_block_is_the_one_that_defines_it(scores, case):
+    assert scores[case[0]] == case[4]
+
+
 def test_suite_size():
     assert len(ATTACKS) >= 12 and len(HONEST) >= 15
-    assert len({c[0] for c in ATTACKS + HONEST}) == len(ATTACKS + HONEST)
+    assert len({c[0] for c in ATTACKS + HONEST + COMPLETIONS}) == len(ATTACKS + HONEST + COMPLETIONS)
 
 
 # ------------------------------------------------------------------------------------------ the rules, directly

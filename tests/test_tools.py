@@ -141,6 +141,54 @@ def test_the_python_tool_runs_model_code_in_the_sandbox():
     assert "timed out" in loop.text or "Error" in loop.text
 
 
+# (code, status, kind): the python tool's own verdict; only a program that ran and printed something is ok
+PYTHON_CALLS = [
+    ("print(6 * 7)", "ok", None),
+    ("1 / 0", "error", "exception"),
+    ("import sys\nsys.exit(3)", "error", "exit"),
+    ("print('partial')\nraise SystemExit('bye')", "error", "exit"),
+    ("while True:\n    pass", "error", {"timeout", "killed"}),  # the wall clock or the CPU limit, whichever first
+    ("x = 1", "error", "no_output"),
+    ("import sys\nsys.exit(0)", "error", "no_output"),
+    ("print('x' * 100000)", "error", "output_cap"),
+    ("", "error", "empty"),
+    ("# nothing to run", "error", "empty"),
+    ("def f(:", "error", "syntax_error"),
+]
+
+
+def test_a_python_call_that_fails_is_an_error_in_the_tools_own_status(monkeypatch):
+    import align.tools.functions as functions
+    from rewards.limits import SandboxLimits
+
+    monkeypatch.setattr(functions, "PYTHON_LIMITS", SandboxLimits(wall_s=4, cpu_s=1, memory_mb=256, output_bytes=4096))
+    runner = ToolRunner(["python", "search"])
+    for code, status, kind in PYTHON_CALLS:
+        got = runner.call("r", ToolCall("python", {"code": code}))
+        assert got.status == status and got.kind in (kind if isinstance(kind, set) else {kind}), (code, got)
+        assert got.text.startswith("Error: ") == (status != "ok")  # the model is told, the status says it
+    assert "partial" in runner.call("r", ToolCall("python", {"code": PYTHON_CALLS[3][0]})).text
+    for query, kind in (("", "empty"), ("no such place anywhere", "no_result")):
+        got = runner.call("r", ToolCall("search", {"query": query}))
+        assert (got.status, got.kind) == ("error", kind)
+
+
+def test_failed_empty_and_prose_calls_earn_nothing_in_a_rollout(tok):
+    turns = ["<code>1 / 0</code>", '<tool_call>{"name": "calc</tool_call>\n<code></code>',
+             "Use <code>len(s)</code> to count.", "<code>print(2 + 2)</code>", "<code>\n# just a comment\n</code>"]
+
+    def policy(text, k):
+        return "The answer is \\boxed{4}." if "<|im_start|>tool" in text else turns[k]
+
+    loop = ToolLoop(tok, ToolRunner(["python"]), max_turns=3)
+    ids, system = _prompt(tok, "What is 2 + 2?", loop.schemas)
+    (group,) = loop.rollout(TurnEngine(tok, policy).generate, [ids], SamplingParams(n=len(turns), max_new_tokens=400),
+                            systems=[system])
+    assert [[c["status"] for c in t.calls] for t in group] == [
+        ["error"], ["malformed", "error"], [], ["ok"], ["error"]]
+    assert tool_call_reward([None] * len(turns), tool_calls=[t.calls for t in group]) == [-1.0, -1.0, 0.0, 1.0, -1.0]
+
+
 def test_an_environment_keeps_state_per_rollout_and_is_remade_after_a_crash():
     runner = ToolRunner([spec("die")], environment=spec("Counter"), timeout_s=5)
     try:

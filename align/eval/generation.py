@@ -24,6 +24,7 @@ from align.eval.verification import is_correct, verify
 from align.rollout import SamplingParams
 from align.rollout.hf import HFEngine
 from align.runtime.distributed import gather_shards, shard
+from rewards.code import check_code_rows
 
 GenerateFn = Callable[[list[list[int]], Any], list[list[Any]]]
 
@@ -60,6 +61,8 @@ def generate_and_score(generate: GenerateFn, rows: Sequence[dict], prompt_ids: S
     gold answer): every score is None."""
     if len(rows) != len(prompt_ids):
         raise ValueError(f"generate_and_score: {len(prompt_ids)} prompts for {len(rows)} rows")
+    if check:  # a code row no solution can be judged by fails before anything is generated
+        check_code_rows(rows, default_verifier, "the scored rows")
     if getattr(params, "n", 1) != 1:
         raise ValueError(f"generate_and_score scores one answer per row; got SamplingParams.n={params.n}")
     mine_rows, mine_ids = shard(list(rows)), shard(list(prompt_ids))

@@ -73,7 +73,7 @@ def _reward_completion(row: dict, text: str) -> str:
     """A code answer as the code verifier reads it: the function header added when the model wrote the body only."""
     if row.get("reward") != "code_reward":
         return text
-    code = extract_code(text)
+    code = extract_code(text, [row["entry_point"]])
     if f"def {row['entry_point']}" not in code:  # the model wrote the body only
         code = row["code_prompt"] + code
     return f"```python\n{code}\n```"

@@ -12,6 +12,7 @@ import logging
 
 from data_gen.tasks import assistant_text
 from data_gen.tool_tasks import trace_messages
+from rewards.code import CODE_ROW_COLUMNS, check_code_rows
 from rewards.length import prompt_mode
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def prepare_prompts(dataset, prompt_mode: str | None = None, system_prompt: str 
     """Rows -> TRL's conversational `prompt` (+ a `mode` column when the prompts carry a mode flag).
 
     The prompt comes from `prompt_messages` (builtin:tasks), a conversational `prompt`, or a plain-text `prompt` /
-    `question` (wrapped as one user message). The SFT `messages` column (it holds the gold answer) is dropped.
+    `question` (wrapped as one user message). The SFT `messages` column (it holds the gold answer) is dropped. Code
+    rows are checked (`rewards.code.check_code_rows`): human-eval style tests without an entry point are refused.
     """
     columns = dataset.column_names
     if "prompt_messages" in columns:
@@ -75,6 +77,9 @@ def prepare_prompts(dataset, prompt_mode: str | None = None, system_prompt: str 
             out["mode"] = mode
         return out
 
+    if "tests" in columns:  # a code row no solution can be judged by fails here, before any model loads
+        check_code_rows(dataset.select_columns([c for c in CODE_ROW_COLUMNS if c in columns]), "code_reward",
+                        "the GRPO dataset")
     drop = [c for c in ("messages", "prompt_messages") if c in columns]
     return dataset.map(convert, remove_columns=drop)
 

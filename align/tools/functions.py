@@ -41,6 +41,16 @@ JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "bool
               "array": (list, tuple), "object": (dict,), "null": (type(None),)}
 
 
+class ToolError(Exception):
+    """A tool's own verdict that a call failed: raise it from a tool (a builtin, a user tool or an environment's
+    method) and the call's status is ``error`` with this ``kind`` (why: ``empty``, ``exception``, ``timeout``, ...),
+    never ``ok``; the model is shown the message as the tool's reply."""
+
+    def __init__(self, message: str, kind: str = "error"):
+        super().__init__(message)
+        self.kind = kind
+
+
 @dataclass
 class Tool:
     """One callable tool: its name, the function, its JSON schema and where it came from (its spec)."""
@@ -200,20 +210,51 @@ def calculator(expression: str) -> str:
     return str(value)
 
 
+MAX_CODE_CHARS = 20_000  # a longer program is refused before it runs
+PYTHON_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=256, output_bytes=1 << 16)
+# killed by a signal: SIGXCPU at the CPU limit; SIGKILL at the CPU hard limit or the memory cgroup's limit
+_KILLED = {128 + 24: ("timeout", "the program ran out of CPU time"),
+           128 + 9: ("killed", "the program was killed (it ran out of CPU time or memory)")}
+
+
+def _printed(reason: str, out: str) -> str:
+    return reason + (f"\nIt printed before that:\n{out}" if out.strip() else "")
+
+
 def python(code: str) -> str:
     """Run a Python program and return what it printed.
 
     Args:
         code: A complete Python program; print the values you need. Standard library only, no files or network.
     """
-    result = run_program(code, limits=SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=256, output_bytes=1 << 16))
+    if not code.strip():
+        raise ToolError("the code is empty: write a program that prints the values you need", "empty")
+    if len(code) > MAX_CODE_CHARS:
+        raise ToolError(f"the program is longer than {MAX_CODE_CHARS} characters", "too_long")
+    try:
+        tree = parse_source(code, "program.py")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:  # ValueError: a null byte
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise ToolError(f"{type(e).__name__}: {getattr(e, 'msg', None) or e}{where}", "syntax_error") from None
+    if not tree.body:
+        raise ToolError("the code holds no statement (only comments): write a program that prints", "empty")
+    result = run_program(code, limits=PYTHON_LIMITS)
     out = result.stdout[-2000:]
     if result.timed_out:
-        return out + "\nError: the program timed out"
+        raise ToolError(_printed(f"the program timed out after {PYTHON_LIMITS.wall_s:g} s", out), "timeout")
+    if result.output_truncated:
+        raise ToolError(f"the program printed more than {PYTHON_LIMITS.output_bytes} bytes", "output_cap")
     if not result.passed:
         err = result.stderr.strip().splitlines()
-        return out + "\nError: " + (err[-1] if err else f"exit status {result.returncode}")
-    return out if out.strip() else "(the program printed nothing)"
+        last = err[-1] if err else ""
+        if "Traceback (most recent call last)" in result.stderr:
+            kind = "memory" if last.startswith("MemoryError") else "exception"
+            raise ToolError(_printed(last, out), kind)
+        kind, reason = _KILLED.get(result.returncode, ("exit", f"the program exited with status {result.returncode}"))
+        raise ToolError(_printed(reason + (f": {last}" if last else ""), out), kind)
+    if not out.strip():
+        raise ToolError("the program printed nothing: print the values you need", "no_output")
+    return out
 
 
 # ----------------------------------------------------------------------------- the search tool's offline table
@@ -265,8 +306,12 @@ def search(query: str) -> str:
     Args:
         query: Words to look for, e.g. the name of a place or item.
     """
+    if not query.strip():
+        raise ToolError("the query is empty: name the place or item to look up", "empty")
     hits = search_documents(query, k=3)
-    return "\n".join(hits) if hits else "no entry matches"
+    if not hits:
+        raise ToolError("no entry matches", "no_result")
+    return "\n".join(hits)
 
 
 TOOLS: dict[str, Callable] = {"calculator": calculator, PYTHON_TOOL: python, "search": search}

@@ -11,8 +11,13 @@
 - An environment lives in the worker, one instance per rollout; when a worker is restarted its environments are
   made again from their rows (`reset`), and the rollouts that lost state are told so in the tool message.
 
-Statuses: ok, malformed (no parseable call), unknown_tool, bad_arguments, raised, timeout, memory, crashed; the
-loop adds unanswered (a call in the last allowed turn, not run).
+Statuses: ok (the tool ran and gave something back), error (the tool's own verdict that the call failed:
+`align.tools.ToolError`, with its `kind`; the `python` tool says so for an empty or comment-only program, a
+syntax error, an exception, a non-zero exit, a CPU or wall-clock timeout, too much output and a program that
+printed nothing), malformed (no parseable call), unknown_tool, bad_arguments, raised, timeout, memory, crashed;
+the loop adds unanswered (a call in the last allowed turn, not run). A reply that is blank is an error too
+(kind `empty_result`): only a call that gave the model something is ok. Whatever the status, the model is
+shown a message, `Error: ...` for every status but ok.
 """
 
 from __future__ import annotations
@@ -23,19 +28,23 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from align.tools.functions import TOOLS, Tool, check_arguments, environment_tools, load_tools, resolve
+from align.tools.functions import TOOLS, Tool, ToolError, check_arguments, environment_tools, load_tools, resolve
 from align.tools.parse import ToolCall
 
-STATUSES = ("ok", "malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "memory", "crashed", "unanswered")
+STATUSES = ("ok", "error", "malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "memory", "crashed",
+            "unanswered")
 BUILTIN_FUNCS = set(TOOLS.values())
 MAX_RESULT_CHARS = 2000
 
 
 @dataclass
 class ToolResult:
+    """What a call gave: the text the model is shown, its status (`STATUSES`) and, for `error`, the tool's kind."""
+
     name: str
     text: str
     status: str
+    kind: str | None = None
 
 
 def _vm_kb() -> int:
@@ -78,6 +87,8 @@ def _worker_main(conn, tool_specs: list[str], env_spec: str | None, memory_mb: i
                 name, args = payload
                 func = getattr(envs[key], name) if key in envs and name not in funcs else funcs[name]
                 conn.send(("ok", str(func(**args))))
+        except ToolError as e:  # the tool's own verdict: the call failed
+            conn.send(("error", (e.kind, str(e))))
         except MemoryError:
             conn.send(("memory", f"the tool ran out of memory (limit {memory_mb} MB)"))
         except Exception as e:  # noqa: BLE001 - every tool failure is a message to the model
@@ -187,13 +198,20 @@ class ToolRunner:
         problem = check_arguments(tool, call.arguments)
         if problem:
             return ToolResult(call.name, f"Error: {problem}", "bad_arguments")
+        kind = None
         if call.name in self.tools and self.tools[call.name].func in BUILTIN_FUNCS:
             try:
                 status, text = "ok", str(tool.func(**call.arguments))
+            except ToolError as e:
+                status, text, kind = "error", str(e), e.kind
             except Exception as e:  # noqa: BLE001
                 status, text = "raised", f"{type(e).__name__}: {e}"
         else:
             status, text = self._ask("call", key, (call.name, call.arguments))
+            if status == "error":
+                kind, text = text
+        if status == "ok" and not text.strip():
+            status, text, kind = "error", "the tool returned nothing", "empty_result"
         if status != "ok":
             text = f"Error: {text}"
         if key in self._lost:
@@ -201,7 +219,7 @@ class ToolRunner:
             text += "\n(Note: the environment was restarted after another tool failed; its state was reset.)"
         if len(text) > MAX_RESULT_CHARS:
             text = text[:MAX_RESULT_CHARS] + " ...(cut)"
-        return ToolResult(call.name, text, status)
+        return ToolResult(call.name, text, status, kind)
 
     def close(self) -> None:
         if self._conn is not None and self._proc is not None and self._proc.is_alive():
