@@ -710,6 +710,49 @@ def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradi
     assert model.config._attn_implementation == "sdpa"  # the model's own attention again after the pass
 
 
+def test_chunked_padding_free_passes_give_trls_chunked_padded_logprobs():
+    """TRL chunks its reference and old-log-prob passes by `per_device_train_batch_size`; the padding-free pass packs
+    each chunk into its own row under one attention context. Chunks with equal real-token counts and other sequence
+    boundaries must each get their own layout: every chunk's log-probs equal TRL's padded pass's, batch after batch
+    (the allocator often lays a chunk's position ids where the previous chunk's lay)."""
+    import contextlib
+    import types
+
+    import trl
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer import utils as trl_utils
+
+    from align.importance import LossPassImportanceSampling
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    padded_pass = getattr(trl.GRPOTrainer._get_per_token_logps_and_entropies, "__wrapped__",
+                          trl.GRPOTrainer._get_per_token_logps_and_entropies)  # without TRL's profiling wrapper
+    trainer = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext),
+                                    args=types.SimpleNamespace(padding_free=True), _pending_importance=None)
+    trainer._padding_free = lambda a, k: LossPassImportanceSampling._padding_free(trainer, a, k)
+    ours_pass = LossPassImportanceSampling._get_per_token_logps_and_entropies
+    g = torch.Generator().manual_seed(0)
+    chunk, num_chunks = 2, 8
+    for _ in range(10):
+        total = int(torch.randint(40, 60, (1,), generator=g))  # every chunk holds `total` real tokens
+        prompts, completions = [], []
+        for _ in range(num_chunks):
+            first = int(torch.randint(2, total - 1, (1,), generator=g))
+            for length in (first, total - first):
+                p = int(torch.randint(1, length, (1,), generator=g))
+                prompts.append(p)
+                completions.append(length - p)
+        ids, mask, keep = _padded_rl_batch(64, prompts, completions, seed=total)
+        with torch.no_grad():
+            theirs = padded_pass(trainer, model, ids, mask, keep, batch_size=chunk)[0] * mask[:, -keep:]
+            ours = ours_pass(trainer, model, ids, mask, keep, batch_size=chunk)[0]
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_padding_free_grpo_trains_as_the_padded_trainer(tiny, tmp_path, beta, monkeypatch):
     """`padding_free: true`: the same engine samples (scripted, completions of random length), and the per-step
