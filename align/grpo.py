@@ -401,7 +401,7 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
             if idx.numel():
                 kept.append((scored, idx))
                 have += idx.numel() // g
-        return merge_batches(kept, self._tokenizer.pad_token_id)
+        return merge_batches(kept, self._tokenizer.pad_token_id, self.accelerator.gather)
 
 
 # ----------------------------------------------------------------------------------------------- main

@@ -142,13 +142,40 @@ def test_merge_batches_pads_and_recounts():
     b = {"prompt_ids": torch.tensor([[9, 9, 9]]), "prompt_mask": torch.ones(1, 3, dtype=torch.long),
          "completion_ids": torch.tensor([[7]]), "completion_mask": torch.tensor([[1]]),
          "advantages": torch.tensor([0.5]), "num_items_in_batch": torch.tensor(1)}
-    m = merge_batches([(a, torch.tensor([1])), (b, torch.tensor([0]))], pad_token_id=0)
+    m = merge_batches([(a, torch.tensor([1])), (b, torch.tensor([0]))], pad_token_id=0, gather=lambda t: t[None])
     assert m["prompt_ids"].tolist() == [[0, 7, 8], [9, 9, 9]]            # prompts left-padded
     assert m["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
     assert m["completion_ids"].tolist() == [[4, 0, 0], [7, 0, 0]]        # completions right-padded
     assert m["completion_mask"].tolist() == [[1, 0, 0], [1, 0, 0]]
     assert m["advantages"].tolist() == [-1.0, 0.5]
     assert int(m["num_items_in_batch"]) == 2                            # recounted from the kept rows
+
+
+@pytest.mark.parametrize("tokens, expected", [
+    ([6, 2], [1.5, 0.5]),   # every token weighs 1/8 on every rank: the losses average to the global token mean
+    ([4, 4], [1.0, 1.0]),
+    ([5], [1.0]),           # one process: this rank's tokens
+    ([3, 0, 1], [2.25, 0.0, 0.75]),
+])
+def test_merged_batches_count_every_ranks_tokens_for_trls_dapo_normaliser(tokens, expected):
+    """Each simulated rank merges its kept rows; `num_items_in_batch` is every rank's loss tokens (TRL gathers the
+    count), so TRL's dapo/cispo loss, sum(per-token loss) / (num_items_in_batch / num_processes), averaged over ranks
+    is the mean over all tokens. A per-token loss of 1 makes each rank's loss its share of the tokens times W."""
+    world = len(tokens)
+    counts = torch.tensor(tokens)
+    losses = []
+    for n in tokens:
+        width = max(tokens)
+        mask = (torch.arange(width) < n).long()[None]
+        part = {"prompt_ids": torch.tensor([[5]]), "prompt_mask": torch.ones(1, 1, dtype=torch.long),
+                "completion_ids": torch.full((1, width), 7), "completion_mask": mask, "advantages": torch.ones(1)}
+        merged = merge_batches([(part, torch.tensor([0]))], pad_token_id=0, gather=lambda t: counts)
+        assert int(merged["num_items_in_batch"]) == sum(tokens)
+        per_token_loss = torch.ones(1, width)
+        normalizer = merged["num_items_in_batch"].clamp(min=1.0) / world  # TRL 1.16 `_compute_loss`, dapo/cispo
+        losses.append(float((per_token_loss * merged["completion_mask"]).sum() / normalizer))
+    assert losses == pytest.approx(expected)
+    assert sum(losses) / world == pytest.approx(1.0)  # DDP averages the ranks' gradients: the global token mean
 
 
 def test_prepare_prompts_modes_and_columns():
