@@ -58,7 +58,7 @@ from align.grpo_replay import ReplayArgs, ReplayLoss, check_replay_args
 from align.importance import LossPassImportanceSampling
 from align.models import resolve_model_path
 from align.rollout import SamplingParams, choose_backend, get_engine
-from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler
+from align.sampler import ROLLOUT_BACKENDS, Sampler, build_sampler, split_generation_kwargs, trl_sampling
 from align.scoring import paired_change
 from align.tools.grpo import ToolUse, add_tools_to_prompts, build_tool_loop
 
@@ -182,6 +182,7 @@ class GRPOConfig(StageArgs, AsyncArgs, ReplayArgs, trl.GRPOConfig):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         super().__post_init__()
+        split_generation_kwargs(self.generation_kwargs, self.rollout_backend)  # TRL parsed a JSON string by now
         check_async_args(self)
         check_replay_args(self)
 
@@ -224,6 +225,8 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
         `vllm_mode` "server" keeps TRL away from a colocated engine of its own). An engine that samples what the
         trainer computes needs none."""
         self._sampler = sampler
+        if sampler is not None:  # `auto` is resolved now: an hf engine refuses vLLM-only arguments before training
+            split_generation_kwargs(self.args.generation_kwargs, sampler.backend)
         self._update_importance_sampling()
         if self.use_vllm:
             kind = getattr(sampler.engine, "logprobs_kind", "sampling")
@@ -275,12 +278,10 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
         # TRL recomputes the log-probs it trains on; the engine's are only needed to correct for its mismatch
         knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed,
                      logprobs=self.importance_sampling and not greedy, logprobs_kind="sampling")
-        if greedy:
+        if greedy:  # held-out accuracy: the plain greedy answer, as every evaluation scores it
             knobs["temperature"] = 0.0
         else:
-            knobs.update(temperature=self.temperature, top_p=self.top_p)
-            if self.top_k and self.top_k > 0:
-                knobs["top_k"] = self.top_k
+            knobs.update(trl_sampling(self.args, self.sampler.backend if self.sampler else self.args.rollout_backend))
         return SamplingParams(**knobs)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):

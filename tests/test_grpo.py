@@ -253,6 +253,36 @@ def test_completion_budget_of_tool_rows_counts_every_turn_and_the_tools_replies(
     assert check_completion_budget(odd, tok, 4096)["median"] < short["median"]  # the answers alone, with a warning
 
 
+@pytest.mark.parametrize("knobs, message", [
+    ({"rollout_backend": "hf", "generation_kwargs": {"presence_penalty": 0.5}}, "hf engine samples with"),
+    ({"generation_kwargs": {"n": 2}}, "num_generations"),
+    ({"generation_kwargs": {"max_tokens": 9}}, "max_completion_length"),
+    ({"generation_kwargs": {"seed": 1}}, "seed"),
+])
+def test_generation_kwargs_the_engine_cannot_take_are_one_line_errors(tmp_path, knobs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        _args(tmp_path, **knobs)
+    assert "\n" not in str(err.value)
+
+
+def test_trls_sampling_settings_reach_the_shared_engine(tiny, tmp_path):
+    """min_p, repetition_penalty and generation_kwargs (its sampling knobs override the fields, as in TRL; the rest
+    are vLLM SamplingParams arguments) are in the params the engine is called with; greedy evaluation stays plain.
+    An hf engine chosen by `auto` refuses the vLLM-only ones as the trainer is built."""
+    engine = ScriptedEngine(rollout, range(10, len(tiny["tokenizer"])))
+    args = _args(tmp_path, min_p=0.05, repetition_penalty=1.2, top_k=20,
+                 generation_kwargs={"top_k": 7, "presence_penalty": 0.3})
+    trainer = _trainer(tiny, args, [length_reward], engine)
+    trainer._generate_single_turn([[5, 6, 7]] * 4, None, None, 4)
+    (num_prompts, params), = engine.calls
+    assert (num_prompts, params.n, params.min_p, params.repetition_penalty, params.top_k) == (1, 4, 0.05, 1.2, 7)
+    assert params.vllm_kwargs == {"presence_penalty": 0.3} and params.temperature == args.temperature
+    greedy = trainer.sampling_params(1, greedy=True)
+    assert (greedy.temperature, greedy.min_p, greedy.repetition_penalty, greedy.vllm_kwargs) == (0.0, 0.0, 1.0, {})
+    with pytest.raises(ValueError, match="presence_penalty"):
+        _trainer(tiny, args, [length_reward], rollout.get_engine(_model(tiny), backend="hf"))
+
+
 # ----------------------------------------------------------------------------------------------- training
 
 
