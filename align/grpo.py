@@ -434,6 +434,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
     tool_loop = build_tool_loop(training_args, tokenizer)  # a tool without hints or docstring fails here
     if tool_loop is not None:
+        tool_loop.chat_template_kwargs = dict(training_args.chat_template_kwargs or {})  # later turns: the same mode
         train = add_tools_to_prompts(train, tool_loop)
         test = add_tools_to_prompts(test, tool_loop) if test is not None else None
     needed = sorted({c for f in reward_funcs for c in required_reward_columns(f)})

@@ -292,6 +292,37 @@ def test_tool_replies_render_through_the_chat_template_for_each_mode(tok):
     assert rendered["no_think"] == rendered["think"] + "<think>\n\n</think>\n"
 
 
+@pytest.mark.parametrize("enable_thinking, header", [
+    (False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),  # no_think: the empty think block again
+    (True, "<|im_start|>assistant\n"),
+])
+def test_later_turns_get_the_first_turns_mode_from_the_chat_template_kwargs(tok, enable_thinking, header):
+    """A Qwen3-style template takes the reasoning mode from `enable_thinking` alone: the loop renders the tool turn
+    and the next header with the kwargs the prompt was rendered with, so turn 2 opens in turn 1's mode."""
+    kwargs = {"enable_thinking": enable_thinking}
+    old = tok.chat_template
+    tok.chat_template = (Path(__file__).parent / "fixtures" / "templates" / "qwen3.jinja").read_text()
+    try:
+        loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3, chat_template_kwargs=kwargs)
+        msgs = with_tools([{"role": "user", "content": "What is 123 times 45?"}], loop.schemas)
+        prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kwargs)
+        assert prompt.endswith(header)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+
+        def policy(text, k):
+            if "<tool_response>" in text:
+                return "The answer is \\boxed{5535}."
+            return call_text("calculator", {"expression": "123 * 45"})
+
+        engine = TurnEngine(tok, policy)
+        (t,), = loop.rollout(engine.generate, [ids], SamplingParams(n=1, max_new_tokens=200))
+    finally:
+        tok.chat_template = old
+    assert t.turns == 2 and t.calls[0]["status"] == "ok"
+    turn2_context = tok.decode(engine.contexts[1])
+    assert turn2_context.endswith("<tool_response>\n5535\n</tool_response><|im_end|>\n" + header)
+
+
 def test_sft_traces_train_the_calls_and_answers_not_the_tool_replies(tok):
     from align.chat import SMOLLM3_TEMPLATE, assistant_masks
     from data_gen.tool_tasks import make_tool_tasks, trace_messages

@@ -59,14 +59,18 @@ def with_tools(messages: list[dict], schemas: list[dict]) -> list[dict]:
 
 
 class ToolLoop:
-    """See the module docstring. `system` is the prompt's system text (its mode flag decides what the template
-    writes before the next assistant turn, e.g. an empty think block in no_think mode)."""
+    """See the module docstring. `system` is the prompt's system text and `chat_template_kwargs` the kwargs the
+    prompts were rendered with: a mode flag in either decides what the template writes before the next assistant
+    turn (e.g. an empty think block in no_think mode)."""
 
     def __init__(self, tokenizer, runner: ToolRunner, max_turns: int = 4, max_tokens: int | None = None,
-                 stop_token_ids: list[int] | None = None):
+                 stop_token_ids: list[int] | None = None, chat_template_kwargs: dict | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.tok, self.runner = tokenizer, runner
+        # what the prompts were rendered with (GRPO's `chat_template_kwargs`, e.g. enable_thinking): the headers of
+        # later turns must come from the same mode as the first one's
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_turns, self.max_tokens = max_turns, max_tokens
         self.python_tool = PYTHON_TOOL in runner.tools
         eos = stop_token_ids or [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
@@ -85,7 +89,8 @@ class ToolLoop:
             {"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
         tools = [{"role": "tool", "name": r.name, "content": r.text} for r in results]
         try:
-            text = self.tok.apply_chat_template(head + tools, tokenize=False, add_generation_prompt=True)
+            text = self.tok.apply_chat_template(head + tools, tokenize=False, add_generation_prompt=True,
+                                                **self.chat_template_kwargs)
         except Exception as e:  # noqa: BLE001 - a template that refuses the tool role
             raise ValueError(f"the chat template cannot render a tool message ({e}); use a template with a tool "
                              "role (ChatML-style templates render any role)") from None
