@@ -19,6 +19,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from align.distributed import rank_seed
 from align.rollout.base import Rollout, SamplingParams
 from align.tools.functions import PYTHON_TOOL
 from align.tools.parse import parse_tool_calls, tools_system_text
@@ -128,9 +129,11 @@ class ToolLoop:
                     results = [r for group in outs for r in group]
                 else:
                     results = []
-                    for cap in sorted(set(room)):  # one call per remaining budget
+                    for call, cap in enumerate(sorted(set(room))):  # one call per remaining budget
                         idx = [i for i, r in enumerate(room) if r == cap]
-                        seed = None if params.seed is None else params.seed + 1_000_003 * turn
+                        # An engine seeds a call, and row i of two calls with one seed draws the same noise: each
+                        # call of the turn gets a seed of its own (params.seed already differs per rank and step)
+                        seed = None if params.seed is None else rank_seed(params.seed, turn, call, rank=0)
                         out = generate([active[i][1].prompt_ids + active[i][1].completion_ids for i in idx],
                                        _with(params, n=1, max_new_tokens=cap, seed=seed))
                         results += [(i, o[0]) for i, o in zip(idx, out)]
