@@ -322,6 +322,59 @@ def test_dynamic_sampling_refills_through_the_engine_process_within_max_stalenes
     assert all(reward.seen[i] != reward.seen[i + 1] for i in range(len(reward.seen) - 1))
 
 
+def _pushes(sync_every: int, max_staleness: int, steps: int = 12, refill_at: tuple[int, ...] = ()) -> list[int]:
+    """The steps at which `AsyncGeneration._publish` pushes in a run of `steps` with a full lookahead: at step t the
+    jobs of steps t..t+k are queued (each needs the weights of its step - k), the trainer takes job t, and a refill
+    round at the steps `refill_at` waits behind the rest. Asserts the engine could serve every job it must."""
+    import types
+    from collections import deque
+
+    from align.grpo.async_generation import AsyncGeneration
+
+    pushed = []
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(sync_every=sync_every, max_staleness=max_staleness),
+                                    state=types.SimpleNamespace(global_step=0), _async_published=-1,
+                                    _async_jobs=deque())
+    trainer.sync_engine = lambda: pushed.append(trainer.state.global_step)
+    for step in range(steps):
+        trainer.state.global_step = step
+        trainer._async_jobs = deque((None, None, 1, s) for s in range(step, min(step + max_staleness + 1, steps)))
+        AsyncGeneration._publish(trainer)
+        trainer._async_jobs.popleft()
+        assert step - max_staleness <= trainer._async_published  # this step's batch can be sampled
+        if step in refill_at:  # a refill job queued behind the rest: every job ahead of it must be servable
+            AsyncGeneration._publish(trainer, behind_queue=True)
+            assert all(s - max_staleness <= trainer._async_published for *_, s in trainer._async_jobs)
+    return pushed
+
+
+@pytest.mark.parametrize("sync_every, max_staleness, expected", [
+    (1, 1, list(range(12))),
+    (2, 1, [0, 2, 4, 6, 8, 10]),
+    (4, 1, [0, 2, 4, 6, 8, 10]),   # above k + 1: the bound pushes every k + 1 steps
+    (2, 3, [0, 2, 4, 6, 8, 10]),
+    (4, 3, [0, 4, 8]),
+    (4, 0, list(range(12))),       # no lag allowed: every step's batch needs that step's weights
+])
+def test_sync_every_skips_pushes_within_the_staleness_bound(sync_every, max_staleness, expected):
+    assert _pushes(sync_every, max_staleness) == expected
+
+
+def test_a_refill_behind_the_queue_gets_the_weights_the_jobs_ahead_of_it_wait_for():
+    # sync_every 4, k 3: no push is due at step 1, but the job of step 4 (queued ahead of the refill) needs step 1's
+    assert _pushes(4, 3, refill_at=(1,)) == [0, 1, 5, 9]
+
+
+def test_sync_every_2_pushes_every_other_step_and_the_engine_keeps_the_bound(tiny, tmp_path):
+    """The engine in its own process, 4 steps with max_staleness 1 and sync_every 2: two pushes (steps 0 and 2); the
+    batches queued for newer weights wait in the engine for them, and every trained batch is at most 1 step old."""
+    trainer, recorder = _run(tiny, tmp_path, asynchronous=True, max_staleness=1, sync_every=2)
+    assert trainer.sampler.num_pushes == 2
+    assert [e["step"] for e in trainer.async_log] == [0, 1, 2, 3]
+    assert all(0 <= e["staleness"] <= 1 for e in trainer.async_log) and len(recorder.seen) == 4
+    assert {e["version"] for e in trainer.async_log} <= {0, 2}  # only pushed weights sample
+
+
 @pytest.mark.parametrize("knob, message", [
     ({"rollout_backend": "trl"}, "its own process or on a server"),
     ({"max_staleness": -1}, "max_staleness"),

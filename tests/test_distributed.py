@@ -352,6 +352,26 @@ def test_grpo_hf_engine_with_dynamic_sampling_under_zero3(micro, tmp_path):
     assert report["world_size"] == 2 and report["before"]["num_prompts"] == report["after"]["num_prompts"] == 4
 
 
+def test_dynamic_sampling_under_zero3_takes_trls_global_token_mean(tmp_path, tiny_model):
+    """One dapo step on 2 ZeRO-3 ranks holding 16 and 7 completion tokens, through TRL's generate-and-score and
+    through dynamic sampling's merged batch of the same rows (tests/workers/grpo_token_mean.py): both count every
+    rank's tokens (23), so the per-rank losses and the SGD step (the ranks' averaged gradients) are TRL's."""
+    from pretrain.tokenizer import train_tokenizer
+
+    tok = train_tokenizer([f"question {i} answer {i * 7}" for i in range(200)], vocab_size=300)
+    model_dir = tiny_model(tmp_path / "model", tok, seed=0)
+    ok(launch("tests/workers/grpo_token_mean.py", tmp_path, model_dir, timeout=300))
+    result = json.loads((tmp_path / "result.json").read_text())
+    trl_ranks, merged_ranks = result["trl"]["ranks"], result["merged"]["ranks"]
+    assert [r[0]["tokens"] for r in trl_ranks] == [16, 7]
+    assert [r[0]["num_items_in_batch"] for r in trl_ranks] == [23, 23]  # TRL: gathered over the ranks
+    assert result["trl"]["kept_ratio"] == [] and result["merged"]["kept_ratio"] == [1.0]  # merged: every group kept
+    for ours, theirs in zip(merged_ranks, trl_ranks, strict=True):
+        assert ours[0]["tokens"] == theirs[0]["tokens"] and ours[0]["num_items_in_batch"] == 23
+        assert ours[0]["loss"] == pytest.approx(theirs[0]["loss"], rel=1e-5, abs=1e-7)
+    assert result["moved"] > 1e-3 and result["weights_diff"] <= 1e-6  # the same gradient step
+
+
 def test_async_grpo_under_zero3_keeps_the_staleness_bound_and_resumes(micro, tmp_path):
     """`async_generation: true` on 2 ZeRO-3 ranks (each rank's hf engine in a process of its own, the gathered weights
     pushed every step) with dynamic sampling (the micro model's groups are mostly flat: refill rounds, generated

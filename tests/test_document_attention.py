@@ -44,7 +44,7 @@ def test_packed_rows_equal_documents_alone_and_the_masked_path(model, monkeypatc
 
     calls = []
     real = da._index
-    monkeypatch.setattr(da, "_index", lambda p: calls.append(1) or real(p))
+    monkeypatch.setattr(da, "_index", lambda *a: calls.append(1) or real(*a))
     model.eval()
     ids, pos, docs = packed([[7, 40], [3, 70]])
     with torch.no_grad():
@@ -57,6 +57,34 @@ def test_packed_rows_equal_documents_alone_and_the_masked_path(model, monkeypatc
     assert torch.allclose(ours, masked, atol=1e-5)
     assert len(calls) == 2  # per-document attention ran in both layers (no mask, no fallback)
     assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_the_layout_is_computed_once_per_forward_and_never_borrowed_by_address(model, monkeypatch):
+    """Every layer reuses the forward's layout; position ids of a later forward at the address a freed tensor held
+    (same shape, same version, other boundaries) get their own. numpy hands torch the same buffer twice: two tensors
+    with one address, as the allocator does for successive chunks of a pass."""
+    import numpy as np
+
+    import align.modeling.document_attention as da
+
+    computed = []
+    real = da.document_index
+    monkeypatch.setattr(da, "document_index", lambda p: computed.append(1) or real(p))
+    model.eval()
+    ids = torch.randint(5, 300, (1, 12), generator=torch.Generator().manual_seed(4))
+    buffer = np.array([[*range(5), *range(7)]])
+    with torch.no_grad(), document_attention(model):
+        first = torch.from_numpy(buffer)
+        model(input_ids=ids, position_ids=first, use_cache=False)
+        address = first.data_ptr()
+        del first
+        buffer[0] = [*range(9), *range(3)]  # other documents, written where the freed ids lay
+        second = torch.from_numpy(buffer)
+        assert second.data_ptr() == address and second._version == 0
+        ours = model(input_ids=ids, position_ids=second, use_cache=False).logits
+    masked = model(input_ids=ids, position_ids=second, use_cache=False).logits
+    torch.testing.assert_close(ours, masked, atol=1e-5, rtol=1e-5)
+    assert len(computed) == 2  # once per forward, not once per layer
 
 
 def test_gradients_equal_the_masked_path(model):

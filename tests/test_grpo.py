@@ -137,13 +137,40 @@ def test_merge_batches_pads_and_recounts():
     b = {"prompt_ids": torch.tensor([[9, 9, 9]]), "prompt_mask": torch.ones(1, 3, dtype=torch.long),
          "completion_ids": torch.tensor([[7]]), "completion_mask": torch.tensor([[1]]),
          "advantages": torch.tensor([0.5]), "num_items_in_batch": torch.tensor(1)}
-    m = merge_batches([(a, torch.tensor([1])), (b, torch.tensor([0]))], pad_token_id=0)
+    m = merge_batches([(a, torch.tensor([1])), (b, torch.tensor([0]))], pad_token_id=0, gather=lambda t: t[None])
     assert m["prompt_ids"].tolist() == [[0, 7, 8], [9, 9, 9]]            # prompts left-padded
     assert m["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
     assert m["completion_ids"].tolist() == [[4, 0, 0], [7, 0, 0]]        # completions right-padded
     assert m["completion_mask"].tolist() == [[1, 0, 0], [1, 0, 0]]
     assert m["advantages"].tolist() == [-1.0, 0.5]
     assert int(m["num_items_in_batch"]) == 2                            # recounted from the kept rows
+
+
+@pytest.mark.parametrize("tokens, expected", [
+    ([6, 2], [1.5, 0.5]),   # every token weighs 1/8 on every rank: the losses average to the global token mean
+    ([4, 4], [1.0, 1.0]),
+    ([5], [1.0]),           # one process: this rank's tokens
+    ([3, 0, 1], [2.25, 0.0, 0.75]),
+])
+def test_merged_batches_count_every_ranks_tokens_for_trls_dapo_normaliser(tokens, expected):
+    """Each simulated rank merges its kept rows; `num_items_in_batch` is every rank's loss tokens (TRL gathers the
+    count), so TRL's dapo/cispo loss, sum(per-token loss) / (num_items_in_batch / num_processes), averaged over ranks
+    is the mean over all tokens. A per-token loss of 1 makes each rank's loss its share of the tokens times W."""
+    world = len(tokens)
+    counts = torch.tensor(tokens)
+    losses = []
+    for n in tokens:
+        width = max(tokens)
+        mask = (torch.arange(width) < n).long()[None]
+        part = {"prompt_ids": torch.tensor([[5]]), "prompt_mask": torch.ones(1, 1, dtype=torch.long),
+                "completion_ids": torch.full((1, width), 7), "completion_mask": mask, "advantages": torch.ones(1)}
+        merged = merge_batches([(part, torch.tensor([0]))], pad_token_id=0, gather=lambda t: counts)
+        assert int(merged["num_items_in_batch"]) == sum(tokens)
+        per_token_loss = torch.ones(1, width)
+        normalizer = merged["num_items_in_batch"].clamp(min=1.0) / world  # TRL 1.16 `_compute_loss`, dapo/cispo
+        losses.append(float((per_token_loss * merged["completion_mask"]).sum() / normalizer))
+    assert losses == pytest.approx(expected)
+    assert sum(losses) / world == pytest.approx(1.0)  # DDP averages the ranks' gradients: the global token mean
 
 
 def test_prepare_prompts_modes_and_columns():
@@ -219,6 +246,36 @@ def test_completion_budget_of_tool_rows_counts_every_turn_and_the_tools_replies(
     assert check_completion_budget(no_think, tok, 4096)["median"] < long["median"]
     odd = one.map(lambda r: {"calls": "not json"})
     assert check_completion_budget(odd, tok, 4096)["median"] < short["median"]  # the answers alone, with a warning
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"rollout_backend": "hf", "generation_kwargs": {"presence_penalty": 0.5}}, "hf engine samples with"),
+    ({"generation_kwargs": {"n": 2}}, "num_generations"),
+    ({"generation_kwargs": {"max_tokens": 9}}, "max_completion_length"),
+    ({"generation_kwargs": {"seed": 1}}, "seed"),
+])
+def test_generation_kwargs_the_engine_cannot_take_are_one_line_errors(tmp_path, knobs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        _args(tmp_path, **knobs)
+    assert "\n" not in str(err.value)
+
+
+def test_trls_sampling_settings_reach_the_shared_engine(tiny, tmp_path):
+    """min_p, repetition_penalty and generation_kwargs (its sampling knobs override the fields, as in TRL; the rest
+    are vLLM SamplingParams arguments) are in the params the engine is called with; greedy evaluation stays plain.
+    An hf engine chosen by `auto` refuses the vLLM-only ones as the trainer is built."""
+    engine = ScriptedEngine(rollout, range(10, len(tiny["tokenizer"])))
+    args = _args(tmp_path, min_p=0.05, repetition_penalty=1.2, top_k=20,
+                 generation_kwargs={"top_k": 7, "presence_penalty": 0.3})
+    trainer = _trainer(tiny, args, [length_reward], engine)
+    trainer._generate_single_turn([[5, 6, 7]] * 4, None, None, 4)
+    (num_prompts, params), = engine.calls
+    assert (num_prompts, params.n, params.min_p, params.repetition_penalty, params.top_k) == (1, 4, 0.05, 1.2, 7)
+    assert params.vllm_kwargs == {"presence_penalty": 0.3} and params.temperature == args.temperature
+    greedy = trainer.sampling_params(1, greedy=True)
+    assert (greedy.temperature, greedy.min_p, greedy.repetition_penalty, greedy.vllm_kwargs) == (0.0, 0.0, 1.0, {})
+    with pytest.raises(ValueError, match="presence_penalty"):
+        _trainer(tiny, args, [length_reward], rollout.get_engine(_model(tiny), backend="hf"))
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -703,6 +760,49 @@ def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradi
     for name, grad in padded_grads.items():
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
     assert model.config._attn_implementation == "sdpa"  # the model's own attention again after the pass
+
+
+def test_chunked_padding_free_passes_give_trls_chunked_padded_logprobs():
+    """TRL chunks its reference and old-log-prob passes by `per_device_train_batch_size`; the padding-free pass packs
+    each chunk into its own row under one attention context. Chunks with equal real-token counts and other sequence
+    boundaries must each get their own layout: every chunk's log-probs equal TRL's padded pass's, batch after batch
+    (the allocator often lays a chunk's position ids where the previous chunk's lay)."""
+    import contextlib
+    import types
+
+    import trl
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer import utils as trl_utils
+
+    from align.grpo.loss import LossPassImportanceSampling
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    padded_pass = getattr(trl.GRPOTrainer._get_per_token_logps_and_entropies, "__wrapped__",
+                          trl.GRPOTrainer._get_per_token_logps_and_entropies)  # without TRL's profiling wrapper
+    trainer = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext),
+                                    args=types.SimpleNamespace(padding_free=True), _pending_importance=None)
+    trainer._padding_free = lambda a, k: LossPassImportanceSampling._padding_free(trainer, a, k)
+    ours_pass = LossPassImportanceSampling._get_per_token_logps_and_entropies
+    g = torch.Generator().manual_seed(0)
+    chunk, num_chunks = 2, 8
+    for _ in range(10):
+        total = int(torch.randint(40, 60, (1,), generator=g))  # every chunk holds `total` real tokens
+        prompts, completions = [], []
+        for _ in range(num_chunks):
+            first = int(torch.randint(2, total - 1, (1,), generator=g))
+            for length in (first, total - first):
+                p = int(torch.randint(1, length, (1,), generator=g))
+                prompts.append(p)
+                completions.append(length - p)
+        ids, mask, keep = _padded_rl_batch(64, prompts, completions, seed=total)
+        with torch.no_grad():
+            theirs = padded_pass(trainer, model, ids, mask, keep, batch_size=chunk)[0] * mask[:, -keep:]
+            ours = ours_pass(trainer, model, ids, mask, keep, batch_size=chunk)[0]
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.04])

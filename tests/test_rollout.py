@@ -117,6 +117,10 @@ def _recompute_logprobs(model, rollout) -> torch.Tensor:
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"vllm_kwargs": {"max_tokens": 3}}, "max_new_tokens"),  # a field of ours: named by our name
     ],
 )
 def test_sampling_params_reject_bad_values_naming_the_field(knobs, field):
@@ -314,6 +318,34 @@ def test_hf_sampler_draws_from_the_softmax_and_never_a_masked_token():
     assert (hot == 0).float().mean() > 0.95  # a low temperature sharpens toward the top token
 
 
+def test_hf_sampler_applies_the_repetition_penalty_and_min_p_as_transformers_processors_do():
+    """The distribution drawn from (and its sampling log-probs) equals transformers' repetition penalty over the seen
+    tokens, then temperature, then min-p: vLLM's order, which is transformers' too when top-k/p are off."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+    )
+
+    from align.rollout.hf import sample_next
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 40, generator=g) * 3
+    history = torch.randint(0, 40, (3, 6), generator=g)  # each row's prompt and completion so far
+    seen = torch.zeros(3, 40, dtype=torch.bool).scatter(1, history, True)
+    ref = RepetitionPenaltyLogitsProcessor(1.7)(history, logits.clone())
+    ref = MinPLogitsWarper(0.05)(history, TemperatureLogitsWarper(0.8)(history, ref)).log_softmax(-1)
+    params = SamplingParams(temperature=0.8, min_p=0.05, repetition_penalty=1.7, logprobs_kind="sampling")
+    rows = torch.arange(3).repeat(2000)
+    tokens, logps = sample_next(logits[rows], params, g, seen[rows])
+    torch.testing.assert_close(logps, ref[rows, tokens])
+    assert torch.isfinite(ref[rows, tokens]).all()  # never a token min-p dropped
+    freq = torch.zeros(3, 40).index_put_((rows, tokens), torch.ones(len(rows)), accumulate=True) / 2000
+    torch.testing.assert_close(freq, ref.exp(), atol=0.04, rtol=0)
+    greedy, _ = sample_next(logits, SamplingParams(temperature=0, repetition_penalty=1.7), g, seen)
+    assert greedy.tolist() == RepetitionPenaltyLogitsProcessor(1.7)(history, logits.clone()).argmax(-1).tolist()
+
+
 def test_two_level_inverse_cdf_draws_across_blocks_by_weight_and_never_a_zero_weight_token():
     from align.rollout.hf import _inverse_cdf
 
@@ -455,6 +487,27 @@ def test_hf_top_k_1_and_tiny_top_p_are_greedy(model_dirs):
     for params in (SamplingParams(temperature=1.0, top_k=1, seed=0), SamplingParams(temperature=1.0, top_p=1e-6)):
         params.max_new_tokens, params.stop_token_ids = MAX_NEW, []
         assert [r[0].completion_ids for r in engine.generate(PROMPTS, params)] == greedy
+    engine.close()
+
+
+def test_hf_repetition_penalty_and_min_p_reach_the_decode_loop(model_dirs):
+    """Greedy with a repetition penalty equals transformers generate's, and differs from plain greedy (the tiny model
+    repeats itself); min_p 1 keeps only the top token: greedy; arguments only vLLM knows are refused."""
+    model = _load(model_dirs["tied"])
+    engine = get_engine(model, backend="hf")
+    penalised = engine.generate(PROMPTS, SamplingParams(temperature=0, repetition_penalty=1.5,
+                                                        max_new_tokens=MAX_NEW, stop_token_ids=[]))
+    expected = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW, do_sample=False,
+                                 repetition_penalty=1.5, eos_token_id=None, pad_token_id=0)
+            expected.append(ids[0, len(p):].tolist())
+    assert [r[0].completion_ids for r in penalised] == expected != _greedy(engine)
+    only_top = SamplingParams(temperature=1.0, min_p=1.0, seed=0, max_new_tokens=MAX_NEW, stop_token_ids=[])
+    assert [r[0].completion_ids for r in engine.generate(PROMPTS, only_top)] == _greedy(engine)
+    with pytest.raises(ValueError, match="presence_penalty"):
+        engine.generate(PROMPTS, SamplingParams(vllm_kwargs={"presence_penalty": 0.5}))
     engine.close()
 
 
@@ -659,6 +712,26 @@ def test_models_built_after_vllm_started_still_train(vllm_engine, model_dirs):
 
 
 @pytest.mark.vllm
+def test_vllm_takes_min_p_the_repetition_penalty_and_more_sampling_arguments(vllm_engine, model_dirs):
+    """The same penalised greedy ids as the hf engine (and transformers), min_p 1 is greedy, and vllm_kwargs reach
+    vLLM's SamplingParams (min_tokens: no stop before 4 tokens)."""
+    engine = vllm_engine(model_dirs["tied"])
+    hf = get_engine(_load(model_dirs["tied"]), backend="hf")
+    penalty = SamplingParams(temperature=0, repetition_penalty=1.5, max_new_tokens=MAX_NEW, stop_token_ids=[])
+    ids = lambda out: [r[0].completion_ids for r in out]  # noqa: E731
+    greedy = _greedy(engine)
+    assert ids(engine.generate(PROMPTS, penalty)) == ids(hf.generate(PROMPTS, penalty)) != greedy
+    only_top = SamplingParams(temperature=1.0, min_p=1.0, seed=0, max_new_tokens=MAX_NEW, stop_token_ids=[])
+    assert ids(engine.generate(PROMPTS, only_top)) == greedy
+    stop = [greedy[0][0]]
+    early = SamplingParams(temperature=0, max_new_tokens=MAX_NEW, stop_token_ids=stop)
+    late = SamplingParams(temperature=0, max_new_tokens=MAX_NEW, stop_token_ids=stop, vllm_kwargs={"min_tokens": 4})
+    assert len(engine.generate(PROMPTS[:1], early)[0][0].completion_ids) == 1
+    assert len(engine.generate(PROMPTS[:1], late)[0][0].completion_ids) >= 4
+    hf.close()
+
+
+@pytest.mark.vllm
 def test_vllm_untied_parity_before_and_after_update(vllm_engine, model_dirs):
     engine = vllm_engine(model_dirs["untied"])  # restarts the shared engine on the other model (keep this last)
     model = _load(model_dirs["untied"])
@@ -749,6 +822,24 @@ def test_a_vllm_server_is_not_sent_one_seed_for_every_prompt_of_a_call():
                                                            logprobs=False))
     assert sent["prompts"] == [[1, 5], [1, 5]] and "seed" not in sent["generation_kwargs"]
     assert [[r.finish_reason for r in rs] for rs in out] == [["stop", "stop"]] * 2
+
+
+def test_a_vllm_server_is_sent_min_p_the_repetition_penalty_and_more_sampling_arguments():
+    from align.rollout.vllm_server import VLLMServerEngine
+
+    sent = {}
+
+    class Client:
+        def generate(self, prompts, n, **kwargs):
+            sent.update(kwargs)
+            return {"completion_ids": [[7, 2]] * (len(prompts) * n), "logprobs": None}
+
+    engine = object.__new__(VLLMServerEngine)
+    engine.client, engine.default_stop = Client(), [2]
+    engine.generate([[1, 5]], SamplingParams(min_p=0.1, repetition_penalty=1.2, max_new_tokens=4, logprobs=False,
+                                             vllm_kwargs={"presence_penalty": 0.5}))
+    assert sent["min_p"] == 0.1 and sent["repetition_penalty"] == 1.2
+    assert sent["generation_kwargs"] == {"presence_penalty": 0.5, "stop_token_ids": [2], "ignore_eos": False}
 
 
 def test_a_vllm_servers_logprobs_mode_is_read_before_importance_sampling_trusts_it():

@@ -340,6 +340,83 @@ def test_tool_replies_render_through_the_chat_template_for_each_mode(tok):
     assert rendered["no_think"] == rendered["think"] + "<think>\n\n</think>\n"
 
 
+@pytest.mark.parametrize("enable_thinking, header", [
+    (False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),  # no_think: the empty think block again
+    (True, "<|im_start|>assistant\n"),
+])
+def test_later_turns_get_the_first_turns_mode_from_the_chat_template_kwargs(tok, enable_thinking, header):
+    """A Qwen3-style template takes the reasoning mode from `enable_thinking` alone: the loop renders the tool turn
+    and the next header with the kwargs the prompt was rendered with, so turn 2 opens in turn 1's mode."""
+    kwargs = {"enable_thinking": enable_thinking}
+    old = tok.chat_template
+    tok.chat_template = (Path(__file__).parent / "fixtures" / "templates" / "qwen3.jinja").read_text()
+    try:
+        loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3, chat_template_kwargs=kwargs)
+        msgs = with_tools([{"role": "user", "content": "What is 123 times 45?"}], loop.schemas)
+        prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kwargs)
+        assert prompt.endswith(header)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+
+        def policy(text, k):
+            if "<tool_response>" in text:
+                return "The answer is \\boxed{5535}."
+            return call_text("calculator", {"expression": "123 * 45"})
+
+        engine = TurnEngine(tok, policy)
+        (t,), = loop.rollout(engine.generate, [ids], SamplingParams(n=1, max_new_tokens=200))
+    finally:
+        tok.chat_template = old
+    assert t.turns == 2 and t.calls[0]["status"] == "ok"
+    turn2_context = tok.decode(engine.contexts[1])
+    assert turn2_context.endswith("<tool_response>\n5535\n</tool_response><|im_end|>\n" + header)
+
+
+class NoiseEngine(TurnEngine):
+    """First turns: row k of a prompt calls the calculator with an expression of its own length (so the rows' later
+    turns have other budgets and go to the engine in separate calls). Later turns: tokens drawn from the call's
+    seed, row after row, as the hf and vllm engines draw them (one generator per call: row i of two calls with one
+    seed draws the same noise)."""
+
+    def __init__(self, tok):
+        super().__init__(tok, policy=None)
+        self.vocab = sorted(set(self.encode("abcdefghijklmnopqrstuvwxyz0123456789")))
+
+    def generate(self, prompts, params):
+        import torch
+
+        g = torch.Generator().manual_seed(params.seed)
+        out = []
+        for p in prompts:
+            group = []
+            for k in range(params.n):
+                if "<|im_start|>tool" in self.tok.decode(p):
+                    draws = torch.randint(0, len(self.vocab), (8,), generator=g).tolist()
+                    ids = [self.vocab[i] for i in draws]
+                else:
+                    ids = self.encode(call_text("calculator", {"expression": "+".join(["1"] * (k + 1))}))
+                self.contexts.append(list(p))
+                group.append(Rollout(list(p), ids + [self.end], None, "stop"))
+            out.append(group)
+        return out
+
+
+def test_a_group_of_one_prompt_samples_different_turns_and_the_same_ones_for_the_same_seed(tok):
+    """Identical prompts at temperature > 0: each later-turn call of a turn draws its own noise (a seed per call of
+    the turn), so the group's second turns differ; the same seed gives the same trajectories, another seed others."""
+    loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=2)
+    ids, system = _prompt(tok, "Add the ones", loop.schemas)
+
+    def answers(seed):
+        (group,) = loop.rollout(NoiseEngine(tok).generate, [ids], SamplingParams(n=4, max_new_tokens=200, seed=seed),
+                                systems=[system])
+        assert all(t.turns == 2 and t.calls[0]["status"] == "ok" for t in group)
+        return [tuple(i for i, m in zip(t.completion_ids, t.mask) if m)[-9:] for t in group]  # the second turns
+
+    first = answers(seed=11)
+    assert len(set(first)) == 4
+    assert answers(seed=11) == first and answers(seed=12) != first
+
+
 def test_sft_traces_train_the_calls_and_answers_not_the_tool_replies(tok):
     from align.data.chat import SMOLLM3_TEMPLATE, assistant_masks
     from data_gen.tool_tasks import make_tool_tasks, trace_messages

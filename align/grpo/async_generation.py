@@ -7,15 +7,19 @@ costs about max(G, T). The price is lag: a batch may come from weights up to `ma
 
     async_generation: true      # in a GRPO recipe
     max_staleness: 1            # k: a batch trained at step t was sampled by the weights of step t-k or later
-    sync_every: 1               # push weights every step (or every n steps, still within the staleness bound)
+    sync_every: 1               # push weights every n steps (n > k + 1 acts as k + 1: the bound forces a push)
 
 How it keeps the bound and stays correct:
 - Prompts come from the trainer's own data order: the training loop's batches are read up to k steps ahead
   (`get_batch_samples`), and each generation batch is queued on the engine with the version it needs at least
   (its step - k). The engine samples it with the newest weights pushed by then; the version travels with the
   batch, and a batch older than k (which cannot happen) stops the run rather than being trained on.
-- Weights are pushed at the start of each generation step, after the optimizer step (collective under ZeRO-3:
-  every rank gathers; each rank has its own engine process). The engine loads them between two generations.
+- Weights are pushed at the start of a generation step, after the optimizer step, every `sync_every` steps
+  (collective under ZeRO-3: every rank gathers; each rank has its own engine process); the engine loads them
+  between two generations. A batch queued for weights newer than the last push waits in the engine for the next
+  one, and a push comes early when the step's own batch (or a refill behind the queue) would wait: so the bound
+  holds for any `sync_every`, and a value above k + 1 pushes every k + 1 steps. Fewer pushes cost the engine idle
+  time once it has run k steps ahead.
 - The policy lag is corrected by importance sampling against the engine's own sampling log-probs
   (`vllm_importance_sampling_correction`, on: the ratio pi_trainer / pi_engine, capped, built from the loss
   pass, align/grpo/loss.py): the decoupled correction AReaL and verl's fully-async recipe use, with the
@@ -68,8 +72,9 @@ class AsyncArgs:
                   "overlap, the synchronous trainer's samples)."},
     )
     sync_every: int = field(
-        default=1, metadata={"help": "Push the weights to the engine every n optimizer steps (sooner when a queued "
-                             "batch needs newer weights to stay within max_staleness)."},
+        default=1, metadata={"help": "Push the weights to the engine every n optimizer steps (fewer pushes; the engine "
+                             "waits for weights once max_staleness steps ahead). max_staleness holds: above "
+                             "max_staleness + 1 it pushes every max_staleness + 1 steps."},
     )
     engine_threads: int | None = field(
         default=None,
@@ -217,11 +222,15 @@ class AsyncGeneration:
         groups = self.tool_loop.rollout(generate, prompts, params, rows=rows, systems=systems)
         return groups, {"version": min(versions), **spent}
 
-    def _publish(self) -> None:
-        """Push the weights of this step when sync_every says so, or when a queued batch needs them."""
+    def _publish(self, behind_queue: bool = False) -> None:
+        """Push this step's weights every `sync_every` steps, and sooner when a batch that must be sampled now needs
+        newer weights than the engine holds: this step's (queued for step - max_staleness or later), or with
+        `behind_queue` every queued one (a refill job waits behind them in the engine). Between pushes the batches
+        queued for later steps wait in the engine for the next push, so each is still sampled within the bound."""
         step, k = self.state.global_step, self.args.max_staleness
-        needed = any(s - k > self._async_published for _, _, _, s in self._async_jobs)
-        if self._async_published < 0 or step - self._async_published >= self.args.sync_every or needed:
+        newest = max((s for _, _, _, s in self._async_jobs), default=step) if behind_queue else step
+        due = self._async_published < 0 or step - self._async_published >= self.args.sync_every
+        if due or newest - k > self._async_published:
             self.sync_engine()
             self._async_published = step
 
@@ -264,6 +273,7 @@ class AsyncGeneration:
 
     def _refill_batch(self, prompt_ids, num_generations: int):
         """A dynamic-sampling refill round of this step: queued behind the batches in flight, waited for."""
+        self._publish(behind_queue=True)  # the engine serves its jobs in order: none ahead may wait for weights
         step, k = self.state.global_step, self.args.max_staleness
         g, unique = prompt_groups(prompt_ids, num_generations)
         seed = rank_seed(self.args.seed, step + 1, self.generation_round, rank=self.accelerator.process_index)

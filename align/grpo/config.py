@@ -10,7 +10,7 @@ import trl
 from align.config import StageArgs
 from align.grpo.async_generation import AsyncArgs, check_async_args
 from align.grpo.replay import ReplayArgs, check_replay_args
-from align.rollout.sampler import ROLLOUT_BACKENDS
+from align.rollout.sampler import ROLLOUT_BACKENDS, split_generation_kwargs
 from align.runtime.device import apply_device_defaults
 
 PROMPT_MODES = ("think", "no_think")
@@ -133,6 +133,7 @@ class GRPOConfig(StageArgs, AsyncArgs, ReplayArgs, trl.GRPOConfig):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         super().__post_init__()
+        split_generation_kwargs(self.generation_kwargs, self.rollout_backend)  # TRL parsed a JSON string by now
         check_async_args(self)
         check_replay_args(self)
 

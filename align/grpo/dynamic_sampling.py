@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -37,9 +38,12 @@ def _pad_cat(tensors: list[torch.Tensor], value: float, left: bool) -> torch.Ten
     return torch.cat(out, dim=0)
 
 
-def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> dict:
-    """Rows `idx` of each scored batch, merged into one (prompt tensors left-padded, completion tensors right-padded;
-    `num_items_in_batch` recounted from the merged masks)."""
+def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int,
+                  gather: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+    """Rows `idx` of each scored batch, merged into one (prompt tensors left-padded, completion tensors right-padded).
+    `num_items_in_batch` is recounted from the merged masks over every rank, as TRL counts it: `gather` is the
+    trainer's `accelerator.gather` (every rank calls this), and TRL's dapo/cispo normaliser divides the count by the
+    number of processes, so each rank's tokens weigh 1 / (every rank's tokens): one global token mean."""
     assert parts, "merge_batches needs at least one part"
     merged: dict = {}
     for key, first in parts[0][0].items():
@@ -54,7 +58,7 @@ def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> 
             value = pad_token_id if key in ("prompt_ids", "completion_ids") else (1 if key == "tool_mask" else 0)
             merged[key] = _pad_cat(chunks, value, left=key.startswith("prompt"))
     mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
-    merged["num_items_in_batch"] = mask.sum()
+    merged["num_items_in_batch"] = gather(mask.sum()).sum()
     return merged
 
 

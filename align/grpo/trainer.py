@@ -46,7 +46,7 @@ from align.grpo.replay import ReplayLoss
 from align.grpo.reward_funcs import accuracy_verifier, build_rewards, required_reward_columns, verifier_scores
 from align.modeling.loading import resolve_model_path
 from align.rollout import SamplingParams, choose_backend, get_engine
-from align.rollout.sampler import Sampler, build_sampler
+from align.rollout.sampler import Sampler, build_sampler, split_generation_kwargs, trl_sampling
 from align.runtime.distributed import all_max, gather_objects, rank_seed
 from align.tools.grpo import ToolUse, add_tools_to_prompts, build_tool_loop
 
@@ -113,6 +113,8 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
         `vllm_mode` "server" keeps TRL away from a colocated engine of its own). An engine that samples what the
         trainer computes needs none."""
         self._sampler = sampler
+        if sampler is not None:  # `auto` is resolved now: an hf engine refuses vLLM-only arguments before training
+            split_generation_kwargs(self.args.generation_kwargs, sampler.backend)
         self._update_importance_sampling()
         if self.use_vllm:
             kind = getattr(sampler.engine, "logprobs_kind", "sampling")
@@ -164,12 +166,10 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
         # TRL recomputes the log-probs it trains on; the engine's are only needed to correct for its mismatch
         knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed,
                      logprobs=self.importance_sampling and not greedy, logprobs_kind="sampling")
-        if greedy:
+        if greedy:  # held-out accuracy: the plain greedy answer, as every evaluation scores it
             knobs["temperature"] = 0.0
         else:
-            knobs.update(temperature=self.temperature, top_p=self.top_p)
-            if self.top_k and self.top_k > 0:
-                knobs["top_k"] = self.top_k
+            knobs.update(trl_sampling(self.args, self.sampler.backend if self.sampler else self.args.rollout_backend))
         return SamplingParams(**knobs)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -290,7 +290,7 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
             if idx.numel():
                 kept.append((scored, idx))
                 have += idx.numel() // g
-        return merge_batches(kept, self._tokenizer.pad_token_id)
+        return merge_batches(kept, self._tokenizer.pad_token_id, self.accelerator.gather)
 
 
 def rollout_knobs(args: GRPOConfig, model) -> dict:
@@ -319,6 +319,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
     tool_loop = build_tool_loop(training_args, tokenizer)  # a tool without hints or docstring fails here
     if tool_loop is not None:
+        tool_loop.chat_template_kwargs = dict(training_args.chat_template_kwargs or {})  # later turns: the same mode
         train = add_tools_to_prompts(train, tool_loop)
         test = add_tools_to_prompts(test, tool_loop) if test is not None else None
     needed = sorted({c for f in reward_funcs for c in required_reward_columns(f)})

@@ -21,6 +21,7 @@ plain sdpa.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from align.modeling.cpu_attention import sdpa_cpu_fp32
 
 NAME = "sdpa_documents"
-_CACHE: dict = {}  # one forward's document index, reused by every layer
+_CACHE: dict = {}  # one forward's document index, reused by every layer (see `_index`)
 
 
 def document_index(position_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -55,11 +56,16 @@ def document_index(position_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch
     return out
 
 
-def _index(position_ids: torch.Tensor):
-    key = (position_ids.data_ptr(), tuple(position_ids.shape), position_ids._version)
-    if _CACHE.get("key") != key:
+def _index(position_ids: torch.Tensor, batch: int):
+    """The document index of `position_ids` (expanded to `batch` rows), computed once per forward: every layer gets the
+    same tensor object. The cache holds that object by weak reference, never by address: a later forward's position
+    ids allocated where a freed tensor lay (the chunks of one log-prob pass do that) must not reuse its layout."""
+    ref = _CACHE.get("ref")
+    key = (position_ids._version, tuple(position_ids.shape), batch)
+    if ref is None or ref() is not position_ids or _CACHE["key"] != key:
+        expanded = position_ids.expand(batch, -1) if position_ids.shape[0] != batch else position_ids
         _CACHE.clear()
-        _CACHE.update(key=key, value=document_index(position_ids))
+        _CACHE.update(ref=weakref.ref(position_ids), key=key, value=document_index(expanded))
     return _CACHE["value"]
 
 
@@ -79,7 +85,7 @@ def sdpa_documents(module, query, key, value, attention_mask, dropout: float = 0
     # 32 documents x 128 tokens: 9.9 ms fp32 vs 37 ms bf16; 64 x 32: 2.1 vs 16 ms): attend in fp32 there, under
     # autocast too (the projections around it keep bf16).
     cpu = query.device.type == "cpu"
-    for index, valid in _index(position_ids.expand(b, t) if position_ids.shape[0] != b else position_ids):
+    for index, valid in _index(position_ids, b):
         qd, kd, vd = (x[index].transpose(1, 2) for x in (q, k, v))  # (n, heads, L, D)
         if cpu:
             qd, kd, vd = qd.float(), kd.float(), vd.float()

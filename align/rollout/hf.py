@@ -50,22 +50,31 @@ logger = logging.getLogger(__name__)
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, seen: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens (B,) and their log-probs (B,) from fp32 logits (B, V): RAW (the model's log-softmax), or, with
-    `params.logprobs_kind == "sampling"`, under the distribution drawn from (temperature, top-k/p; 0 when greedy).
+    `params.logprobs_kind == "sampling"`, under the distribution drawn from (0 when greedy). That distribution is
+    vLLM's, in its order: the repetition penalty on the tokens `seen` (B, V) in the prompt or the completion, then
+    temperature, min-p, top-k, top-p (a greedy pick takes the penalty too).
 
     Sampling is by inverse CDF with one uniform per row (the same distribution as `torch.multinomial(p, 1)`, ~30x
     cheaper on a CPU), in two levels (`_inverse_cdf`): a whole-vocabulary cumsum is a serial scan that cost 3.3 ms of a
     (64, 49k) step, a softmax and a logsumexp beside it as much again; block sums then one block's cumsum are 4x
     cheaper, and the unnormalised exponentials serve the log-probs too.
     """
+    scores = logits
+    if params.repetition_penalty != 1.0 and seen is not None:
+        penalty = params.repetition_penalty
+        scores = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
     if params.greedy:
-        tokens = logits.argmax(dim=-1)
+        tokens = scores.argmax(dim=-1)
         if params.logprobs_kind == "sampling":
             return tokens, torch.zeros(tokens.shape, dtype=logits.dtype, device=logits.device)  # greedy: certain
         return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    scores = logits / params.temperature if params.temperature != 1.0 else logits
+    scores = scores / params.temperature if params.temperature != 1.0 else scores
+    if params.min_p > 0:
+        probs = scores.softmax(dim=-1)
+        scores = scores.masked_fill(probs < params.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     if 0 < params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -223,6 +232,9 @@ class HFEngine:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
         check_prompts(prompts, self.vocab_size)
+        if params.vllm_kwargs:
+            raise ValueError(f"the hf engine samples with SamplingParams' own fields only; vllm_kwargs "
+                             f"{sorted(params.vllm_kwargs)} need the vllm or vllm-server engine")
         fix_vllm_patched_model(self.model)  # a vLLM engine in this process may have patched its classes
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
         # Greedy copies are identical: decode once, hand out n copies.
@@ -290,6 +302,11 @@ class HFEngine:
             mask = mask.repeat_interleave(copies, dim=0)
             positions = positions.repeat_interleave(copies, dim=0)
         num_rows = logits.shape[0]
+        seen = None  # (rows, V): the tokens of each row's prompt and completion so far, for the repetition penalty
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+            for r, p in enumerate(p for p in prompts for _ in range(copies)):
+                seen[r, p] = True
         stop_t = torch.tensor(stop or [-1], device=device)
         tokens = torch.full((num_rows, params.max_new_tokens), self.pad_token_id, dtype=torch.long)
         logps = torch.zeros(num_rows, params.max_new_tokens)
@@ -298,7 +315,9 @@ class HFEngine:
         alive = torch.arange(num_rows, device=device)  # original row of each row still in the batch
         last_pos = positions[:, -1:]
         for step in range(params.max_new_tokens):
-            nxt, lp = sample_next(logits, params, generator)
+            nxt, lp = sample_next(logits, params, generator, seen)
+            if seen is not None:
+                seen[torch.arange(nxt.shape[0], device=device), nxt] = True
             tokens[alive.cpu(), step] = nxt.cpu()
             logps[alive.cpu(), step] = lp.float().cpu()
             hit = torch.isin(nxt, stop_t)
@@ -317,6 +336,7 @@ class HFEngine:
                     break
                 # drop finished rows: the rest decode a smaller batch
                 alive, nxt, mask, last_pos = alive[keep], nxt[keep], mask[keep], last_pos[keep]
+                seen = seen[keep] if seen is not None else None
                 cache.batch_select_indices(keep.nonzero().squeeze(-1))
             if step == params.max_new_tokens - 1:
                 break

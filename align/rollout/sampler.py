@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from align.rollout import SamplingParams, choose_backend, fix_vllm_patched_model, get_engine
+from align.rollout.base import VLLM_OWN_KEYS
 from align.rollout.weight_sync import WeightSync
 from align.rollout.worker import EngineWorker, ServerWorker
 from align.runtime.distributed import full_model, rank_seed, world, zero3_init_disabled
@@ -30,6 +31,44 @@ from align.runtime.distributed import full_model, rank_seed, world, zero3_init_d
 logger = logging.getLogger(__name__)
 
 ROLLOUT_BACKENDS = ("auto", "hf", "vllm", "vllm-server", "trl")
+# sampling knobs every engine has, under the names TRL's GRPOConfig, transformers and vLLM all use
+SAMPLING_KNOBS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# what the trainer sets itself: generation_kwargs may not (vLLM's name and transformers' -> the field that sets it)
+TRAINER_SAMPLING = {"n": "num_generations", "max_tokens": "max_completion_length",
+                    "max_new_tokens": "max_completion_length", "seed": "seed",
+                    "stop_token_ids": "the tokenizer's EOS ids", "logprobs": "vllm_importance_sampling_correction",
+                    "detokenize": "none (the engine returns token ids)"}
+assert set(VLLM_OWN_KEYS) <= set(SAMPLING_KNOBS) | set(TRAINER_SAMPLING)
+
+
+def split_generation_kwargs(generation_kwargs: dict | None, backend: str) -> tuple[dict, dict]:
+    """TRL's `generation_kwargs` for the shared engine: (the sampling knobs they override, as TRL lets them, on every
+    engine; the rest, passed to vLLM's SamplingParams by the vllm and vllm-server engines). `backend` "auto" checks
+    what it can before the engine is chosen; "hf" refuses any argument beyond the knobs (its sampler has no more)."""
+    kwargs = dict(generation_kwargs or {})
+    if backend == "trl":  # TRL's own generation reads them itself
+        return {}, {}
+    owned = sorted(set(kwargs) & set(TRAINER_SAMPLING))
+    if owned:
+        raise ValueError(f"generation_kwargs {owned} are set by the trainer: use "
+                         f"{sorted({TRAINER_SAMPLING[k] for k in owned})} instead, and remove them")
+    knobs = {k: kwargs.pop(k) for k in SAMPLING_KNOBS if k in kwargs}
+    if kwargs and backend == "hf":
+        raise ValueError(f"generation_kwargs {sorted(kwargs)}: the hf engine samples with {list(SAMPLING_KNOBS)} only; "
+                         "set rollout_backend vllm or vllm-server (vLLM SamplingParams arguments) or trl "
+                         "(transformers' GenerationConfig)")
+    return knobs, kwargs
+
+
+def trl_sampling(args, backend: str) -> dict:
+    """A TRL config's sampling settings (temperature, top_p, top_k, min_p, repetition_penalty), overridden by its
+    `generation_kwargs`, whose other keys become `vllm_kwargs`: SamplingParams arguments for `backend`'s engine."""
+    knobs = dict(temperature=args.temperature, top_p=args.top_p, min_p=args.min_p or 0.0,
+                 repetition_penalty=args.repetition_penalty)
+    if args.top_k and args.top_k > 0:
+        knobs["top_k"] = args.top_k
+    overrides, vllm_kwargs = split_generation_kwargs(args.generation_kwargs, backend)
+    return {**knobs, **overrides, "vllm_kwargs": vllm_kwargs}
 
 
 class Sampler:

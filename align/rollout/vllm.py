@@ -221,10 +221,13 @@ class VLLMEngine:
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
             max_tokens=params.max_new_tokens,
             stop_token_ids=list(stop),
             logprobs=0 if want_logprobs else None,  # 0 = only the sampled token's log-prob
             detokenize=False,
+            **params.vllm_kwargs,
         )
         # One seed per call, not per request: a seeded vLLM request gets a torch.Generator of its own, which its
         # sampler serves one request at a time in Python at every decode step (vllm/v1/sample/ops/

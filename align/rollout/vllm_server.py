@@ -100,13 +100,15 @@ class VLLMServerEngine:
         # would give each prompt the same noise (identical prompts identical samples) and put every request on vLLM's
         # one-at-a-time seeded sampling path. The server samples from its own generator; its batches mix the
         # requests of every rank, so a shared server is not reproducible call for call anyway.
-        extra: dict[str, Any] = {"stop_token_ids": list(stop), "ignore_eos": not stop}
+        extra: dict[str, Any] = {"ignore_eos": not stop, **params.vllm_kwargs, "stop_token_ids": list(stop)}
         out = self.client.generate(
             [list(p) for p in prompts],
             n=params.n,
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
             max_tokens=params.max_new_tokens,
             logprobs=0 if params.logprobs else None,
             generation_kwargs=extra,

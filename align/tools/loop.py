@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from align.rollout.base import Rollout, SamplingParams
+from align.runtime.distributed import rank_seed
 from align.tools.functions import PYTHON_TOOL
 from align.tools.parse import parse_tool_calls, tools_system_text
 from align.tools.runner import ToolResult, ToolRunner
@@ -59,14 +60,18 @@ def with_tools(messages: list[dict], schemas: list[dict]) -> list[dict]:
 
 
 class ToolLoop:
-    """See the module docstring. `system` is the prompt's system text (its mode flag decides what the template
-    writes before the next assistant turn, e.g. an empty think block in no_think mode)."""
+    """See the module docstring. `system` is the prompt's system text and `chat_template_kwargs` the kwargs the
+    prompts were rendered with: a mode flag in either decides what the template writes before the next assistant
+    turn (e.g. an empty think block in no_think mode)."""
 
     def __init__(self, tokenizer, runner: ToolRunner, max_turns: int = 4, max_tokens: int | None = None,
-                 stop_token_ids: list[int] | None = None):
+                 stop_token_ids: list[int] | None = None, chat_template_kwargs: dict | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.tok, self.runner = tokenizer, runner
+        # what the prompts were rendered with (GRPO's `chat_template_kwargs`, e.g. enable_thinking): the headers of
+        # later turns must come from the same mode as the first one's
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_turns, self.max_tokens = max_turns, max_tokens
         self.python_tool = PYTHON_TOOL in runner.tools
         eos = stop_token_ids or [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
@@ -85,7 +90,8 @@ class ToolLoop:
             {"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
         tools = [{"role": "tool", "name": r.name, "content": r.text} for r in results]
         try:
-            text = self.tok.apply_chat_template(head + tools, tokenize=False, add_generation_prompt=True)
+            text = self.tok.apply_chat_template(head + tools, tokenize=False, add_generation_prompt=True,
+                                                **self.chat_template_kwargs)
         except Exception as e:  # noqa: BLE001 - a template that refuses the tool role
             raise ValueError(f"the chat template cannot render a tool message ({e}); use a template with a tool "
                              "role (ChatML-style templates render any role)") from None
@@ -123,9 +129,11 @@ class ToolLoop:
                     results = [r for group in outs for r in group]
                 else:
                     results = []
-                    for cap in sorted(set(room)):  # one call per remaining budget
+                    for call, cap in enumerate(sorted(set(room))):  # one call per remaining budget
                         idx = [i for i, r in enumerate(room) if r == cap]
-                        seed = None if params.seed is None else params.seed + 1_000_003 * turn
+                        # An engine seeds a call, and row i of two calls with one seed draws the same noise: each
+                        # call of the turn gets a seed of its own (params.seed already differs per rank and step)
+                        seed = None if params.seed is None else rank_seed(params.seed, turn, call, rank=0)
                         out = generate([active[i][1].prompt_ids + active[i][1].completion_ids for i in idx],
                                        _with(params, n=1, max_new_tokens=cap, seed=seed))
                         results += [(i, o[0]) for i, o in zip(idx, out)]
