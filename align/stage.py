@@ -130,11 +130,8 @@ def eval_sets(path: str) -> tuple[dict[str, list[dict]], list[str]]:
             else:
                 sets.setdefault(f"eval:{name}", []).extend(rows)
     for stage, keys_of_stage in (spec.get("held_out") or {}).items():
-        try:
-            found = held_out_splits(keys_of_stage)
-        except FileNotFoundError:
-            missing.append(f"held-out:{stage}")
-            continue
+        found, absent = held_out_splits(keys_of_stage)
+        missing += [f"held-out:{stage} ({source})" for source in absent]
         for source, rows in found.items():
             sets[f"held-out:{stage}" + (f" ({source})" if len(found) > 1 else "")] = rows.to_list()
     return sets, sorted(set(missing))

@@ -155,7 +155,7 @@ def test_a_stage_checks_its_rows_against_the_pipelines_sets_and_its_own_held_out
     report = json.loads((tmp_path / "out" / "decontamination.json").read_text())
     assert report["dropped"] == len(plants) + 2 and len(data["train"]) == len(rows) - len(plants) - 2
     assert {"held-out:grpo", "held-out:this stage", "eval:gen/tasks"} <= set(report["sources"])
-    assert report["not_made_yet"] == ["eval:loss/chat", "held-out:apo"]
+    assert report["not_made_yet"] == ["eval:loss/chat", f"held-out:apo ({tmp_path / 'preferences'})"]
     args.decontamination = "refuse"
     with pytest.raises(ValueError, match="overlap an eval set"):
         stage.load_data(args, None)

@@ -181,12 +181,12 @@ def decontaminate(rows: datasets.Dataset, eval_sets: dict[str, list[dict]], mode
                          "[0, 1)")
     index = EvalIndex(eval_sets, ngram, threshold)
     column = prompt_column(rows.column_names)
-    has_family = "family" in rows.column_names
+    families = rows["family"] if "family" in rows.column_names else [None] * len(rows)
     sources: dict[str, dict] = {}
     flagged: list[int] = []
-    for r, row in enumerate(rows):
-        texts = prompt_texts(row[column])
-        family = row["family"] if has_family and isinstance(row["family"], str) else None
+    for r, (value, family) in enumerate(zip(rows[column], families, strict=True)):
+        texts = prompt_texts(value)
+        family = family if isinstance(family, str) else None
         hits = index.matches(texts, problems_of(texts, family))
         if not hits:
             continue

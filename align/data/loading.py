@@ -305,12 +305,13 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
     return out
 
 
-def held_out_splits(config: dict) -> dict[str, datasets.Dataset]:
+def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str]]:
     """The held-out split of each source a stage's data keys name (`dataset_name` + `dataset_args`,
     `dataset_config`, `dataset_test_split`, or `dataset_mixture`), read without their training splits: {spec: the
     first `max_eval_samples` rows of its own test split}. A source without a test split of its own is left out (a
-    `test_split_size` split needs the training rows: the stage checks its own). A local path not made yet raises
-    FileNotFoundError."""
+    `test_split_size` split needs the training rows: the stage checks its own). A builtin's `num` is capped at
+    `max_eval_samples` too: a builtin makes its rows in a fixed order, so the first rows of a larger set are the same
+    rows. Returns (found, the specs of local paths not made yet)."""
     cap = config.get("max_eval_samples")
     default_test = config.get("dataset_test_split") or "test"
     if config.get("dataset_mixture"):
@@ -323,12 +324,18 @@ def held_out_splits(config: dict) -> dict[str, datasets.Dataset]:
         entries = [(config["dataset_name"], args, default_test)]
     else:
         entries = []
-    out = {}
+    out, missing = {}, []
     for spec, args, split in entries:
-        test = _cap(_load_optional(spec, split, args), cap)
+        if cap is not None and spec.startswith(BUILTIN_PREFIX) and isinstance(args.get("num"), int):
+            args = {**args, "num": min(args["num"], cap)}
+        try:
+            test = _cap(_load_optional(spec, split, args), cap)
+        except FileNotFoundError:
+            missing.append(spec)
+            continue
         if test is not None:
             out[spec if spec not in out else f"{spec}#{len(out)}"] = test
-    return out
+    return out, missing
 
 
 def _seed(script_args) -> int:
