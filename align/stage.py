@@ -105,7 +105,7 @@ def load_data(script_args, output_dir: str | None = None):
     data["train"], report = decontaminate(data["train"], sets, script_args.decontamination,
                                           script_args.decontamination_ngram, script_args.decontamination_threshold)
     report["not_made_yet"] = missing
-    if output_dir and world()[0] == 0:
+    if output_dir and world()[0] == 0 and os.environ.get("RANK", "0") == "0":  # a launcher's rank before its group
         write_json_atomic(Path(output_dir) / DECONTAMINATION_REPORT, report, indent=2)
     return data
 
