@@ -62,6 +62,22 @@ class ScriptArguments(trl.ScriptArguments):
     eval_num_prompts: int = field(
         default=64, metadata={"help": "Held-out prompts for the post-stage verifiable-accuracy evaluation."}
     )
+    decontamination: str = field(
+        default="drop",
+        metadata={"help": "Training rows that overlap an eval set (align/data/decontamination.py: the same canonical "
+                  "problem, or more than half of an eval prompt in shared 8-grams): 'drop' them (counted), 'warn' "
+                  "and keep them, or 'refuse' to train. Runs when decontamination_eval_sets is set."},
+    )
+    decontamination_eval_sets: str | None = field(
+        default=None,
+        metadata={"help": "The eval sets to check the training rows against: a JSON file {eval: [eval recipe "
+                  "configs], held_out: {stage: its data keys}} (the pipeline writes it and sets this key for every "
+                  "training stage); the stage's own held-out split is checked too. Unset: no check."},
+    )
+    decontamination_ngram: int = field(default=8, metadata={"help": "n of the n-gram overlap (open-instruct's 8)."})
+    decontamination_threshold: float = field(
+        default=0.5, metadata={"help": "Share of an eval prompt's tokens the shared n-grams must cover (more than)."}
+    )
 
     def __post_init__(self):
         if self.dataset_mixture is not None:
@@ -72,6 +88,11 @@ class ScriptArguments(trl.ScriptArguments):
                 )
         if self.on_nonfinite not in ("skip", "stop"):
             raise ValueError(f"on_nonfinite={self.on_nonfinite!r}: choose 'skip' or 'stop'")
+        if self.decontamination not in ("warn", "drop", "refuse"):
+            raise ValueError(f"decontamination={self.decontamination!r}: choose 'drop' (the default), 'warn' or 'refuse'")
+        if self.decontamination_ngram < 1 or not 0 <= self.decontamination_threshold < 1:
+            raise ValueError(f"decontamination_ngram={self.decontamination_ngram} must be >= 1 and "
+                             f"decontamination_threshold={self.decontamination_threshold} in [0, 1)")
         if self.test_split_size is not None and self.test_split_size <= 0:
             raise ValueError(f"test_split_size must be > 0 (a fraction or a row count), got {self.test_split_size}")
 

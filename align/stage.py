@@ -5,7 +5,7 @@ reads top to bottom in the same order, with these steps around its own trainer a
 
     start("sft", script_args, training_args, model_args)        # seed, log the resolved config, check the model
     tokenizer, chat_template = load_tokenizer(model_args, training_args)
-    data = load_data(script_args)                                 # DatasetDict: "train" (+ "test")
+    data = load_data(script_args, training_args.output_dir)       # DatasetDict: "train" (+ "test"), decontaminated
     ...the stage's own data preparation...
     model = load_model(model_args)                                # dtype, attention, QLoRA from the same keys
     trainer = SomeTrainer(model=model, ..., peft_config=peft_config(model_args))
@@ -30,9 +30,12 @@ Importing this module imports `data_gen`, which registers `builtin:tasks` with a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
 
 import torch
 import trl
@@ -41,12 +44,14 @@ from transformers import TrainerCallback, set_seed
 
 import data_gen  # noqa: F401  (registers builtin:tasks with align.data.loading for every stage's data)
 from align.data.chat import setup_chat_format
-from align.data.loading import get_dataset
+from align.data.decontamination import decontaminate
+from align.data.loading import get_dataset, held_out_splits
+from align.eval.suite import EvalConfig, eval_items
 from align.modeling import loading as models
 from align.modeling.cpu_attention import fp32_attention
 from align.runtime.checkpoint import FinishedAtResume, exit_if_preempted, install, resume_checkpoint, write_json_atomic
 from align.runtime.device import setup_process
-from align.runtime.distributed import zero3_init_disabled
+from align.runtime.distributed import world, zero3_init_disabled
 from align.runtime.memory import trim_if_memory_low
 from align.runtime.preflight import preflight
 
@@ -82,9 +87,54 @@ def load_tokenizer(model_args, training_args):
     return tokenizer, template
 
 
-def load_data(script_args):
-    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data.loading): a DatasetDict with "train" (+ "test")."""
-    return get_dataset(script_args)
+DECONTAMINATION_REPORT = "decontamination.json"
+
+
+def load_data(script_args, output_dir: str | None = None):
+    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data.loading): a DatasetDict with "train" (+ "test").
+
+    With `decontamination_eval_sets` (the pipeline sets it), the training rows are checked against every eval set
+    it names and the stage's own held-out split, after loading, so any source or mixture is checked as the stage
+    reads it (align/data/decontamination.py); what was found goes to `<output_dir>/decontamination.json`."""
+    data = get_dataset(script_args)
+    if not getattr(script_args, "decontamination_eval_sets", None):
+        return data
+    sets, missing = eval_sets(script_args.decontamination_eval_sets)
+    if "test" in data and len(data["test"]):
+        sets["held-out:this stage"] = data["test"].to_list()
+    data["train"], report = decontaminate(data["train"], sets, script_args.decontamination,
+                                          script_args.decontamination_ngram, script_args.decontamination_threshold)
+    report["not_made_yet"] = missing
+    if output_dir and world()[0] == 0 and os.environ.get("RANK", "0") == "0":  # a launcher's rank before its group
+        write_json_atomic(Path(output_dir) / DECONTAMINATION_REPORT, report, indent=2)
+    return data
+
+
+def eval_sets(path: str) -> tuple[dict[str, list[dict]], list[str]]:
+    """({source: rows}, sources not made yet) of a decontamination file {eval: [eval recipe configs], held_out:
+    {stage: its data keys}}: every item each eval config's suites score (align.eval.suite.eval_items) and every
+    stage's held-out split (align.data.loading.held_out_splits), read now."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"decontamination_eval_sets={path!r} cannot be read ({err}): point it at the JSON file the "
+                         "pipeline writes ({eval: [...], held_out: {...}}) or unset it") from None
+    keys = {f.name for f in fields(EvalConfig)}
+    sets: dict[str, list[dict]] = {}
+    missing: list[str] = []
+    for config in spec.get("eval") or []:
+        cfg = EvalConfig(**{**{k: v for k, v in config.items() if k in keys}, "model_name_or_path": "(items only)"})
+        for name, rows in eval_items(cfg).items():
+            if rows is None:
+                missing.append(f"eval:{name}")
+            else:
+                sets.setdefault(f"eval:{name}", []).extend(rows)
+    for stage, keys_of_stage in (spec.get("held_out") or {}).items():
+        found, absent = held_out_splits(keys_of_stage)
+        missing += [f"held-out:{stage} ({source})" for source in absent]
+        for source, rows in found.items():
+            sets[f"held-out:{stage}" + (f" ({source})" if len(found) > 1 else "")] = rows.to_list()
+    return sets, sorted(set(missing))
 
 
 def load_model(model_args, name_or_path: str | None = None):

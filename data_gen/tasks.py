@@ -9,13 +9,18 @@ the same row shape for larger models.
 Row shape (shared convention): {"prompt", "answer", "family", "think", "reward"}; `reward` is a key of
 `rewards.REWARDS` ("math_reward" for numbers, "exact_match_reward" for strings/lists).
 
-Splits are decided by a hash of the prompt (about 10% of all possible prompts are "test"), so no test prompt
-can ever appear in train, whatever the seed, the number of rows or the difficulty.
+Splits are decided by the problem, never by the wording: each family defines its canonical problem (what stays
+when names, items, the letter asked about, direction and order are stripped: `TaskFamily.canonical`), and a hash
+of the family and that problem puts it in `train` (80%), `dev` (10%: every choice, ablations, stage targets, early
+stopping) or `test` (10%: sealed, evaluated once at the end). The buckets are fixed forever (`SPLIT_BUCKETS`), so
+no problem of one split appears in another, whatever the seed, the number of rows, the difficulty or the words.
+`problem_space(family, difficulty)` says how many distinct problems a family has (below `SMALL_SPACE`: small).
 
 How to use:
     from data_gen.tasks import make_tasks, to_messages
-    rows = make_tasks(["arithmetic", "sort"], num=100, split="test", seed=0, difficulty=1)
+    rows = make_tasks(["arithmetic", "sort"], num=100, split="dev", seed=0, difficulty=1)
     to_messages(rows[0], mode="no_think")
+    canonical_problem("arithmetic", "What is 5 + 3?")       # '+3+5': the same problem as "What is 3 + 5?"
     # as a dataset source (importing this module registers it with align.data.loading by name):
     align.data.loading.load_source("builtin:tasks", split="train", num=2000, mode="mixed")
 """
@@ -25,23 +30,30 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import datasets
 
+from align.data.decontamination import register_problems
 from align.data.sources import register_builtin
 
-# Percent of the prompt-hash space that belongs to the test split.
-TEST_PERCENT = 10
-SPLITS = ("train", "test")
+SPLITS = ("train", "dev", "test")
+# Buckets (of 100) of the hash of (family, canonical problem) each split owns. Fixed forever: moving a bucket would
+# move problems between splits and void every result measured on them.
+SPLIT_BUCKETS = {"test": range(0, 10), "dev": range(10, 20), "train": range(20, 100)}
+# A family with fewer distinct problems than this at a difficulty is small: its test split holds under 100, and a
+# training set of a few thousand rows repeats each of its training problems.
+SMALL_SPACE = 1000
 MODES = ("think", "no_think", "mixed")
 
 NAMES = ["Tom", "Ann", "Sam", "Mia", "Ben", "Eva", "Max", "Zoe", "Leo", "Ivy"]
 ITEMS = ["apples", "pens", "books", "cups", "eggs", "stamps", "cards", "shells", "coins", "balls"]
 NOUNS = ["cat", "dog", "sun", "cup", "hat", "pen", "box", "egg", "car", "bed", "map", "fox"]
 LETTERS = "abcdefghij"
-# (big unit, small unit, factor): 1 big = factor small; all conversions stay integral.
+# (big unit, small unit, factor): 1 big = factor small; all conversions stay integral. Every name is one word.
 UNITS = [
     ("hours", "minutes", 60),
     ("minutes", "seconds", 60),
@@ -49,29 +61,52 @@ UNITS = [
     ("weeks", "days", 7),
     ("km", "m", 1000),
     ("m", "cm", 100),
+    ("cm", "mm", 10),
     ("kg", "g", 1000),
+    ("liters", "milliliters", 1000),
+    ("pounds", "ounces", 16),
+    ("gallons", "quarts", 4),
     ("dollars", "cents", 100),
     ("dozens", "items", 12),
     ("years", "months", 12),
+    ("decades", "years", 10),
+    ("centuries", "years", 100),
     ("feet", "inches", 12),
     ("yards", "feet", 3),
 ]
+FACTORS = {(big, small): factor for big, small, factor in UNITS}
+# Plurals that do not end in a plain "s" (the rest drop it: "hours" -> "hour"; "km" stays "km").
+SINGULAR = {"feet": "foot", "centuries": "century"}
 
 
 @dataclass(frozen=True)
 class TaskFamily:
-    """A generator of verifiable items. `sample(rng, difficulty)` returns (prompt, answer, think)."""
+    """A generator of verifiable items. `sample(rng, difficulty)` returns (prompt, answer, think);
+    `canonical(prompt)` returns the item's canonical problem (a string: what stays when names, items, the letter
+    asked about, direction and order are stripped), or None for a prompt not in the family's form."""
 
     name: str
     sample: Callable[[random.Random, int], tuple[str, str, str]]
     reward: str
     description: str
+    canonical: Callable[[str], str | None]
     max_difficulty: int = 3
     tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _max_value(difficulty: int) -> int:
     return {1: 20, 2: 99, 3: 999}.get(difficulty, 10 ** min(difficulty, 6) - 1)
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(x) for x in text.split(", ")]
+
+
+def _sorted_numbers(text: str) -> str:
+    return ",".join(map(str, sorted(_numbers(text))))
+
+
+# ---- arithmetic ----------------------------------------------------------------------------------------------
 
 
 def _arithmetic(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
@@ -92,19 +127,89 @@ def _arithmetic(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     return f"What is {expr}?", str(value), "\n".join(steps)
 
 
+_EXPRESSION = re.compile(r"What is ([0-9+\-*() ]+)\?")
+_MAX_TOKENS, _MAX_DEPTH = 200, 20
+
+
+def expression_form(expr: str) -> str | None:
+    """An expression of + - * and parentheses in a form that forgets the order of terms and factors:
+    "3 + 5 - 2" and "5 - 2 + 3" give "+3+5-2", "(4 + 1) * 2" and "2 * (1 + 4)" give "+(+1+4)*2". A parenthesised
+    sum standing alone as a term joins the sum around it. None when it does not parse. One pass over the tokens."""
+    tokens = re.findall(r"\d+|[-+*()]|\S", expr)
+    if not tokens or len(tokens) > _MAX_TOKENS:
+        return None
+    pos = 0
+
+    def total(depth: int) -> list[str] | None:  # sum := term (('+' | '-') term)*  ->  its signed terms
+        nonlocal pos
+        terms, sign = [], "+"
+        while True:
+            factors = product(depth)
+            if factors is None:
+                return None
+            if len(factors) == 1 and isinstance(factors[0], list):  # (a + b) alone: its terms join this sum
+                flip = {"+": "+", "-": "-"} if sign == "+" else {"+": "-", "-": "+"}
+                terms += [flip[t[0]] + t[1:] for t in factors[0]]
+            else:
+                terms.append(sign + "*".join(sorted(f if isinstance(f, str) else "(" + "".join(sorted(f)) + ")"
+                                                    for f in factors)))
+            if pos < len(tokens) and tokens[pos] in "+-":
+                sign, pos = tokens[pos], pos + 1
+                continue
+            return terms
+
+    def product(depth: int) -> list | None:  # term := factor ('*' factor)*
+        nonlocal pos
+        factors = [factor(depth)]
+        while factors[-1] is not None and pos < len(tokens) and tokens[pos] == "*":
+            pos += 1
+            factors.append(factor(depth))
+        return None if factors[-1] is None else factors
+
+    def factor(depth: int):  # factor := number | '(' sum ')'
+        nonlocal pos
+        if pos >= len(tokens):
+            return None
+        tok = tokens[pos]
+        pos += 1
+        if tok.isdigit():
+            return str(int(tok))
+        if tok != "(" or depth >= _MAX_DEPTH:
+            return None
+        inner = total(depth + 1)
+        if inner is None or pos >= len(tokens) or tokens[pos] != ")":
+            return None
+        pos += 1
+        return inner
+
+    terms = total(0)
+    return "".join(sorted(terms)) if terms is not None and pos == len(tokens) else None
+
+
+def _arithmetic_problem(prompt: str) -> str | None:
+    m = _EXPRESSION.fullmatch(prompt)
+    return expression_form(m.group(1)) if m else None
+
+
+# ---- word problems -------------------------------------------------------------------------------------------
+
+
 def _word_problem(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     hi = _max_value(difficulty)
-    a = rng.randint(2, hi)
+    # one-step problems draw from at least 2..50: at 2..20 they had only a few hundred distinct problems
+    one_step = max(hi, 50)
     kind = rng.randrange(4 if difficulty >= 2 else 3)
     if kind == 0:
-        b = rng.randint(1, hi)
+        a, b = rng.randint(2, one_step), rng.randint(1, one_step)
         return (f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
                 str(a + b), f"{a} + {b} = {a + b}")
     if kind == 1:
+        a = rng.randint(2, one_step)
         b = rng.randint(1, a)
         return (f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
                 str(a - b), f"{a} - {b} = {a - b}")
+    a = rng.randint(2, hi)
     if kind == 2:
         b, c = rng.randint(1, hi), rng.randint(1, a)
         return (f"{name} has {a} {item}, buys {b} more and loses {c}. How many {item} does {name} have?",
@@ -112,6 +217,29 @@ def _word_problem(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     b = rng.randint(2, 9)
     return (f"{name} has {b} boxes with {a} {item} in each box. How many {item} is that?",
             str(a * b), f"{b} * {a} = {a * b}")
+
+
+# Each form -> its problem from the numbers (names and items left out; a sum or product forgets its order).
+_WORD_FORMS = [
+    (re.compile(r"\w+ has (\d+) \w+ and gets (\d+) more\. How many \w+ does \w+ have now\?"),
+     lambda a, b: "a+b:" + ",".join(sorted([a, b], key=int))),
+    (re.compile(r"\w+ has (\d+) \w+ and gives away (\d+)\. How many \w+ are left\?"), lambda a, b: f"a-b:{a},{b}"),
+    (re.compile(r"\w+ has (\d+) \w+, buys (\d+) more and loses (\d+)\. How many \w+ does \w+ have\?"),
+     lambda a, b, c: "a+b-c:" + ",".join(sorted([a, b], key=int)) + f",{c}"),
+    (re.compile(r"\w+ has (\d+) boxes with (\d+) \w+ in each box\. How many \w+ is that\?"),
+     lambda b, a: "a*b:" + ",".join(sorted([a, b], key=int))),
+]
+
+
+def _word_problem_problem(prompt: str) -> str | None:
+    for form, problem in _WORD_FORMS:
+        m = form.fullmatch(prompt)
+        if m:
+            return problem(*(str(int(g)) for g in m.groups()))
+    return None
+
+
+# ---- counting ------------------------------------------------------------------------------------------------
 
 
 def _count_letters(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
@@ -127,9 +255,19 @@ def _count_letters(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     return f'How many times does the letter "{letter}" appear in "{word}"?', str(count), think
 
 
+_LETTER_FORM = re.compile(r'How many times does the letter "\w" appear in "(\w+)"\?')
+
+
+def letters_problem(prompt: str) -> str | None:
+    """The string a letter is counted in (the letter asked about left out): one problem per string."""
+    m = _LETTER_FORM.fullmatch(prompt)
+    return m.group(1) if m else None
+
+
 def _count_items(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     n = rng.randint(2 + difficulty, 3 + 2 * difficulty)
-    pool = NOUNS[: 4 + 2 * difficulty]
+    # 8 words at difficulty 1 (6 gave 434 distinct lists, order left out), 2 more a level
+    pool = NOUNS[: 6 + 2 * difficulty]
     items = [rng.choice(pool) for _ in range(n)]
     if rng.random() < 0.5:
         numbered = ", ".join(f"{w} {i}" for i, w in enumerate(items, 1))
@@ -141,6 +279,22 @@ def _count_items(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
         marks.append(f"{w} {count}" if w == target else w)
     think = ", ".join(marks) + f"\nSo {target} appears {count} times."
     return f"How many times does {target} appear in: {', '.join(items)}?", str(count), think
+
+
+_LIST_FORMS = [re.compile(r"How many words are in this list: (\w+(?:, \w+)*)\?"),
+               re.compile(r"How many times does \w+ appear in: (\w+(?:, \w+)*)\?")]
+
+
+def _count_items_problem(prompt: str) -> str | None:
+    """The list as a multiset (its order, the word asked about and the question asked left out)."""
+    for form in _LIST_FORMS:
+        m = form.fullmatch(prompt)
+        if m:
+            return ",".join(sorted(m.group(1).split(", ")))
+    return None
+
+
+# ---- numbers -------------------------------------------------------------------------------------------------
 
 
 def _sort(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
@@ -155,10 +309,24 @@ def _sort(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     return f"Sort in {order} order: {', '.join(map(str, nums))}.", answer, think
 
 
+_SORT_FORM = re.compile(r"Sort in (?:ascending|descending) order: (\d+(?:, \d+)*)\.")
+
+
+def _sort_problem(prompt: str) -> str | None:
+    """The numbers as a multiset (their order and the direction asked left out)."""
+    m = _SORT_FORM.fullmatch(prompt)
+    return _sorted_numbers(m.group(1)) if m else None
+
+
+def _singular(unit: str) -> str:
+    return SINGULAR.get(unit, unit[:-1] if unit.endswith("s") else unit)
+
+
 def _convert(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     big, small, factor = rng.choice(UNITS)
-    one = f"1 {big[:-1] if big.endswith('s') else big} is {factor} {small}."
-    n = rng.randint(1, 30 if difficulty == 1 else _max_value(difficulty))
+    one = f"1 {_singular(big)} is {factor} {small}."
+    # 1..60 at difficulty 1 (1..30 over 12 units gave 360 distinct simple conversions, direction left out)
+    n = rng.randint(1, 60 if difficulty == 1 else _max_value(difficulty))
     kind = rng.randrange(3)
     if kind == 0:
         return f"How many {small} are in {n} {big}?", str(n * factor), f"{one}\n{n} * {factor} = {n * factor}"
@@ -171,6 +339,26 @@ def _convert(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
             f"{one}\n{n} * {factor} = {n * factor}\n{n * factor} + {rest} = {total}")
 
 
+_CONVERT_FORMS = (re.compile(r"How many (\w+) are in (\d+) (\w+) and (\d+) (\w+)\?"),
+                  re.compile(r"How many (\w+) are in (\d+) (\w+)\?"),
+                  re.compile(r"How many (\w+) are (\d+) (\w+)\?"))
+
+
+def _convert_problem(prompt: str) -> str | None:
+    """(units, how many of the big unit[, the rest]): a conversion and the same one asked the other way are one."""
+    m = _CONVERT_FORMS[0].fullmatch(prompt)
+    if m and m.group(1) == m.group(5) and (m.group(3), m.group(1)) in FACTORS:
+        return f"{m.group(3)}>{m.group(1)}:{int(m.group(2))}+{int(m.group(4))}"
+    m = _CONVERT_FORMS[1].fullmatch(prompt)
+    if m and (m.group(3), m.group(1)) in FACTORS:
+        return f"{m.group(3)}>{m.group(1)}:{int(m.group(2))}"
+    m = _CONVERT_FORMS[2].fullmatch(prompt)
+    factor = FACTORS.get((m.group(1), m.group(3))) if m else None
+    if factor and int(m.group(2)) % factor == 0:
+        return f"{m.group(1)}>{m.group(3)}:{int(m.group(2)) // factor}"
+    return None
+
+
 def _compare(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     nums = rng.sample(range(1, _max_value(difficulty + 1) + 1), rng.randint(3, 3 + difficulty))
     largest = rng.random() < 0.5
@@ -181,6 +369,15 @@ def _compare(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
         steps.append(str(cur))
     think = f"Keep the {word} so far: {nums[0]}, " + ", ".join(steps) + "."
     return f"Which number is the {word}: {', '.join(map(str, nums))}?", str(best), think
+
+
+_COMPARE_FORM = re.compile(r"Which number is the (?:largest|smallest): (\d+(?:, \d+)*)\?")
+
+
+def _compare_problem(prompt: str) -> str | None:
+    """The numbers as a set (their order and max or min left out)."""
+    m = _COMPARE_FORM.fullmatch(prompt)
+    return _sorted_numbers(m.group(1)) if m else None
 
 
 # ---- reasoning-gym adapters -------------------------------------------------------------------------------
@@ -224,6 +421,18 @@ def _rg_think(item: dict) -> str:
     return f"Working it through gives {item['answer']}."
 
 
+_RG_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[-+*/^%()=]")
+
+
+def numbers_problem(question: str) -> str | None:
+    """A free-form question's numbers and operator signs in order, its words (names, items, units) left out; None
+    with fewer than two numbers (then the words are the problem). The problem of a reasoning-gym item."""
+    tokens = _RG_TOKEN.findall(question)
+    if sum(t[0].isdigit() for t in tokens) < 2:
+        return None
+    return " ".join(tokens)
+
+
 def rg_family(task: str) -> TaskFamily:
     """An adapter that draws items from reasoning-gym's `task` generator (offline)."""
 
@@ -232,19 +441,24 @@ def rg_family(task: str) -> TaskFamily:
         return item["question"], str(item["answer"]), _rg_think(item)
 
     # math_reward for numeric answers is decided per row in make_tasks; this is the family default
-    return TaskFamily(f"rg:{task}", sample, "math_reward", f"reasoning-gym {task}", max_difficulty=5, tags=("rg",))
+    return TaskFamily(f"rg:{task}", sample, "math_reward", f"reasoning-gym {task}", numbers_problem, max_difficulty=5,
+                      tags=("rg",))
 
 
 FAMILIES: dict[str, TaskFamily] = {
     f.name: f
     for f in [
-        TaskFamily("arithmetic", _arithmetic, "math_reward", "multi-step + and - (and * at difficulty 3)"),
-        TaskFamily("word_problem", _word_problem, "math_reward", "templated one/two-step word problems"),
-        TaskFamily("count_letters", _count_letters, "math_reward", "occurrences of a letter in a string"),
-        TaskFamily("count_items", _count_items, "math_reward", "length of a list or occurrences of a word"),
-        TaskFamily("sort", _sort, "exact_match_reward", "sort numbers ascending or descending"),
-        TaskFamily("convert", _convert, "math_reward", "unit conversion with integer results"),
-        TaskFamily("compare", _compare, "math_reward", "largest or smallest of a list"),
+        TaskFamily("arithmetic", _arithmetic, "math_reward", "multi-step + and - (and * at difficulty 3)",
+                   _arithmetic_problem),
+        TaskFamily("word_problem", _word_problem, "math_reward", "templated one/two-step word problems",
+                   _word_problem_problem),
+        TaskFamily("count_letters", _count_letters, "math_reward", "occurrences of a letter in a string",
+                   letters_problem),
+        TaskFamily("count_items", _count_items, "math_reward", "length of a list or occurrences of a word",
+                   _count_items_problem),
+        TaskFamily("sort", _sort, "exact_match_reward", "sort numbers ascending or descending", _sort_problem),
+        TaskFamily("convert", _convert, "math_reward", "unit conversion with integer results", _convert_problem),
+        TaskFamily("compare", _compare, "math_reward", "largest or smallest of a list", _compare_problem),
         rg_family("basic_arithmetic"),
         rg_family("gsm_symbolic"),
     ]
@@ -261,10 +475,52 @@ def get_family(name: str) -> TaskFamily:
     raise ValueError(f"families: unknown task family {name!r}; choose from {sorted(FAMILIES)} or 'rg:<task>'")
 
 
-def split_of(prompt: str) -> str:
-    """The split a prompt belongs to, fixed forever by a hash of its text."""
-    bucket = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") % 100
-    return "test" if bucket < TEST_PERCENT else "train"
+# ---- problems and splits -------------------------------------------------------------------------------------
+
+
+def canonical_problem(family: str, prompt: str) -> str | None:
+    """The canonical problem of `prompt` as an item of `family` (ours or rg:<task>), or None when the family is
+    unknown or the prompt is not in its form."""
+    if family in FAMILIES:
+        return FAMILIES[family].canonical(prompt)
+    return numbers_problem(prompt) if family.startswith("rg:") else None
+
+
+def normalized_text(text: str) -> str:
+    """Lowercase, whitespace collapsed: the problem of an item whose family defines none for it."""
+    return " ".join(text.lower().split())
+
+
+def problem_key(family: str, prompt: str) -> str:
+    """What the split hashes: the canonical problem, or the normalised prompt where the family defines none."""
+    problem = canonical_problem(family, prompt)
+    return problem if problem is not None else "text:" + normalized_text(prompt)
+
+
+def split_for(family: str, problem: str, buckets: dict[str, range] = SPLIT_BUCKETS) -> str:
+    """The split that owns (family, problem): a hash of both, read against fixed buckets of 100."""
+    bucket = int.from_bytes(hashlib.sha256(f"{family}\n{problem}".encode()).digest()[:8], "big") % 100
+    return next(name for name, owned in buckets.items() if bucket in owned)
+
+
+def split_of(family: str, prompt: str) -> str:
+    """The split an item of `family` belongs to, fixed forever by its problem (never by its wording)."""
+    return split_for(family, problem_key(family, prompt))
+
+
+@functools.lru_cache(maxsize=256)
+def problem_space(family: str, difficulty: int = 1, draws: int | None = None) -> int:
+    """How many distinct canonical problems `family` has at `difficulty`: estimated from `draws` samples (default
+    20,000; 2,000 for reasoning-gym, whose items cost ~2 ms each) by Chao1 (the problems seen, plus
+    f1 (f1 - 1) / (2 (f2 + 1)) for those drawn once, f1, and twice, f2); exact once every problem was drawn at
+    least twice. Below SMALL_SPACE a family is small."""
+    fam = get_family(family)
+    rng = random.Random(f"space:{family}:{difficulty}")
+    draws = draws or (2_000 if "rg" in fam.tags else 20_000)
+    seen = Counter(problem_key(family, fam.sample(rng, difficulty)[0]) for _ in range(draws))
+    once = sum(c == 1 for c in seen.values())
+    twice = sum(c == 2 for c in seen.values())
+    return len(seen) + once * (once - 1) // (2 * (twice + 1))
 
 
 def prompt_id(prompt: str) -> str:
@@ -286,7 +542,8 @@ def make_tasks(
     seed: int = 0,
     difficulty: int | dict[str, int] = 1,
 ) -> list[dict]:
-    """`num` rows drawn round-robin from `families` (default: all our own), only prompts of `split`.
+    """`num` rows drawn round-robin from `families` (default: all our own), only problems of `split` (train, dev
+    or test).
 
     Deterministic under `seed`; prompts are unique within the result. `difficulty` is one int for all
     families or a {family: int} dict (missing families get 1).
@@ -304,10 +561,10 @@ def make_tasks(
     seen: set[str] = set()
     while len(rows) < num:
         k = len(rows) % len(fams)  # round-robin over accepted rows: families stay balanced
-        # test is ~10% of the space, so ~10 misses per hit is normal; thousands mean the space is exhausted
+        # dev and test are ~10% of the space each, so ~10 misses per hit is normal; thousands mean it is exhausted
         for _ in range(5000):
             prompt, answer, think = fams[k].sample(rngs[k], levels[k])
-            if split_of(prompt) == split and prompt not in seen:
+            if prompt not in seen and split_of(names[k], prompt) == split:
                 break
         else:
             raise ValueError(f"family {names[k]!r} at difficulty {levels[k]} has too few distinct {split} "
@@ -375,3 +632,4 @@ def tasks_dataset(
 
 
 register_builtin("tasks", tasks_dataset)
+register_problems(canonical_problem, by_form=DEFAULT_FAMILIES)

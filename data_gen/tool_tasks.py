@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import string
 
+from align.data.decontamination import register_problems
 from align.data.sources import register_builtin
 from align.tools.functions import FIELDS as _FIELDS
 from align.tools.functions import TABLE, TOOLS, load_tools, search_documents  # noqa: F401  (the search tool's table)
 from align.tools.loop import with_tools
 from align.tools.parse import call_text
-from data_gen.tasks import MODES, _mode_of, prompt_id
+from data_gen.tasks import MODES, SPLITS, _mode_of, letters_problem, split_for
 
 FAMILIES = {"tool_arithmetic": "calculator", "tool_count": "python", "tool_lookup": "search",
             "tool_difference": "search"}  # the family's first tool
@@ -50,6 +52,9 @@ PLANS = {
 _ANY_FAMILY = ("", ("Now I use the replies in the next call.",) * 8, "From the tool's reply, the answer is {answer}.")
 # What `families` unset gives (the 135M tool chain's data); tool_difference, the harder chain, is asked for by name.
 DEFAULT_FAMILIES = ["tool_arithmetic", "tool_count", "tool_lookup"]
+# Buckets (of 100) of the hash of (family, canonical problem) each split owns, fixed forever. A fifth is test (not a
+# tenth as in data_gen.tasks): tool_lookup has 240 places, and its held-out sets need about 180 questions.
+TOOL_SPLIT_BUCKETS = {"test": range(0, 20), "dev": range(20, 30), "train": range(30, 100)}
 
 
 def _arithmetic(rng: random.Random) -> tuple[str, str, str, dict]:
@@ -70,6 +75,40 @@ def _count(rng: random.Random) -> tuple[str, str, str, dict]:
 def _lookup(rng: random.Random) -> tuple[str, str, str, dict]:
     row, f = rng.choice(TABLE), rng.choice(_FIELDS)
     return f"What is the {f} of {row['name']}?", str(row[f]), "search", {"query": row["name"]}
+
+
+_TOOL_SUM = re.compile(r"What is (\d+) (times|plus) (\d+)\?")
+_FIELD = "|".join(re.escape(f) for f in _FIELDS)
+_LOOKUP = re.compile(rf"What is the (?:{_FIELD}) of (\w+)\?")
+_DIFFERENCE = re.compile(rf"What is the (?:{_FIELD}) of (\w+) minus the (?:{_FIELD}) of (\w+)\?")
+
+
+def _arithmetic_problem(prompt: str) -> str | None:
+    m = _TOOL_SUM.fullmatch(prompt)
+    return f"{m.group(2)}:" + ",".join(sorted([m.group(1), m.group(3)], key=int)) if m else None
+
+
+def _lookup_problem(prompt: str) -> str | None:
+    """The place (every question about one place's row of the table is one problem)."""
+    m = _LOOKUP.fullmatch(prompt)
+    return m.group(1) if m else None
+
+
+def _difference_problem(prompt: str) -> str | None:
+    """The two places, in either order."""
+    m = _DIFFERENCE.fullmatch(prompt)
+    return ",".join(sorted(m.groups())) if m else None
+
+
+# family -> its canonical problem of a prompt (what stays when the letter, the field asked and the order are left out)
+PROBLEMS = {"tool_arithmetic": _arithmetic_problem, "tool_count": letters_problem, "tool_lookup": _lookup_problem,
+            "tool_difference": _difference_problem}
+
+
+def canonical_problem(family: str, prompt: str) -> str | None:
+    """The canonical problem of a tool-task prompt of `family`, or None (another family, or not in its form)."""
+    problem = PROBLEMS.get(family)
+    return problem(prompt) if problem else None
 
 
 def _difference(rng: random.Random) -> tuple[str, str, list[list[dict]]]:
@@ -97,26 +136,32 @@ def tool_reply(name: str, arguments: dict) -> str:
     return str(TOOLS[name](**arguments))
 
 
+def split_of(family: str, prompt: str) -> str:
+    """The split a tool-task prompt belongs to, fixed forever by its family and canonical problem."""
+    return split_for(family, canonical_problem(family, prompt), TOOL_SPLIT_BUCKETS)
+
+
 def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: int = 0) -> list[dict]:
-    """`num` rows cycling over the families (unset: DEFAULT_FAMILIES); train and test draw disjoint prompts (by hash)
-    for one seed."""
+    """`num` rows cycling over the families (unset: DEFAULT_FAMILIES), of one split (train, dev or test: disjoint
+    problems, TOOL_SPLIT_BUCKETS)."""
     families = list(families or DEFAULT_FAMILIES)
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         raise ValueError(f"unknown tool families {unknown}; choose from {sorted(FAMILIES)}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     rng = random.Random(f"{seed}:{split}")
     rows, seen, misses = [], set(), 0
     while len(rows) < num:
         fam = families[len(rows) % len(families)]
         q, answer, turns = MAKERS[fam](rng)
-        pid = prompt_id(q)
-        if pid in seen or (int(pid, 16) % 5 == 0) != (split == "test"):  # a fifth of all prompts are test prompts
+        if q in seen or split_of(fam, q) != split:
             misses += 1
             if misses > 50 * num + 5_000:  # tool_lookup has 4 questions per place of the table (960), no more
                 raise ValueError(f"builtin:tool_tasks has fewer than {num} distinct {split} prompts for "
                                  f"{families} ({len(rows)} found); ask for fewer (num) or leave tool_lookup out")
             continue
-        seen.add(pid)
+        seen.add(q)
         tool = turns[0][0]["name"]
         rows.append({"prompt": q, "answer": answer, "family": fam, "reward": "math_reward",
                      "tools": sorted(set(FAMILIES.values()) | {"calculator", "python"}), "tool": tool,
@@ -163,3 +208,4 @@ def tool_tasks_dataset(split: str | None = "train", families=None, num: int = 30
 
 
 register_builtin("tool_tasks", tool_tasks_dataset)
+register_problems(canonical_problem, by_form=list(FAMILIES))

@@ -1,15 +1,27 @@
-"""data_gen/tasks.py: gold answers are right, splits are disjoint, output is deterministic and well formed."""
+"""data_gen/tasks.py: gold answers are right, splits are disjoint by problem, output is deterministic and well
+formed, every family's canonical problem forgets what it should and keeps what it should."""
 
+import random
 import re
+from collections import Counter
 
 import pytest
 
+from data_gen import tasks as tasks_module
 from data_gen.tasks import (
     DEFAULT_FAMILIES,
     FAMILIES,
+    SMALL_SPACE,
+    SPLIT_BUCKETS,
+    SPLITS,
+    TaskFamily,
     assistant_text,
+    canonical_problem,
     make_tasks,
+    problem_key,
+    problem_space,
     prompt_messages,
+    split_for,
     split_of,
     tasks_dataset,
     to_messages,
@@ -125,11 +137,131 @@ def test_difficulty_grows_numbers():
     assert max(n for r in mixed if r["family"] == "sort" for n in _ints(r["prompt"])) <= 50
 
 
-def test_splits_share_no_prompt_for_any_seed():
-    train = {r["prompt"] for seed in (0, 1) for r in make_tasks(num=3000, split="train", seed=seed)}
-    test = [r["prompt"] for seed in (0, 1) for r in make_tasks(num=500, split="test", seed=seed)]
-    assert not train & set(test)
-    assert all(split_of(p) == "test" for p in test) and all(split_of(p) == "train" for p in train)
+def test_splits_share_no_problem_for_any_seed():
+    """Train, dev and test hold disjoint problems (not only prompts), whatever the seed and the difficulty."""
+    problems = {}
+    for split, num in (("train", 2000), ("dev", 400), ("test", 400)):
+        rows = [r for seed in (0, 1) for d in (1, 2) for r in make_tasks(num=num, split=split, seed=seed, difficulty=d)]
+        assert all(split_of(r["family"], r["prompt"]) == split for r in rows)
+        problems[split] = {(r["family"], problem_key(r["family"], r["prompt"])) for r in rows}
+    assert not problems["train"] & problems["dev"] and not problems["train"] & problems["test"]
+    assert not problems["dev"] & problems["test"]
+
+
+def test_split_buckets_are_fixed_and_cover_the_hash():
+    assert SPLITS == ("train", "dev", "test")
+    assert {k: (r.start, r.stop) for k, r in SPLIT_BUCKETS.items()} == {"test": (0, 10), "dev": (10, 20),
+                                                                        "train": (20, 100)}
+    shares = Counter(split_for("arithmetic", str(i)) for i in range(20_000))
+    assert abs(shares["test"] / 20_000 - 0.1) < 0.01 and abs(shares["dev"] / 20_000 - 0.1) < 0.01
+    # the family is part of what is hashed: one problem string may fall in different splits in two families
+    assert {split_for(f"family{i}", "1,2,3") for i in range(100)} == set(SPLITS)
+
+
+# (family, prompt, prompt): the same canonical problem in other words (names, items, letter, direction, order)
+SAME_PROBLEM = [
+    ("arithmetic", "What is 3 + 5 - 2?", "What is 5 - 2 + 3?"),
+    ("arithmetic", "What is (4 + 1) * 2?", "What is 2 * (1 + 4)?"),
+    ("arithmetic", "What is (3 + 5) * 2 - 4?", "What is 2 * (5 + 3) - 4?"),
+    ("word_problem", "Tom has 15 apples and gets 3 more. How many apples does Tom have now?",
+     "Ann has 3 pens and gets 15 more. How many pens does Ann have now?"),
+    ("word_problem", "Tom has 9 cups and gives away 4. How many cups are left?",
+     "Zoe has 9 eggs and gives away 4. How many eggs are left?"),
+    ("word_problem", "Sam has 8 coins, buys 5 more and loses 2. How many coins does Sam have?",
+     "Mia has 5 cards, buys 8 more and loses 2. How many cards does Mia have?"),
+    ("word_problem", "Leo has 3 boxes with 7 balls in each box. How many balls is that?",
+     "Ivy has 7 boxes with 3 pens in each box. How many pens is that?"),
+    ("count_letters", 'How many times does the letter "a" appear in "abcab"?',
+     'How many times does the letter "c" appear in "abcab"?'),
+    ("count_items", "How many words are in this list: cat, dog, cat?", "How many times does dog appear in: dog, cat, cat?"),
+    ("sort", "Sort in ascending order: 3, 41, 7.", "Sort in descending order: 41, 7, 3."),
+    ("convert", "How many minutes are in 3 hours?", "How many hours are 180 minutes?"),
+    ("compare", "Which number is the largest: 4, 9, 2?", "Which number is the smallest: 2, 4, 9?"),
+    ("rg:gsm_symbolic", "Tom buys 3 apples for 2 dollars each. What does he pay?",
+     "Ann buys 3 pears for 2 euros each. What does she pay?"),
+]
+# (family, prompt, prompt): other problems, however alike the words
+OTHER_PROBLEM = [
+    ("arithmetic", "What is 3 + 5 - 2?", "What is 3 - 5 + 2?"),
+    ("arithmetic", "What is (4 + 1) * 2?", "What is 4 + 1 * 2?"),
+    ("word_problem", "Tom has 15 apples and gets 3 more. How many apples does Tom have now?",
+     "Tom has 15 apples and gives away 3. How many apples are left?"),
+    ("word_problem", "Tom has 9 cups and gives away 4. How many cups are left?",
+     "Tom has 4 cups and gives away 4. How many cups are left?"),
+    ("count_letters", 'How many times does the letter "a" appear in "abcab"?',
+     'How many times does the letter "a" appear in "abcba"?'),
+    ("count_items", "How many words are in this list: cat, dog, cat?", "How many words are in this list: cat, dog?"),
+    ("sort", "Sort in ascending order: 3, 41, 7.", "Sort in ascending order: 3, 41, 7, 7."),
+    ("convert", "How many minutes are in 3 hours?", "How many seconds are in 3 minutes?"),
+    ("convert", "How many minutes are in 3 hours?", "How many minutes are in 3 hours and 5 minutes?"),
+    ("compare", "Which number is the largest: 4, 9, 2?", "Which number is the largest: 4, 9, 3?"),
+]
+
+
+@pytest.mark.parametrize("family, a, b", SAME_PROBLEM, ids=[f"{c[0]}-{i}" for i, c in enumerate(SAME_PROBLEM)])
+def test_rewordings_are_one_problem(family, a, b):
+    assert canonical_problem(family, a) is not None
+    assert canonical_problem(family, a) == canonical_problem(family, b)
+    assert split_of(family, a) == split_of(family, b)
+
+
+@pytest.mark.parametrize("family, a, b", OTHER_PROBLEM, ids=[f"{c[0]}-{i}" for i, c in enumerate(OTHER_PROBLEM)])
+def test_other_problems_stay_apart(family, a, b):
+    assert None not in (canonical_problem(family, a), canonical_problem(family, b))
+    assert canonical_problem(family, a) != canonical_problem(family, b)
+
+
+@pytest.mark.parametrize("family, prompt", [
+    ("arithmetic", "What is 3 +?"), ("arithmetic", "What is ((((3))?"), ("arithmetic", "Compute 3 + 4."),
+    ("word_problem", "Tom has many apples."), ("count_letters", "How many letters are in the word apple?"),
+    ("convert", "How many parsecs are in 3 hours?"), ("convert", "How many hours are 7 minutes?"),
+    ("sort", "Sort these numbers: 9, 2, 5."), ("nope", "What is 3 + 5?"), ("rg:gsm_symbolic", "Tom has 3 apples."),
+])
+def test_prompts_out_of_form_have_no_canonical_problem(family, prompt):
+    assert canonical_problem(family, prompt) is None
+    assert problem_key(family, prompt) == "text:" + " ".join(prompt.lower().split())
+
+
+@pytest.mark.parametrize("family", sorted(CHECKS))
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_every_generated_prompt_is_in_its_familys_form(family, difficulty):
+    rng = random.Random(f"form:{family}:{difficulty}")
+    for _ in range(300):
+        prompt = FAMILIES[family].sample(rng, difficulty)[0]
+        assert canonical_problem(family, prompt) is not None, prompt
+
+
+def test_the_deepest_expression_is_refused_not_a_recursion_error():
+    assert canonical_problem("arithmetic", "What is " + "(" * 5000 + "1" + ")" * 5000 + "?") is None
+    assert canonical_problem("arithmetic", "What is " + " + ".join(["1"] * 5000) + "?") is None
+
+
+def _problems_seen(family: str, difficulty: int, draws: int = 20_000) -> set[str]:
+    rng = random.Random(0)
+    return {canonical_problem(family, FAMILIES[family].sample(rng, difficulty)[0]) for _ in range(draws)}
+
+
+def test_the_small_problem_spaces_were_widened():
+    """One-step word problems had 380 ("gets") and 209 ("gives") distinct problems at difficulty 1, the simple
+    conversions 360 (720 prompts: both directions), lists 434: each now has at least SMALL_SPACE."""
+    words = Counter(p.split(":")[0] for p in _problems_seen("word_problem", 1))
+    assert words["a+b"] >= SMALL_SPACE and words["a-b"] >= SMALL_SPACE
+    simple = {p for p in _problems_seen("convert", 1) if "+" not in p}
+    assert len(simple) >= SMALL_SPACE
+    assert all(problem_space(f, 1, 5_000) >= SMALL_SPACE for f in DEFAULT_FAMILIES)
+
+
+def test_problem_space_is_exact_on_a_space_it_exhausts(monkeypatch):
+    def sample(rng, difficulty):
+        a, b = rng.randint(1, 10), rng.randint(1, 5 * difficulty)
+        return f"What is {a} + {b}?", str(a + b), ""
+
+    fake = TaskFamily("tiny_sums", sample, "math_reward", "sums", FAMILIES["arithmetic"].canonical)
+    monkeypatch.setitem(tasks_module.FAMILIES, "tiny_sums", fake)
+    problem_space.cache_clear()
+    # unordered pairs {a, b}: a in 1..10, b in 1..5 -> 40 (10 x 5 = 50 ordered, 10 pairs counted twice)
+    assert problem_space("tiny_sums", 1) == len({tuple(sorted((a, b))) for a in range(1, 11) for b in range(1, 6)})
+    problem_space.cache_clear()
 
 
 def test_deterministic_under_seed_and_family_order_independent():
@@ -169,7 +301,7 @@ def test_tasks_dataset_columns_and_mixed_mode():
         assert row["prompt_messages"] == row["messages"][:2]
         think = row["messages"][0]["content"] == "/think"
         assert row["messages"][2]["content"].startswith("<think>") == think
-        assert split_of(row["prompt"]) == "test"
+        assert split_of(row["family"], row["prompt"]) == "test"
 
 
 def test_reasoning_gym_adapters_map_to_the_row_shape():
@@ -186,7 +318,7 @@ def test_reasoning_gym_adapters_map_to_the_row_shape():
     "kwargs, match",
     [
         ({"families": ["nope"]}, "unknown task family 'nope'"),
-        ({"split": "dev"}, "split must be one of"),
+        ({"split": "validation"}, "split must be one of"),
         ({"difficulty": 0}, "difficulty for 'arithmetic' must be an int >= 1"),
         ({"families": ["rg:no_such_task"]}, "reasoning-gym has no task"),
     ],

@@ -46,7 +46,7 @@ from align.data.sources import BUILTIN_PREFIX, call_builtin, register_builtin
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SplitNotFoundError", "load_source", "get_dataset", "require_columns", "register_builtin"]
+__all__ = ["SplitNotFoundError", "load_source", "get_dataset", "held_out_splits", "require_columns", "register_builtin"]
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "num_samples", "weighting"}
@@ -303,6 +303,39 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
         have = [(t, s) for t, s in zip(tests, ids) if t is not None]
         out["test"] = _concat([t for t, _ in have], [s for _, s in have])
     return out
+
+
+def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str]]:
+    """The held-out split of each source a stage's data keys name (`dataset_name` + `dataset_args`,
+    `dataset_config`, `dataset_test_split`, or `dataset_mixture`), read without their training splits: {spec: the
+    first `max_eval_samples` rows of its own test split}. A source without a test split of its own is left out (a
+    `test_split_size` split needs the training rows: the stage checks its own). A builtin's `num` is capped at
+    `max_eval_samples` too: a builtin makes its rows in a fixed order, so the first rows of a larger set are the same
+    rows. Returns (found, the specs of local paths not made yet)."""
+    cap = config.get("max_eval_samples")
+    default_test = config.get("dataset_test_split") or "test"
+    if config.get("dataset_mixture"):
+        entries = [(e["id"], dict(e.get("args") or {}, **({"config": e["config"]} if e.get("config") else {})),
+                    e.get("test_split", default_test)) for e in _check_mixture(config["dataset_mixture"])]
+    elif config.get("dataset_name"):
+        args = dict(config.get("dataset_args") or {})
+        if config.get("dataset_config"):
+            args.setdefault("config", config["dataset_config"])
+        entries = [(config["dataset_name"], args, default_test)]
+    else:
+        entries = []
+    out, missing = {}, []
+    for spec, args, split in entries:
+        if cap is not None and spec.startswith(BUILTIN_PREFIX) and isinstance(args.get("num"), int):
+            args = {**args, "num": min(args["num"], cap)}
+        try:
+            test = _cap(_load_optional(spec, split, args), cap)
+        except FileNotFoundError:
+            missing.append(spec)
+            continue
+        if test is not None:
+            out[spec if spec not in out else f"{spec}#{len(out)}"] = test
+    return out, missing
 
 
 def _seed(script_args) -> int:

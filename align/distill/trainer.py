@@ -417,7 +417,8 @@ def main(script_args, training_args: DistillConfig, model_args, known: dict | No
     student_tok, _ = stage.load_tokenizer(model_args, args)
     teacher_tok = load_teacher_tokenizer(args.teacher_tokenizer_name_or_path or args.teacher_model_name_or_path)
 
-    conv = prepare_conversations(stage.load_data(script_args), args, script_args.eval_num_prompts)
+    conv = prepare_conversations(stage.load_data(script_args, args.output_dir), args,
+                                 script_args.eval_num_prompts)
     eval_rows = conv["eval_rows"]
     tool_loop = build_tool_loop(args, student_tok)  # a tool without hints or docstring fails here
     if tool_loop is not None:

@@ -316,6 +316,40 @@ def _loss_texts(cfg: EvalConfig) -> dict[str, list[str]]:
     return sets
 
 
+def eval_items(cfg: EvalConfig) -> dict[str, list[dict] | None]:
+    """The items every scored suite of `cfg` evaluates, without a model: {"<suite>/<set>": rows with a prompt column
+    (`prompt`, `context` as `prompt`, `messages`, `text`) and, for our tasks, `family`}, what decontamination checks
+    training rows against. The vibe prompts are read by a person, not scored, so they are not among them. A
+    `chat_loss_data` file not made yet maps to None."""
+    sets: dict[str, list[dict] | None] = {}
+    if "loss" in cfg.suites:
+        sets["loss/tasks"] = _task_rows(cfg, cfg.loss_num_texts)
+        for name, texts in _loss_texts(cfg).items():
+            if name != "tasks":
+                sets[f"loss/{name}"] = [{"text": t} for t in texts]
+        if cfg.chat_loss_data:
+            try:
+                conversations = load_source(cfg.chat_loss_data)["messages"][: cfg.chat_loss_num]
+            except FileNotFoundError:
+                conversations = None
+            sets["loss/chat"] = None if conversations is None else [{"messages": c} for c in conversations]
+    if "mc" in cfg.suites:
+        for spec in cfg.mc_sets:
+            name, num = set_spec(spec, MC_SETS, "mc_sets")
+            if name == "tasks":
+                sets["mc/tasks"] = _task_rows(cfg, num)
+            else:
+                ds = load_source(f"builtin:{name}").select(range(num))
+                sets[f"mc/{name}"] = [{"prompt": r["context"] if name == "hellaswag" else r["question"]} for r in ds]
+    if "generative" in cfg.suites:
+        for spec in cfg.gen_sets:
+            name, num = set_spec(spec, GEN_SETS, "gen_sets")
+            sets[f"gen/{name}"] = gen_rows(name, num, cfg)
+    if "tools" in cfg.suites:
+        sets["tools"] = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split="test", seed=cfg.seed)
+    return sets
+
+
 def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     """Run the configured suites on one checkpoint; write eval_results.json (and vibes.md); return results."""
     start = time.perf_counter()

@@ -314,7 +314,7 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
     reward_funcs = build_rewards(training_args)  # a misnamed reward fails here, before anything loads
     tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)
 
-    data = stage.load_data(script_args)
+    data = stage.load_data(script_args, training_args.output_dir)
     train = prepare_prompts(data["train"], training_args.prompt_mode, training_args.system_prompt)
     test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
     tool_loop = build_tool_loop(training_args, tokenizer)  # a tool without hints or docstring fails here

@@ -12,6 +12,8 @@ align/pipeline/run.py runs the plan (and documents how).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,11 @@ RESUMABLE = {"pretrain", "midtrain", "run_pretrain", "sft", "dpo", "kto", "orpo"
 NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences", "generate_answers"}  # stages whose output is not a model
 DISTRIBUTED = RESUMABLE | {"generate_preferences"}  # scripts that run on many processes (accelerate launch)
 TRACKED = RESUMABLE  # scripts whose config has report_to
+# Scripts whose stage checks its training rows against the pipeline's eval sets before it trains (align.stage.load_data)
+DECONTAMINATED = {"sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
+DECONTAMINATION = ("drop", "warn", "refuse", "off")
+HELD_OUT_KEYS = ("dataset_name", "dataset_args", "dataset_config", "dataset_mixture", "dataset_test_split",
+                 "max_eval_samples")
 TRACKING = ("wandb", "tensorboard", "none", "recipe")
 LAUNCHERS = ("auto", "accelerate", "python")
 STAGE_KEYS = {
@@ -88,6 +95,12 @@ class PipelineConfig:
     wait_for_main_s: float = field(
         default=3600.0, metadata={"help": "Machines other than 0: how long to wait for machine 0 to record a stage."}
     )
+    decontamination: str = field(
+        default="drop", metadata={
+            "help": "Before each training stage trains, its rows are checked against every eval set of the pipeline "
+                    "(the eval recipe's suites, every stage's held-out split; align/data/decontamination.py): 'drop' "
+                    "overlapping rows (counted in the report), 'warn' and keep them, 'refuse' to train, or 'off'. A "
+                    "stage's own `decontamination` key wins."})
 
     def __post_init__(self):
         if self.launcher not in LAUNCHERS:
@@ -102,6 +115,8 @@ class PipelineConfig:
         if self.num_machines > 1 and self.launcher == "python":
             raise ValueError("launcher=python runs each stage in one process on one machine: a multi-node run "
                              "(num_machines > 1) needs launcher accelerate or auto")
+        if self.decontamination not in DECONTAMINATION:
+            raise ValueError(f"decontamination={self.decontamination!r}: choose one of {DECONTAMINATION}")
         if self.tracking not in TRACKING:
             raise ValueError(f"tracking={self.tracking!r}: choose one of {TRACKING}")
         if not isinstance(self.stages, list):
@@ -240,7 +255,35 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
     for n in [*cfg.rerun, *([cfg.until] if cfg.until else [])]:
         if n not in known:
             raise ValueError(f"'{n}' (in rerun/until) is not a stage; stages: {[s.name for s in stages]}")
+    planned = decontamination_sets(cfg, stages)
+    if planned is not None:
+        path = str(planned[0])
+        for stage in stages:
+            if stage.script in DECONTAMINATED:
+                stage.config.setdefault("decontamination", cfg.decontamination)
+                stage.config["decontamination_eval_sets"] = path
     return stages
+
+
+def decontamination_sets(cfg: PipelineConfig, stages: list[Stage]) -> tuple[Path, dict] | None:
+    """(where, what) of the eval sets every training stage is checked against: {eval: each distinct eval config
+    the stages are evaluated with, held_out: {stage: its data keys}} (the stage reads the sets themselves when it
+    starts, so a held-out split made by an earlier stage is there). The file is named by a hash of its content: a
+    change to any eval set changes the training stages' configs, so they run again. None when it is off."""
+    if cfg.decontamination == "off" or not any(s.script in DECONTAMINATED for s in stages):
+        return None
+    evals: list[dict] = []
+    if cfg.eval_recipe:
+        base = {**read_yaml(cfg.eval_recipe, "eval_recipe"), **(cfg.eval_overrides or {})}
+        for s in stages:
+            merged = {**base, **s.eval_overrides}
+            if s.eval and merged not in evals:
+                evals.append(merged)
+    held_out = {s.name: {k: s.config[k] for k in HELD_OUT_KEYS if s.config.get(k) is not None} for s in stages
+                if s.config.get("dataset_name") or s.config.get("dataset_mixture")}
+    content = {"eval": evals, "held_out": held_out}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return Path(cfg.run_dir) / "decontamination" / f"eval_sets-{digest}.json", content
 
 
 def check_accelerate_config(path: str, where: str = "") -> None:

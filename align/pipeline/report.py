@@ -384,6 +384,44 @@ def plot_metrics(stages: list[dict], path: Path) -> bool:
     return True
 
 
+DECONTAMINATION_REPORT = "decontamination.json"  # what align.stage.load_data writes into a stage's output_dir
+
+
+def _tick(text: str) -> str:
+    return text.replace("`", "'")
+
+
+def decontamination_lines(stages: list[dict]) -> list[str]:
+    """Per training stage: rows checked, overlapping and dropped; per eval source the overlapping rows with a few
+    examples; the sets not made yet when it ran; the stages that train but were not checked."""
+    found: dict[str, dict] = {}
+    for s in stages:
+        try:
+            found[s["name"]] = json.loads((Path(s.get("output_dir") or "") / DECONTAMINATION_REPORT).read_text())
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return []
+    lines = ["| stage | mode | rows checked | overlapping | dropped | eval sets |", "|---|---|---:|---:|---:|---:|"]
+    for name, r in found.items():
+        lines.append(f"| {name} | {r.get('mode')} | {r.get('rows', 0)} | {r.get('overlapping', 0)} | "
+                     f"{r.get('dropped', 0)} | {len(r.get('eval_sets') or {})} |")
+    lines.append("")
+    for name, r in found.items():
+        for source, e in (r.get("sources") or {}).items():
+            lines.append(f"- `{name}` vs `{source}`: {e['rows']} rows ({e['by_problem']} the same problem, "
+                         f"{e['by_ngram']} by n-grams)")
+            lines += [f"  - `{_tick(x['train'])}` ~ `{_tick(x['eval'])}` ({x['match']})" for x in e.get("examples", [])]
+        if r.get("not_made_yet"):
+            lines.append(f"- `{name}`: not checked against {', '.join(f'`{m}`' for m in r['not_made_yet'])} "
+                         "(not made yet when it trained)")
+    unchecked = [s["name"] for s in stages if s.get("makes_model") and s["name"] not in found
+                 and s.get("script") not in ("base",)]
+    if unchecked:
+        lines.append(f"- not checked (their scripts read their data themselves): {', '.join(unchecked)}")
+    return lines
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write <run_dir>/report.md and plots/*.png from the manifest; return the report's path."""
     run_dir = Path(run_dir)
@@ -436,6 +474,13 @@ def write_report(run_dir: str | Path) -> Path:
                   "pretrain skill, preference pairs kept).", "", "| stage | result | value |", "|---|---|---:|"]
         by_name = {s["name"]: s for s in stages}
         lines += [f"| {n} | {k} | {_fmt_share(v, interval(by_name[n], k))} |" for n, k, v in own] + [""]
+    decontamination = decontamination_lines(stages)
+    if decontamination:
+        lines += ["## Decontamination", "", "Before each training stage trained, its rows were checked against every "
+                  "eval set of the pipeline (the eval suites' items and every stage's held-out split): rows of our "
+                  "task families by their canonical problem, every other pair by 8-gram overlap of the prompt (more "
+                  "than half of the eval prompt's tokens). `drop` removed the overlapping rows before training.",
+                  "", *decontamination, ""]
     lines += ["## Stages", "", "| stage | script | outcome | duration (s) | attempts | resumed from |", "|---|---|---|---:|---:|---|"]
     for s in stages:
         outcome = s.get("status", "?") + (" (skipped this run)" if s.get("skipped_this_run") else "")

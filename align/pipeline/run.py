@@ -48,6 +48,7 @@ from align.pipeline.plan import (
     STARTED,
     PipelineConfig,
     Stage,
+    decontamination_sets,
     read_yaml,
     resolve_stages,
     script_path,
@@ -105,7 +106,7 @@ def flatten(d: dict, prefix: str = "", depth: int = 3) -> dict[str, float]:
 # the stages' own before/after evaluations, the preference data card.
 STAGE_RESULT_FILES = (
     "all_results.json", "metrics.json", "skill.json", "sft_eval.json", "preference_eval.json", "grpo_eval.json",
-    "distill_eval.json", "card.json",
+    "distill_eval.json", "card.json", "decontamination.json",
 )
 
 
@@ -123,6 +124,8 @@ def train_metrics(output_dir: str) -> dict[str, float]:
             data = {"step": data.get("step"), "total_tokens": data.get("total_tokens"), "final_eval": data.get("final_eval")}
         if name == "card.json":
             data = {"counts": data.get("counts"), "seconds": data.get("seconds")}
+        if name == "decontamination.json":  # the counts; the report reads the examples from the file
+            data = {k: data.get(k) for k in ("rows", "overlapping", "dropped")}
         out.update(flatten(data, name.removesuffix(".json") + "/"))
     return out
 
@@ -357,6 +360,11 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
             console.print(f"[bold]{s.name}[/]: {' '.join(stage_command(s, cfg, path, None))}  ({needs_run(s, by_name, forced)[1]})")
         return manifest.data
     manifest.save()
+    planned = decontamination_sets(cfg, list(by_name.values()))
+    if planned is not None and manifest.leader:  # what each training stage checks its rows against
+        write_json_atomic(planned[0], planned[1], indent=2)
+        manifest.data["decontamination"] = {"mode": cfg.decontamination, "eval_sets": str(planned[0])}
+        manifest.save()
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("pipeline", total=len(stages))

@@ -69,7 +69,7 @@ def train_round(script_args, training_args, model_args) -> dict:
     stage.start(kind, script_args, training_args, model_args)
     tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)
 
-    data = stage.load_data(script_args)
+    data = stage.load_data(script_args, training_args.output_dir)
     train = prepare_preference_data(data["train"], kind, "train", training_args.drop_identical, training_args.seed)
     if training_args.replay_data:
         train = add_replay(train, training_args.replay_data, training_args.replay_samples)

@@ -131,7 +131,7 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     # A base model gets its chat template and end-of-turn EOS here (TRL mirrors eos_token onto the model configs).
     tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)
 
-    data = stage.load_data(script_args)
+    data = stage.load_data(script_args, training_args.output_dir)
     raw_train, raw_test = data["train"], data["test"] if "test" in data else None
     use_eval = raw_test is not None and len(raw_test) and training_args.eval_strategy != "no"
     with training_args.main_process_first(desc="tokenizing the SFT data"):  # rank 0 fills the cache, the rest read it
