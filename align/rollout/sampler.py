@@ -76,10 +76,19 @@ class Sampler:
     engine generates with the trained model object itself (hf backend): no weight push, but a gather under ZeRO-3."""
 
     def __init__(self, engine: Any, accelerator: Any, seed: int = 0, sleep: bool = False):
-        self.engine, self.accelerator, self.seed = engine, accelerator, seed
+        self.accelerator, self.seed = accelerator, seed
+        self.weights = WeightSync(engine, accelerator)
         self.sleep_between = sleep and hasattr(engine, "sleep")
         self.num_calls = 0
-        self.weights = WeightSync(engine, accelerator)
+
+    @property
+    def engine(self) -> Any:
+        """The engine: one object, which the weight pushes (`self.weights`) reach too."""
+        return self.weights.engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:  # a swapped engine (a server started later, a test's) gets the pushes
+        self.weights.engine = engine
 
     @property
     def backend(self) -> str:
