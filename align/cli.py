@@ -1,7 +1,7 @@
 """The recipe command line shared by every script.
 
-    python scripts/sft.py recipes/tiny_sft.yaml --learning_rate 1e-4
-    accelerate launch scripts/sft.py recipes/tiny_sft.yaml
+    python scripts/sft.py recipes/tiny/sft.yaml --learning_rate 1e-4
+    accelerate launch scripts/sft.py recipes/tiny/sft.yaml
 
 Precedence: dataclass defaults < recipe YAML < command line (TRL's `TrlParser` underneath). Before
 TRL sees anything we check the recipe ourselves, because a typo must not cost a run: a missing

@@ -24,7 +24,7 @@ What `train(model_args, config)` does, in order, one function per phase:
 
 Resume is exact: model, optimizer, step, RNG and the data stream's position are restored, so the losses
 after resuming equal those of an uninterrupted run. Distributed: accelerate (DDP, DeepSpeed ZeRO via
-`accelerate launch`). How to run: `accelerate launch scripts/run_pretrain.py recipes/tiny_pretrain.yaml`.
+`accelerate launch`). How to run: `accelerate launch scripts/run_pretrain.py recipes/tiny/pretrain.yaml`.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ hardest problems. We configure TRL's trainer and add what it leaves out:
   paired test on those same prompts (`paired`: gained, lost, McNemar p-value; `align.eval.statistics.paired_change`).
 
 How to run:
-    python scripts/grpo.py recipes/tiny_grpo.yaml
-    python scripts/grpo.py recipes/tiny_grpo.yaml --rollout_backend vllm --dynamic_sampling true
-    accelerate launch scripts/grpo.py recipes/smollm3_grpo.yaml            # GPU
+    python scripts/grpo.py recipes/tiny/grpo.yaml
+    python scripts/grpo.py recipes/tiny/grpo.yaml --rollout_backend vllm --dynamic_sampling true
+    accelerate launch scripts/grpo.py recipes/smollm3/grpo.yaml            # GPU
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ trainer, the overlap it reaches against the ideal one, and held-out accuracy aft
     python scripts/benchmark.py grpo_async            # the SmolLM2-135M chain's APO (else SFT) model
     python scripts/benchmark.py grpo_async --quick    # fewer steps and prompts (a smoke run, not a result)
 
-Three runs of the same GRPO (recipes/smol135m_grpo.yaml's task, loss and learning rate; 4 prompts x 8 completions
+Three runs of the same GRPO (recipes/smol135m/grpo.yaml's task, loss and learning rate; 4 prompts x 8 completions
 of up to 64 tokens a step; hf engine), one after the other in this process:
 - `sync, all cores`: the synchronous trainer, its engine sharing the model, every core to each phase in turn;
 - `split, max_staleness 0`: the engine in its own process with half the cores, the trainer with the rest, no
