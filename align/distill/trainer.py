@@ -102,6 +102,8 @@ TRL_PRIVATE_ATTRIBUTES = (
     "vllm_generation",
     "vllm_sync_frequency",
 )
+# TRL's public flags we set to choose its code paths, and why (checked the same way: TRL must still read them).
+TRL_FLAGS = {"use_vllm": "GOLD samples the student through `vllm_generation`, which our sampler stands in for"}
 
 
 
