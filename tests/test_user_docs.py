@@ -33,7 +33,7 @@ _ORDINAL = (r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tent
 # Phrases that number the project's own history; none has a reason to be in a user guide.
 HISTORY = re.compile("|".join((
     rf"\b{_ORDINAL}\s+(?:chain|design|try|red[- ]team(?:\s+round)?)s?\b",   # "the twelfth chain", "third design"
-    r"\b(?:chain|design|try|tries)s?\s+(?:#?\d+|[A-H])\b(?![-.]\w)",         # "chain 8", "design 9", "design E"
+    r"\b(?:chain|design|try|tries)s?\s+(?:#?\d+|(?-i:[A-H]))\b",              # "chain 8", "design 9", "design E"
     r"\bred[- ]team(?:ing)?\s*,?\s+(?:round|pass)\s*\d+",                     # "red-team round 3"
     r"\bround\s*\d+\s+(?:of\s+the\s+)?red[- ]team",                           # "round 2 red team"
     r"\bsessions?\s+#?\d+",                                                   # "session 47"
@@ -118,6 +118,7 @@ def history_mentions(path: Path, text: str | None = None) -> list[str]:
 @pytest.mark.parametrize(("line", "names_history"), [
     ("From the twelfth chain's APO model", True),
     ("design 9 kept 80 steps; design E too", True),
+    ("designs 5-7 and chains 4 and 6", True),
     ("the third design (a recipe)", True),
     ("tries 5 and 7", True),
     ("round 2 red team found", True),
@@ -134,6 +135,7 @@ def history_mentions(path: Path, text: str | None = None) -> list[str]:
     ("see [the install](#1-install) and [a chain](research/chain_20261128/README.md#2026-11-28-session-3)", False),
     ("a defaced facade", False),
     ("try 2e-5 first", False),
+    ("try a smaller learning rate, or design a recipe of your own", False),
     ("Unicode's confusables (UTS #39) and word boundaries (UAX #29)", False),
     ("run `git checkout 8c9707d` by hand", False),
     ("Run `tiny-20261125-113727`, git `4df5797aab`, updated 2026-11-25T11:53:27.", False),
