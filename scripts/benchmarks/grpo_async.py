@@ -15,9 +15,7 @@ Ideal speedup of the overlap = (G + T) / max(G, T); reached = s/step(max_stalene
 Summary: `grpo_async: async/ideal-overlap speedup ratio R` = reached / ideal (target >= 0.8). Also printed,
 without a target: async (split cores) against the synchronous trainer with every core. Accuracy: greedy held-out
 accuracy of both split runs' models on the same prompts, with the paired test (McNemar).
-Measured (idle, 2 cores): k=0 11.2 s/step (G 3.0, T 8.0: ideal 1.37x), k=1 6.98 s/step: 1.61x (ratio 1.17; its
-batches came out ~10% shorter), accuracy 37.5% both (p = 1); sync with both cores per phase 6.64 s/step (0.95x).
-4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else the builtin SmolLM2-135M-Instruct.
+Results: docs/research/grpo.md. 4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else the builtin SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations

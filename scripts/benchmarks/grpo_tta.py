@@ -12,8 +12,7 @@ families' held-out prompts) measures accuracy; evaluation time is not counted. T
 `GAIN` (absolute). Summary: `grpo_tta: ours/trl-default seconds-to-target ratio R` = TRL's seconds / ours (a
 speedup; a side that never reaches the target within the budget counts its whole budget, flagged in the rows).
 
-Measured (idle, 32f64dc): 23.0% -> 31.0% on 256 held-out prompts, ours 94.9 s (6 steps) vs TRL 146 s (4 steps),
-1.54x; docs/results.md#grpo. ~7 idle minutes; needs the 135M chain's APO (or SFT) model; not in `all`.
+Results: docs/research/results.md#grpo. ~7 idle minutes; needs the 135M chain's APO (or SFT) model; not in `all`.
 """
 
 from __future__ import annotations
