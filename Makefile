@@ -37,7 +37,7 @@ $(STAMP): $(SETUP_INPUTS)
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/python scripts/pipeline.py recipes/tiny_pipeline.yaml
+	$(BIN)/python scripts/pipeline.py recipes/tiny/pipeline.yaml
 
 test: setup
 	$(BIN)/python -m pytest -q --timeout 900 --durations=40 -m "not rehearsal" tests

@@ -1,7 +1,7 @@
 """The recipe command line shared by every script.
 
-    python scripts/sft.py recipes/tiny_sft.yaml --learning_rate 1e-4
-    accelerate launch scripts/sft.py recipes/tiny_sft.yaml
+    python scripts/sft.py recipes/tiny/sft.yaml --learning_rate 1e-4
+    accelerate launch scripts/sft.py recipes/tiny/sft.yaml
 
 Precedence: dataclass defaults < recipe YAML < command line (TRL's `TrlParser` underneath). Before
 TRL sees anything we check the recipe ourselves, because a typo must not cost a run: a missing
@@ -347,8 +347,8 @@ def _accepts_none(annotation) -> bool:
 # One error line per launch. Rank 0 leaves a marker beside its line; a rank other than 0 that fails waits up to this
 # long for that marker and, seeing it, exits without printing (rank 0 already said it, usually the same thing). With
 # no marker by then (an error of that rank alone, or rank 0 on another machine) it prints its own line, tagged with
-# its rank; the launcher then stops the rest, so no rank is left waiting in a collective. A bare sleep was not
-# enough: on a loaded machine rank 0's exit can take longer than any fixed delay.
+# its rank; the launcher then stops the rest, so no rank is left waiting in a collective. A fixed sleep would
+# not do: on a loaded machine rank 0's exit can take longer than any fixed delay.
 OTHER_RANK_ERROR_DELAY_S = 20.0
 
 

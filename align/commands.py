@@ -1,9 +1,9 @@
 """The `smolalign` command: one subcommand per stage and tool, each running the script of the same job.
 
-    smolalign sft recipes/tiny_sft.yaml --learning_rate 1e-4      # = python scripts/sft.py recipes/tiny_sft.yaml ...
+    smolalign sft recipes/tiny/sft.yaml --learning_rate 1e-4      # = python scripts/sft.py recipes/tiny/sft.yaml ...
     smolalign sft --help                                           # the recipe keys, ours first, grouped
     smolalign recipes [grpo | tiny | ...]                          # every recipe: stage, scale, purpose
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml -m align.commands sft RECIPE.yaml
+    accelerate launch --config_file recipes/accelerate/zero3.yaml -m align.commands sft RECIPE.yaml
     accelerate launch --num_processes 2 $(which smolalign) sft RECIPE.yaml
     smolalign sft RECIPE.yaml --num_processes 2 --accelerate_config zero3   # starts accelerate launch itself
 

@@ -142,7 +142,7 @@ def check_launch() -> None:
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not torch.cuda.is_available():
         raise ValueError(
             "FSDP needs CUDA GPUs (on a CPU accelerate runs it as plain DDP): launch with "
-            "recipes/accelerate_configs/ddp.yaml, zero2.yaml or zero3.yaml on this machine"
+            "recipes/accelerate/ddp.yaml, zero2.yaml or zero3.yaml on this machine"
         )
 
 

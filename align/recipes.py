@@ -1,13 +1,13 @@
 """What a recipe file says about itself: the command in its header, its scale, its purpose.
 
 Every recipe under recipes/ starts with a comment block whose first line is the command that runs it
-(`# python scripts/sft.py recipes/tiny_sft.yaml`, `# accelerate launch ... scripts/grpo.py ...` or
+(`# python scripts/sft.py recipes/tiny/sft.yaml`, `# accelerate launch ... scripts/grpo.py ...` or
 `# smolalign sft ...`). From that block and the file's place this module reads, without importing any stage:
 
 - the commands the header names (`header_commands`): script stems (`sft`, `run_pretrain`) or `smolalign` command
   names, in order; align/commands.py maps them to its command names;
 - the scale (`scale_of`): the first folder under recipes/, or else the file name's first `_` part, that is one of
-  SCALES (`recipes/tiny/sft.yaml` and `recipes/tiny_sft.yaml` are both tiny);
+  SCALES (`recipes/tiny/sft.yaml` and `recipes/tiny/sft.yaml` are both tiny);
 - the purpose (`purpose_of`): a header line `# purpose: <one line>` when the recipe has one, else the first
   clause of the header's prose (the lines after the command line, up to a blank comment line), clipped to
   PURPOSE_WIDTH characters;

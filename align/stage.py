@@ -146,7 +146,7 @@ def load_model(model_args, name_or_path: str | None = None):
         if not torch.cuda.is_available():
             raise ValueError("load_in_4bit / load_in_8bit (QLoRA) need a CUDA GPU and bitsandbytes; "
                              "on CPU use plain LoRA (use_peft: true) instead")
-        # each rank's own GPU (TRL 1.x dropped get_kbit_device_map; found on an H200)
+        # each rank's own GPU (TRL 1.x has no get_kbit_device_map)
         kwargs.update(quantization_config=quantization, device_map={"": models.local_device()})
     return models.load_model(name_or_path or model_args.model_name_or_path, dtype=model_args.dtype or "auto",
                              attn_implementation=model_args.attn_implementation, **kwargs)

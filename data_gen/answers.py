@@ -57,8 +57,9 @@ class AnswerDataConfig:
     )
     think_template: str | None = field(default=None, metadata={
         "help": "When set, each kept training answer is also written as a /think conversation: the same answer after "
-                "a think block of this text ({prompt} = the request). Held-out rows stay in `mode`. Tried once in the "
-                "135M APO (docs/smol135m/report.md): think-mode chat changed but was not fixed, chat loss rose."})
+                "a think block of this text ({prompt} = the request). Held-out rows stay in `mode`. In SmolLM2-135M's "
+                "APO it changed think-mode chat without fixing it, and chat loss rose "
+                "(docs/research/smol135m/report.md)."})
     seed: int = field(default=0, metadata={"help": "Which rows of each source are drawn."})
     num_test: int = field(default=0, metadata={
         "help": "Kept rows held out to heldout.jsonl (a seeded draw; a name datasets does not read as a split, so "

@@ -22,7 +22,7 @@ How:
   and time. Work goes batch by batch into `output_dir/.work/` (pairs, then a progress line naming the batch's
   prompt ids); a rerun skips finished batches and drops pairs of an unfinished one, so nothing is duplicated.
 
-    python scripts/generate_preferences.py recipes/tiny_preferences.yaml [--max_pairs 200]
+    python scripts/generate_preferences.py recipes/tiny/preferences.yaml [--max_pairs 200]
 """
 
 from __future__ import annotations

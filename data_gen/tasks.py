@@ -197,7 +197,7 @@ def _arithmetic_problem(prompt: str) -> str | None:
 def _word_problem(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     hi = _max_value(difficulty)
-    # one-step problems draw from at least 2..50: at 2..20 they had only a few hundred distinct problems
+    # one-step problems draw from at least 2..50: 2..20 holds only a few hundred distinct problems
     one_step = max(hi, 50)
     kind = rng.randrange(4 if difficulty >= 2 else 3)
     if kind == 0:

@@ -13,8 +13,8 @@ JSON), `calls` (every call, JSON: a list of turns, each a list of calls),
 (an SFT trace: the assistant's call, the tool's reply as a `tool` turn, the answer; the assistant-only loss mask
 trains the calls and the answer, never the tool's reply). In think mode each family reasons in its own words (`PLANS`):
 the first think block states the family's whole plan and each later turn opens differently, so no two families share
-a turn opening that GRPO could pull one family's rollouts along (issue 38: with one shared wording, the chain's second
-turn drifted to the look-up's answer sentence and skipped the calculator).
+a turn opening that GRPO could pull one family's rollouts along (with one shared wording, GRPO drifted
+tool_difference's second turn to the look-up's answer sentence, skipping the calculator).
 
     align.data.loading.load_source("builtin:tool_tasks", split="train", num=400, mode="mixed")
 """

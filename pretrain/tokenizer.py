@@ -4,7 +4,7 @@ Why our own: the tiny models' embedding table dominates their parameter count, s
 trained on the text they will see beats a 49k/128k general-purpose one (fertility report below).
 Digits are split one by one (as in SmolLM2/Llama) so arithmetic is learnable by a tiny model.
 
-How to run: `python scripts/train_tokenizer.py recipes/tiny_tokenizer.yaml` (saves a HF tokenizer dir
+How to run: `python scripts/train_tokenizer.py recipes/tiny/tokenizer.yaml` (saves a HF tokenizer dir
 that loads with `AutoTokenizer.from_pretrained`), or in Python:
 
     tok = train_tokenizer(texts, vocab_size=4096)

@@ -24,7 +24,7 @@ What `train(model_args, config)` does, in order, one function per phase:
 
 Resume is exact: model, optimizer, step, RNG and the data stream's position are restored, so the losses
 after resuming equal those of an uninterrupted run. Distributed: accelerate (DDP, DeepSpeed ZeRO via
-`accelerate launch`). How to run: `accelerate launch scripts/run_pretrain.py recipes/tiny_pretrain.yaml`.
+`accelerate launch`). How to run: `accelerate launch scripts/run_pretrain.py recipes/tiny/pretrain.yaml`.
 """
 
 from __future__ import annotations
@@ -212,8 +212,8 @@ GPU_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12
 
 def peak_flops(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
     """The MFU denominator on the device the model trains on: a GPU's spec-sheet peak when its name is known (half
-    precision; fp32 counts at half of it, TF32), else a measured matmul on that device. (It once measured the CPU's
-    matmul on a GPU machine, so MFU was against the wrong device.)"""
+    precision; fp32 counts at half of it, TF32), else a measured matmul on that device (never the CPU's on
+    a GPU machine: MFU would be against the wrong device)."""
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)

@@ -177,7 +177,7 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
       (``think_format_reward``'s other rules). The default, 3, is the shortest gold trace of our task families
       (arithmetic: ``9 - 7 = 2``); set it to the shortest gold trace of the families trained (the counting families'
       hold 9 words or more; a floor of 8 on all seven scored arithmetic's and word_problem's gold form 0:
-      docs/ablations/smol135m_grpo_words);
+      docs/research/ablations/smol135m_grpo_words);
     - no_think: the no_think form (``no_think_format``): the answer and at most ``max_no_think_words`` words
       around it, no reasoning hidden in markup of any shape.
 
@@ -268,7 +268,7 @@ def mode_math_reward(completions: list, answer: list[str | None], mode: list[str
     The product, not the sum: with ``math_reward + w * mode_format_reward`` a well-formed wrong answer earns ``w``
     on every prompt, more than a right answer that ran out of budget or a half-done tool chain. Tool GRPO on the
     135M model found that: in think mode the policy stopped the two-search chain after one search and answered at
-    once, well-formed and wrong (docs/smol135m/tools.md). Here only a right answer in form pays, so the form is kept
+    once, well-formed and wrong (docs/research/smol135m/tools.md). Here only a right answer in form pays, so the form is kept
     without a reward for giving up.
 
     >>> think = "<think>\nI add the two numbers here.\n</think>\nThe answer is \\boxed{4}."

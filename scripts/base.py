@@ -3,7 +3,7 @@ evaluates it like any other stage and every later stage's "before" is measured, 
 
     python scripts/base.py --model_name_or_path builtin:smollm2-135m-instruct --output_dir outputs/smol135m/base
 
-In a pipeline (recipes/smol135m_pipeline.yaml) it is the first stage: `script: base` with `model_name_or_path`
+In a pipeline (recipes/smol135m/pipeline.yaml) it is the first stage: `script: base` with `model_name_or_path`
 and `output_dir` in its overrides. The weights are saved as loaded (their own dtype), with the tokenizer and its
 chat template, and a `base.json` naming where they came from.
 """

@@ -33,7 +33,7 @@ from benchmarks.machine import IDLE_LOAD, OtherLoad, cpu_model, wait_until_idle
 from align.runtime.memory import keep_freed_memory
 
 SUITES = ["pretrain", "sft", "rollout", "grpo", "grpo_padding", "distill_memory", "grpo_async"]
-# Run by name only: needs the SmolLM2-135M chain's models and ~30 min (not yet measured; issue 23 item 4).
+# Run by name only: they need the SmolLM2-135M pipeline's models and ~30 min.
 EXTRA_SUITES = ["grpo_tta", "vllm_seeding"]
 
 

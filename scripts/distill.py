@@ -1,8 +1,8 @@
 """On-policy distillation (same tokenizer) and GOLD cross-tokenizer distillation.
 
-    python scripts/distill.py recipes/tiny_distill.yaml [--key value ...]
-    python scripts/distill.py recipes/tiny_gold.yaml
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/distill.py recipes/smollm3_distill.yaml
+    python scripts/distill.py recipes/tiny/distill.yaml [--key value ...]
+    python scripts/distill.py recipes/tiny/gold.yaml
+    accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/distill.py recipes/smollm3/distill.yaml
 
 All the work is in align/distill/trainer.py (main); this file wires the recipe to it.
 """

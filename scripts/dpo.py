@@ -1,7 +1,7 @@
 """DPO / APO / IPO preference training: any TRL DPO loss or a weighted list (loss_type + loss_weights).
 
-    python scripts/dpo.py recipes/tiny_apo.yaml [--key value ...]
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/dpo.py recipes/smollm3_apo.yaml
+    python scripts/dpo.py recipes/tiny/apo.yaml [--key value ...]
+    accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/dpo.py recipes/smollm3/apo.yaml
 
 All the work is in align/preference/trainer.py (main); this file wires the recipe to it.
 """

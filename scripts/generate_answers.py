@@ -1,6 +1,6 @@
 """Self-answered conversations for SFT replay: a model's own answers to general prompts (data_gen/answers.py).
 
-    python scripts/generate_answers.py recipes/smol135m_replay.yaml
+    python scripts/generate_answers.py recipes/smol135m/replay.yaml
 
 Output: <output_dir>/train.jsonl ({"messages": [...]}, the SFT shape) and card.json.
 """

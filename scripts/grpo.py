@@ -1,8 +1,8 @@
 """GRPO on verifiable rewards, generation through the shared rollout engine.
 
-    python scripts/grpo.py recipes/tiny_grpo.yaml [--key value ...]
-    python scripts/grpo.py recipes/smol135m_grpo.yaml --rollout_backend vllm
-    accelerate launch scripts/grpo.py recipes/smollm3_grpo.yaml                    # GPU
+    python scripts/grpo.py recipes/tiny/grpo.yaml [--key value ...]
+    python scripts/grpo.py recipes/smol135m/grpo.yaml --rollout_backend vllm
+    accelerate launch scripts/grpo.py recipes/smollm3/grpo.yaml                    # GPU
 
 All the work is in align/grpo/trainer.py (main); this file wires the recipe to it. The `__main__` guard matters:
 vLLM starts worker processes that re-import this module.

@@ -1,6 +1,6 @@
 """KTO preference training. Paired {prompt, chosen, rejected} data is unpaired automatically.
 
-    python scripts/kto.py recipes/tiny_kto.yaml [--key value ...]
+    python scripts/kto.py recipes/tiny/kto.yaml [--key value ...]
 
 All the work is in align/preference/trainer.py (main); this file wires the recipe to it.
 """

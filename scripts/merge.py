@@ -1,7 +1,7 @@
 """Merge models: a soup (uniform or weighted average) of checkpoints, or a linear merge; see align/pipeline/merge.py.
 
-    python scripts/merge.py recipes/smollm3_apo_soup.yaml          # uniform soup of the APO checkpoints
-    python scripts/merge.py recipes/smollm3_merge.yaml             # 0.9 x soup + 0.1 x mid-training, YaRN 128k
+    python scripts/merge.py recipes/smollm3/apo_soup.yaml          # uniform soup of the APO checkpoints
+    python scripts/merge.py recipes/smollm3/merge.yaml             # 0.9 x soup + 0.1 x mid-training, YaRN 128k
     python scripts/merge.py --models a/ b/ --weights 0.9 0.1 --output_dir merged/
 
 The output is an HF model directory (loads with AutoModelForCausalLM and vLLM) with merge_config.yaml beside it.

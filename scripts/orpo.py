@@ -1,6 +1,6 @@
 """ORPO preference training: odds-ratio loss plus NLL, no reference model (needs no SFT stage first).
 
-    python scripts/orpo.py recipes/tiny_orpo.yaml [--key value ...]
+    python scripts/orpo.py recipes/tiny/orpo.yaml [--key value ...]
 
 All the work is in align/preference/trainer.py (main); this file wires the recipe to it.
 """

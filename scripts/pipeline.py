@@ -1,10 +1,10 @@
 """Run a whole pipeline (pretrain -> SFT -> APO -> GRPO -> distillation ...) from one recipe; see align/pipeline/run.py.
 
-    python scripts/pipeline.py recipes/tiny_pipeline.yaml                  # `make demo`: the embedded tiny world
-    python scripts/pipeline.py recipes/tiny_pipeline.yaml --report_only    # rewrite report.md + plots
-    python scripts/pipeline.py recipes/tiny_pipeline.yaml --rerun sft      # run sft (and what depends on it) again
-    python scripts/pipeline.py recipes/tiny_pipeline.yaml --dry_run        # print each stage's command
-    python scripts/pipeline.py recipes/smollm3_pipeline.yaml --num_machines 2 --machine_rank 0 \
+    python scripts/pipeline.py recipes/tiny/pipeline.yaml                  # `make demo`: the embedded tiny world
+    python scripts/pipeline.py recipes/tiny/pipeline.yaml --report_only    # rewrite report.md + plots
+    python scripts/pipeline.py recipes/tiny/pipeline.yaml --rerun sft      # run sft (and what depends on it) again
+    python scripts/pipeline.py recipes/tiny/pipeline.yaml --dry_run        # print each stage's command
+    python scripts/pipeline.py recipes/smollm3/pipeline.yaml --num_machines 2 --machine_rank 0 \
         --main_process_ip 10.0.0.1 --num_processes 16                          # on each machine, its own rank
 
 Re-running after a crash or Ctrl-C skips finished stages and resumes the interrupted one. Everything lands in

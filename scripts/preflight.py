@@ -6,8 +6,8 @@ runs exactly as it would for training (same parsing, same model/data/trainer bui
 (SMOLALIGN_PREFLIGHT_ONLY=1). A failing check prints one line and exits 1. Training is never reached: a stage
 that got to `Trainer.train` without running the preflight is an error here.
 
-    python scripts/preflight.py recipes/tiny_apo.yaml
-    accelerate launch --num_processes 2 scripts/preflight.py recipes/smollm3_sft.yaml
+    python scripts/preflight.py recipes/tiny/apo.yaml
+    accelerate launch --num_processes 2 scripts/preflight.py recipes/smollm3/sft.yaml
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def stage_script(recipe: str) -> Path:
         return script_path(command)
     raise ValueError(
         f"recipe '{recipe}' has no header command naming a stage script; its first line should be a comment such "
-        "as '# python scripts/sft.py recipes/tiny_sft.yaml'"
+        "as '# python scripts/sft.py recipes/tiny/sft.yaml'"
     )
 
 

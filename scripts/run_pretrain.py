@@ -1,8 +1,8 @@
 """Pretrain (or mid-train) a SmolLM3-style base model with our loop, then measure its task skill.
 
-    accelerate launch scripts/run_pretrain.py recipes/tiny_pretrain.yaml
-    accelerate launch scripts/run_pretrain.py recipes/tiny_midtrain.yaml          # continues pretrain_small
-    python scripts/run_pretrain.py recipes/tiny_pretrain.yaml --max_steps 20 --report_to none   # quick look
+    accelerate launch scripts/run_pretrain.py recipes/tiny/pretrain.yaml
+    accelerate launch scripts/run_pretrain.py recipes/tiny/pretrain_reasoning.yaml          # continues pretrain_small
+    python scripts/run_pretrain.py recipes/tiny/pretrain.yaml --max_steps 20 --report_to none   # quick look
 
 After training, every rank checks the skill a base model can show (its share of the questions, then all
 gathered): greedy completions of held-out task questions (data_gen.tasks test split, never in training) in

@@ -1,9 +1,9 @@
 """Supervised fine-tuning with assistant-only loss for any chat template.
 
-    python scripts/sft.py recipes/tiny_sft.yaml [--key value ...]
-    accelerate launch --config_file recipes/accelerate_configs/zero2.yaml --use_deepspeed --num_processes 2 \
-        scripts/sft.py recipes/tiny_sft.yaml                                      # 2 CPU ranks
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/sft.py recipes/smollm3_sft.yaml
+    python scripts/sft.py recipes/tiny/sft.yaml [--key value ...]
+    accelerate launch --config_file recipes/accelerate/zero2.yaml --use_deepspeed --num_processes 2 \
+        scripts/sft.py recipes/tiny/sft.yaml                                      # 2 CPU ranks
+    accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/sft.py recipes/smollm3/sft.yaml
 
 All the work is in align/sft/trainer.py (main); this file wires the recipe to it.
 """

@@ -1,6 +1,6 @@
 """Train our byte-level BPE tokenizer on the pretraining sources and report fertility vs a reference.
 
-    python scripts/train_tokenizer.py recipes/tiny_tokenizer.yaml [--vocab_size 8192]
+    python scripts/train_tokenizer.py recipes/tiny/tokenizer.yaml [--vocab_size 8192]
 
 Writes a HF tokenizer dir (AutoTokenizer-loadable, chat template attached) to `output_dir`, plus
 `report.md`: tokens per word and share of continued words on held-out documents of every source, ours

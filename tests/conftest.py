@@ -90,7 +90,7 @@ def tiny_model():
 
 @pytest.fixture(scope="session")
 def micro(tmp_path_factory):
-    """recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory. It runs with
+    """recipes/tiny/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory. It runs with
     an empty model cache, as on a machine that never ran the project: its GOLD stage is the first to need the
     builtin SmolLM2-135M, which two ZeRO-3 ranks then find unconverted (tests/test_distributed.py checks the log).
     SMOLALIGN_TEST_MICRO=<run_dir> reuses a finished run instead (development only: the distributed tier's checks
@@ -105,9 +105,9 @@ def micro(tmp_path_factory):
     if os.environ.get("SMOLALIGN_TEST_MICRO"):
         return Path(os.environ["SMOLALIGN_TEST_MICRO"])
     root = Path(__file__).resolve().parents[1]
-    configs = root / "recipes" / "accelerate_configs"
+    configs = root / "recipes" / "accelerate"
     tmp = tmp_path_factory.mktemp("micro_zero3")
-    recipe = yaml.safe_load((root / "recipes" / "micro_pipeline.yaml").read_text())
+    recipe = yaml.safe_load((root / "recipes" / "tiny/micro_pipeline.yaml").read_text())
     recipe.update(run_dir=str(tmp / "run"), launcher="accelerate", num_processes=2,
                   accelerate_config=str(configs / "zero3.yaml"))
     (tmp / "micro.yaml").write_text(yaml.safe_dump(recipe))

@@ -20,8 +20,8 @@ step over 32k tokens takes tens of minutes; the ratio between the stages and the
 
     from cpu_substitutions import build, command
     fixtures = build(tmp_path)                               # tiny model + tokenizer + hub mirror
-    argv, env = command("recipes/smollm3_sft.yaml", fixtures, tmp_path / "out")
-    subprocess.run(argv, env=env, check=True)                # python scripts/sft.py recipes/smollm3_sft.yaml --...
+    argv, env = command("recipes/smollm3/sft.yaml", fixtures, tmp_path / "out")
+    subprocess.run(argv, env=env, check=True)                # python scripts/sft.py recipes/smollm3/sft.yaml --...
 
 Every recipe's first line names its script; `command` reads it, so this file needs no list of recipes.
 """

@@ -112,7 +112,7 @@ def test_mean_over_seeds():
 
 
 def _cfg(**kw) -> AblationConfig:
-    base = dict(name="x", base={"script": "apo", "recipe": "recipes/tiny_apo.yaml"},
+    base = dict(name="x", base={"script": "apo", "recipe": "recipes/tiny/apo.yaml"},
                 variants=[{"name": "a", "baseline": True}, {"name": "b", "overrides": {"beta": 0.2}}], seeds=[0, 1])
     base.update(kw)
     return AblationConfig(**base)
@@ -134,13 +134,13 @@ def test_bad_ablation_recipes_are_one_clear_error(kw, message):
 def test_plan_layers_overrides_and_seeds():
     cfg = _cfg(overrides={"max_steps": 3}, variants=[
         {"name": "apo", "baseline": True, "overrides": {"max_steps": 5}},
-        {"name": "kto", "script": "kto", "recipe": "recipes/tiny_kto.yaml"}])
+        {"name": "kto", "script": "kto", "recipe": "recipes/tiny/kto.yaml"}])
     runs = plan(cfg)
     assert [r.name for r in runs] == ["apo-s0", "kto-s0", "apo-s1", "kto-s1"]  # seed-major
     stage = runs[0].pipeline["stages"][0]
     assert stage["overrides"]["max_steps"] == 5 and stage["overrides"]["seed"] == 0  # variant beats the common ones
     kto = runs[3].pipeline["stages"][0]
-    assert kto["script"] == "kto" and kto["recipe"] == "recipes/tiny_kto.yaml" and kto["overrides"]["seed"] == 1
+    assert kto["script"] == "kto" and kto["recipe"] == "recipes/tiny/kto.yaml" and kto["overrides"]["seed"] == 1
     assert kto["overrides"]["max_steps"] == 3 and runs[3].pipeline["tracking_group"] == "x"
 
 
@@ -214,7 +214,7 @@ def micro(tmp_path_factory, tiny_model):
     args = ["--overrides", yaml.safe_dump(overrides, default_flow_style=True).strip(), "--eval_overrides",
             yaml.safe_dump(evals, default_flow_style=True).strip(), "--tracking", "none", "--max_minutes", "null",
             "--variants", "[{name: apo_zero, baseline: true, overrides: {loss_type: [apo_zero]}}, {name: kto, script: "
-            "kto, recipe: recipes/tiny_kto.yaml}]"]
+            "kto, recipe: recipes/tiny/kto.yaml}]"]
     return {"root": root, "args": args}
 
 
@@ -262,7 +262,7 @@ def test_tiny_ablation_killed_mid_run_resumes_and_skips_finished_runs(micro):
     assert kto["num_seeds"] == 2 and kto["vs_baseline"]["num_seeds"] == 2
     assert all(s["num"] == 8 for s in kto["vs_baseline"]["per_seed"])  # paired on the same 8 prompts per seed
     table = (run_dir / "ablation.md").read_text()
-    assert "| **apo_zero** |" in table and "| kto | script kto, recipe recipes/tiny_kto.yaml |" in table
+    assert "| **apo_zero** |" in table and "| kto | script kto, recipe recipes/tiny/kto.yaml |" in table
     assert (run_dir / "plots" / "metric.png").is_file() and (run_dir / "plots" / "curves.png").is_file()
     # every run's stage trained with its own seed and script
     kto_s1 = yaml.safe_load((run_dir / "runs" / "kto-s1" / "configs" / "apo.yaml").read_text())

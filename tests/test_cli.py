@@ -205,7 +205,7 @@ def test_old_key_names_still_load_as_the_new_ones_with_one_warning(recipe, caplo
 
 @pytest.mark.parametrize("world, expected", [(1, 128), (8, 16), (64, 2)])
 def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expected, monkeypatch, tmp_path):
-    """smollm3_sft.yaml states SmolLM3's global batch (128), not an accumulation for one topology: 8 nodes x 8 GPUs
+    """smollm3/sft.yaml states SmolLM3's global batch (128), not an accumulation for one topology: 8 nodes x 8 GPUs
     accumulate 2 steps, one 8-GPU node 16, one process 128, so all train at 128 sequences a step."""
     from types import SimpleNamespace
 
@@ -213,7 +213,7 @@ def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expec
     from align.sft.config import SFTConfig as OurSFTConfig
 
     _, t, _ = parse(ScriptArguments, OurSFTConfig, ModelConfig,
-                    args=[str(ROOT / "recipes" / "smollm3_sft.yaml"), "--output_dir", str(tmp_path / "o")])
+                    args=[str(ROOT / "recipes" / "smollm3/sft.yaml"), "--output_dir", str(tmp_path / "o")])
     assert t.global_batch_size == 128 and t.gradient_accumulation_steps == 128  # this process: one rank
     monkeypatch.setenv("WORLD_SIZE", str(world))  # what the launcher announces to every rank
     args = SimpleNamespace(global_batch_size=t.global_batch_size, per_device_train_batch_size=1,

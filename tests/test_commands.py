@@ -51,7 +51,7 @@ def test_help_lists_every_command(capsys):
 
 def test_an_unknown_command_is_one_error_line(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["gpro", "recipes/tiny_grpo.yaml"])
+        main(["gpro", "recipes/tiny/grpo.yaml"])
     out = capsys.readouterr()
     assert exit_.value.code == 2 and out.out == ""
     assert out.err.splitlines() == [
@@ -129,14 +129,14 @@ def test_recipes_lists_every_recipe_file_with_its_stage_scale_and_purpose(capsys
         if r.kind == "recipe":  # the stage is the command its header runs
             assert stage in COMMANDS, r.path
         assert r.purpose, f"{r.path}: no purpose line"
-    assert listed["recipes/tiny_sft.yaml"] == ["sft", "tiny"]
-    assert listed["recipes/smollm3_long_context_32k.yaml"] == ["pretrain", "smollm3"]
-    assert listed["recipes/accelerate_configs/zero3.yaml"] == ["accelerate", "any"]
+    assert listed["recipes/tiny/sft.yaml"] == ["sft", "tiny"]
+    assert listed["recipes/smollm3/long_context_32k.yaml"] == ["pretrain", "smollm3"]
+    assert listed["recipes/accelerate/zero3.yaml"] == ["accelerate", "any"]
 
 
 def test_recipes_filters_by_stage_and_scale_and_refuses_an_unknown_word(capsys):
     assert main(["recipes", "grpo", "tiny"]) == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["recipes/tiny_grpo.yaml"]
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["recipes/tiny/grpo.yaml"]
     with pytest.raises(SystemExit):
         main(["recipes", "grp"])
     assert "nothing is filed under 'grp'; did you mean 'grpo'?" in capsys.readouterr().err
@@ -146,7 +146,7 @@ def test_recipes_filters_by_stage_and_scale_and_refuses_an_unknown_word(capsys):
     "layout, head, expected",
     [  # where a file lives and what its header says -> (stage, scale), in today's flat layout or in folders
         (("tiny", "sft.yaml"), "# python scripts/sft.py recipes/tiny/sft.yaml\n# SFT of x.\n", ("sft", "tiny")),
-        (("smollm3_pretrain.yaml",), "# accelerate launch --num_processes 8 scripts/run_pretrain.py r.yaml\n",
+        (("smollm3/pretrain.yaml",), "# accelerate launch --num_processes 8 scripts/run_pretrain.py r.yaml\n",
          ("pretrain", "smollm3")),
         (("ablations", "smol135m_pairs.yaml"), "# python scripts/ablate.py r.yaml\n", ("ablate", "smol135m")),
         (("smol135m", "apo.yaml"), "# smolalign dpo recipes/smol135m/apo.yaml\n", ("dpo", "smol135m")),
@@ -198,7 +198,7 @@ SFT = COMMANDS["sft"]
         (["r.yaml", "--gradient_accumulation_steps", "4", "--num_processes", "2"], ["--num_processes", "2"],
          ["r.yaml", "--gradient_accumulation_steps", "4"]),
         (["r.yaml", "--accelerate_config", "ddp", "--num_processes", "2"],
-         ["--config_file", str(RECIPES / "accelerate_configs" / "ddp.yaml"), "--num_processes", "2"], ["r.yaml"]),
+         ["--config_file", str(RECIPES / "accelerate" / "ddp.yaml"), "--num_processes", "2"], ["r.yaml"]),
         (["r.yaml", "--num_processes", "2", "--help"], [], ["r.yaml", "--num_processes", "2", "--help"]),
     ],
 )
@@ -244,7 +244,7 @@ def test_smolalign_sft_on_two_ranks(form, tiny_sft_recipe, tmp_path):
     [project.scripts]), and `smolalign sft ... --num_processes 2 --accelerate_config ddp`."""
     out = tmp_path / "sft"
     stage = ["sft", str(tiny_sft_recipe), "--max_steps", "2", "--output_dir", str(out)]
-    launch = ["--config_file", str(RECIPES / "accelerate_configs" / "ddp.yaml"), "--num_processes", "2",
+    launch = ["--config_file", str(RECIPES / "accelerate" / "ddp.yaml"), "--num_processes", "2",
               "--main_process_port", str(free_port())]
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", *launch]
     if form == "module":

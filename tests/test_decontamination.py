@@ -171,7 +171,7 @@ def test_the_pipeline_hands_every_training_stage_its_eval_sets(tmp_path):
                "overrides": {"output_dir": "${run_dir}/grpo", "decontamination": "refuse"},
                "eval_overrides": {"gen_sets": ["tasks:8"]}},
               {"name": "answers", "script": "generate_answers", "recipe": str(tmp_path / "gen.yaml")}]
-    cfg = PipelineConfig(stages=stages, run_dir=str(tmp_path / "run"), eval_recipe=str(ROOT / "recipes/tiny_eval.yaml"),
+    cfg = PipelineConfig(stages=stages, run_dir=str(tmp_path / "run"), eval_recipe=str(ROOT / "recipes/tiny/eval.yaml"),
                          tracking="none")
     sft, grpo, answers = resolve_stages(cfg)
     path = sft.config["decontamination_eval_sets"]

@@ -770,7 +770,7 @@ def test_the_smollm3_pipeline_places_its_teacher_where_the_launch_allows(monkeyp
     from align.distill import trainer as distill
     from align.pipeline.plan import ROOT as REPO_ROOT
 
-    pipeline = yaml.safe_load((REPO_ROOT / "recipes" / "smollm3_pipeline.yaml").read_text())
+    pipeline = yaml.safe_load((REPO_ROOT / "recipes" / "smollm3/pipeline.yaml").read_text())
     stages = [s for s in pipeline["stages"] if s["script"] == "distill"]
     assert stages
     for s in stages:

@@ -29,11 +29,11 @@ from launching import free_port
 from launching import launch_env as _env
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "recipes" / "accelerate_configs"
+CONFIGS = ROOT / "recipes" / "accelerate"
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 def launch(script: str, *args: str, config: str = "zero3", nproc: int = 2, timeout: int = 400):
-    """`accelerate launch --config_file recipes/accelerate_configs/<config>.yaml --num_processes <nproc> script ...`"""
+    """`accelerate launch --config_file recipes/accelerate/<config>.yaml --num_processes <nproc> script ...`"""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
            "--num_processes", str(nproc), "--main_process_port", str(free_port()), script, *map(str, args)]
     return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
@@ -63,7 +63,7 @@ def losses(output_dir: Path) -> list[float]:
 
 
 # ----------------------------------------------------------------------------------------------- the models
-# `micro` (conftest.py): recipes/micro_pipeline.yaml under ZeRO-3 on 2 ranks, shared with the kill tier.
+# `micro` (conftest.py): recipes/tiny/micro_pipeline.yaml under ZeRO-3 on 2 ranks, shared with the kill tier.
 
 
 def test_micro_pipeline_under_zero3_on_two_ranks(micro):
@@ -255,7 +255,7 @@ def test_sft_lora_under_zero3_saves_the_merged_model(micro, tmp_path):
 @pytest.mark.parametrize("stage", ["kto", "orpo"])
 def test_kto_and_orpo_under_zero3(micro, tmp_path, stage):
     out = tmp_path / stage
-    ok(launch(f"scripts/{stage}.py", ROOT / "recipes" / f"tiny_{stage}.yaml", "--model_name_or_path", micro / "sft",
+    ok(launch(f"scripts/{stage}.py", ROOT / "recipes" / "tiny" / f"{stage}.yaml", "--model_name_or_path", micro / "sft",
               "--dataset_name", micro / "preferences", "--dataset_args", "null", "--output_dir", out, "--max_steps", "2",
               "--per_device_train_batch_size", "2", "--max_length", "128", "--report_to", "none",
               "--save_strategy", "no", "--eval_strategy", "no", "--learning_rate", "1e-3"))
@@ -456,7 +456,7 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
 
 
 def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path):
-    args = [ROOT / "recipes" / "tiny_distill.yaml", "--model_name_or_path", micro / "midtrain",
+    args = [ROOT / "recipes" / "tiny/distill.yaml", "--model_name_or_path", micro / "midtrain",
             "--teacher_model_name_or_path", micro / "sft_strong", "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_completion_length", "16", "--max_length", "128", "--distill_eval_max_new_tokens", "16",
             "--eval_num_prompts", "6", "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1",
@@ -480,7 +480,7 @@ def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path)
 def launch_distill_rounds(micro, tmp_path, out, *args):
     """tests/workers/distill_rounds.py on 2 ZeRO-3 ranks: rejection sampling from the micro SFT model (its own
     teacher), 16 mixed-mode prompts, 2 steps; `args` add to or override the recipe's."""
-    return launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny_distill.yaml",
+    return launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny/distill.yaml",
                   "--model_name_or_path", micro / "sft", "--teacher_model_name_or_path", micro / "sft",
                   "--loss", "rejection_sampling", "--teacher_best_of", "2", "--max_steps", "2",
                   "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
@@ -517,7 +517,7 @@ def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, 
 
 
 def test_teacher_thinks_under_zero3_shows_the_teacher_think_prompts_and_the_student_learns_conclusions(micro, tmp_path):
-    """`teacher_thinks` (recipes/smol135m_distill.yaml) the way users launch it, on 2 ZeRO-3 ranks
+    """`teacher_thinks` (recipes/smol135m/distill.yaml) the way users launch it, on 2 ZeRO-3 ranks
     (tests/workers/distill_rounds.py's oracle answers each prompt in the mode it was shown): every prompt the teacher
     samples, training and held-out, carries /think; the student learns its no_think prompts (flag kept) with the
     conclusion alone and its think prompts with the reasoning."""
@@ -553,7 +553,7 @@ def test_teacher_thinks_under_zero3_shows_the_teacher_think_prompts_and_the_stud
 
 
 def test_evaluation_on_two_ranks_equals_one_process(micro, tmp_path):
-    args = [ROOT / "recipes" / "tiny_eval.yaml", "--model_name_or_path", micro / "sft", "--loss_num_texts", "6",
+    args = [ROOT / "recipes" / "tiny/eval.yaml", "--model_name_or_path", micro / "sft", "--loss_num_texts", "6",
             "--mc_sets", "tasks:5", "--gen_sets", "tasks:5", "--max_new_tokens", "8", "--backend", "hf",
             "--suites", "loss", "mc", "generative"]
     ok(python("scripts/evaluate.py", *args, "--output_dir", tmp_path / "one"))
@@ -640,7 +640,7 @@ def test_launches_a_stage_cannot_honour_end_in_one_line(micro, tmp_path):
 
 
 def test_multi_node_pipeline_without_an_address_is_refused(tmp_path):
-    proc = python("scripts/pipeline.py", ROOT / "recipes" / "micro_pipeline.yaml", "--num_machines", "2",
+    proc = python("scripts/pipeline.py", ROOT / "recipes" / "tiny/micro_pipeline.yaml", "--num_machines", "2",
                   "--run_dir", tmp_path / "run", timeout=60)
     assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "main_process_ip" in error_lines(proc)[0]
     assert not (tmp_path / "run").exists()
@@ -650,5 +650,5 @@ def test_multi_node_pipeline_without_an_address_is_refused(tmp_path):
 def test_fsdp2_runs_on_gpus():
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("FSDP needs CUDA GPUs: accelerate runs an FSDP config as plain DDP on a CPU, so a CPU run "
-                    "would prove nothing (recipes/accelerate_configs/fsdp2.yaml is for GPU machines)")
-    ok(launch("scripts/sft.py", ROOT / "recipes" / "tiny_sft.yaml", "--max_steps", "2", config="fsdp2"))
+                    "would prove nothing (recipes/accelerate/fsdp2.yaml is for GPU machines)")
+    ok(launch("scripts/sft.py", ROOT / "recipes" / "tiny/sft.yaml", "--max_steps", "2", config="fsdp2"))

@@ -346,8 +346,8 @@ def test_real_tiny_models_through_the_rollout_engine(tmp_path, tok):
 def test_tiny_preferences_recipe_parses():
     from align.cli import parse
 
-    path = Path(__file__).resolve().parents[1] / "recipes" / "tiny_preferences.yaml"
-    assert path.read_text().startswith("# python scripts/generate_preferences.py recipes/tiny_preferences.yaml")
+    path = Path(__file__).resolve().parents[1] / "recipes" / "tiny/preferences.yaml"
+    assert path.read_text().startswith("# python scripts/generate_preferences.py recipes/tiny/preferences.yaml")
     script, cfg = parse(ScriptArguments, PreferenceDataConfig, args=[str(path)])
     assert (cfg.method, cfg.strong_model, cfg.weak_model) == ("strong_weak", "outputs/tiny/sft_strong", "outputs/tiny/sft")
     assert script.dataset_name == "builtin:tasks" and cfg.prompt_mode == "think" and cfg.temperature == 0.0

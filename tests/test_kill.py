@@ -137,7 +137,7 @@ def _command(micro: Path, stage: str, out: Path) -> list[str]:
         return [sys.executable, "scripts/grpo.py", str(configs / "grpo.yaml"), *_trl_args(out), "--rollout_backend",
                 engine, "--eval_after", "false", *extra]
     if stage == "distill":
-        return [sys.executable, "scripts/distill.py", str(ROOT / "recipes" / "tiny_distill.yaml"),
+        return [sys.executable, "scripts/distill.py", str(ROOT / "recipes" / "tiny/distill.yaml"),
                 "--model_name_or_path", str(micro / "midtrain"), "--teacher_model_name_or_path",
                 str(micro / "sft_strong"), "--per_device_train_batch_size", "2", "--max_completion_length", "16",
                 "--max_length", "128", "--eval_after", "false", "--dataset_args", "{num: 32, mode: mixed, seed: 0}",
@@ -148,7 +148,7 @@ def _command(micro: Path, stage: str, out: Path) -> list[str]:
 def _launched(cmd: list[str], config: str) -> list[str]:
     """`python scripts/x.py ...` as `accelerate launch --config_file <config>.yaml --num_processes 2 ...`."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-            str(ROOT / "recipes" / "accelerate_configs" / f"{config}.yaml"), "--num_processes", "2",
+            str(ROOT / "recipes" / "accelerate" / f"{config}.yaml"), "--num_processes", "2",
             "--main_process_port", str(free_port()), *cmd[1:]]
 
 

@@ -158,7 +158,7 @@ def test_chunked_logits_hold_a_fraction_of_the_whole_batch_peak_memory():
 def test_long_context_recipes_chunk_the_logits_and_checkpoint_the_layers():
     import yaml
 
-    for name in ("smollm3_long_context_32k.yaml", "smollm3_long_context_64k.yaml"):
+    for name in ("smollm3/long_context_32k.yaml", "smollm3/long_context_64k.yaml"):
         recipe = yaml.safe_load(open(os.path.join(ROOT, "recipes", name)).read())
         assert recipe["loss_chunk_tokens"] and recipe["gradient_checkpointing"] is True, name
         assert recipe.get("attn_implementation", "auto") == "auto", name

@@ -1,7 +1,7 @@
 """align/pipeline/run.py + align/pipeline/report.py: references, skip/resume, manifest, report; the micro pipeline end to end.
 
 Most tests run fake stage scripts (a few lines of Python that write checkpoints and a "model"), so the
-pipeline's own logic is tested in seconds; the slow test runs recipes/micro_pipeline.yaml for real.
+pipeline's own logic is tested in seconds; the slow test runs recipes/tiny/micro_pipeline.yaml for real.
 """
 
 import json
@@ -124,7 +124,7 @@ def test_a_broken_accelerate_config_is_one_line_at_start(fake, tmp_path, text, m
 def test_shipped_accelerate_configs_pass_the_check():
     from align.pipeline.plan import check_accelerate_config
 
-    shipped = sorted((ROOT / "recipes" / "accelerate_configs").glob("*.yaml"))
+    shipped = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
     assert len(shipped) >= 4
     for path in shipped:
         check_accelerate_config(str(path))
@@ -410,7 +410,7 @@ def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     assert proc.returncode == 1 and "no manifest" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["tiny_pipeline.yaml", "micro_pipeline.yaml", "smollm3_pipeline.yaml", "smol135m_pipeline.yaml"])
+@pytest.mark.parametrize("name", ["tiny/pipeline.yaml", "tiny/micro_pipeline.yaml", "smollm3/pipeline.yaml", "smol135m/pipeline.yaml"])
 def test_pipeline_recipes_parse_and_reference_real_stages(name):
     (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / name)])
     names = [s["name"] for s in cfg.stages]
@@ -438,14 +438,14 @@ def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert AutoTokenizer.from_pretrained(out).chat_template == AutoTokenizer.from_pretrained(src).chat_template
     assert json.loads((out / "base.json").read_text())["model_name_or_path"] == str(src)
-    stages = resolve_stages(parse(PipelineConfig, args=[str(ROOT / "recipes/smol135m_pipeline.yaml")])[0])
+    stages = resolve_stages(parse(PipelineConfig, args=[str(ROOT / "recipes/smol135m/pipeline.yaml")])[0])
     by_name = {s.name: s for s in stages}  # the chain starts at base; SFT trains the base model
     assert stages[0].script == "base" and by_name["sft"].parent == "base" and stages[0].makes_model
 
 
 @pytest.mark.slow
 def test_micro_pipeline_end_to_end(micro):
-    """recipes/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2 ZeRO-3
+    """recipes/tiny/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2 ZeRO-3
     ranks, shared with the distributed and kill tiers; one process per stage is what every stage's own tests and
     the pipeline tests above launch). Every stage done and recorded (commit, time, command), each stage the recipe
     evaluates evaluated, a report; the same command again skips every stage."""
@@ -454,7 +454,7 @@ def test_micro_pipeline_end_to_end(micro):
     m = json.loads((micro / "manifest.json").read_text())
     stages = m["stages"]
     assert len(stages) >= 10 and [s["status"] for s in stages] == ["done"] * len(stages)
-    recipe_stages = yaml.safe_load((ROOT / "recipes" / "micro_pipeline.yaml").read_text())["stages"]
+    recipe_stages = yaml.safe_load((ROOT / "recipes" / "tiny/micro_pipeline.yaml").read_text())["stages"]
     wanted = [s["name"] for s in recipe_stages if s.get("eval", True) and s["script"] not in NO_MODEL]
     assert wanted and [s["name"] for s in stages if "eval" in s] == wanted  # every stage the recipe evaluates
     assert all("loss/tasks" in s["metrics"] and "acc/tasks/think" in s["metrics"] for s in stages if s["name"] in wanted)
@@ -490,7 +490,7 @@ def test_the_slurm_template_requeues_a_job_stopped_by_sigterm_only(tmp_path, pip
         stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1",
            "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
-    job = subprocess.run(["bash", str(ROOT / "recipes" / "slurm" / "smolalign.slurm"), "recipes/smol135m_pipeline.yaml"],
+    job = subprocess.run(["bash", str(ROOT / "recipes" / "slurm" / "smolalign.slurm"), "recipes/smol135m/pipeline.yaml"],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert job.returncode == pipeline_rc, job.stderr
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
@@ -505,7 +505,7 @@ def test_a_follower_machine_waits_for_the_leaders_evaluation_not_only_the_marker
     from align.runtime.checkpoint import write_json_atomic
 
     out = tmp_path / "sft"
-    cfg = PipelineConfig(run_dir=str(tmp_path), eval_recipe="recipes/tiny_eval.yaml")
+    cfg = PipelineConfig(run_dir=str(tmp_path), eval_recipe="recipes/tiny/eval.yaml")
     stage = Stage(name="sft", script="sft", recipe=None, overrides={}, config={"output_dir": str(out)})
     manifest = tmp_path / "manifest.json"
     write_json_atomic(manifest, {"stages": [{"name": "sft", "status": "running"}]})

@@ -188,10 +188,10 @@ def test_preference_round_settings_fail_before_round_1_trains(tiny, tmp_path):
     config is the recipe's with the previous round's model, its own output dir, the seed moved on and the overrides."""
     from align.preference.rounds import check, pairs_config
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smol135m_preferences.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "smol135m/preferences.yaml"
     model = ModelConfig(model_name_or_path=tiny["model"])
     cases = [({}, r"needs round_pairs_recipe"),
-             ({"round_pairs_recipe": "recipes/tiny_preferences.yaml"}, r"must use method: graded"),
+             ({"round_pairs_recipe": "recipes/tiny/preferences.yaml"}, r"must use method: graded"),
              ({"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_sample": 4}},
               r"unknown key 'num_sample' in round_pairs_overrides; did you mean 'num_samples'\?"),
              ({"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_samples": "six"}},
@@ -249,11 +249,11 @@ def test_cli_missing_chosen_column_is_one_line(tiny, tmp_path, capsys):
 @pytest.mark.parametrize(
     "recipe, cls, expect",
     [
-        ("tiny_apo", DPOConfig, {"loss_type": ["apo_zero"]}),
-        ("tiny_kto", KTOConfig, {"loss_type": "kto"}),
-        ("tiny_orpo", ORPOConfig, {}),
+        ("tiny/apo", DPOConfig, {"loss_type": ["apo_zero"]}),
+        ("tiny/kto", KTOConfig, {"loss_type": "kto"}),
+        ("tiny/orpo", ORPOConfig, {}),
         # the published recipe (alignment-handbook recipes/smollm3/dpo/apo.yaml)
-        ("smollm3_apo", DPOConfig, {"loss_type": ["apo_zero"], "beta": 0.05, "learning_rate": 1e-6,
+        ("smollm3/apo", DPOConfig, {"loss_type": ["apo_zero"], "beta": 0.05, "learning_rate": 1e-6,
                                     "num_train_epochs": 1, "max_length": 24576, "max_grad_norm": 0.2}),
     ],
 )

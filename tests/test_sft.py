@@ -221,7 +221,7 @@ def test_two_process_zero2_on_cpu(tiny, tmp_path):
     recipe = tmp_path / "zero2.yaml"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(RECIPES / "accelerate_configs" / "zero2.yaml"), "--num_processes", "2",
+           str(RECIPES / "accelerate" / "zero2.yaml"), "--num_processes", "2",
            str(ROOT / "scripts" / "sft.py"), str(recipe)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -20,7 +20,7 @@ from cpu_substitutions import build, command, overrides, script_of
 from align.data.hub import MIRROR_ENV, load_split
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted(p for p in (ROOT / "recipes").glob("smollm3_*.yaml") if p.stem != "smollm3_pipeline")
+RECIPES = sorted(p for p in (ROOT / "recipes" / "smollm3").glob("*.yaml") if p.stem != "pipeline")
 TRAINING = [p for p in RECIPES if script_of(p) != "merge"]
 
 
@@ -90,7 +90,7 @@ def test_the_smollm3_pipeline_runs_end_to_end_on_two_cpu_ranks(fixtures, tmp_pat
 
     from cpu_substitutions import pipeline_config
 
-    config = pipeline_config(ROOT / "recipes" / "smollm3_pipeline.yaml", fixtures, tmp_path / "run", ranks=2)
+    config = pipeline_config(ROOT / "recipes" / "smollm3/pipeline.yaml", fixtures, tmp_path / "run", ranks=2)
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     _, env = command(RECIPES[0], fixtures, tmp_path / "unused")

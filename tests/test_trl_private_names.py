@@ -8,7 +8,8 @@ starts to touch a private name it does not declare:
 - every declared method exists on the base class with the declared parameters (names and defaults, in order);
 - every declared attribute is still assigned or read by the base class's own code;
 - every private name of the base (a method it defines or an attribute it assigns) that our modules touch
-  (`self._x`, `trainer._x`, `super()._x`, or a method of ours named like one of the base's) is declared.
+  (`self._x`, `trainer._x`, `super()._x`, or a method of ours named like one of the base's) is declared;
+- a private method of the base is overridden only in the declaring module (one per trainer).
 
 Run: pytest tests/test_trl_private_names.py -q   (a few seconds: imports only)
 """
@@ -105,7 +106,8 @@ def test_declared_private_attributes_are_still_the_librarys(case):
     module_name, base, _ = _bases()[case]
     module = importlib.import_module(module_name)
     source = base_source(base)
-    gone = [a for a in getattr(module, "TRL_PRIVATE_ATTRIBUTES", ()) if not re.search(rf"\b{a}\b", source)]
+    names = [*getattr(module, "TRL_PRIVATE_ATTRIBUTES", ()), *getattr(module, "TRL_FLAGS", {})]
+    gone = [a for a in names if not re.search(rf"\bself\.{a}\b", source)]
     assert not gone, f"{module_name} reads attributes {base.__name__}'s code no longer has: {gone}"
 
 
@@ -124,6 +126,18 @@ def test_every_private_name_we_touch_is_declared(case):
     undeclared = {n: where for n, where in touched.items() if n not in declared}
     assert not undeclared, (f"private names of {base.__name__} touched but not declared in {module_name}'s "
                             f"TRL_PRIVATE_METHODS / TRL_PRIVATE_ATTRIBUTES: {undeclared}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_private_overrides_live_in_the_declaring_module(case):
+    """A private method of the base is overridden in one module per trainer (the one that declares it), so that an
+    upgrade of the library is checked in one place; the parts the trainer is built from offer plain methods."""
+    module_name, base, paths = _bases()[case]
+    private = base_private_names(base)
+    home = module_name.replace(".", "/") + ".py"
+    elsewhere = {f"{path}: {m.group(1)}" for path, text in our_code(paths).items() if path != home
+                 for m in re.finditer(r"^\s+def (_[a-z]\w*)\(self", text, re.M) if m.group(1) in private}
+    assert not elsewhere, f"private methods of {base.__name__} overridden outside {home}: {sorted(elsewhere)}"
 
 
 def test_a_changed_signature_is_caught():

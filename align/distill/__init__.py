@@ -1,7 +1,7 @@
 """Distillation: on-policy (same tokenizer) and GOLD cross-tokenizer, behind one `main()`.
 
-    python scripts/distill.py recipes/tiny_distill.yaml     # same tokenizer: sft_strong -> midtrain
-    python scripts/distill.py recipes/tiny_gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
+    python scripts/distill.py recipes/tiny/distill.yaml     # same tokenizer: sft_strong -> midtrain
+    python scripts/distill.py recipes/tiny/gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
 
 The modules, in import order: config.py (DistillConfig, beside the stage as TRL keeps `*_config.py`), loss.py (the
 divergence over chunks of positions, without batch x length x vocabulary logits), metrics.py (held-out divergence

@@ -18,7 +18,7 @@ after round 1; its student with `start` is round 1's) reads those greedy answers
 Resume: a round whose `round-<k>/distill_eval.json` exists is done (it is written after the model is saved) and is
 skipped; a round cut short resumes from its own checkpoints, as a one-round stage does.
 
-    python scripts/distill.py recipes/smol135m_distill.yaml --rejection_rounds 2
+    python scripts/distill.py recipes/smol135m/distill.yaml --rejection_rounds 2
 """
 
 from __future__ import annotations

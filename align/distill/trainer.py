@@ -39,8 +39,8 @@ align/distill/metrics.py; this module holds the trainer, the engine adapter and 
 of align/stage.py in their order.
 
 How to run:
-    python scripts/distill.py recipes/tiny_distill.yaml     # same tokenizer: sft_strong -> midtrain
-    python scripts/distill.py recipes/tiny_gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
+    python scripts/distill.py recipes/tiny/distill.yaml     # same tokenizer: sft_strong -> midtrain
+    python scripts/distill.py recipes/tiny/gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ TRL_PRIVATE_ATTRIBUTES = (
     "vllm_generation",
     "vllm_sync_frequency",
 )
+# TRL's public flags we set to choose its code paths, and why (checked the same way: TRL must still read them).
+TRL_FLAGS = {"use_vllm": "GOLD samples the student through `vllm_generation`, which our sampler stands in for"}
 
 
 
@@ -344,7 +346,7 @@ def check_teacher_placement(args: DistillConfig) -> None:
     if is_zero3() and (args.teacher_device or args.teacher_quantization):
         raise ValueError("teacher_device / teacher_quantization place the teacher on one device, which DeepSpeed "
                          "ZeRO-3 (it shards the teacher like the student) cannot do: drop them, or launch with "
-                         "recipes/accelerate_configs/zero2.yaml or ddp.yaml")
+                         "recipes/accelerate/zero2.yaml or ddp.yaml")
     ranks = launched_world_size()
     if args.teacher_device and ranks > 1:
         raise ValueError(f"teacher_device={args.teacher_device} would put all {ranks} ranks' teachers on that one GPU: "

@@ -78,8 +78,8 @@ def paired_over_seeds(runs: Sequence[tuple[Sequence[float], Sequence[float]]], a
     under three seeds is one prompt, not three), and seeds that disagree widen the interval instead of averaging into
     a confident verdict. With seeds that agree (tau^2 = 0) it is the pooled McNemar test's normal form
     (`pooled_p_value`, the exact one, is reported too). `verdict`: better / worse (p < alpha) or within noise.
-    (Inverse-variance weights per seed were tried first: a seed where one or two prompts changed gets a near-zero
-    variance and outweighs the others.)
+    (Not inverse-variance weights per seed: a seed where one or two prompts changed would get a near-zero variance
+    and outweigh the others.)
     Simulated nulls (tests/test_ablation.py, 3 seeds x 128 prompts): 4.6% false verdicts when seeds differ only by
     item noise; with a real seed-to-seed spread (each model's logit moved by N(0, 0.3), about +-5 points) 12%,
     where pooling every (prompt, seed) pair as independent gives 21%: more seeds, fewer surprises. A +10-point

@@ -1,6 +1,6 @@
 r"""Evaluation suites that run on any checkpoint (an HF model directory, a hub id or builtin:NAME).
 
-    python scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path outputs/tiny/sft
+    python scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path outputs/tiny/sft
 
 Why: the pipeline evaluates after every stage, so the report can show base -> mid -> SFT -> APO -> GRPO ->
 GOLD side by side, each stage moving the metric it targets. The suites (`suites` in the recipe):

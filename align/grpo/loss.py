@@ -60,9 +60,11 @@ def log_importance_metrics(trainer, ratio: torch.Tensor, trainer_logps: torch.Te
 
 
 class LossPassImportanceSampling:
-    """Mixed into a trl.GRPOTrainer subclass: when generation and optimisation are aligned, TRL's generate-and-score
-    runs without its old-log-prob pass (`_score`), and the ratio is built from the loss pass's own log-probs, before
-    TRL's loss reads it. `defer_importance_sampling = False` keeps TRL's pass (the tests compare both)."""
+    """A part of align.grpo.trainer.GRPOTrainer: when generation and optimisation are aligned, TRL's
+    generate-and-score runs without its old-log-prob pass (`_score`), and the ratio is built from the loss pass's own
+    log-probs (`expect_importance`, then `loss_pass_logps`), before TRL's loss reads it. The trainer's `_compute_loss`
+    and `_get_per_token_logps_and_entropies` call these. `defer_importance_sampling = False` keeps TRL's pass (the
+    tests compare both)."""
 
     defer_importance_sampling = True
     _pending_importance: dict | None = None
@@ -82,14 +84,12 @@ class LossPassImportanceSampling:
         finally:
             self.vllm_importance_sampling_correction = True
 
-    def _compute_loss(self, model, inputs):
+    def expect_importance(self, inputs) -> None:
+        """Before TRL's loss pass: when the ratio is to come from this pass (aligned generation), remember the batch
+        so that the policy's log-prob pass below fills `importance_sampling_ratio` before TRL's loss reads it."""
         if (self.use_vllm and self.vllm_importance_sampling_correction and "importance_sampling_ratio" not in inputs
                 and inputs.get("sampling_per_token_logps") is not None):
-            self._pending_importance = inputs  # filled by the policy's log-prob pass below, before TRL reads it
-        try:
-            return super()._compute_loss(model, inputs)
-        finally:
-            self._pending_importance = None
+            self._pending_importance = inputs
 
     def _padding_free(self, args: tuple, kwargs: dict) -> bool:
         """`padding_free: true` and a text-only batch (images and their fields take TRL's padded path)."""
@@ -103,7 +103,10 @@ class LossPassImportanceSampling:
         with packed_attention(self.accelerator.unwrap_model(model)):  # the backward's recomputed forwards too
             return super().training_step(model, inputs, *args, **kwargs)
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+    def loss_pass_logps(self, trl_logps, model, input_ids, attention_mask, logits_to_keep, args, kwargs):
+        """The policy's per-token log-probs (and entropies): TRL's pass (`trl_logps`) or, with `padding_free`, one
+        row of real tokens per chunk of rows, with the LM head on the completion tokens only; then, when expected
+        (`expect_importance`), the importance ratio from these log-probs, detached."""
         with compact_lm_head():  # the LM head on the completion tokens only, on a CPU too (align/modeling/lm_head.py)
             if self._padding_free(args, kwargs):  # one row of real tokens per chunk of rows (align/grpo/packing.py)
                 size = kwargs.get("batch_size") or input_ids.size(0)
@@ -117,8 +120,7 @@ class LossPassImportanceSampling:
                 logps = torch.cat([p[0] for p in parts])
                 out = (logps, torch.cat([p[1] for p in parts]) if kwargs.get("compute_entropy") else None, None)
             else:
-                out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                                 *args, **kwargs)
+                out = trl_logps(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         inputs, self._pending_importance = self._pending_importance, None
         if inputs is not None:
             logps, sampled = out[0].detach(), inputs["sampling_per_token_logps"]

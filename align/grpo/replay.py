@@ -98,7 +98,7 @@ def replay_nll(model, rows: list[dict], pad_id: int) -> torch.Tensor:
 
 
 class ReplayLoss:
-    """GRPOTrainer mixin: loss + replay_coef x the replay rows' NLL, on training micro-batches."""
+    """GRPOTrainer part: loss + replay_coef x the replay rows' NLL, on training micro-batches (`with_replay`)."""
 
     _replay_at: tuple[int, int] = (-1, -1)
 
@@ -116,8 +116,9 @@ class ReplayLoss:
         rows = self._replay_rows
         return [rows[(slot * size + i) % len(rows)] for i in range(size)]
 
-    def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
+    def with_replay(self, model, loss: torch.Tensor) -> torch.Tensor:
+        """The training loss plus `replay_coef` x the NLL of this micro-batch's replay rows (logged as
+        `replay/nll`); the loss alone without replay rows or outside training. Called by the trainer's loss pass."""
         if self.args.replay_data is None or not model.training:
             return loss
         tok = self.processing_class

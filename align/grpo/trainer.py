@@ -17,9 +17,9 @@ hardest problems. We configure TRL's trainer and add what it leaves out:
   paired test on those same prompts (`paired`: gained, lost, McNemar p-value; `align.eval.statistics.paired_change`).
 
 How to run:
-    python scripts/grpo.py recipes/tiny_grpo.yaml
-    python scripts/grpo.py recipes/tiny_grpo.yaml --rollout_backend vllm --dynamic_sampling true
-    accelerate launch scripts/grpo.py recipes/smollm3_grpo.yaml            # GPU
+    python scripts/grpo.py recipes/tiny/grpo.yaml
+    python scripts/grpo.py recipes/tiny/grpo.yaml --rollout_backend vllm --dynamic_sampling true
+    accelerate launch scripts/grpo.py recipes/smollm3/grpo.yaml            # GPU
 """
 
 from __future__ import annotations
@@ -76,6 +76,15 @@ TRL_PRIVATE_ATTRIBUTES = (
     "_tokenizer",  # the processing class TRL resolved
     "_last_loaded_step",  # TRL's weight-sync step, kept in step with our engine's under tool use
 )
+# TRL's public flags we set to choose its code paths, and why (checked the same way: TRL must still read them).
+TRL_FLAGS = {
+    # TRL applies its engine/trainer correction wherever it believes vLLM sampled: on while our engine samples
+    # another distribution than the trainer's forward (`_update_importance_sampling`)
+    "use_vllm": "importance sampling with the engine's log-probs",
+    "vllm_mode": "'server': TRL never builds a colocated vLLM engine of its own",
+    # off around TRL's generate-and-score when the ratio is built from the loss pass (align/grpo/loss.py `_score`)
+    "vllm_importance_sampling_correction": "no extra no-grad pass for the old log-probs",
+}
 
 
 class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampling, trl.GRPOTrainer):
@@ -172,6 +181,21 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
             knobs.update(trl_sampling(self.args, self.sampler.backend if self.sampler else self.args.rollout_backend))
         return SamplingParams(**knobs)
 
+    def _generate(self, prompts):
+        return self.tool_generation(super()._generate(prompts))  # tools: rewards read the policy's text
+
+    @property
+    def _last_loaded_step(self):
+        """TRL syncs its own vLLM before a rollout_func when the step moved; with tools ours syncs in
+        align.tools.grpo.tool_rollout (TRL's own vLLM path, `rollout_backend: trl`, keeps TRL's bookkeeping)."""
+        if self.tool_loop is not None:
+            return self.state.global_step
+        return self.__dict__.get("_trl_last_loaded_step", -1)
+
+    @_last_loaded_step.setter
+    def _last_loaded_step(self, value):
+        self.__dict__["_trl_last_loaded_step"] = value
+
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if self.sampler is None:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
@@ -210,7 +234,21 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
                 logprobs.append(lps)
         return completion_ids, (logprobs if self.importance_sampling else None)
 
-    # -- dynamic sampling ---------------------------------------------------------------------------------------
+    # -- the loss pass (align/grpo/loss.py, align/grpo/replay.py) -------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        self.expect_importance(inputs)  # the ratio from this pass's own log-probs, when generation is aligned
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            self._pending_importance = None
+        return self.with_replay(model, loss)  # + replay_coef x the replay rows' NLL
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        return self.loss_pass_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
+                                    logits_to_keep, args, kwargs)
+
+    # -- rewards and dynamic sampling ------------------------------------------------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)

@@ -62,7 +62,7 @@ class AblationConfig:
     also_report: list[str] = field(default_factory=list, metadata={
         "help": "More metrics in the table, each with its own paired verdict (e.g. acc/tasks/no_think)."})
     metric_stage: str | None = field(default=None, metadata={"help": "The stage whose metric counts (default: last)."})
-    eval_recipe: str | None = field(default="recipes/tiny_eval.yaml", metadata={
+    eval_recipe: str | None = field(default="recipes/tiny/eval.yaml", metadata={
         "help": "Eval recipe run after each run's stages: the same prompts for every variant and seed."})
     eval_overrides: dict | None = field(default=None, metadata={"help": "Keys overriding the eval recipe."})
     run_dir: str | None = field(default=None, metadata={"help": "Where runs and results go (outputs/ablations/<name>)."})

@@ -17,7 +17,7 @@ MergeKit 0.1.5 installs beside our pins (`pip install --dry-run mergekit` adds o
 merges SmolLM3 (it infers the architecture); `backend: mergekit` runs it instead of the few lines here, and
 tests/test_merge.py checks the two agree. How to run:
 
-    python scripts/merge.py recipes/smollm3_merge.yaml
+    python scripts/merge.py recipes/smollm3/merge.yaml
     python scripts/merge.py --models 'outputs/smollm3/apo/checkpoint-*' --output_dir outputs/smollm3/apo_soup
 """
 

@@ -58,7 +58,7 @@ class PipelineConfig:
                   "accelerate_config or num_processes > 1 (one plain process needs no launcher: saves ~5-10 s a stage)."},
     )
     eval_recipe: str | None = field(
-        default="recipes/tiny_eval.yaml", metadata={"help": "Eval recipe run after each model stage (null: none)."}
+        default="recipes/tiny/eval.yaml", metadata={"help": "Eval recipe run after each model stage (null: none)."}
     )
     eval_overrides: dict | None = field(default=None, metadata={"help": "Keys overriding the eval recipe."})
     eval_script: str = field(default="scripts/evaluate.py", metadata={"help": "The evaluation entry point."})
@@ -76,7 +76,7 @@ class PipelineConfig:
     dry_run: bool = field(default=False, metadata={"help": "Resolve and print the commands; run nothing."})
     accelerate_config: str | None = field(
         default=None, metadata={"help": "accelerate config for every stage that names none (e.g. "
-                                "recipes/accelerate_configs/zero3.yaml)."},
+                                "recipes/accelerate/zero3.yaml)."},
     )
     num_processes: int | None = field(
         default=None, metadata={"help": "Processes per launch, over all machines, for every stage that names none."}
@@ -295,7 +295,7 @@ def check_accelerate_config(path: str, where: str = "") -> None:
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.utils import DistributedType
 
-    fix = "fix it or start from one of recipes/accelerate_configs/*.yaml"
+    fix = "fix it or start from one of recipes/accelerate/*.yaml"
     if not Path(path).is_file():
         raise FileNotFoundError(f"{where}accelerate_config '{path}' not found")
     try:

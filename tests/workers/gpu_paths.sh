@@ -2,7 +2,7 @@
 # The GPU-only branches, run on a CUDA machine (not in CI: CI has no GPU). From the repository root:
 #     bash tests/workers/gpu_paths.sh MODELS_DIR OUT_DIR
 # MODELS_DIR holds the micro pipeline's outputs (configs/, midtrain/, sft/, apo/: `python scripts/pipeline.py
-# recipes/micro_pipeline.yaml`). Checks: (1) SFT with Liger kernels trains with the loss of the run without them;
+# recipes/tiny/micro_pipeline.yaml`). Checks: (1) SFT with Liger kernels trains with the loss of the run without them;
 # (2) FSDP2 (accelerate, fsdp2.yaml, one GPU) pushes full tensors (`DTensor.full_tensor()`) to a rollout engine
 # with its own copy, and the saved model equals the gathered weights; (3) evaluation on the GPU; (4) the vLLM engine
 # on CUDA: call seeds and an fp32 LM head (see below); (5) bitsandbytes: QLoRA SFT and an 8-bit distillation teacher.
@@ -34,7 +34,7 @@ compare_losses sft_plain sft_liger
 grep -i -m3 "liger" "$OUT/sft_liger.log"
 fi
 if on 2; then
-$t $PY -m accelerate.commands.launch --config_file recipes/accelerate_configs/fsdp2.yaml --num_processes 1 tests/workers/grpo_sync.py \
+$t $PY -m accelerate.commands.launch --config_file recipes/accelerate/fsdp2.yaml --num_processes 1 tests/workers/grpo_sync.py \
     "$OUT/fsdp" "$M/configs/grpo.yaml" --model_name_or_path "$M/apo" --output_dir "$OUT/fsdp/train" --bf16 true \
     --save_strategy no --learning_rate 1e-3 --report_to none --rollout_backend hf --rollout_kwargs '{dtype: bfloat16}' \
     > "$OUT/fsdp.log" 2>&1; echo "fsdp2 rc $?"
@@ -43,7 +43,7 @@ fi
 if on 3; then
 # (3) per-stage evaluation on the GPU (issue 40): the evaluated model lands on cuda:LOCAL_RANK, and a vLLM engine's
 # context holds a 4,096-token answer beside its prompt (truncated share must stay low with max_new_tokens 4096)
-$t $PY scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
+$t $PY scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
     --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --modes no_think --max_new_tokens 4096 \
     --rollout_backend "${EVAL_BACKEND:-vllm}" > "$OUT/eval.log" 2>&1; echo "eval rc $?"
 $PY -c "import json,sys; r=json.load(open(sys.argv[1])); print('eval device', r['device'], 'truncated', r['metrics'].get('truncated/tasks/no_think'))" "$OUT/eval/eval_results.json"
@@ -68,7 +68,7 @@ out = sys.argv[1]
 m = AutoModelForCausalLM.from_pretrained(f"{out}/sft_qlora")
 print("qlora saved model dtype", m.dtype, "quantized", hasattr(m.config, "quantization_config"))
 PY
-$t $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_path "$M/midtrain" --teacher_model_name_or_path \
+$t $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/midtrain" --teacher_model_name_or_path \
     "$M/sft_strong" --output_dir "$OUT/distill_8bit" --max_steps 3 --logging_steps 1 --save_steps 3 --report_to none \
     --bf16 true --per_device_train_batch_size 2 --max_completion_length 16 --max_length 128 --eval_num_prompts 4 \
     --distill_eval_max_new_tokens 16 --dataset_args "{num: 32, mode: mixed, seed: 0}" --teacher_quantization 8bit \

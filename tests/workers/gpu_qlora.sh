@@ -20,7 +20,7 @@ SmolLM3ForCausalLM(config).save_pretrained(sys.argv[1]); tok.save_pretrained(sys
 PY
 for kind in lora qlora; do
   extra=(); [ $kind = qlora ] && extra=(--load_in_4bit true)
-  timeout -s INT -k 15 "${STAGE_TIMEOUT:-150}" $PY scripts/sft.py recipes/tiny_sft.yaml --model_name_or_path "$OUT/model" \
+  timeout -s INT -k 15 "${STAGE_TIMEOUT:-150}" $PY scripts/sft.py recipes/tiny/sft.yaml --model_name_or_path "$OUT/model" \
     --output_dir "$OUT/$kind" --max_steps 4 --logging_steps 1 --save_steps 4 --eval_strategy no --eval_after false \
     --dataset_args "{num: 64, mode: mixed, seed: 0}" --use_peft true --lora_r 8 --lora_alpha 16 --learning_rate 1e-3 \
     --report_to none "${extra[@]}" > "$OUT/$kind.log" 2>&1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every stage once on a CUDA GPU, one process, bf16, a few steps (not in CI: CI has no GPU). From the repo root:
 #     bash tests/workers/gpu_stages.sh MODELS_DIR OUT_DIR
-# MODELS_DIR holds the micro pipeline's outputs (`python scripts/pipeline.py recipes/micro_pipeline.yaml`; its
+# MODELS_DIR holds the micro pipeline's outputs (`python scripts/pipeline.py recipes/tiny/micro_pipeline.yaml`; its
 # configs/ name the models by the absolute paths they had there). Each line says what ran and what it computed;
 # a stage that fails prints the end of its log. Then tests/workers/gpu_paths.sh for Liger, FSDP2 and evaluation.
 set -uo pipefail
@@ -37,7 +37,7 @@ run grpo_padding_free $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$
     --padding_free true
 run grpo_async $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_async" $trl --rollout_backend hf \
     --async_generation true --max_staleness 1
-run distill $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_path "$M/midtrain" \
+run distill $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/midtrain" \
     --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill" $trl --per_device_train_batch_size 2 \
     --max_completion_length 16 --max_length 128 --eval_num_prompts 4 --distill_eval_max_new_tokens 16 \
     --dataset_args "{num: 32, mode: mixed, seed: 0}"
@@ -47,7 +47,7 @@ run grpo_replay $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/gr
 run grpo_replay_pf $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_replay_pf" $trl --rollout_backend hf \
     --replay_data builtin:tasks --replay_args "{num: 16, mode: mixed, seed: 1}" --replay_coef 0.2 --padding_free true
 # the rejection-sampling teacher: its best-of-n answers sampled on the GPU (the teacher loaded to the CPU before)
-run distill_rejection $PY scripts/distill.py recipes/tiny_distill.yaml --model_name_or_path "$M/midtrain" \
+run distill_rejection $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/midtrain" \
     --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill_rejection" $trl \
     --per_device_train_batch_size 2 --loss rejection_sampling --teacher_best_of 8 --temperature 1.0 \
     --max_completion_length 32 --max_length 160 --eval_num_prompts 16 --distill_eval_max_new_tokens 32 \
@@ -56,7 +56,7 @@ grep -h -o "teacher on [a-z:0-9]*\|verified answer for [0-9]* of [0-9]*\|replay/
 run preferences $PY scripts/generate_preferences.py "$M/configs/preferences.yaml" --output_dir "$OUT/preferences" \
     --rollout_backend hf
 grep -h -o "hf engine: .* loaded on [a-z:0-9]*" "$OUT/preferences.log" | head -1
-run evaluate $PY scripts/evaluate.py recipes/tiny_eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
+run evaluate $PY scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path "$M/sft" --output_dir "$OUT/eval" \
     --suites loss mc generative --mc_sets tasks:8 --gen_sets tasks:8 --max_new_tokens 32 --backend hf
 $PY - "$OUT" <<'PY'
 import json, sys, os

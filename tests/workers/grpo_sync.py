@@ -8,7 +8,7 @@ After training it checks, on whole weights gathered from every rank:
   4. which log-prob passes ran (with or without gradients) and the importance-sampling metrics logged.
 Rank 0 writes what it saw to <out>/result.json.
 
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml --num_processes 2 \
+    accelerate launch --config_file recipes/accelerate/zero3.yaml --num_processes 2 \
         tests/workers/grpo_sync.py OUT RECIPE [--key value ...]
 """
 

@@ -4,7 +4,7 @@ sampling's merged batch (every group has signal, so it keeps the same rows). The
 completion tokens. Rank 0 writes each run's per-rank losses and token counts, and how far the two runs' trained
 weights (gathered from every rank) differ and moved, to <out>/result.json.
 
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml --num_processes 2 \
+    accelerate launch --config_file recipes/accelerate/zero3.yaml --num_processes 2 \
         tests/workers/grpo_token_mean.py OUT MODEL_DIR
 """
 
