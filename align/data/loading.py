@@ -150,10 +150,14 @@ def _load_optional(spec: str, split: str | None, args: dict) -> datasets.Dataset
 HELD_OUT_SPLITS = ("validation", "test")
 
 
-def load_held_out(spec: str, split: str | None, args: dict) -> datasets.Dataset | None:
+def load_held_out(spec: str, split: str | None, args: dict, cap: int | None = None) -> datasets.Dataset | None:
     """The split of `spec` a stage holds out: `split` when named, else the first of HELD_OUT_SPLITS the source
     has (builtin:tasks and builtin:tool_tasks: `validation`, whose problems neither the eval suite's dev split nor
-    the sealed test split holds); None when it has none."""
+    the sealed test split holds); None when it has none. `cap` (max_eval_samples) caps a builtin's `num` too: a
+    builtin makes its rows in a fixed order, so the first rows of a larger set are the same rows, and a held-out
+    split need not hold as many rows as the training split asks for."""
+    if cap is not None and spec.startswith(BUILTIN_PREFIX) and isinstance(args.get("num"), int):
+        args = {**args, "num": min(args["num"], cap)}
     for name in [split] if split else HELD_OUT_SPLITS:
         found = _load_optional(spec, name, args)
         if found is not None:
@@ -285,7 +289,7 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
         if e.get("config"):
             args["config"] = e["config"]
         train = load_source(spec, split=e.get("split", default_train), **args)
-        test = load_held_out(spec, e.get("test_split", default_test), args)
+        test = load_held_out(spec, e.get("test_split", default_test), args, getattr(script_args, "max_eval_samples", None))
         if test is None and test_size:
             # Split each source before sampling, so a repeated training row can never also be a test row.
             train, test = _split_off(train, test_size, seed + i, f"dataset_mixture.datasets[{i}] ({spec})")
@@ -324,10 +328,9 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
 def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str]]:
     """The held-out split of each source a stage's data keys name (`dataset_name` + `dataset_args`,
     `dataset_config`, `dataset_test_split`, or `dataset_mixture`), read without their training splits: {spec: the
-    first `max_eval_samples` rows of its own held-out split (`load_held_out`)}. A source without one is left out (a
-    `test_split_size` split needs the training rows: the stage checks its own). A builtin's `num` is capped at
-    `max_eval_samples` too: a builtin makes its rows in a fixed order, so the first rows of a larger set are the same
-    rows. Returns (found, the specs of local paths not made yet)."""
+    first `max_eval_samples` rows of its own held-out split (`load_held_out`)}, as the stage reads it. A source
+    without one is left out (a `test_split_size` split needs the training rows: the stage checks its own). Returns
+    (found, the specs of local paths not made yet)."""
     cap = config.get("max_eval_samples")
     default_test = config.get("dataset_test_split")
     if config.get("dataset_mixture"):
@@ -342,10 +345,8 @@ def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str
         entries = []
     out, missing = {}, []
     for spec, args, split in entries:
-        if cap is not None and spec.startswith(BUILTIN_PREFIX) and isinstance(args.get("num"), int):
-            args = {**args, "num": min(args["num"], cap)}
         try:
-            test = _cap(load_held_out(spec, split, args), cap)
+            test = _cap(load_held_out(spec, split, args, cap), cap)
         except FileNotFoundError:
             missing.append(spec)
             continue
@@ -385,7 +386,8 @@ def get_dataset(script_args) -> datasets.DatasetDict:
         if getattr(script_args, "dataset_config", None):
             args.setdefault("config", script_args.dataset_config)
         train = load_source(spec, split=getattr(script_args, "dataset_train_split", None) or "train", **args)
-        test = load_held_out(spec, getattr(script_args, "dataset_test_split", None), args)
+        test = load_held_out(spec, getattr(script_args, "dataset_test_split", None), args,
+                             getattr(script_args, "max_eval_samples", None))
         test_size = getattr(script_args, "test_split_size", None)
         if test is None and test_size:
             train, test = _split_off(train, test_size, _seed(script_args), f"dataset_name={spec}")
