@@ -6,7 +6,10 @@ Why: the SmolLM3 paper's table (base -> mid -> SFT -> APO -> GRPO) is how one se
 the metric it targets. Input: `<run_dir>/manifest.json` (align/pipeline/run.py). Output: `<run_dir>/report.md`
 and `<run_dir>/plots/`: `loss_curves.png` (the training loss of each stage over its steps, read from the
 HF Trainer's `trainer_state.json` log_history or pretrain's `metrics.json` history), `grpo.png` (reward and
-mean completion length over GRPO steps), `metrics_per_stage.png` (headline metrics across stages).
+mean completion length over GRPO steps), `metrics_per_stage.png` (headline metrics across stages), and
+`<run_dir>/outcomes/` (every evaluation's per-item outcomes, align/pipeline/outcome_files.py). Beside the dev numbers
+of every stage: the sealed test of the final model and its SFT model, each task family's best trivial rule, and the
+real items (GSM8K, HellaSwag, TruthfulQA) judged stage by stage.
 """
 
 from __future__ import annotations
