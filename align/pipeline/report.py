@@ -586,9 +586,9 @@ def outcome_lines(files: list[dict], stages: list[dict], manifest: dict) -> list
         return []
     lines = [f"- `{f['file']}`: {f['stage']}, {f['what']}" for f in files]
     have = {f["file"] for f in files}
-    examples = []
+    examples, by_name = [], {s["name"]: s for s in stages}
     for s in stages:
-        parent = s.get("parent")
+        parent = (evaluated_parent(s, by_name)[0] or {}).get("name")
         mine, theirs = f"outcomes/{s['name']}.jsonl", f"outcomes/{parent}.jsonl"
         if parent and mine in have and theirs in have:
             examples.append(f"python scripts/compare.py {theirs} {mine}   # {s['name']} against {parent}")
