@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from align.eval.statistics import paired_change
+
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _WORD = re.compile(r"[A-Za-z]+")
 _MAX_WORDS = re.compile(r"\b(largest|biggest|greatest|highest|most|maximum|max)\b", re.IGNORECASE)
@@ -160,8 +162,6 @@ def baseline_verdicts(model: Sequence[float], baseline: Sequence[float], familie
     """The model against its families' baselines on the same items: per family the two accuracies and the exact
     McNemar test (`gained`: items the model answers and the rule does not); `beats` when the model is better at
     p < 0.05. {"families": {family: {...}}, "beaten": how many families it beats, "num_families"}."""
-    from align.eval.statistics import paired_change
-
     if not len(model) == len(baseline) == len(families):
         raise ValueError(f"baseline_verdicts: {len(model)} model outcomes, {len(baseline)} baseline outcomes and "
                          f"{len(families)} families: they must be the same items")
