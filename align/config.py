@@ -39,6 +39,12 @@ class ScriptArguments(trl.ScriptArguments):
             "(a hub-shaped repo too) or builtin:NAME."
         },
     )
+    dataset_test_split: str | None = field(
+        default=None,
+        metadata={"help": "The split the stage holds out (its own before/after checks, early stopping, preference "
+                  "accuracy). Unset: the source's `validation` split when it has one, else its `test` split; our task "
+                  "families' validation split shares no problem with the eval suite's dev split or the sealed test."},
+    )
     test_split_size: float | None = field(
         default=None,
         metadata={"help": "Hold out this fraction (or number) of rows as the test split when the source has none."},

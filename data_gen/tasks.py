@@ -11,9 +11,11 @@ Row shape (shared convention): {"prompt", "answer", "family", "think", "reward"}
 
 Splits are decided by the problem, never by the wording: each family defines its canonical problem (what stays
 when names, items, the letter asked about, direction and order are stripped: `TaskFamily.canonical`), and a hash
-of the family and that problem puts it in `train` (80%), `dev` (10%: every choice, ablations, stage targets, early
-stopping) or `test` (10%: sealed, evaluated once at the end). The buckets are fixed forever (`SPLIT_BUCKETS`), so
-no problem of one split appears in another, whatever the seed, the number of rows, the difficulty or the words.
+of the family and that problem puts it in `train` (70%), `validation` (10%: the stages' own held-out sets, early
+stopping), `dev` (10%: the eval suite's, every choice between models: stage targets, ablations) or `test` (10%:
+sealed, evaluated once at the end of a chain). The buckets are fixed (`SPLIT_BUCKETS`), so no problem of one split
+appears in another, whatever the seed, the number of rows, the difficulty or the words; the stages' held-out sets
+(validation) and the eval suite's (dev) never share a problem either.
 `problem_space(family, difficulty)` says how many distinct problems a family has (below `SMALL_SPACE`: small).
 
 How to use:
@@ -40,10 +42,10 @@ import datasets
 from align.data.decontamination import register_problems
 from align.data.sources import register_builtin
 
-SPLITS = ("train", "dev", "test")
-# Buckets (of 100) of the hash of (family, canonical problem) each split owns. Fixed forever: moving a bucket would
-# move problems between splits and void every result measured on them.
-SPLIT_BUCKETS = {"test": range(0, 10), "dev": range(10, 20), "train": range(20, 100)}
+SPLITS = ("train", "validation", "dev", "test")
+# Buckets (of 100) of the hash of (family, canonical problem) each split owns. Fixed: moving a bucket would move
+# problems between splits and void every result measured on them.
+SPLIT_BUCKETS = {"test": range(0, 10), "dev": range(10, 20), "validation": range(20, 30), "train": range(30, 100)}
 # A family with fewer distinct problems than this at a difficulty is small: its test split holds under 100, and a
 # training set of a few thousand rows repeats each of its training problems.
 SMALL_SPACE = 1000
@@ -541,9 +543,10 @@ def make_tasks(
     split: str = "train",
     seed: int = 0,
     difficulty: int | dict[str, int] = 1,
+    exclude: set[tuple[str, str]] | frozenset = frozenset(),
 ) -> list[dict]:
-    """`num` rows drawn round-robin from `families` (default: all our own), only problems of `split` (train, dev
-    or test).
+    """`num` rows drawn round-robin from `families` (default: all our own), only problems of `split` (train,
+    validation, dev or test), none of the (family, problem key) pairs in `exclude`.
 
     Deterministic under `seed`; prompts are unique within the result. `difficulty` is one int for all
     families or a {family: int} dict (missing families get 1).
@@ -564,7 +567,10 @@ def make_tasks(
         # dev and test are ~10% of the space each, so ~10 misses per hit is normal; thousands mean it is exhausted
         for _ in range(5000):
             prompt, answer, think = fams[k].sample(rngs[k], levels[k])
-            if prompt not in seen and split_of(names[k], prompt) == split:
+            if prompt in seen:
+                continue
+            key = problem_key(names[k], prompt)
+            if split_for(names[k], key) == split and (names[k], key) not in exclude:
                 break
         else:
             raise ValueError(f"family {names[k]!r} at difficulty {levels[k]} has too few distinct {split} "
@@ -610,6 +616,30 @@ def _mode_of(row: dict, mode: str, seed: int) -> str:
     return mode
 
 
+def _families(families: list[str] | str | None) -> list[str] | None:
+    if isinstance(families, str):
+        return [f.strip() for f in families.split(",") if f.strip()]
+    return families
+
+
+# The arguments of builtin:tasks that decide which problems its rows hold (`mode` only formats them).
+PROBLEM_ARGS = ("families", "num", "seed", "difficulty")
+
+
+def training_problems(args: dict | list[dict] | None) -> set[tuple[str, str]]:
+    """The (family, problem key) pairs of the training rows that builtin:tasks makes with each of `args` (its
+    `dataset_args`: families, num, seed, difficulty; other keys, such as mode, do not change the problems)."""
+    out: set[tuple[str, str]] = set()
+    for i, one in enumerate([args] if isinstance(args, dict) else list(args or [])):
+        if not isinstance(one, dict):
+            raise ValueError(f"exclude_problems_of[{i}] must be a mapping of builtin:tasks arguments (the other "
+                             f"stage's dataset_args, e.g. {{num: 6000, seed: 0}}), got {one!r}")
+        kept = {k: v for k, v in one.items() if k in PROBLEM_ARGS}
+        kept["families"] = _families(kept.get("families"))
+        out |= {(r["family"], problem_key(r["family"], r["prompt"])) for r in make_tasks(**kept, split="train")}
+    return out
+
+
 def tasks_dataset(
     split: str | None = "train",
     families: list[str] | str | None = None,
@@ -617,13 +647,19 @@ def tasks_dataset(
     seed: int = 0,
     difficulty: int | dict[str, int] = 1,
     mode: str = "think",
+    exclude_problems_of: dict | list[dict] | None = None,
 ):
-    """`builtin:tasks` source: task rows + `messages` (SFT) + `prompt_messages` (GRPO / pair generation)."""
+    """`builtin:tasks` source: task rows + `messages` (SFT) + `prompt_messages` (GRPO / pair generation).
+
+    `exclude_problems_of`: the `dataset_args` of other builtin:tasks training sets (another stage's) whose problems
+    this set's training rows must not share: GRPO's prompts drawn apart from SFT's, by problem, still `num` of them.
+    Only the train split is drawn apart; the held-out splits share no problem with any training set anyway."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if isinstance(families, str):
-        families = [f.strip() for f in families.split(",") if f.strip()]
-    rows = make_tasks(families, num=num, split=split or "train", seed=seed, difficulty=difficulty)
+    families = _families(families)
+    split = split or "train"
+    exclude = training_problems(exclude_problems_of) if split == "train" else frozenset()
+    rows = make_tasks(families, num=num, split=split, seed=seed, difficulty=difficulty, exclude=exclude)
     for row in rows:
         m = _mode_of(row, mode, seed)
         row["messages"] = to_messages(row, m)

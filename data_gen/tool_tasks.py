@@ -52,9 +52,9 @@ PLANS = {
 _ANY_FAMILY = ("", ("Now I use the replies in the next call.",) * 8, "From the tool's reply, the answer is {answer}.")
 # What `families` unset gives (the 135M tool chain's data); tool_difference, the harder chain, is asked for by name.
 DEFAULT_FAMILIES = ["tool_arithmetic", "tool_count", "tool_lookup"]
-# Buckets (of 100) of the hash of (family, canonical problem) each split owns, fixed forever. A fifth is test (not a
-# tenth as in data_gen.tasks): tool_lookup has 240 places, and its held-out sets need about 180 questions.
-TOOL_SPLIT_BUCKETS = {"test": range(0, 20), "dev": range(20, 30), "train": range(30, 100)}
+# Buckets (of 100) of the hash of (family, canonical problem) each split owns, fixed. A fifth is test (not a tenth
+# as in data_gen.tasks): tool_lookup has 240 places, and its sealed test set needs about 180 questions.
+TOOL_SPLIT_BUCKETS = {"test": range(0, 20), "dev": range(20, 30), "validation": range(30, 40), "train": range(40, 100)}
 
 
 def _arithmetic(rng: random.Random) -> tuple[str, str, str, dict]:
@@ -142,8 +142,8 @@ def split_of(family: str, prompt: str) -> str:
 
 
 def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: int = 0) -> list[dict]:
-    """`num` rows cycling over the families (unset: DEFAULT_FAMILIES), of one split (train, dev or test: disjoint
-    problems, TOOL_SPLIT_BUCKETS)."""
+    """`num` rows cycling over the families (unset: DEFAULT_FAMILIES), of one split (train, validation, dev or test:
+    disjoint problems, TOOL_SPLIT_BUCKETS)."""
     families = list(families or DEFAULT_FAMILIES)
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:

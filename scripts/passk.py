@@ -3,7 +3,7 @@
     python scripts/passk.py --model_name_or_path builtin:smollm2-135m-instruct --num_per_family 32 --k 8
     python scripts/passk.py --model_name_or_path outputs/smol135m/sft --families arithmetic sort --mode no_think
 
-Each family's held-out prompts (`data_gen.tasks`, test split) are answered greedily once and sampled `k` times at
+Each family's held-out prompts (`data_gen.tasks`, the dev split: where choices are made, never the sealed test) are answered greedily once and sampled `k` times at
 `temperature`, through the shared rollout engine; answers are checked by each row's verifier (align.eval.statistics).
 Prints a table (greedy accuracy with its 95% interval, pass@1 and pass@k of the samples, mean length) and writes
 <output_dir>/passk.json. GRPO has a signal only where a group of k samples holds both right and wrong answers.
@@ -31,6 +31,8 @@ class PassKConfig:
     model_name_or_path: str = field(default="", metadata={"help": "Checkpoint: HF model dir, hub id or builtin:NAME."})
     families: list[str] | None = field(default=None, metadata={"help": "Task families (default: all of ours)."})
     num_per_family: int = field(default=32, metadata={"help": "Held-out prompts per family."})
+    split: str = field(default="dev", metadata={
+        "help": "The task split the prompts come from: dev (choices, e.g. GRPO's family) or validation."})
     k: int = field(default=8, metadata={"help": "Samples per prompt for pass@k."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for the k samples."})
     mode: str = field(default="no_think", metadata={"help": "think or no_think (the system flag of the prompts)."})
@@ -50,6 +52,9 @@ class PassKConfig:
             raise ValueError(f"rollout_backend={self.rollout_backend!r}; choose from {list(BACKENDS)}")
         if self.k < 1 or self.num_per_family < 1:
             raise ValueError(f"k={self.k} and num_per_family={self.num_per_family} must be >= 1")
+        if self.split not in ("dev", "validation"):
+            raise ValueError(f"split={self.split!r}: choose dev or validation (the sealed test split is evaluated once, "
+                             "at the end of a chain, never to choose)")
         if self.mode not in ("think", "no_think"):
             raise ValueError(f"mode={self.mode!r}: choose think or no_think")
 
@@ -61,7 +66,7 @@ def main(cfg: PassKConfig) -> dict:
     report: dict = {"model": cfg.model_name_or_path, "mode": cfg.mode, "k": cfg.k, "temperature": cfg.temperature,
                     "families": {}}
     for family in cfg.families or DEFAULT_FAMILIES:
-        rows = make_tasks([family], num=cfg.num_per_family, split="test", seed=cfg.seed)
+        rows = make_tasks([family], num=cfg.num_per_family, split=cfg.split, seed=cfg.seed)
         messages = []
         for r in rows:
             m = prompt_messages(r, cfg.mode)

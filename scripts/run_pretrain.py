@@ -5,7 +5,7 @@
     python scripts/run_pretrain.py recipes/tiny/pretrain.yaml --max_steps 20 --report_to none   # quick look
 
 After training, every rank checks the skill a base model can show (its share of the questions, then all
-gathered): greedy completions of held-out task questions (data_gen.tasks test split, never in training) in
+gathered): greedy completions of held-out task questions (data_gen.tasks validation split, never in training) in
 the pretraining text form "Question: ...\\nAnswer:", through the shared engine, checked by the one scorer
 (`align.eval.statistics`: the row's verifier scores >= 1). Rank 0 writes `<output_dir>/skill.json` and prints the
 accuracy with its 95% interval (per family; chance is ~0 for these open-ended answers).
@@ -65,7 +65,7 @@ def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments)
     barrier()  # every rank reads the saved model: wait until it is written
 
     families = [f.strip() for f in skill.skill_families.split(",") if f.strip()] or None
-    rows = make_tasks(families, num=skill.skill_eval_num, split="test", seed=1234)
+    rows = make_tasks(families, num=skill.skill_eval_num, split="validation", seed=1234)
     with zero3_init_disabled():  # each rank scores its share with a whole copy of the saved model
         model = AutoModelForCausalLM.from_pretrained(cfg.output_dir, dtype=torch.float32).to(eval_device())
     tokenizer = AutoTokenizer.from_pretrained(cfg.output_dir)

@@ -144,6 +144,16 @@ def test_plan_layers_overrides_and_seeds():
     assert kto["overrides"]["max_steps"] == 3 and runs[3].pipeline["tracking_group"] == "x"
 
 
+def test_an_ablation_chooses_on_dev_and_refuses_the_sealed_test_unless_asked_by_name():
+    runs = plan(_cfg())
+    assert all(r.pipeline["sealed_test"] is False for r in runs)  # its runs never open the sealed test split
+    with pytest.raises(ValueError, match="variant 'a', stage 'apo': eval_split='test' evaluates the sealed test "
+                                         "split.*allow_sealed_test: true"):
+        plan(_cfg(eval_overrides={"eval_split": "test"}))
+    asked = plan(_cfg(eval_overrides={"eval_split": "test"}, allow_sealed_test=True))
+    assert len(asked) == 4
+
+
 def test_a_variant_removes_keys_its_script_does_not_take(tmp_path):
     """ORPO has no loss_type: the variant's copy of the base recipe drops it, and the check passes."""
     from align.pipeline.ablation import check

@@ -17,6 +17,7 @@ from hub_fixtures import chat_rows, write_repo
 from align import stage
 from align.data.decontamination import BOILERPLATE, decontaminate, problems_of, prompt_texts, tokens
 from align.data.loading import load_source
+from align.eval.suite import real_items
 from align.pipeline.plan import PipelineConfig, resolve_stages
 from align.pipeline.report import decontamination_lines
 from data_gen.tasks import make_tasks
@@ -27,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def eval_sets() -> dict[str, list[dict]]:
-    gsm = load_source("builtin:gsm8k").select(range(10))
-    return {"eval:gen/tasks": make_tasks(num=70, split="test", seed=0),
+    gsm = real_items("gsm8k", 10, "dev")  # what the eval suite scores by default: the dev split
+    return {"eval:gen/tasks": make_tasks(num=70, split="dev", seed=0),
             "eval:gen/gsm8k": [{"prompt": q} for q in gsm["question"]]}
 
 
@@ -135,7 +136,7 @@ def test_boilerplate_is_no_evidence_and_the_check_is_linear():
 
 def test_a_stage_checks_its_rows_against_the_pipelines_sets_and_its_own_held_out_split(tmp_path, eval_sets):
     plants = planted(eval_sets)
-    held_out = make_tasks(num=30, split="test", seed=4)  # what a later stage holds out
+    held_out = make_tasks(num=30, split="validation", seed=4)  # what a later stage holds out
     own = make_tasks(num=1, split="dev", seed=9)[0]["prompt"]  # this stage's own held-out row, trained on too
     rows = [_user(p) for p in [*plants.values(), held_out[0]["prompt"], own, *clean(40)]]
     repo = write_repo(tmp_path / "org" / "sft", {"default": {"train": rows, "test": [_user(own)]}})

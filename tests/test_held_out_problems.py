@@ -20,7 +20,7 @@ import yaml
 from align.eval.suite import EvalConfig, eval_items
 from align.pipeline.ablation import AblationConfig, plan
 from align.pipeline.plan import PipelineConfig, read_yaml, resolve_stages
-from data_gen.tasks import make_tasks, problem_key
+from data_gen.tasks import make_tasks, problem_key, training_problems
 from data_gen.tool_tasks import canonical_problem as tool_problem
 from data_gen.tool_tasks import make_tool_tasks
 
@@ -28,44 +28,47 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILTINS = ("builtin:tasks", "builtin:tool_tasks")
 RG_ROWS = 300
 HELD_OUT_ROWS = 5000
-SKILL_SEED = 1234  # scripts/run_pretrain.py's skill eval draws its test rows with this seed
+SKILL_SEED = 1234  # scripts/run_pretrain.py's skill eval draws its validation rows with this seed
+HELD_OUT = "validation"  # the split a stage holds out when its recipe names none (align.data.loading.load_held_out)
 
 
 def _builtin(spec) -> str | None:
     return spec if isinstance(spec, str) and spec in BUILTINS else None
 
 
-def data_sets(config, out: set) -> None:
+def data_sets(config, out: set, cap: int | None = None) -> None:
     """Every builtin task set a config reads, walked through nested mappings and lists: (spec, split, args, role)
-    with role "train" or "eval" (a stage's own held-out split) added to `out`."""
+    with role "train" or "eval" (a stage's own held-out split, its `num` capped at `max_eval_samples` as the stage
+    reads it) added to `out`."""
     if isinstance(config, list):
         for value in config:
-            data_sets(value, out)
+            data_sets(value, out, cap)
         return
     if not isinstance(config, dict):
         return
+    cap = config.get("max_eval_samples", cap)
     if spec := _builtin(config.get("dataset_name")):
         args = dict(config.get("dataset_args") or {})
-        cap = config.get("max_eval_samples")
         out.add((spec, config.get("dataset_train_split") or "train", json.dumps(args, sort_keys=True), "train"))
         held = {**args, "num": min(args.get("num", 1000), cap or 10**9)}
-        out.add((spec, config.get("dataset_test_split") or "test", json.dumps(held, sort_keys=True), "eval"))
+        out.add((spec, config.get("dataset_test_split") or HELD_OUT, json.dumps(held, sort_keys=True), "eval"))
         rounds = (config.get("round_pairs_overrides") or {}).get("dataset_args")
         if rounds:
             out.add((spec, "train", json.dumps(rounds, sort_keys=True), "train"))
-            out.add((spec, "test", json.dumps(rounds, sort_keys=True), "eval"))
+            out.add((spec, HELD_OUT, json.dumps(rounds, sort_keys=True), "eval"))
     if spec := _builtin(config.get("replay_data")):
         out.add((spec, "train", json.dumps(config.get("replay_args") or {}, sort_keys=True), "train"))
     if spec := _builtin(config.get("id")):  # a mixture entry
-        args = json.dumps(config.get("args") or {}, sort_keys=True)
-        out.add((spec, config.get("split", "train"), args, "train"))
-        out.add((spec, config.get("test_split", "test"), args, "eval"))
+        args = dict(config.get("args") or {})
+        out.add((spec, config.get("split", "train"), json.dumps(args, sort_keys=True), "train"))
+        held = {**args, "num": min(args.get("num", 1000), cap or 10**9)} if "num" in args or cap else args
+        out.add((spec, config.get("test_split", HELD_OUT), json.dumps(held, sort_keys=True), "eval"))
     if spec := _builtin(config.get("spec")):  # a pretraining source
         args = {k: v for k, v in config.items() if k not in ("spec", "formatter", "text_column", "split", "config")}
         out.add((spec, config.get("split", "train"), json.dumps(args, sort_keys=True), "train"))
     for key, value in config.items():
         if key not in ("round_pairs_overrides",):
-            data_sets(value, out)
+            data_sets(value, out, cap)
 
 
 def generated(spec: str, split: str, args: dict) -> tuple:
@@ -78,13 +81,17 @@ def generated(spec: str, split: str, args: dict) -> tuple:
         num = min(num, RG_ROWS)
     if split != "train":
         num = min(num, HELD_OUT_ROWS)
-    return spec, split, tuple(families or ()), num, args.get("seed", 0), json.dumps(args.get("difficulty", 1))
+    apart = json.dumps(args.get("exclude_problems_of"), sort_keys=True)
+    return spec, split, tuple(families or ()), num, args.get("seed", 0), json.dumps(args.get("difficulty", 1)), apart
 
 
-def rows_of(spec: str, split: str, families: tuple, num: int, seed: int, difficulty: str) -> list[dict]:
+def rows_of(spec: str, split: str, families: tuple, num: int, seed: int, difficulty: str,
+            apart: str = "null") -> list[dict]:
     if spec == "builtin:tool_tasks":
         return make_tool_tasks(list(families) or None, num=num, split=split, seed=seed)
-    return make_tasks(list(families) or None, num=num, split=split, seed=seed, difficulty=json.loads(difficulty))
+    exclude = training_problems(json.loads(apart)) if split == "train" else frozenset()
+    return make_tasks(list(families) or None, num=num, split=split, seed=seed, difficulty=json.loads(difficulty),
+                      exclude=exclude)
 
 
 def problem(row: dict) -> tuple[str, str]:
@@ -132,8 +139,8 @@ def test_no_recipe_trains_on_a_problem_any_recipe_evaluates():
         data_sets(config, sets)
         if config.get("skill_eval_num"):
             families = [f for f in str(config.get("skill_families") or "").split(",") if f.strip()] or None
-            sets.add(("builtin:tasks", "test", json.dumps({"families": families, "num": config["skill_eval_num"],
-                                                          "seed": SKILL_SEED}, sort_keys=True), "eval"))
+            sets.add(("builtin:tasks", HELD_OUT, json.dumps({"families": families, "num": config["skill_eval_num"],
+                                                            "seed": SKILL_SEED}, sort_keys=True), "eval"))
     trained: dict[tuple[str, str], str] = {}
     evaluated: dict[tuple[str, str], str] = {}
     for role in ("train", "eval"):
@@ -146,10 +153,12 @@ def test_no_recipe_trains_on_a_problem_any_recipe_evaluates():
         if key in seen_configs:
             continue
         seen_configs.add(key)
-        for set_name, rows in eval_items(EvalConfig(**{**config, "model_name_or_path": "unused"})).items():
-            for row in rows or []:
-                if isinstance(row.get("family"), str):
-                    evaluated.setdefault(problem(row), f"{name} {set_name}")
+        for split in ("dev", "test"):  # every choice is made on dev; the sealed test is evaluated at the chain's end
+            cfg = EvalConfig(**{**config, "model_name_or_path": "unused", "eval_split": split})
+            for set_name, rows in eval_items(cfg).items():
+                for row in rows or []:
+                    if isinstance(row.get("family"), str):
+                        evaluated.setdefault(problem(row), f"{name} {set_name} ({split})")
     assert len(trained) > 50_000 and len(evaluated) > 2_000
     shared = sorted(set(trained) & set(evaluated))
     assert not shared, [(p, trained[p], evaluated[p]) for p in shared[:5]]
@@ -164,11 +173,62 @@ def test_the_walk_finds_every_kind_of_data_key():
                "stages": [{"sources": {"tasks": {"spec": "builtin:tasks", "num": 7, "formatter": "x"}}}],
                "round_pairs_overrides": {"dataset_args": {"num": 9}}}, found)
     assert found == {
-        ("builtin:tasks", "test", '{"num": 5}', "train"), ("builtin:tasks", "test", '{"num": 5}', "eval"),
-        ("builtin:tasks", "train", '{"num": 9}', "train"), ("builtin:tasks", "test", '{"num": 9}', "eval"),
+        ("builtin:tasks", "test", '{"num": 5}', "train"), ("builtin:tasks", "validation", '{"num": 5}', "eval"),
+        ("builtin:tasks", "train", '{"num": 9}', "train"), ("builtin:tasks", "validation", '{"num": 9}', "eval"),
         ("builtin:tasks", "train", '{"seed": 5}', "train"), ("builtin:tool_tasks", "train", '{"num": 3}', "train"),
-        ("builtin:tool_tasks", "test", '{"num": 3}', "eval"), ("builtin:tasks", "train", '{"num": 7}', "train"),
+        ("builtin:tool_tasks", "validation", '{"num": 3}', "eval"), ("builtin:tasks", "train", '{"num": 7}', "train"),
     }
     # a recipe that trains on the test split: its rows are the eval rows' problems
     rows = rows_of(*generated("builtin:tasks", "test", {"num": 20}))
     assert {problem(r) for r in rows} & {problem(r) for r in make_tasks(num=20, split="test")}
+
+
+def sft_and_grpo_pairs() -> list[tuple[str, dict, dict]]:
+    """(where, SFT config, GRPO config) of every shipped chain: each pipeline's GRPO stages with the SFT stage they
+    descend from (through the recorded parents), and each folder's standalone `<x>grpo.yaml` with its `<x>sft.yaml`."""
+    pairs = []
+    for path in sorted((ROOT / "recipes").rglob("*grpo.yaml")):
+        sft = path.with_name(path.name.replace("grpo", "sft"))
+        if sft.is_file():
+            pairs.append((str(path.relative_to(ROOT)), yaml.safe_load(sft.read_text()), yaml.safe_load(path.read_text())))
+    keys = set(PipelineConfig.__dataclass_fields__)
+    for path in sorted((ROOT / "recipes").rglob("*.yaml")):
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not (isinstance(raw, dict) and isinstance(raw.get("stages"), list)
+                and all(isinstance(s, dict) and "script" in s for s in raw["stages"])):
+            continue
+        stages = {s.name: s for s in resolve_stages(PipelineConfig(**{k: v for k, v in raw.items() if k in keys}))}
+        for stage in stages.values():
+            node = stage
+            while stage.script == "grpo" and node.parent:
+                node = stages[node.parent]
+                if node.script == "sft":
+                    pairs.append((f"{path.relative_to(ROOT)}:{stage.name}", node.config, stage.config))
+                    break
+    return pairs
+
+
+def training_problems_of(config: dict) -> set[tuple[str, str]]:
+    """The problems of the builtin task rows a config trains on (its replay rows, SFT's own by design, left out)."""
+    sets: set = set()
+    data_sets({k: v for k, v in config.items() if k not in ("replay_data", "replay_args")}, sets)
+    return {problem(row) for key in {generated(spec, split, json.loads(args)) for spec, split, args, role in sets
+                                     if role == "train"} for row in rows_of(*key)}
+
+
+def test_grpo_trains_on_problems_its_sft_stage_never_saw():
+    """Different seeds of builtin:tasks draw the same problems (the same seed, the same rows): every shipped GRPO
+    recipe draws its prompts apart from its SFT's by problem, or declares the reuse (`reuse_sft_prompts`)."""
+    pairs = sft_and_grpo_pairs()
+    names = [n for n, _, _ in pairs]
+    assert {"recipes/tiny/grpo.yaml", "recipes/smol135m/grpo.yaml", "recipes/tiny/pipeline.yaml:grpo",
+            "recipes/smol135m/pipeline.yaml:grpo", "recipes/tiny/micro_pipeline.yaml:grpo"} <= set(names), names
+    for name, sft, grpo in pairs:
+        shared = training_problems_of(sft) & training_problems_of(grpo)
+        if grpo.get("reuse_sft_prompts"):
+            continue
+        assert not shared, (name, sorted(shared)[:5])
+    # the check can fail: the tiny GRPO recipe without its exclusion holds SFT's count_letters problems
+    sft, grpo = next((s, g) for n, s, g in pairs if n == "recipes/tiny/grpo.yaml")
+    plain = {**grpo, "dataset_args": {k: v for k, v in grpo["dataset_args"].items() if k != "exclude_problems_of"}}
+    assert len(training_problems_of(sft) & training_problems_of(plain)) > 100

@@ -41,19 +41,35 @@ for step in range(start + 1, cfg["steps"] + 1):
     if cfg.get("crash_at") == step and resume is None:
         sys.exit(3)  # dies mid-stage, after checkpoint-<step>
 json.dump({"quality": cfg["quality"]}, open(os.path.join(out, "config.json"), "w"))
-json.dump({"before": {"accuracy": 0.0}, "after": {"accuracy": cfg["quality"], "samples": ["x"]}, "mode": "think"},
-          open(os.path.join(out, "grpo_eval.json"), "w"))
+right = int(cfg["quality"] * 10)
+json.dump({"before": {"accuracy": 0.0, "correct": [0] * 10},
+           "after": {"accuracy": cfg["quality"], "samples": ["x"], "correct": [1] * right + [0] * (10 - right)},
+           "mode": "think"}, open(os.path.join(out, "grpo_eval.json"), "w"))
 """
 
 FAKE_EVAL = """
 import json, os, sys, yaml
+from align.eval.outcomes import lines_from_details, write_lines
 cfg = yaml.safe_load(open(sys.argv[1]))
 q = json.load(open(os.path.join(cfg["model_name_or_path"], "config.json")))["quality"]
+q = round(q - 0.05, 2) if cfg.get("eval_split") == "test" else q  # the sealed test: other items, other numbers
 os.makedirs(cfg["output_dir"], exist_ok=True)
 metrics = {"acc/tasks/think": q, "loss/tasks": 1 - q}
 low, high = max(q - 0.1, 0.0), q + 0.1  # as align.eval.statistics would write them for 100 items
 stats = {"acc/tasks/think": {"num": 100, "ci_low": low, "ci_high": high}}
-json.dump({"metrics": metrics, "stats": stats, "stage": cfg["stage"]}, open(os.path.join(cfg["output_dir"], "eval_results.json"), "w"))
+split = cfg.get("eval_split", "dev")
+items = [f"{split}{i}" for i in range(100)]  # 100 items, the first q of them right; the rule gets the first 30
+details = {"gen/tasks/think": {"items": items, "families": ["ab"[i % 2] for i in range(100)],
+                               "outcomes": {"correct": [int(i < 100 * q) for i in range(100)], "formatted": [1] * 100}},
+           "baseline/tasks": {"outcomes": [int(i < 30) for i in range(100)],
+                              "rules": {"a": {"rule": "constant"}, "b": {"rule": "first_number"}}}}
+if "mc" in cfg.get("suites", []):  # the real items: hellaswag read by cloze and letter
+    metrics.update({"cf/hellaswag": q / 2, "mcf/hellaswag": 0.25})
+    details["mc/hellaswag"] = {"items": items[:20], "picks": [{"cf": int(i < 40 * q), "mcf": i % 4, "label": 0}
+                                                              for i in range(20)]}
+json.dump({"metrics": metrics, "stats": stats, "stage": cfg["stage"], "details": details},
+          open(os.path.join(cfg["output_dir"], "eval_results.json"), "w"))
+write_lines(os.path.join(cfg["output_dir"], "outcomes.jsonl"), lines_from_details(details))
 """
 
 
@@ -286,6 +302,31 @@ def test_report_table_targets_and_plots(fake, tmp_path):
         assert f"plots/{png}" in text
     assert metric_table([{"name": "x"}]) == ["(no stage has eval metrics yet)"]
 
+    # the sealed test: the final model once on eval_split test (its parent is no SFT script here), beside dev
+    assert m["sealed_test"]["stages"] == ["sft"] and m["sealed_test"]["sft"]["returncode"] == 0
+    sealed = yaml.safe_load((run / "configs" / "eval_test_sft.yaml").read_text())
+    assert sealed["eval_split"] == "test" and sealed["output_dir"] == str(run / "eval_test" / "sft")
+    assert "## Sealed test" in text and "| metric | sft dev | sft test |" in text
+    assert "| acc/tasks/think | 0.600 ± 0.100 (n=100) | 0.550 ± 0.100 (n=100) |" in text
+    # baselines: 60 of 100 against the rule's 30, per family 30 vs 15 of 50 (15 gained, none lost): beaten
+    assert "**sft** (the final model) beats the best trivial rule of a task family on 2 of 2 in think" in text
+    assert "| a | constant | 0.300 | 0.600 beats it (+15/-0, p=6.1e-05) |" in text
+    # every evaluation's per-item outcomes beside the report; the report's p-values recompute from them alone
+    from align.eval.compare import compare
+
+    for name in ("base.jsonl", "sft.jsonl", "sft.test.jsonl", "sft.grpo_eval.before.jsonl",
+                 "sft.grpo_eval.after.jsonl"):
+        assert (run / "outcomes" / name).is_file() and f"`outcomes/{name}`" in text, name
+    assert "python scripts/compare.py outcomes/base.jsonl outcomes/sft.jsonl" in text
+    row = next(r for r in compare(run / "outcomes/base.jsonl", run / "outcomes/sft.jsonl")["rows"]
+               if r["metric"] == "acc/tasks/think")
+    assert (row["gained"], row["lost"]) == (50, 0) and f"50 gained, 0 lost, McNemar p={row['p_value']:.2g}" in text
+    own = compare(run / "outcomes/sft.grpo_eval.before.jsonl", run / "outcomes/sft.grpo_eval.after.jsonl")["rows"]
+    assert [(r["metric"], r["gained"], r["lost"]) for r in own] == [("grpo_eval/accuracy", 6, 0)]
+    run_pipeline(fake())  # the sealed test is evaluated once: its model and config did not change
+    assert json.loads((run / "manifest.json").read_text())["sealed_test"]["sft"]["duration_s"] == \
+        m["sealed_test"]["sft"]["duration_s"]
+
 
 def test_relative_paths_mean_the_same_place_to_the_pipeline_and_its_stages(fake, tmp_path, monkeypatch):
     """Stages run in the pipeline's working directory (not the package's), as a user running from their own
@@ -369,6 +410,27 @@ def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
     lines = target_lines(stages)
     assert lines[0].endswith(": improved (paired: 14 gained, 2 lost, McNemar p=0.0042)"), lines[0]
     assert lines[1].endswith(": within noise"), lines[1]
+
+
+def test_the_real_items_are_guarded_like_the_task_suite(tmp_path):
+    """HellaSwag / TruthfulQA read by cloze and letter, each stage against its parent by the paired test on the same
+    items: 12 items lost and none gained is flagged; an unchanged set is within noise."""
+    from align.pipeline.report import mc_guard_lines
+
+    def stage(name, cf, parent=None):
+        results = tmp_path / f"{name}.json"
+        picks = [{"cf": 0 if ok else 1, "mcf": 0, "label": 0} for ok in cf]
+        results.write_text(json.dumps({"details": {"mc/hellaswag": {"items": [f"h{i}" for i in range(len(cf))],
+                                                                    "picks": picks}}}))
+        return {"name": name, "parent": parent, "eval": {"results": str(results)},
+                "metrics": {"cf/hellaswag": sum(cf) / len(cf), "mcf/hellaswag": 1.0}}
+
+    lines = mc_guard_lines([stage("sft", [1] * 20 + [0] * 20), stage("apo", [0] * 12 + [1] * 8 + [0] * 20, "sft"),
+                            stage("grpo", [0] * 12 + [1] * 8 + [0] * 20, "apo")])
+    assert lines[0].startswith("- **apo** (from sft): **got worse beyond noise** in cf/hellaswag;"), lines[0]
+    assert "cf/hellaswag 0.500 -> 0.200 (**worse**, p=0.00049)" in lines[0]
+    assert "mcf/hellaswag 1.000 -> 1.000 (within noise, p=1)" in lines[0]
+    assert lines[1].startswith("- **grpo** (from apo): no drop beyond noise;")
 
 
 def test_the_chain_is_judged_against_its_sft_model_by_the_paired_test(tmp_path):
@@ -459,7 +521,21 @@ def test_micro_pipeline_end_to_end(micro):
     assert wanted and [s["name"] for s in stages if "eval" in s] == wanted  # every stage the recipe evaluates
     assert all("loss/tasks" in s["metrics"] and "acc/tasks/think" in s["metrics"] for s in stages if s["name"] in wanted)
     assert all(s["git"]["commit"] and s["duration_s"] > 0 and s["command"] for s in stages)
-    assert (micro / "report.md").read_text().count("|") > 10
+    report = (micro / "report.md").read_text()
+    assert report.count("|") > 10
+    # the evidence sections: the sealed test of the final model and its SFT model, the baselines, the real items
+    # after every stage, decontamination, and the per-item outcomes of every evaluation beside the report
+    assert m["sealed_test"]["stages"] == ["sft", "gold"]
+    assert all(m["sealed_test"][n]["returncode"] == 0 for n in ("sft", "gold"))
+    for section in ("## Sealed test", "## Baselines", "## Decontamination", "## Per-item outcomes"):
+        assert section in report, section
+    assert "| metric | sft dev | sft test | gold dev | gold test |" in report
+    assert "beats the best trivial rule of a task family on" in report
+    assert "The real items" in report and "- **gold** (from sft via apo, grpo) on gsm8k: best form" in report
+    assert "- **gold** (from sft via apo, grpo): " in report and "cf/hellaswag" in report
+    for name in ("sft.jsonl", "gold.jsonl", "sft.test.jsonl", "gold.test.jsonl"):
+        assert (micro / "outcomes" / name).is_file() and f"outcomes/{name}" in report, name
+    assert "`grpo`: its training prompts drawn apart from SFT's by problem" in report
     recipe = micro.parent / "micro.yaml"  # the fixture's recipe: run_dir = micro
     if not recipe.is_file():
         pytest.skip("SMOLALIGN_TEST_MICRO points at a run without its recipe beside it")

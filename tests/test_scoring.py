@@ -98,23 +98,23 @@ def test_shuffle_records_the_order_keeps_the_gold_and_balances_its_position():
 @pytest.mark.parametrize("name", ["truthfulqa", "hellaswag"])
 def test_always_a_and_uniform_random_land_at_chance_on_shuffled_items(name):
     cfg = EvalConfig(model_name_or_path="m", seed=0)
-    items = mc_items(name, 100, cfg)
+    items = mc_items(name, 50, cfg)  # the dev split: the source's even rows
     level = chance(items)
     rng = random.Random(0)
     for picks in ([0] * len(items), [rng.randrange(len(it["choices"])) for it in items]):  # always "A"; uniform
         res = accuracy([float(p == it["label"]) for p, it in zip(picks, items)])
         assert res["ci_low"] <= level <= res["ci_high"], (name, res, level)
     for seed in range(10):  # any fixed position scores chance (within a few items) under any seed: balanced gold
-        shuffled = mc_items(name, 100, EvalConfig(model_name_or_path="m", seed=seed))
+        shuffled = mc_items(name, 50, EvalConfig(model_name_or_path="m", seed=seed))
         for position in range(2):
-            assert abs(sum(it["label"] == position for it in shuffled) / 100 - level) < 0.06, (seed, position)
-    assert mc_items(name, 100, cfg) == items  # the shuffle is fixed by the seed
-    source = mc_items(name, 100, EvalConfig(model_name_or_path="m", mc_shuffle=False))
+            assert abs(sum(it["label"] == position for it in shuffled) / 50 - level) <= 4 / 50, (seed, position)
+    assert mc_items(name, 50, cfg) == items  # the shuffle is fixed by the seed
+    source = mc_items(name, 50, EvalConfig(model_name_or_path="m", mc_shuffle=False))
     for it, src in zip(items, source):  # the recorded order leads back to the source item
         assert [src["choices"][i] for i in it["order"]] == it["choices"] and it["order"][it["label"]] == src["label"]
     if name == "truthfulqa":  # unshuffled, "always A" is always right: the bug this shuffle fixes
         assert all(src["label"] == 0 for src in source)
-        assert sum(it["label"] == 0 for it in items) < 40
+        assert sum(it["label"] == 0 for it in items) < 20
 
 
 # ------------------------------------------------------------------------------------------ the report

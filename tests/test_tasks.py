@@ -1,6 +1,7 @@
 """data_gen/tasks.py: gold answers are right, splits are disjoint by problem, output is deterministic and well
 formed, every family's canonical problem forgets what it should and keeps what it should."""
 
+import itertools
 import random
 import re
 from collections import Counter
@@ -138,22 +139,24 @@ def test_difficulty_grows_numbers():
 
 
 def test_splits_share_no_problem_for_any_seed():
-    """Train, dev and test hold disjoint problems (not only prompts), whatever the seed and the difficulty."""
+    """Train, validation, dev and test hold disjoint problems (not only prompts), whatever the seed and the
+    difficulty: the stages' own held-out sets (validation) and the eval suite's (dev) never share one either."""
     problems = {}
-    for split, num in (("train", 2000), ("dev", 400), ("test", 400)):
+    for split, num in (("train", 2000), ("validation", 400), ("dev", 400), ("test", 400)):
         rows = [r for seed in (0, 1) for d in (1, 2) for r in make_tasks(num=num, split=split, seed=seed, difficulty=d)]
         assert all(split_of(r["family"], r["prompt"]) == split for r in rows)
         problems[split] = {(r["family"], problem_key(r["family"], r["prompt"])) for r in rows}
-    assert not problems["train"] & problems["dev"] and not problems["train"] & problems["test"]
-    assert not problems["dev"] & problems["test"]
+    for a, b in itertools.combinations(SPLITS, 2):
+        assert not problems[a] & problems[b], (a, b)
 
 
 def test_split_buckets_are_fixed_and_cover_the_hash():
-    assert SPLITS == ("train", "dev", "test")
+    assert SPLITS == ("train", "validation", "dev", "test")
     assert {k: (r.start, r.stop) for k, r in SPLIT_BUCKETS.items()} == {"test": (0, 10), "dev": (10, 20),
-                                                                        "train": (20, 100)}
+                                                                        "validation": (20, 30), "train": (30, 100)}
     shares = Counter(split_for("arithmetic", str(i)) for i in range(20_000))
-    assert abs(shares["test"] / 20_000 - 0.1) < 0.01 and abs(shares["dev"] / 20_000 - 0.1) < 0.01
+    for split in ("test", "dev", "validation"):
+        assert abs(shares[split] / 20_000 - 0.1) < 0.01, split
     # the family is part of what is hashed: one problem string may fall in different splits in two families
     assert {split_for(f"family{i}", "1,2,3") for i in range(100)} == set(SPLITS)
 
@@ -304,6 +307,27 @@ def test_tasks_dataset_columns_and_mixed_mode():
         assert split_of(row["family"], row["prompt"]) == "test"
 
 
+def test_a_training_set_drawn_apart_from_another_shares_none_of_its_problems():
+    """`exclude_problems_of` (GRPO's prompts apart from SFT's): the same seed draws the same problems, so without it
+    the second set holds the first one's; with it none, still `num` rows; held-out splits are not drawn apart."""
+    sft = {"num": 140, "mode": "mixed", "seed": 0}
+
+    def problems(ds):
+        return {(r["family"], problem_key(r["family"], r["prompt"])) for r in ds}
+
+    first = problems(tasks_dataset(**sft))
+    assert first <= problems(tasks_dataset(num=700, mode="think"))  # the same seed: every SFT problem again
+    apart = tasks_dataset(num=700, mode="think", exclude_problems_of=sft)
+    assert len(apart) == 700 and not problems(apart) & first
+    two = tasks_dataset(families="count_items", num=50, seed=3, exclude_problems_of=[sft, {"families": ["count_items"],
+                                                                                        "num": 60, "seed": 3}])
+    assert not problems(two) & (first | problems(tasks_dataset(families="count_items", num=60, seed=3)))
+    held = tasks_dataset(split="validation", num=20, exclude_problems_of=sft)
+    assert held["prompt"] == tasks_dataset(split="validation", num=20)["prompt"]
+    with pytest.raises(ValueError, match="exclude_problems_of\\[0\\] must be a mapping"):
+        tasks_dataset(num=5, exclude_problems_of=["builtin:tasks"])
+
+
 def test_reasoning_gym_adapters_map_to_the_row_shape():
     rows = make_tasks(["rg:basic_arithmetic"], num=5, split="test", seed=0)
     for row in rows:
@@ -318,7 +342,7 @@ def test_reasoning_gym_adapters_map_to_the_row_shape():
     "kwargs, match",
     [
         ({"families": ["nope"]}, "unknown task family 'nope'"),
-        ({"split": "validation"}, "split must be one of"),
+        ({"split": "heldout"}, "split must be one of"),
         ({"difficulty": 0}, "difficulty for 'arithmetic' must be an int >= 1"),
         ({"families": ["rg:no_such_task"]}, "reasoning-gym has no task"),
     ],

@@ -145,6 +145,26 @@ def _load_optional(spec: str, split: str | None, args: dict) -> datasets.Dataset
         return None
 
 
+# The split a stage holds out when its recipe names none, first found first: `validation` is what a source keeps
+# for choices made while training (early stopping, a stage's own before/after checks); `test` is the next best.
+HELD_OUT_SPLITS = ("validation", "test")
+
+
+def load_held_out(spec: str, split: str | None, args: dict, cap: int | None = None) -> datasets.Dataset | None:
+    """The split of `spec` a stage holds out: `split` when named, else the first of HELD_OUT_SPLITS the source
+    has (builtin:tasks and builtin:tool_tasks: `validation`, whose problems neither the eval suite's dev split nor
+    the sealed test split holds); None when it has none. `cap` (max_eval_samples) caps a builtin's `num` too: a
+    builtin makes its rows in a fixed order, so the first rows of a larger set are the same rows, and a held-out
+    split need not hold as many rows as the training split asks for."""
+    if cap is not None and spec.startswith(BUILTIN_PREFIX) and isinstance(args.get("num"), int):
+        args = {**args, "num": min(args["num"], cap)}
+    for name in [split] if split else HELD_OUT_SPLITS:
+        found = _load_optional(spec, name, args)
+        if found is not None:
+            return found
+    return None
+
+
 # ----------------------------------------------------------------------------- columns, splits, mixtures
 
 
@@ -262,14 +282,14 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
     test_size = _field(mixture, "test_split_size", None) or getattr(script_args, "test_split_size", None)
     num_samples = _field(mixture, "num_samples", None)
     default_train = getattr(script_args, "dataset_train_split", None) or "train"
-    default_test = getattr(script_args, "dataset_test_split", None) or "test"
+    default_test = getattr(script_args, "dataset_test_split", None)
     trains, tests, ids = [], [], []
     for i, e in enumerate(entries):
         spec, args = e["id"], dict(e.get("args") or {})
         if e.get("config"):
             args["config"] = e["config"]
         train = load_source(spec, split=e.get("split", default_train), **args)
-        test = _load_optional(spec, e.get("test_split", default_test), args)
+        test = load_held_out(spec, e.get("test_split", default_test), args, getattr(script_args, "max_eval_samples", None))
         if test is None and test_size:
             # Split each source before sampling, so a repeated training row can never also be a test row.
             train, test = _split_off(train, test_size, seed + i, f"dataset_mixture.datasets[{i}] ({spec})")
@@ -308,12 +328,11 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
 def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str]]:
     """The held-out split of each source a stage's data keys name (`dataset_name` + `dataset_args`,
     `dataset_config`, `dataset_test_split`, or `dataset_mixture`), read without their training splits: {spec: the
-    first `max_eval_samples` rows of its own test split}. A source without a test split of its own is left out (a
-    `test_split_size` split needs the training rows: the stage checks its own). A builtin's `num` is capped at
-    `max_eval_samples` too: a builtin makes its rows in a fixed order, so the first rows of a larger set are the same
-    rows. Returns (found, the specs of local paths not made yet)."""
+    first `max_eval_samples` rows of its own held-out split (`load_held_out`)}, as the stage reads it. A source
+    without one is left out (a `test_split_size` split needs the training rows: the stage checks its own). Returns
+    (found, the specs of local paths not made yet)."""
     cap = config.get("max_eval_samples")
-    default_test = config.get("dataset_test_split") or "test"
+    default_test = config.get("dataset_test_split")
     if config.get("dataset_mixture"):
         entries = [(e["id"], dict(e.get("args") or {}, **({"config": e["config"]} if e.get("config") else {})),
                     e.get("test_split", default_test)) for e in _check_mixture(config["dataset_mixture"])]
@@ -326,10 +345,8 @@ def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str
         entries = []
     out, missing = {}, []
     for spec, args, split in entries:
-        if cap is not None and spec.startswith(BUILTIN_PREFIX) and isinstance(args.get("num"), int):
-            args = {**args, "num": min(args["num"], cap)}
         try:
-            test = _cap(_load_optional(spec, split, args), cap)
+            test = _cap(load_held_out(spec, split, args, cap), cap)
         except FileNotFoundError:
             missing.append(spec)
             continue
@@ -348,8 +365,9 @@ def get_dataset(script_args) -> datasets.DatasetDict:
 
     From `dataset_mixture` ({datasets: [{id, config, args, split, test_split, columns, weight}], seed, weighting,
     test_split_size, num_samples}) or else `dataset_name` (+ dataset_config, dataset_args, dataset_train_split,
-    dataset_test_split). Test split: the source's own when it has one, else `test_split_size` rows held out under
-    the seed, else none. Mixtures (`weighting: share`, the default): weights are target shares of the training
+    dataset_test_split). Test split (what the stage holds out): the source's own, `dataset_test_split` or unset its
+    `validation` split, else its `test` split (`load_held_out`), else `test_split_size` rows held out under the
+    seed, else none. Mixtures (`weighting: share`, the default): weights are target shares of the training
     rows. Without `num_samples` the mixture is as large as it can be with no row repeated (the scarcest source relative to its weight sets the size); with `num_samples`
     a source with too few rows is repeated (whole passes, then a seeded subset), with a warning. No weights
     means every row of every source once. `weighting: fraction` is the alignment-handbook's rule (its published
@@ -368,7 +386,8 @@ def get_dataset(script_args) -> datasets.DatasetDict:
         if getattr(script_args, "dataset_config", None):
             args.setdefault("config", script_args.dataset_config)
         train = load_source(spec, split=getattr(script_args, "dataset_train_split", None) or "train", **args)
-        test = _load_optional(spec, getattr(script_args, "dataset_test_split", None) or "test", args)
+        test = load_held_out(spec, getattr(script_args, "dataset_test_split", None), args,
+                             getattr(script_args, "max_eval_samples", None))
         test_size = getattr(script_args, "test_split_size", None)
         if test is None and test_size:
             train, test = _split_off(train, test_size, _seed(script_args), f"dataset_name={spec}")

@@ -45,6 +45,7 @@ How to run:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -67,6 +68,7 @@ from align.distill.teacher import (
     teacher_prompt_map,
     teacher_samples,
 )
+from align.eval.outcomes import item_id
 from align.eval.statistics import paired_change
 from align.modeling.loading import resolve_model_path
 from align.rollout import SamplingParams
@@ -496,6 +498,11 @@ def main(script_args, training_args: DistillConfig, model_args, known: dict | No
         b, a = metrics["before"], metrics["after"]
         if "correct" in b and "correct" in a:  # the same prompts before and after: a paired test
             b["by_mode"], a["by_mode"] = by_mode(eval_rows, b["correct"]), by_mode(eval_rows, a["correct"])
+            for part in (b, a):  # which rows, for the per-item outcome files beside the pipeline report
+                part["items"] = [item_id(json.dumps(r.get("prompt_messages") or r.get("prompt"), sort_keys=True, default=str))
+                                 for r in eval_rows]
+                if all(r.get("family") for r in eval_rows):
+                    part["families"] = [r["family"] for r in eval_rows]
             metrics["paired"] = paired_change(b["correct"], a["correct"])
             logger.info("distill: same prompts: %d gained, %d lost, McNemar p=%.3g", metrics["paired"]["gained"],
                         metrics["paired"]["lost"], metrics["paired"]["p_value"])

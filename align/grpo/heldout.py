@@ -1,9 +1,13 @@
-"""GRPO's held-out accuracy: greedy answers to the test split's prompts, before and after training.
+"""GRPO's held-out accuracy: greedy answers to the held-out split's prompts (builtin:tasks: its validation split),
+before and after training, with every row's outcome (`correct`, `items`, `families`) for the paired test.
 """
 
 from __future__ import annotations
 
+import json
+
 from align.eval.generation import generate_and_score, summarize
+from align.eval.outcomes import item_id
 from align.grpo.prompts import row_mode
 from rewards import mode_format_reward
 
@@ -31,7 +35,10 @@ def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, 
     report = {"accuracy": summary["accuracy"], "num_prompts": summary["num"], "ci_low": summary["ci_low"],
               "ci_high": summary["ci_high"], "mean_completion_length": summary["mean_completion_length"],
               "sample": [r["text"] for r in records][:3],
-              "correct": [int(r["correct"]) for r in records]}  # per row, in row order: a paired before/after test
+              "correct": [int(r["correct"]) for r in records],  # per row, in row order: a paired before/after test
+              "items": [item_id(json.dumps(r["prompt"], sort_keys=True, default=str)) for r in rows]}
+    if families is not None:
+        report["families"] = families
     if "by_family" in summary:
         report["by_family"] = summary["by_family"]
     if any(m is not None for m in modes):  # hybrid reasoning: accuracy and format per asked mode

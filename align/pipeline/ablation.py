@@ -65,6 +65,9 @@ class AblationConfig:
     eval_recipe: str | None = field(default="recipes/tiny/eval.yaml", metadata={
         "help": "Eval recipe run after each run's stages: the same prompts for every variant and seed."})
     eval_overrides: dict | None = field(default=None, metadata={"help": "Keys overriding the eval recipe."})
+    allow_sealed_test: bool = field(default=False, metadata={
+        "help": "An ablation chooses on the dev split; evaluating its runs on the sealed test split (eval_split: test) "
+                "is refused unless this asks for it by name."})
     run_dir: str | None = field(default=None, metadata={"help": "Where runs and results go (outputs/ablations/<name>)."})
     num_parallel: int = field(default=1, metadata={
         "help": "Runs at a time on this machine (each gets cores / num_parallel threads)."})
@@ -216,11 +219,28 @@ def plan(cfg: AblationConfig) -> list[Run]:
                 "eval_recipe": cfg.eval_recipe, "eval_overrides": cfg.eval_overrides, "tracking": cfg.tracking,
                 "tracking_group": cfg.name, "report": False, "accelerate_config": cfg.accelerate_config,
                 "num_processes": cfg.num_processes, "stages": out,
+                "sealed_test": False,  # a run is one variant being chosen: the sealed test is for a finished chain
             }
             runs.append(Run(v["name"], seed, run_dir, pipeline))
     if cfg.metric_stage and cfg.metric_stage not in [s["name"] for s in stages]:
         raise ValueError(f"metric_stage={cfg.metric_stage!r} is not a stage of the ablation ({[s['name'] for s in stages]})")
+    if not cfg.allow_sealed_test:
+        check_dev_only(cfg, runs)
     return runs
+
+
+def check_dev_only(cfg: AblationConfig, runs: list[Run]) -> None:
+    """An ablation chooses, so it evaluates on the dev split: an eval config (the recipe, the ablation's or a stage's
+    eval_overrides) that asks for the sealed test split is one line, unless `allow_sealed_test` asks for it."""
+    base = read_yaml(cfg.eval_recipe, "eval_recipe") if cfg.eval_recipe else {}
+    for run in runs:
+        for stage in run.pipeline["stages"]:
+            merged = {**base, **(cfg.eval_overrides or {}), **(stage.get("eval_overrides") or {})}
+            if stage.get("eval") and merged.get("eval_split", "dev") != "dev":
+                raise ValueError(f"ablation '{cfg.name}', variant '{run.variant}', stage '{stage['name']}': "
+                                 f"eval_split={merged['eval_split']!r} evaluates the sealed test split, which is kept "
+                                 "for the end of a chain; an ablation chooses on dev (drop eval_split), or set "
+                                 "allow_sealed_test: true to ask for the test split by name")
 
 
 def script_types(script: str) -> tuple:

