@@ -41,6 +41,7 @@ import torch
 
 import data_gen  # noqa: F401  (registers builtin:tasks, a source the pretraining recipes mix in)
 from align.config import check_launch
+from align.modeling.loading import resolve_attn_implementation
 from align.runtime.checkpoint import (
     PREEMPTED_EXIT_CODE,
     SigtermFlag,
@@ -258,12 +259,9 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
 
 def attention(name: str) -> str:
     """The attention kernel: 'auto' is flash_attention_2 on a GPU with flash-attn installed (packed rows then attend
-    per document from their position ids, varlen, with no [B, 1, T, T] mask: 4.3 GB at 64k), else sdpa."""
-    if name != "auto":
-        return name
-    import importlib.util
-
-    return "flash_attention_2" if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") else "sdpa"
+    per document from their position ids, varlen, with no [B, 1, T, T] mask: 4.3 GB at 64k), else sdpa; the rule
+    every stage shares (align.modeling.loading.resolve_attn_implementation)."""
+    return resolve_attn_implementation(name)
 
 
 def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer, special: dict[str, int]):
