@@ -471,7 +471,8 @@ def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     assert proc.returncode == 1 and "no manifest" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["tiny/pipeline.yaml", "tiny/micro_pipeline.yaml", "smollm3/pipeline.yaml", "smol135m/pipeline.yaml"])
+@pytest.mark.parametrize("name", ["tiny/pipeline.yaml", "tiny/micro_pipeline.yaml", "smollm3/pipeline.yaml",
+                                  "smollm3/post_train_pipeline.yaml", "smol135m/pipeline.yaml"])
 def test_pipeline_recipes_parse_and_reference_real_stages(name):
     (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / name)])
     names = [s["name"] for s in cfg.stages]
