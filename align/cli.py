@@ -157,8 +157,18 @@ def check_keys(config: dict, dataclass_types: Sequence[type], where: str, allow_
     return config
 
 
+def _aliases(dataclass_types: Sequence[type]) -> set[str]:
+    """The other flag names fields declare (`metadata={"aliases": ["--from"]}`), as keys: {"from"}."""
+    names = set()
+    for dc in dataclass_types:
+        for f in dataclasses.fields(dc):
+            aliases = f.metadata.get("aliases") or []
+            names |= {a.lstrip("-").replace("-", "_") for a in ([aliases] if isinstance(aliases, str) else aliases)}
+    return names
+
+
 def _check_cli_keys(args: Sequence[str], dataclass_types: Sequence[type]) -> None:
-    valid = set(_fields(dataclass_types)) | {"config", "help", "h"}
+    valid = set(_fields(dataclass_types)) | _aliases(dataclass_types) | {"config", "help", "h"}
     for token in args:
         if token.startswith("--") and len(token) > 2:
             key = token[2:].split("=", 1)[0].replace("-", "_")

@@ -152,23 +152,25 @@ def check_launch() -> None:
         )
 
 
-def apply_global_batch(args, world_size: int | None = None) -> None:
-    """`global_batch_size` -> gradient_accumulation_steps = global / (per_device_train_batch_size x world size);
-    the world size is the launcher's (WORLD_SIZE). A global batch the ranks cannot split evenly is refused."""
+def apply_global_batch(args, world_size: int | None = None, per_device: str = "per_device_train_batch_size",
+                       accumulation: str = "gradient_accumulation_steps") -> None:
+    """`global_batch_size` -> `accumulation` = global / (`per_device` x world size), on any config that names its
+    per-rank batch and its accumulation (TRL's names by default; pretraining's micro_batch_size and
+    grad_accum_steps); the world size is the launcher's (WORLD_SIZE). A global batch the ranks cannot split evenly
+    is refused."""
     target = getattr(args, "global_batch_size", None)
     if not target:
         return
     if world_size is None:
         world_size = launched_world_size()
-    per_step = args.per_device_train_batch_size * world_size
+    rows = getattr(args, per_device)
+    per_step = rows * world_size
     if target % per_step:
         raise ValueError(
-            f"global_batch_size={target} is not a multiple of per_device_train_batch_size x ranks = "
-            f"{args.per_device_train_batch_size} x {world_size} = {per_step}: change per_device_train_batch_size or "
-            "the number of processes, or unset global_batch_size and set gradient_accumulation_steps"
+            f"global_batch_size={target} is not a multiple of {per_device} x ranks = {rows} x {world_size} = "
+            f"{per_step}: change {per_device} or the number of processes, or unset global_batch_size and set "
+            f"{accumulation}"
         )
-    args.gradient_accumulation_steps = target // per_step
-    logger.info("global batch %d = %d per device x %d ranks x %d accumulation steps", target,
-                args.per_device_train_batch_size, world_size, args.gradient_accumulation_steps)
-
-
+    setattr(args, accumulation, target // per_step)
+    logger.info("global batch %d = %d per device x %d ranks x %d accumulation steps", target, rows, world_size,
+                target // per_step)

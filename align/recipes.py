@@ -7,9 +7,9 @@ Every recipe under recipes/ starts with a comment block whose first line is the 
 - the commands the header names (`header_commands`): script stems (`sft`, `run_pretrain`) or `smolalign` command
   names, in order; align/commands.py maps them to its command names;
 - the scale (`scale_of`): the first folder under recipes/, or else the file name's first `_` part, that is one of
-  SCALES (`recipes/tiny/sft.yaml` and `recipes/tiny/sft.yaml` are both tiny);
-- the purpose (`purpose_of`): a header line `# purpose: <one line>` when the recipe has one, else the first
-  clause of the header's prose (the lines after the command line, up to a blank comment line), clipped to
+  SCALES (`recipes/tiny/sft.yaml` and `recipes/ablations/tiny_preference.yaml` are both tiny);
+- the purpose (`purpose_of`): a header line `# purpose: <one line>` (every shipped recipe's second line), else the
+  first clause of the header's prose (the lines after the command line, up to a blank comment line), clipped to
   PURPOSE_WIDTH characters;
 - the kind: a recipe of a stage, an accelerate config (a YAML mapping with `distributed_type`, accelerate's own
   key) or a launch template (a shell file such as a Slurm script).

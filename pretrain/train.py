@@ -40,7 +40,8 @@ from typing import Any, NamedTuple, NoReturn
 import torch
 
 import data_gen  # noqa: F401  (registers builtin:tasks, a source the pretraining recipes mix in)
-from align.config import check_launch
+from align.config import apply_global_batch, check_launch
+from align.modeling.loading import resolve_attn_implementation
 from align.runtime.checkpoint import (
     PREEMPTED_EXIT_CODE,
     SigtermFlag,
@@ -97,6 +98,12 @@ class PretrainConfig:
     seq_len: int = field(default=512, metadata={"help": "Tokens per packed row."})
     micro_batch_size: int = field(default=8, metadata={"help": "Rows per forward pass per rank."})
     grad_accum_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    global_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Rows of seq_len tokens per optimizer step over all ranks, as published runs state it "
+                  "(SmolLM3: 576 x 4,096 = 2.36M tokens). grad_accum_steps is then derived from it, micro_batch_size "
+                  "and the launched world size, so the recipe trains at the same batch on 8 GPUs or 192; it must "
+                  "divide."})
     max_steps: int = field(default=0, metadata={"help": "Optimizer steps; 0 = the stages' total token budget."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate."})
     min_lr_ratio: float = field(default=0.0, metadata={"help": "LR at the end of decay, as a fraction of peak."})
@@ -258,12 +265,9 @@ def _fill_deepspeed_config(acc, cfg: PretrainConfig) -> None:
 
 def attention(name: str) -> str:
     """The attention kernel: 'auto' is flash_attention_2 on a GPU with flash-attn installed (packed rows then attend
-    per document from their position ids, varlen, with no [B, 1, T, T] mask: 4.3 GB at 64k), else sdpa."""
-    if name != "auto":
-        return name
-    import importlib.util
-
-    return "flash_attention_2" if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") else "sdpa"
+    per document from their position ids, varlen, with no [B, 1, T, T] mask: 4.3 GB at 64k), else sdpa; the rule
+    every stage shares (align.modeling.loading.resolve_attn_implementation)."""
+    return resolve_attn_implementation(name)
 
 
 def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer, special: dict[str, int]):
@@ -378,6 +382,7 @@ def _setup_accelerator(cfg: PretrainConfig):
     from accelerate import Accelerator
 
     check_launch()  # FSDP on a CPU: one clear line
+    apply_global_batch(cfg, per_device="micro_batch_size", accumulation="grad_accum_steps")
     setup_process()  # on a CPU: no page faults on every step's large tensors
     if not torch.cuda.is_available() and cpu_bf16_slower(cfg.mixed_precision == "bf16"):
         cfg.mixed_precision = "no"

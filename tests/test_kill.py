@@ -138,7 +138,7 @@ def _command(micro: Path, stage: str, out: Path) -> list[str]:
                 engine, "--eval_after", "false", *extra]
     if stage == "distill":
         return [sys.executable, "scripts/distill.py", str(ROOT / "recipes" / "tiny/distill.yaml"),
-                "--model_name_or_path", str(micro / "midtrain"), "--teacher_model_name_or_path",
+                "--model_name_or_path", str(micro / "pretrain_reasoning"), "--teacher_model_name_or_path",
                 str(micro / "sft_strong"), "--per_device_train_batch_size", "2", "--max_completion_length", "16",
                 "--max_length", "128", "--eval_after", "false", "--dataset_args", "{num: 32, mode: mixed, seed: 0}",
                 *_trl_args(out)]

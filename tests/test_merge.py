@@ -111,6 +111,26 @@ def test_bad_merges_name_the_problem(models, tmp_path):
         MergeConfig(backend="x")
 
 
+def test_a_hub_id_merges_as_its_directory_does(models, tmp_path, monkeypatch):
+    """A model named by its hub id (SmolLM3's final merge takes the base model) is read from the HF cache's snapshot,
+    served here offline from a repo in the cache's own layout: the same merge as naming its directory."""
+    import huggingface_hub.constants as hub
+    from hub_fixtures import cache_model
+
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    soup, base = models["checkpoints"][:2]
+    snapshot = cache_model(tmp_path / "cache", "org/base", base)
+    by_id = merge(MergeConfig(models=[soup, "org/base"], weights=[0.9, 0.1], base_model="org/base",
+                              output_dir=str(tmp_path / "by_id")))
+    merge(MergeConfig(models=[soup, base], weights=[0.9, 0.1], output_dir=str(tmp_path / "by_dir")))
+    assert by_id["models"] == [soup, str(snapshot)] and by_id["base_model"] == str(snapshot)
+    a, b = _state(tmp_path / "by_id"), _state(tmp_path / "by_dir")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(FileNotFoundError, match="model org/absent: the hub could not serve it.*hf download"):
+        merge(MergeConfig(models=[soup, "org/absent"], output_dir=str(tmp_path / "x")))
+
+
 def test_mergekit_computes_the_same_merge(models, tmp_path):
     pytest.importorskip("mergekit", reason="MergeKit is optional (pip install mergekit==0.1.5)")
     args = dict(models=models["checkpoints"], weights=[0.5, 0.3, 0.2])

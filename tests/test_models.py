@@ -211,3 +211,43 @@ def test_a_killed_converter_leaves_no_lock_and_no_half_model_and_racers_convert_
 
     model = AutoModelForCausalLM.from_pretrained(target)
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+
+
+@pytest.mark.parametrize("name, flash_attn, cuda, expected", [
+    ("auto", False, False, "sdpa"),
+    ("auto", False, True, "sdpa"),                  # a GPU without flash-attn: sdpa, not an import error
+    ("auto", True, False, "sdpa"),                  # flash-attn's kernels run on CUDA tensors only
+    ("auto", True, True, "flash_attention_2"),
+    (None, True, True, "flash_attention_2"),        # unset means auto
+    ("sdpa", True, True, "sdpa"),                   # a named kernel is kept
+    ("eager", False, False, "eager"),
+    ("flash_attention_2", True, True, "flash_attention_2"),
+])
+def test_auto_attention_takes_flash_attn_when_installed_on_cuda_else_sdpa(monkeypatch, name, flash_attn, cuda,
+                                                                          expected):
+    import importlib.util
+
+    from align.modeling import loading
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda mod, *a: (object() if flash_attn else None) if mod == "flash_attn" else real(mod, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(loading, "_attention_logged", [])
+    assert loading.resolve_attn_implementation(name) == expected
+
+
+def test_auto_attention_is_logged_once_and_a_missing_flash_attn_is_one_error(monkeypatch, caplog):
+    import importlib.util
+    import logging
+
+    from align.modeling import loading
+
+    assert importlib.util.find_spec("flash_attn") is None  # this machine has none: the real branch
+    monkeypatch.setattr(loading, "_attention_logged", [])
+    with caplog.at_level(logging.INFO, logger=loading.__name__):
+        assert [loading.resolve_attn_implementation("auto") for _ in range(3)] == ["sdpa"] * 3
+    assert [r.getMessage() for r in caplog.records] == ["attn_implementation auto -> sdpa (flash-attn not installed)"]
+    with pytest.raises(ValueError, match="flash_attention_2 needs flash-attn.*pip install flash-attn --no-build-iso"
+                                         "lation, or write attn_implementation: auto"):
+        loading.resolve_attn_implementation("flash_attention_2")

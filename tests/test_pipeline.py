@@ -241,6 +241,67 @@ def test_an_interrupted_stage_whose_input_was_made_again_starts_fresh(fake, tmp_
     assert m["stages"][1]["status"] == "done"
 
 
+def _three(fake, tmp_path, **kw) -> PipelineConfig:
+    """base -> sft -> apo: apo reads sft's model and base's output dir."""
+    cfg = fake(**kw)
+    cfg.stages[1]["overrides"].pop("crash_at")
+    cfg.stages.append({"name": "apo", "script": cfg.stages[1]["script"], "recipe": str(tmp_path / "base.yaml"),
+                       "overrides": {"output_dir": "${run_dir}/apo", "model_name_or_path": "${sft.output_dir}",
+                                     "quality": 0.7, "note": "after ${base.output_dir}"}})
+    return cfg
+
+
+def test_start_at_runs_from_a_stage_reading_its_declared_input(fake, tmp_path):
+    """start_at sft: base never runs (nor is evaluated); sft starts from the model `inputs` declares for base (a hub
+    id in a real recipe, a local model here); the manifest says base was not run."""
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "config.json").write_text(json.dumps({"quality": 0.3}))
+    cfg = _three(fake, tmp_path, start_at="sft", inputs={"base": {"output_dir": str(given)}})
+    m = run_pipeline(cfg)
+    run = tmp_path / "run"
+    assert not (run / "base").exists() and not (run / "eval" / "base").exists()
+    assert _calls(run / "sft") == [{"resume": None, "model": str(given)}]
+    assert _calls(run / "apo") == [{"resume": None, "model": f"{run}/sft"}]
+    assert m["stages"][2]["config"]["note"] == f"after {given}"  # text references read the input too
+    assert [(s["name"], s["status"]) for s in m["stages"]] == [("base", "not run"), ("sft", "done"), ("apo", "done")]
+    assert m["pipeline"]["start_at"] == "sft" and m["stages"][1]["parent"] is None  # nothing earlier evaluated
+
+
+def test_start_at_reads_a_skipped_stages_finished_output_and_refuses_a_missing_one(fake, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match="stage 'sft' reads '\\$\\{base.output_dir\\}': start_at='sft' skips stage "
+                                         "'base'.*holds no finished output; declare.*inputs: \\{base: \\{output_dir:"):
+        resolve_stages(_three(fake, tmp_path, start_at="sft"))
+    assert not run.exists()
+    run_pipeline(_three(fake, tmp_path, until="base"))  # an earlier run finished base
+    m = run_pipeline(_three(fake, tmp_path, start_at="sft", until="sft"))  # base's output is read, base not run
+    assert len(_calls(run / "base")) == 1 and _calls(run / "sft") == [{"resume": None, "model": f"{run}/base"}]
+    assert [s["status"] for s in m["stages"]] == ["done", "done", "pending"]  # base's earlier record stays
+    assert m["stages"][0]["skipped_this_run"] and m["stages"][1]["parent"] == "base"
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"start_at": "dpo"}, "start_at='dpo' is not a stage; stages: \\['base', 'sft', 'apo'\\]"),
+    ({"inputs": {"base": {"output_dir": "x"}}}, "inputs names \\['base'\\] but start_at is not set"),
+    ({"start_at": "sft", "inputs": {"apo": {"output_dir": "x"}}}, "inputs names 'apo', which is not a stage before"),
+    ({"start_at": "sft", "inputs": {"base": "x"}}, "must map a stage to its keys"),
+    ({"start_at": "sft", "until": "base"}, "until names \\['base'\\], before start_at='sft'"),
+    ({"start_at": "apo", "rerun": ["sft"], "inputs": {"sft": {"output_dir": "x"}}}, "rerun names \\['sft'\\]"),
+])
+def test_start_at_and_inputs_are_checked_before_anything_runs(fake, tmp_path, keys, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_stages(_three(fake, tmp_path, **keys))
+
+
+def test_the_command_line_takes_start_at_as_from_and_inputs_as_yaml(fake, tmp_path):
+    recipe = tmp_path / "pipe.yaml"
+    recipe.write_text(yaml.safe_dump(vars(_three(fake, tmp_path))))
+    (cfg,) = parse(PipelineConfig, args=[str(recipe), "--from", "sft", "--inputs", "{base: {output_dir: org/model}}"])
+    assert cfg.start_at == "sft" and cfg.inputs == {"base": {"output_dir": "org/model"}}
+    assert [s.name for s in resolve_stages(cfg) if not s.before_start] == ["sft", "apo"]
+
+
 def test_launch_commands(fake, tmp_path):
     from align.pipeline.run import stage_command
 
@@ -472,7 +533,8 @@ def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     assert proc.returncode == 1 and "no manifest" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["tiny/pipeline.yaml", "tiny/micro_pipeline.yaml", "smollm3/pipeline.yaml", "smol135m/pipeline.yaml"])
+@pytest.mark.parametrize("name", ["tiny/pipeline.yaml", "tiny/micro_pipeline.yaml", "smollm3/pipeline.yaml",
+                                  "smollm3/post_train_pipeline.yaml", "smol135m/pipeline.yaml"])
 def test_pipeline_recipes_parse_and_reference_real_stages(name):
     (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / name)])
     names = [s["name"] for s in cfg.stages]

@@ -360,7 +360,7 @@ def test_recipes_parse():
     script = importlib.util.module_from_spec(spec)
     sys.modules["pretrain_script"] = script  # dataclasses look their module up there
     spec.loader.exec_module(script)
-    for name in ("tiny_pretrain", "tiny_pretrain_strong", "tiny_midtrain", "smollm3_pretrain"):
+    for name in ("tiny/pretrain", "tiny/pretrain_strong", "tiny/pretrain_reasoning", "smollm3/pretrain"):
         path = os.path.join(root, "recipes", f"{name}.yaml")
         if not os.path.exists(path):
             pytest.fail(f"missing recipe {path}")

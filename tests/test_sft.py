@@ -198,13 +198,13 @@ def test_sft_config_rejects_bad_mask_method(tmp_path):
         SFTConfig(output_dir=str(tmp_path), report_to="none", mask_method="tokens")
 
 
-@pytest.mark.parametrize("name", ["tiny_sft", "tiny_sft_strong", "smol135m_sft", "smollm3_sft"])
+@pytest.mark.parametrize("name", ["tiny/sft", "tiny/sft_strong", "smol135m/sft", "smollm3/sft"])
 def test_recipes_parse(name):
     path = RECIPES / f"{name}.yaml"
     assert path.read_text().startswith("# ")  # the first line says how to run it
     script, training, model = parse(ScriptArguments, SFTConfig, ModelConfig, args=[str(path)])
     assert training.assistant_only_loss and model.model_name_or_path
-    if name == "smollm3_sft":  # SmolLM3's SFT (FACTS.md): LR 2e-5, 5 epochs, assistant-only, packing, Liger, bf16
+    if name == "smollm3/sft":  # SmolLM3's SFT (FACTS.md): LR 2e-5, 5 epochs, assistant-only, packing, Liger, bf16
         raw = yaml.safe_load(path.read_text())
         assert training.learning_rate == 2e-5 and training.num_train_epochs == 5
         assert training.packing and training.packing_strategy == "bfd"

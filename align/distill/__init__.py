@@ -1,6 +1,6 @@
 """Distillation: on-policy (same tokenizer) and GOLD cross-tokenizer, behind one `main()`.
 
-    python scripts/distill.py recipes/tiny/distill.yaml     # same tokenizer: sft_strong -> midtrain
+    python scripts/distill.py recipes/tiny/distill.yaml     # same tokenizer: sft_strong -> pretrain_reasoning
     python scripts/distill.py recipes/tiny/gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
 
 The modules, in import order: config.py (DistillConfig, beside the stage as TRL keeps `*_config.py`), loss.py (the

@@ -39,7 +39,7 @@ align/distill/metrics.py; this module holds the trainer, the engine adapter and 
 of align/stage.py in their order.
 
 How to run:
-    python scripts/distill.py recipes/tiny/distill.yaml     # same tokenizer: sft_strong -> midtrain
+    python scripts/distill.py recipes/tiny/distill.yaml     # same tokenizer: sft_strong -> pretrain_reasoning
     python scripts/distill.py recipes/tiny/gold.yaml        # cross tokenizer: SmolLM2-135M -> our tiny student
 """
 

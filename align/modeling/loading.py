@@ -159,6 +159,27 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path  # a hub id: transformers resolves it (needs the hub; never in tests)
 
 
+# What a model's directory holds that code reading it file by file needs (weights, config, tokenizer, template).
+MODEL_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken")
+
+
+def local_model_dir(name_or_path: str) -> str:
+    """A directory with the model's files, for code that reads its safetensors itself (model merging): the path
+    itself, a builtin's converted dir, or the hub's snapshot of `org/name[@revision]` (downloaded once into the HF
+    cache; served from the cache offline, as from_pretrained is)."""
+    resolved = resolve_model_path(name_or_path)
+    if Path(resolved).is_dir():
+        return resolved
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(resolved, allow_patterns=list(MODEL_FILES))
+    except Exception as err:  # offline without a cached copy, a gated repo, a typo
+        raise FileNotFoundError(
+            f"model {name_or_path}: the hub could not serve it ({type(err).__name__}); download it (hf download "
+            f"{name_or_path} --local-dir DIR) and name DIR instead") from err
+
+
 def default_dtype() -> torch.dtype:
     """fp32 on CPU (bf16 training there goes through autocast), bf16 on GPU."""
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
@@ -195,13 +216,37 @@ def native_forward(model) -> Iterator[None]:
         model.forward = wrapped
 
 
-def default_attn_implementation() -> str:
-    if torch.cuda.is_available():
-        import importlib.util
+AUTO_ATTENTION = "auto"
+_attention_logged: list[str] = []  # what `auto` resolved to in this process, once logged
 
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-    return "sdpa"
+
+def resolve_attn_implementation(name: str | None) -> str:
+    """The attention kernel a model loads with. `auto` (or unset): flash_attention_2 when flash-attn is installed
+    and CUDA is there (packed rows attend per document, varlen, with no T x T mask), else sdpa; said once per
+    process in the log. Any other name is transformers' own; flash_attention_2 without flash-attn is refused here,
+    with the fix, rather than in transformers on every rank."""
+    import importlib.util
+
+    installed = importlib.util.find_spec("flash_attn") is not None
+    if name not in (None, AUTO_ATTENTION):
+        if name == "flash_attention_2" and not installed:
+            raise ValueError("attn_implementation=flash_attention_2 needs flash-attn, which is not installed: "
+                             "pip install flash-attn --no-build-isolation, or write attn_implementation: auto "
+                             "(flash-attn when installed, else sdpa)")
+        return name
+    cuda = torch.cuda.is_available()
+    chosen = "flash_attention_2" if installed and cuda else "sdpa"
+    if not _attention_logged:
+        why = "flash-attn installed, CUDA" if chosen != "sdpa" else (
+            "flash-attn not installed" if not installed else "no CUDA device")
+        logger.info("attn_implementation auto -> %s (%s)", chosen, why)
+        _attention_logged.append(chosen)
+    return chosen
+
+
+def default_attn_implementation() -> str:
+    """What `attn_implementation: auto` loads with on this machine."""
+    return resolve_attn_implementation(AUTO_ATTENTION)
 
 
 def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implementation: str | None = None, **kwargs):
@@ -216,7 +261,7 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implem
     path = resolve_model_path(name_or_path)
     try:
         return AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, attn_implementation=attn_implementation or default_attn_implementation(), **kwargs
+            path, dtype=dtype, attn_implementation=resolve_attn_implementation(attn_implementation), **kwargs
         )
     except Exception as err:
         if type(err).__name__ != "SafetensorError":

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from align.modeling.loading import write_rope_scaling
+from align.modeling.loading import local_model_dir, write_rope_scaling
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ class MergeConfig:
 
     models: list[str] = field(
         default_factory=list,
-        metadata={"help": "Model directories to merge; glob patterns expand in step order (e.g. 'apo/checkpoint-*')."},
+        metadata={"help": "Models to merge: directories, hub ids (org/name[@revision], read from the HF cache) or "
+                          "glob patterns, which expand in step order (e.g. 'apo/checkpoint-*')."},
     )
     weights: list[float] | None = field(
         default=None, metadata={"help": "One weight per model (after globs expand); null: a uniform soup."}
@@ -72,7 +73,7 @@ class MergeConfig:
 
 
 def expand_models(patterns: list[str]) -> list[str]:
-    """Model dirs from paths and glob patterns; a pattern's matches sorted by their step number."""
+    """Model dirs from paths, hub ids and glob patterns; a pattern's matches sorted by their step number."""
     out = []
     for pattern in patterns:
         if any(c in pattern for c in "*?["):
@@ -82,7 +83,7 @@ def expand_models(patterns: list[str]) -> list[str]:
             key = lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p)]  # noqa: E731
             out += sorted(hits, key=key)
         else:
-            out.append(pattern)
+            out.append(local_model_dir(pattern))
     for path in out:
         if not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(f"models: {path!r} is not a saved model directory (no config.json)")
@@ -176,7 +177,7 @@ def merge(cfg: MergeConfig) -> dict:
         raise ValueError("models is empty: list the model directories (or glob patterns) to merge")
     paths = expand_models(cfg.models)
     weights = merge_weights(len(paths), cfg.weights, cfg.normalize)
-    base_path = cfg.base_model or paths[0]
+    base_path = local_model_dir(cfg.base_model) if cfg.base_model else paths[0]
     spec = mergekit_config(paths, weights, False, cfg.dtype)  # weights already normalised here
     os.makedirs(cfg.output_dir, exist_ok=True)
     logger.info("merging %d models with weights %s into %s (%s)", len(paths), weights, cfg.output_dir, cfg.backend)

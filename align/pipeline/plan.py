@@ -1,10 +1,15 @@
 """The pipeline's plan: its recipe (`PipelineConfig`) and each stage resolved from it, in order, before anything runs.
 
-A pipeline recipe lists stages; each names a script (pretrain, midtrain, sft, generate_preferences, dpo, kto,
-orpo, apo, grpo, distill, train_tokenizer, or a path to a .py file), that stage's own recipe, overrides, and
-optionally an accelerate config. A value `${sft.output_dir}` is read from an earlier stage's resolved config
-(recipe + overrides), so each stage's model feeds the next; `${run_dir}` is the pipeline's run directory.
+A pipeline recipe lists stages; each names a script (pretrain, sft, generate_preferences, dpo, kto, orpo, apo,
+grpo, distill, train_tokenizer, or a path to a .py file), that stage's own recipe, overrides, and optionally an
+accelerate config. A value `${sft.output_dir}` is read from an earlier stage's resolved config (recipe +
+overrides), so each stage's model feeds the next; `${run_dir}` is the pipeline's run directory.
 align/pipeline/run.py runs the plan (and documents how).
+
+`start_at` starts the pipeline at a stage: the stages before it are resolved (later stages may read their keys) but
+never run. What they would have made, their `output_dir`, is read from `inputs` when the recipe declares it
+(`inputs: {sft: {output_dir: HuggingFaceTB/SmolLM3-3B}}`), else from their finished output of an earlier run; a
+stage that runs and reads an output that is neither is refused at start, with the `inputs` line to add.
 
     stages = resolve_stages(PipelineConfig(stages=[...]))     # each Stage: its script, config, refs, parent
 """
@@ -23,10 +28,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: align/pipeline/plan.py -> ./
 MARKER = ".smolalign_stage.json"  # written into a stage's output dir only after it finished
 STARTED = ".smolalign_stage_started.json"  # the config a (possibly interrupted) attempt ran with
-# stage script names -> scripts/<file>.py (pretrain and midtrain both run scripts/run_pretrain.py)
-ALIASES = {"pretrain": "run_pretrain", "midtrain": "run_pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
+# stage script names -> scripts/<file>.py
+ALIASES = {"pretrain": "run_pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
 # Scripts that take --resume_from_checkpoint (generate_preferences resumes by itself: it skips done prompts).
-RESUMABLE = {"pretrain", "midtrain", "run_pretrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
+RESUMABLE = {"pretrain", "run_pretrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
 NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences", "generate_answers"}  # stages whose output is not a model
 DISTRIBUTED = RESUMABLE | {"generate_preferences"}  # scripts that run on many processes (accelerate launch)
 TRACKED = RESUMABLE  # scripts whose config has report_to
@@ -70,6 +75,15 @@ class PipelineConfig:
                                 "ablation sets its name so all its runs are one group."},
     )
     rerun: list[str] = field(default_factory=list, metadata={"help": "Stages to run again even if finished."})
+    start_at: str | None = field(
+        default=None, metadata={
+            "aliases": ["--from"],
+            "help": "Start at this stage (also --from): the stages before it never run; a stage that reads one's "
+                    "output_dir gets the value `inputs` declares for it, or its finished output of an earlier run."})
+    inputs: dict | None = field(
+        default=None, metadata={
+            "help": "With start_at: what the stages before it would have made, {stage: {key: value}}, e.g. "
+                    "{sft: {output_dir: HuggingFaceTB/SmolLM3-3B}} to start at apo from a published SFT model."})
     until: str | None = field(default=None, metadata={"help": "Stop after this stage."})
     report: bool = field(default=True, metadata={"help": "Write the markdown report + plots at the end."})
     report_only: bool = field(default=False, metadata={"help": "Only (re)write the report from the manifest."})
@@ -146,6 +160,7 @@ class Stage:
     config: dict = field(default_factory=dict)  # resolved: recipe + overrides, references substituted
     refs: set = field(default_factory=set)  # names of the earlier stages it reads
     parent: str | None = None  # the earlier stage whose output model this stage starts from (its "before")
+    before_start: bool = False  # before the pipeline's start_at: resolved, never run
 
     @property
     def output_dir(self) -> str:
@@ -172,17 +187,27 @@ def read_yaml(path: str | Path, what: str) -> dict:
     return data
 
 
-def resolve_refs(value, known: dict[str, dict], where: str, used: set | None = None):
+@dataclass(frozen=True)
+class Unmade:
+    """The output of a stage before start_at that is not there: a stage that runs and reads it is refused with
+    `why`; a stage that does not run keeps it as its value."""
+
+    why: str
+
+
+def resolve_refs(value, known: dict[str, dict], where: str, used: set | None = None, strict: bool = True):
     """Substitute `${stage.key}` (and `${run_dir}`) in strings, recursively through dicts and lists.
 
-    A string that is exactly one reference takes the referenced value's type; otherwise it is text.
+    A string that is exactly one reference takes the referenced value's type; otherwise it is text. A reference to
+    an Unmade value raises ValueError when `strict`, else the whole string becomes that Unmade.
     """
     if isinstance(value, dict):
-        return {k: resolve_refs(v, known, where, used) for k, v in value.items()}
+        return {k: resolve_refs(v, known, where, used, strict) for k, v in value.items()}
     if isinstance(value, list):
-        return [resolve_refs(v, known, where, used) for v in value]
+        return [resolve_refs(v, known, where, used, strict) for v in value]
     if not isinstance(value, str) or "${" not in value:
         return value
+    unmade: list[Unmade] = []
 
     def lookup(m: re.Match):
         stage, key = m.group(1), m.group(2)
@@ -197,7 +222,12 @@ def resolve_refs(value, known: dict[str, dict], where: str, used: set | None = N
             raise ValueError(f"{where}: stage '{stage}' has no key '{key}' in its resolved config")
         if used is not None:
             used.add(stage)
-        return known[stage][key]
+        found = known[stage][key]
+        if isinstance(found, Unmade):
+            if strict:
+                raise ValueError(f"{where} reads '{m.group(0)}': {found.why}")
+            unmade.append(found)
+        return found
 
     whole = REF.fullmatch(value)
     if whole:
@@ -208,16 +238,57 @@ def resolve_refs(value, known: dict[str, dict], where: str, used: set | None = N
         bad = rest[rest.index("${") :].split("}")[0] + "}"
         raise ValueError(f"{where}: '{bad}' is not a reference; write ${{stage.key}} (e.g. ${{sft.output_dir}}) or "
                          f"${{run_dir}}")
-    return text
+    return unmade[0] if unmade else text
+
+
+def _start_index(cfg: PipelineConfig) -> int:
+    """Where the run starts (0 without start_at), after checking start_at and inputs against the stage list."""
+    names = [str(raw.get("name")) for raw in cfg.stages if isinstance(raw, dict)]
+    inputs = cfg.inputs or {}
+    if not isinstance(inputs, dict) or not all(isinstance(v, dict) for v in inputs.values()):
+        raise ValueError(f"inputs={inputs!r} must map a stage to its keys, e.g. inputs: "
+                         "{sft: {output_dir: HuggingFaceTB/SmolLM3-3B}}")
+    if cfg.start_at is None:
+        if inputs:
+            raise ValueError(f"inputs names {sorted(inputs)} but start_at is not set: inputs stand in for the stages "
+                             "before start_at, which do not run (set start_at, e.g. --start_at sft)")
+        return 0
+    if cfg.start_at not in names:
+        raise ValueError(f"start_at={cfg.start_at!r} is not a stage; stages: {names}")
+    start = names.index(cfg.start_at)
+    for name in inputs:
+        if name not in names[:start]:
+            raise ValueError(f"inputs names '{name}', which is not a stage before start_at={cfg.start_at!r}; inputs "
+                             f"stand in for the stages that do not run: {names[:start]}")
+    for what, chosen in (("rerun", cfg.rerun), ("until", [cfg.until] if cfg.until else [])):
+        early = [n for n in chosen if n in names[:start]]
+        if early:
+            raise ValueError(f"{what} names {early}, before start_at={cfg.start_at!r}: those stages do not run")
+    return start
+
+
+def _as_read_later(name: str, config: dict, declared: dict, start_at: str) -> dict:
+    """A stage before start_at as later stages read it: its resolved config, the keys `inputs` declares for it on
+    top; its output_dir stays only when it holds that stage's finished output, else it is Unmade."""
+    config = {**config, **declared}
+    out = config.get("output_dir")
+    if "output_dir" not in declared and not (isinstance(out, str) and (Path(out) / MARKER).is_file()):
+        config["output_dir"] = Unmade(
+            f"start_at={start_at!r} skips stage '{name}', and its output_dir {out} holds no finished output; declare "
+            f"what to read instead, e.g. inputs: {{{name}: {{output_dir: <model dir or hub id>}}}} (or --inputs "
+            f"'{{{name}: {{output_dir: ...}}}}'), or start at '{name}' or earlier")
+    return config
 
 
 def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
     """Validate the stage list and resolve every stage's config, in order (references go backwards only)."""
     if not cfg.stages:
         raise ValueError("stages is empty: list at least one {name, script, recipe} in the pipeline recipe")
+    first = _start_index(cfg)
     known: dict[str, dict] = {"": {"run_dir": cfg.run_dir}}
     stages: list[Stage] = []
     for i, raw in enumerate(cfg.stages):
+        runs = i >= first
         if not isinstance(raw, dict) or "name" not in raw or "script" not in raw:
             raise ValueError(f"stages[{i}] must be a mapping with at least 'name' and 'script', got {raw!r}")
         name = str(raw["name"])
@@ -230,12 +301,14 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
         if not script_path(script).is_file():
             raise FileNotFoundError(f"stage '{name}': script '{script}' not found at {script_path(script)}")
         used: set[str] = set()
-        recipe = resolve_refs(raw.get("recipe"), known, f"stage '{name}'.recipe", used)
+        recipe = resolve_refs(raw.get("recipe"), known, f"stage '{name}'.recipe", used, strict=runs)
+        if isinstance(recipe, Unmade):
+            raise ValueError(f"stage '{name}'.recipe: {recipe.why}")
         base = read_yaml(recipe, f"stage '{name}'") if recipe else {}
         overrides = raw.get("overrides") or {}
         if not isinstance(overrides, dict):
             raise ValueError(f"stage '{name}': overrides must be a mapping of key: value")
-        config = resolve_refs({**base, **overrides}, known, f"stage '{name}'", used)
+        config = resolve_refs({**base, **overrides}, known, f"stage '{name}'", used, strict=runs)
         if "output_dir" not in config:
             raise ValueError(f"stage '{name}': no output_dir in its recipe or overrides; add overrides: {{output_dir: ...}}")
         if cfg.tracking in ("wandb", "tensorboard") and script in TRACKED and "report_to" not in overrides:
@@ -246,6 +319,7 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
             num_processes=raw.get("num_processes"), launcher=raw.get("launcher"),
             eval_overrides=raw.get("eval_overrides") or {}, env={k: str(v) for k, v in (raw.get("env") or {}).items()},
             resume=bool(raw.get("resume", script in RESUMABLE)), target=raw.get("target"), config=config, refs=used,
+            before_start=not runs,
         )
         stage.eval = bool(raw.get("eval", stage.makes_model))
         start = config.get("model_name_or_path") or config.get("init_from")
@@ -256,7 +330,7 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
             check_accelerate_config(stage.accelerate_config, f"stage '{name}': ")
         if cfg.accelerate_config:
             check_accelerate_config(cfg.accelerate_config)
-        known[name] = config
+        known[name] = config if runs else _as_read_later(name, config, (cfg.inputs or {}).get(name, {}), cfg.start_at)
         stages.append(stage)
     for n in [*cfg.rerun, *([cfg.until] if cfg.until else [])]:
         if n not in known:
@@ -265,7 +339,7 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
     if planned is not None:
         path = str(planned[0])
         for stage in stages:
-            if stage.script in DECONTAMINATED:
+            if stage.script in DECONTAMINATED and not stage.before_start:
                 stage.config.setdefault("decontamination", cfg.decontamination)
                 stage.config["decontamination_eval_sets"] = path
     return stages
@@ -296,6 +370,7 @@ def decontamination_sets(cfg: PipelineConfig, stages: list[Stage]) -> tuple[Path
     sets themselves when it starts, so a held-out split made by an earlier stage is there). The file is named by a
     hash of its content: a change to any eval set changes the training stages' configs, so they run again. None when
     it is off."""
+    stages = [s for s in stages if not s.before_start]  # the stages this run evaluates and trains
     if cfg.decontamination == "off" or not any(s.script in DECONTAMINATED for s in stages):
         return None
     evals: list[dict] = []

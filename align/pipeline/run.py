@@ -2,10 +2,12 @@
 
     python scripts/pipeline.py recipes/tiny/pipeline.yaml              # what `make demo` runs
     python scripts/pipeline.py recipes/tiny/pipeline.yaml --report_only
+    python scripts/pipeline.py recipes/smollm3/post_train_pipeline.yaml --start_at apo \
+        --inputs '{sft: {output_dir: HuggingFaceTB/SmolLM3-3B}}'      # from a stage on, its input declared
 
-A pipeline recipe lists stages; each names a script (pretrain, midtrain, sft, generate_preferences, dpo, kto,
-orpo, apo, grpo, distill, train_tokenizer, or a path to a .py file), that stage's own recipe, overrides, and
-optionally an accelerate config. A value `${sft.output_dir}` is read from an earlier stage's resolved config
+A pipeline recipe lists stages; each names a script (pretrain, sft, generate_preferences, dpo, kto, orpo, apo,
+grpo, distill, train_tokenizer, or a path to a .py file), that stage's own recipe, overrides, and optionally an
+accelerate config. A value `${sft.output_dir}` is read from an earlier stage's resolved config
 (recipe + overrides), so each stage's model feeds the next; `${run_dir}` is the pipeline's run directory
 (align/pipeline/plan.py resolves the stages; this module runs them).
 
@@ -365,11 +367,19 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
     console = console or Console(soft_wrap=True)
     stages = resolve_stages(cfg)
     by_name = {s.name: s for s in stages}
+    stages = [s for s in stages if not s.before_start]
     if cfg.until:
         stages = stages[: [s.name for s in stages].index(cfg.until) + 1]
     run_dir = Path(cfg.run_dir)
     manifest = Manifest(cfg, list(by_name.values()))
     forced = set(cfg.rerun)
+    for s in by_name.values():
+        if s.before_start:
+            rec = manifest.stage(s.name)  # an earlier run's record of it stays as it was
+            rec["skipped_this_run"] = True
+            if rec["status"] == "pending":
+                rec["status"] = "not run"
+            console.print(f"{s.name}: not run (before start_at={cfg.start_at})")
     if cfg.dry_run:
         for s in stages:
             path = run_dir / "configs" / f"{s.name}.yaml"

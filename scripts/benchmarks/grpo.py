@@ -35,7 +35,7 @@ from data_gen.tasks import make_tasks, tasks_dataset, to_messages
 from pretrain.tokenizer import train_tokenizer
 
 TARGETS = {"tiny": 1.5, "smollm2-135m": 1.5}
-TINY_CANDIDATES = ("outputs/tiny/apo", "outputs/tiny/sft", "outputs/tiny/midtrain")
+TINY_CANDIDATES = ("outputs/tiny/apo", "outputs/tiny/sft", "outputs/tiny/pretrain_reasoning")
 
 
 def _tiny_model_dir() -> tuple[str, str]:

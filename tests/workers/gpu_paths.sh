@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-only branches, run on a CUDA machine (not in CI: CI has no GPU). From the repository root:
 #     bash tests/workers/gpu_paths.sh MODELS_DIR OUT_DIR
-# MODELS_DIR holds the micro pipeline's outputs (configs/, midtrain/, sft/, apo/: `python scripts/pipeline.py
+# MODELS_DIR holds the micro pipeline's outputs (configs/, pretrain_reasoning/, sft/, apo/: `python scripts/pipeline.py
 # recipes/tiny/micro_pipeline.yaml`). Checks: (1) SFT with Liger kernels trains with the loss of the run without them;
 # (2) FSDP2 (accelerate, fsdp2.yaml, one GPU) pushes full tensors (`DTensor.full_tensor()`) to a rollout engine
 # with its own copy, and the saved model equals the gathered weights; (3) evaluation on the GPU; (4) the vLLM engine
@@ -26,7 +26,7 @@ a, b = losses(f"{out}/{x}"), losses(f"{out}/{y}")
 print("losses", x, a, y, b, "max rel diff", max(abs(p - q) / abs(p) for p, q in zip(a, b)))
 PY
 }
-sft="$M/configs/sft.yaml --model_name_or_path $M/midtrain --max_steps 4 --logging_steps 1 --save_steps 4 --eval_after false --bf16 true"
+sft="$M/configs/sft.yaml --model_name_or_path $M/pretrain_reasoning --max_steps 4 --logging_steps 1 --save_steps 4 --eval_after false --bf16 true"
 if on 1; then
 $t $PY scripts/sft.py $sft --output_dir "$OUT/sft_plain" > "$OUT/sft_plain.log" 2>&1; echo "sft plain rc $?"
 $t $PY scripts/sft.py $sft --output_dir "$OUT/sft_liger" --use_liger_kernel true > "$OUT/sft_liger.log" 2>&1; echo "sft liger rc $?"
@@ -68,7 +68,7 @@ out = sys.argv[1]
 m = AutoModelForCausalLM.from_pretrained(f"{out}/sft_qlora")
 print("qlora saved model dtype", m.dtype, "quantized", hasattr(m.config, "quantization_config"))
 PY
-$t $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/midtrain" --teacher_model_name_or_path \
+$t $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/pretrain_reasoning" --teacher_model_name_or_path \
     "$M/sft_strong" --output_dir "$OUT/distill_8bit" --max_steps 3 --logging_steps 1 --save_steps 3 --report_to none \
     --bf16 true --per_device_train_batch_size 2 --max_completion_length 16 --max_length 128 --eval_num_prompts 4 \
     --distill_eval_max_new_tokens 16 --dataset_args "{num: 32, mode: mixed, seed: 0}" --teacher_quantization 8bit \

@@ -37,7 +37,7 @@ run grpo_padding_free $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$
     --padding_free true
 run grpo_async $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_async" $trl --rollout_backend hf \
     --async_generation true --max_staleness 1
-run distill $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/midtrain" \
+run distill $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/pretrain_reasoning" \
     --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill" $trl --per_device_train_batch_size 2 \
     --max_completion_length 16 --max_length 128 --eval_num_prompts 4 --distill_eval_max_new_tokens 16 \
     --dataset_args "{num: 32, mode: mixed, seed: 0}"
@@ -47,7 +47,7 @@ run grpo_replay $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/gr
 run grpo_replay_pf $PY scripts/grpo.py "$M/configs/grpo.yaml" --output_dir "$OUT/grpo_replay_pf" $trl --rollout_backend hf \
     --replay_data builtin:tasks --replay_args "{num: 16, mode: mixed, seed: 1}" --replay_coef 0.2 --padding_free true
 # the rejection-sampling teacher: its best-of-n answers sampled on the GPU (the teacher loaded to the CPU before)
-run distill_rejection $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/midtrain" \
+run distill_rejection $PY scripts/distill.py recipes/tiny/distill.yaml --model_name_or_path "$M/pretrain_reasoning" \
     --teacher_model_name_or_path "$M/sft_strong" --output_dir "$OUT/distill_rejection" $trl \
     --per_device_train_batch_size 2 --loss rejection_sampling --teacher_best_of 8 --temperature 1.0 \
     --max_completion_length 32 --max_length 160 --eval_num_prompts 16 --distill_eval_max_new_tokens 32 \
