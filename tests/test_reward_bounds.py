@@ -23,8 +23,8 @@ Memory is the child's peak resident set (``/proc/self/status`` VmHWM after reset
 ``/proc/self/clear_refs``), which counts C allocations too and costs nothing; where that is not available, the call
 is repeated under ``tracemalloc`` (which slows the pure-Python scanners about 8 times, too slow for every case). Set
 ``REWARD_BOUNDS_LOG=path`` to append one JSON line per shape case (reward, shape, mode, CPU and wall seconds, peak
-MB, growth, verdict), ``REWARD_BOUNDS_KILL_S`` to change the kill,
-``REWARD_FUZZ_EXAMPLES`` the examples per reward.
+MB, growth, verdict), ``REWARD_BOUNDS_KILL_S`` to change the kill, ``REWARD_FUZZ_EXAMPLES`` the examples per
+reward. Run it from the checkout's root (``python -m pytest``) so that its ``rewards`` is the one imported.
 
 Run: ``python -m pytest -q tests/test_reward_bounds.py`` (``-m "not slow"``: the fuzz and the harness's own checks,
 under a minute); one reward: ``-k "math_reward-"``.
@@ -65,7 +65,7 @@ MEMORY_BOUND_MB = 64  # peak growth for a 1 MiB input
 KILL_S = float(os.environ.get("REWARD_BOUNDS_KILL_S", 10))  # wall clock: past it the child is killed and fails
 # A call that takes GROWTH_MIN_S or more is timed on an eighth of its input too: linear time grows 8 times, quadratic
 # 64 times. This catches a quadratic scan that is still under the bound at 1 MiB (memcpy-fast, but 4 times slower
-# on each doubling of the cap). Linear calls measured 3-12 times on a loaded 2-core machine; over the bound, both
+# on each doubling of the cap). Linear calls measured 3-13 times on a loaded 2-core machine; over the bound, both
 # sizes are timed again and the best of each kept.
 GROWTH_MIN_S = 0.5
 GROWTH_DIVISOR = 8
