@@ -43,7 +43,7 @@ from typing import Any
 
 from rewards.confusables import FOLD, unpack
 from rewards.match import completion_text
-from rewards.visible import drop_invisible, visible_text
+from rewards.visible import drop_invisible, normalize, visible_text
 
 _WORD = re.compile(r"[^\W_]+")
 # Combining diacritics of every script (the generic blocks); left over after NFC they decorate, they do not spell.
@@ -66,7 +66,7 @@ _TO_LATIN = _Fold()
 
 
 def _fold(text: str) -> str:
-    return unicodedata.normalize("NFD", text).translate(_TO_LATIN)
+    return normalize("NFD", text).translate(_TO_LATIN)
 
 
 def skeleton(text: str) -> str:
@@ -79,7 +79,7 @@ def skeleton(text: str) -> str:
     """
     s = _fold(drop_invisible(text))
     s = _fold(_fold(visible_text(s)).casefold())  # again after case folding: Σ folds as σ does
-    return _LOOSE_MARKS.sub("", unicodedata.normalize("NFC", s))
+    return _LOOSE_MARKS.sub("", normalize("NFC", s))
 
 
 def _ngram_counts(text: str, n: int) -> tuple[int, int]:

@@ -4,7 +4,7 @@ A policy under RL writes whatever the reward pays or whatever breaks it. A verif
 every nested candidate, turns one long completion into a stalled or killed trainer. Two suites hold the rule for every
 reward in ``rewards.REWARDS`` (iterated, so a reward added to the registry is covered without editing this file):
 
-- **adversarial shapes** (``SHAPES``): about 1 MiB of UTF-8 per shape, each aimed at a scan the verifiers run (nested
+- **adversarial shapes** (``SHAPES``): about 256 KiB of UTF-8 per shape (a quarter of the longest completion the verifiers read, ``MAX_COMPLETION_CHARS``; the growth check below extrapolates), each aimed at a scan the verifiers run (nested
   and unclosed ``\boxed{``, whitespace after an answer anchor or a code fence, unpaired tags, brace and ``\frac``
   towers, equality chains, combining marks, ...). Each call runs in a forked child, so a hang or a runaway allocation
   fails its own case instead of the suite: it must finish within ``CPU_BOUND_S`` seconds of CPU, raise its peak
@@ -59,15 +59,15 @@ from hypothesis import strategies as st
 import rewards
 from rewards import REWARDS
 
-SIZE = 1 << 20  # UTF-8 bytes of each adversarial shape
-CPU_BOUND_S = 3.0  # per call, generous for a slow 2-core machine: a linear scan of 1 MiB takes well under 1 s
-MEMORY_BOUND_MB = 64  # peak growth for a 1 MiB input
+SIZE = 1 << 18  # UTF-8 bytes of each adversarial shape
+CPU_BOUND_S = 3.0  # per call, generous for a slow 2-core machine: a linear scan of 256 KiB takes well under 0.3 s
+MEMORY_BOUND_MB = 64  # peak growth for a 256 KiB input
 KILL_S = float(os.environ.get("REWARD_BOUNDS_KILL_S", 10))  # wall clock: past it the child is killed and fails
 # A call that takes GROWTH_MIN_S or more is timed on an eighth of its input too: linear time grows 8 times, quadratic
-# 64 times. This catches a quadratic scan that is still under the bound at 1 MiB (memcpy-fast, but 4 times slower
+# 64 times. This catches a quadratic scan that is still under the bound at 256 KiB (memcpy-fast, but 4 times slower
 # on each doubling of the cap). Linear calls measured 3-13 times on a loaded 2-core machine; over the bound, both
 # sizes are timed again and the best of each kept.
-GROWTH_MIN_S = 0.5
+GROWTH_MIN_S = 0.1  # a quadratic scan under it here takes under 1.6 s on the longest completion read (4x the input)
 GROWTH_DIVISOR = 8
 MAX_GROWTH = 16.0
 GROWTH_KILL_FACTOR = 3  # the growth timing after a finished call runs it and its eighth up to twice more
@@ -469,7 +469,7 @@ def test_reward_bounded_on_adversarial_shape(name: str, shape: str, mode: str):
             f"{GROWTH_DIVISOR} of them (linear is {GROWTH_DIVISOR}, quadratic {GROWTH_DIVISOR ** 2}; bound {MAX_GROWTH})")
 
 
-def test_shapes_are_about_one_mebibyte():
+def test_shapes_are_about_size_bytes():
     """Each shape is the size the bounds are stated for (a shape that shrank would test nothing)."""
     sizes = {shape: _utf8_len(builder(SIZE)) for shape, (builder, _) in SHAPES.items()}
     wrong = {shape: n for shape, n in sizes.items() if not 0.9 * SIZE <= n <= 1.1 * SIZE}
