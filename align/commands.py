@@ -89,7 +89,14 @@ def script_path(command: Command) -> Path:
 def config_types(name: str) -> tuple:
     """The dataclasses the command's script parses its recipe into (its CONFIG_TYPES); () for a script of its own
     argument parser (compare, bench, preflight)."""
-    namespace = runpy.run_path(str(script_path(COMMANDS[name])))  # not as __main__: only its definitions
+    added = str(SCRIPTS) not in sys.path
+    if added:  # as when the script runs: its sibling modules (scripts/benchmarks/) import
+        sys.path.insert(0, str(SCRIPTS))
+    try:
+        namespace = runpy.run_path(str(script_path(COMMANDS[name])))  # not as __main__: only its definitions
+    finally:
+        if added:
+            sys.path.remove(str(SCRIPTS))
     return tuple(namespace.get("CONFIG_TYPES") or ())
 
 
