@@ -68,6 +68,18 @@ def test_sync_pushes_once_per_step_and_not_at_all_to_an_engine_sharing_the_model
     assert len(engine.pushed) == 3
 
 
+def test_an_engine_set_later_is_the_one_pushed_to():
+    """The sampler holds one engine: one set after it was built (a server started later) gets the pushes, and
+    generates, instead of the first."""
+    model, first, later = tiny_llama(), RecordingEngine(), RecordingEngine()
+    sampler = Sampler(first, None, seed=0)
+    sampler.sync(model, 0)
+    sampler.engine = later
+    sampler.sync(model, 1)
+    assert (len(first.pushed), len(later.pushed)) == (1, 1) and sampler.backend == later.backend
+    assert sampler.weights.engine is later
+
+
 def test_push_sends_the_merged_lora_weights_and_leaves_the_adapter_unmerged():
     from peft import LoraConfig, get_peft_model
 
