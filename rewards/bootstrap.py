@@ -18,7 +18,8 @@ from rewards.limits import SECCOMP_FILTER
 # The bootstrap runs first inside the namespaces: it builds the new root, then forks the harness with
 # the limits applied (rlimits, uid, no_new_privs, rewards.limits' seccomp filter ``deny_syscalls``) and stays
 # as the pid namespace's first process, reaping, until the harness exits.
-BOOTSTRAP = r"""
+BOOTSTRAP = (
+    r"""
 import ctypes, json, os, resource, sys
 cfg = json.loads(sys.argv[1])
 if cfg["cgroup"]:  # first of all: this process and every one it starts count against the sandbox's memory cgroup
@@ -96,7 +97,9 @@ if cfg["isolate"]:
     os.chdir("/work")
 else:
     os.chdir(cfg["workdir"])
-""" + SECCOMP_FILTER + r"""
+"""
+    + SECCOMP_FILTER
+    + r"""
 pid = os.fork()
 if pid == 0:
     try:
@@ -126,6 +129,7 @@ _, status = os.waitpid(pid, 0)
 sys.stdout.flush()
 os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 """
+)
 
 # A plain program (``run_program``): the candidate's code run as the real ``__main__`` module (so that
 # multiprocessing finds its functions), ``exit()``/``quit()`` defined as ``site`` would (``-S`` leaves them out). Its

@@ -77,8 +77,11 @@ MAX_REPLY_BYTES = 16 << 20  # one reply (or the list of the solution's names) la
 
 # The judge's side: the tests, with the solution's names as stubs that call across the pipe. No candidate code
 # ever runs in this process; what comes back is rebuilt by rewards.wire.decode.
-_JUDGE = _WIRE + f"\nCHECK_COUNTER = {CHECK_COUNTER!r}\n" + "".join(
-    inspect.getsource(f) + "\n" for f in (is_check_call, count_checks, free_names, under_test)) + r'''
+_JUDGE = (
+    _WIRE
+    + f"\nCHECK_COUNTER = {CHECK_COUNTER!r}\n"
+    + "".join(inspect.getsource(f) + "\n" for f in (is_check_call, count_checks, free_names, under_test))
+    + r'''
 import builtins, random, sys
 
 _MISSING = object()  # a global of the solution that is not plain data: the tests do not see it
@@ -359,6 +362,7 @@ def _judge():
     os._exit(0)
 _judge()
 '''
+)
 
 
 @dataclass
@@ -381,8 +385,9 @@ def _verdict(raw: bytes, token: str) -> dict:
     return verdict if isinstance(verdict, dict) and verdict.get("token") == token else {}
 
 
-def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits, isolate: bool,
-           require_call: bool) -> JudgeResult:
+def _judge(
+    code: str, tests: str, entry_point: str | None, limits: SandboxLimits, isolate: bool, require_call: bool
+) -> JudgeResult:
     token = secrets.token_hex(16)
     req_r, req_w = os.pipe()  # judge -> candidate: calls
     rep_r, rep_w = os.pipe()  # candidate -> judge: plain-data replies
@@ -391,15 +396,26 @@ def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits
     deadline = time.monotonic() + limits.wall_s
     try:
         spec = {"code": code, "fds": [req_r, rep_w], "max_output": max(MAX_REPLY_BYTES, limits.output_bytes) // 2}
-        candidate = spawn(_WIRE + SERVER, json.dumps(spec).encode() + b"\n", limits,
-                          isolate, pass_fds=(req_r, rep_w))
+        candidate = spawn(_WIRE + SERVER, json.dumps(spec).encode() + b"\n", limits, isolate, pass_fds=(req_r, rep_w))
         loads_only = not tests.strip() and not (entry_point or "").strip()  # no tests: does the solution load?
-        payload = {"tests": tests, "entry_point": entry_point, "token": token, "fds": [req_w, rep_r, ver_w],
-                   "max_reply_bytes": max(MAX_REPLY_BYTES, limits.output_bytes),
-                   "problem": None if loads_only else data_error(tests, entry_point),
-                   "require_check": not loads_only, "require_call": require_call and not loads_only}
-        judge = spawn(_JUDGE, json.dumps(payload).encode() + b"\n", limits, isolate, pass_fds=(req_w, rep_r, ver_w),
-                      avoid_uids=(candidate.uid,))
+        payload = {
+            "tests": tests,
+            "entry_point": entry_point,
+            "token": token,
+            "fds": [req_w, rep_r, ver_w],
+            "max_reply_bytes": max(MAX_REPLY_BYTES, limits.output_bytes),
+            "problem": None if loads_only else data_error(tests, entry_point),
+            "require_check": not loads_only,
+            "require_call": require_call and not loads_only,
+        }
+        judge = spawn(
+            _JUDGE,
+            json.dumps(payload).encode() + b"\n",
+            limits,
+            isolate,
+            pass_fds=(req_w, rep_r, ver_w),
+            avoid_uids=(candidate.uid,),
+        )
     except BaseException:
         for box in (candidate, judge):
             if box is not None:

@@ -190,8 +190,14 @@ def cosine_length_reward(
     if verifier not in verifiers:
         raise ValueError(f"cosine_length_reward: verifier must be one of {sorted(verifiers)}, got {verifier!r}")
     columns = {k: v for k, v in kwargs.items() if k not in ("log_extra", "log_metric")}
-    correct = verifier_reward(completions, reward=reward, default_verifier=f"{verifier}_reward", answer=answer,
-                              completion_ids=completion_ids, **columns)
+    correct = verifier_reward(
+        completions,
+        reward=reward,
+        default_verifier=f"{verifier}_reward",
+        answer=answer,
+        completion_ids=completion_ids,
+        **columns,
+    )
     lengths = _lengths(completions, completion_ids)
     scores: list[float | None] = []
     for ok, length in zip(correct, lengths):

@@ -127,8 +127,14 @@ def _cgroup_dir(version: int) -> str | None:
     """This process's own cgroup directory in its memory hierarchy (v1) or the unified one (v2), or None."""
     with open("/proc/self/cgroup") as f:
         lines = [line.rstrip("\n").split(":", 2) for line in f]
-    path = next((p for hid, ctl, p in lines if (version == 1 and "memory" in ctl.split(","))
-                 or (version == 2 and hid == "0" and ctl == "")), None)
+    path = next(
+        (
+            p
+            for hid, ctl, p in lines
+            if (version == 1 and "memory" in ctl.split(",")) or (version == 2 and hid == "0" and ctl == "")
+        ),
+        None,
+    )
     if path is None:
         return None
     with open("/proc/self/mountinfo") as f:
@@ -171,8 +177,13 @@ def memory_cgroup() -> tuple[str | None, int, str]:
         try:
             probe = _new_cgroup(base, version, 64 << 20)
             join = "import sys; open(sys.argv[1], 'w').write('0')"
-            subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", join, os.path.join(probe, "cgroup.procs")],
-                           env={}, check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                [os.path.realpath(sys.executable), "-I", "-S", "-c", join, os.path.join(probe, "cgroup.procs")],
+                env={},
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
         except (OSError, subprocess.SubprocessError) as e:
             reason = f"cannot make or join a memory cgroup under {base}: {e}"
             continue

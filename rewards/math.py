@@ -253,8 +253,9 @@ class SymbolicBudget:
         return _expression_equal(pred, gold, seconds=left) if left > 0 else False
 
 
-def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False, prompt: str | None = None
-                      ) -> bool | None:
+def math_verify_equal(
+    text: str, gold: str, last_number_fallback: bool = False, prompt: str | None = None
+) -> bool | None:
     r"""True when the completion ``text`` states ``gold`` (``rewards.answer.judge``: every answer candidate, read
     under the gold's grammar); None when the gold itself cannot be parsed (the row is abstained on, with a warning,
     rather than scored 0 forever). ``prompt``: the question, whose words may be the answer's units.
@@ -277,7 +278,10 @@ def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False, 
 
 
 def math_reward(
-    completions: list, answer: list[str | None], last_number_fallback: bool = False, prompts: list | None = None,
+    completions: list,
+    answer: list[str | None],
+    last_number_fallback: bool = False,
+    prompts: list | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
     r"""1.0 when the completion's final answer equals the gold ``answer``, 0.0 otherwise, None without a gold.

@@ -26,8 +26,10 @@ def main(cfg: EvalConfig) -> dict:
         for key, base in results["details"].items():
             if key.startswith("baseline/"):  # the model against each task family's best trivial rule
                 for mode, v in base.get("by_mode", {}).items():
-                    print(f"{key}/{mode}: beats the best trivial rule on {v['beaten']} of {v['num_families']} "
-                          "task families (paired test, p < 0.05)")
+                    print(
+                        f"{key}/{mode}: beats the best trivial rule on {v['beaten']} of {v['num_families']} "
+                        "task families (paired test, p < 0.05)"
+                    )
         print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
     leave_launcher()
     return results

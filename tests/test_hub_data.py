@@ -46,7 +46,12 @@ def test_only_the_requested_split_is_prepared(repo, tmp_path):
 @pytest.mark.parametrize(
     "split, config, error, message",
     [
-        ("train", "SFT", SplitNotFoundError, r"config 'SFT' has no split 'train'; its splits: alpha_no_think, beta_think$"),
+        (
+            "train",
+            "SFT",
+            SplitNotFoundError,
+            r"config 'SFT' has no split 'train'; its splits: alpha_no_think, beta_think$",
+        ),
         ("x", "Nope", ValueError, r"has no config 'Nope'; its configs: SFT, Mid$"),
         ("x", None, ValueError, r"several configs and none was chosen; .* one of: SFT, Mid$"),
     ],

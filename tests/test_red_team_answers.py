@@ -147,7 +147,13 @@ HONEST = [
     ("unit_rate", M, "\\boxed{60 \\text{ km/h}}", "60", {}),
     ("unit_mathrm_single_letter", M, "\\boxed{3.5 \\mathrm{m}}", "3.5", {}),
     # a counted noun is a unit when the question counts it (TRL passes the prompts)
-    ("unit_counted_noun", M, "\\boxed{7 \\text{ students}}", "7", {"prompts": ["How many students are in the class?"]}),
+    (
+        "unit_counted_noun",
+        M,
+        "\\boxed{7 \\text{ students}}",
+        "7",
+        {"prompts": ["How many students are in the class?"]},
+    ),
     ("currency_dollar", M, "\\boxed{\\$5}", "5", {}),
     ("currency_word", M, "\\boxed{5 dollars}", "5", {}),
     ("degrees_circ", M, "\\boxed{90^\\circ}", "90", {}),

@@ -83,8 +83,10 @@ def our_code(paths: list[str]) -> dict[str, str]:
     return {str(f.relative_to(ROOT)): f.read_text() for f in files}
 
 
-CASES = [pytest.param(i, id=name) for i, name in enumerate(
-    ["sft", "grpo", "distill", "trainer checkpoints", "trainer non-finite guard"])]
+CASES = [
+    pytest.param(i, id=name)
+    for i, name in enumerate(["sft", "grpo", "distill", "trainer checkpoints", "trainer non-finite guard"])
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -124,8 +126,10 @@ def test_every_private_name_we_touch_is_declared(case):
             if name in private:
                 touched.setdefault(name, f"{path}:{text.count(chr(10), 0, m.start()) + 1}")
     undeclared = {n: where for n, where in touched.items() if n not in declared}
-    assert not undeclared, (f"private names of {base.__name__} touched but not declared in {module_name}'s "
-                            f"TRL_PRIVATE_METHODS / TRL_PRIVATE_ATTRIBUTES: {undeclared}")
+    assert not undeclared, (
+        f"private names of {base.__name__} touched but not declared in {module_name}'s "
+        f"TRL_PRIVATE_METHODS / TRL_PRIVATE_ATTRIBUTES: {undeclared}"
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -135,8 +139,13 @@ def test_private_overrides_live_in_the_declaring_module(case):
     module_name, base, paths = _bases()[case]
     private = base_private_names(base)
     home = module_name.replace(".", "/") + ".py"
-    elsewhere = {f"{path}: {m.group(1)}" for path, text in our_code(paths).items() if path != home
-                 for m in re.finditer(r"^\s+def (_[a-z]\w*)\(self", text, re.M) if m.group(1) in private}
+    elsewhere = {
+        f"{path}: {m.group(1)}"
+        for path, text in our_code(paths).items()
+        if path != home
+        for m in re.finditer(r"^\s+def (_[a-z]\w*)\(self", text, re.M)
+        if m.group(1) in private
+    }
     assert not elsewhere, f"private methods of {base.__name__} overridden outside {home}: {sorted(elsewhere)}"
 
 

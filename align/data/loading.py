@@ -46,7 +46,14 @@ from align.data.sources import BUILTIN_PREFIX, call_builtin, register_builtin
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SplitNotFoundError", "load_source", "get_dataset", "held_out_splits", "require_columns", "register_builtin"]
+__all__ = [
+    "SplitNotFoundError",
+    "load_source",
+    "get_dataset",
+    "held_out_splits",
+    "require_columns",
+    "register_builtin",
+]
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "num_samples", "weighting"}
@@ -84,7 +91,9 @@ def _load_local(spec: str, split: str | None, args: dict) -> datasets.Dataset:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")
         if (split or "train") != "train":
             raise SplitNotFoundError(f"{spec!r} has no split {split!r}; available: train")
-        return datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", streaming=streaming, **args)
+        return datasets.load_dataset(
+            builder, data_files={"train": str(path)}, split="train", streaming=streaming, **args
+        )
     if (path / "dataset_dict.json").exists():
         return _streamed(_pick(datasets.load_from_disk(str(path)), split, spec), streaming)
     if (path / "dataset_info.json").exists() and (path / "state.json").exists():  # a saved single Dataset
@@ -133,8 +142,10 @@ def load_replay_conversations(spec: str, limit: int | None = None, **args) -> da
     without a `messages` column is one line naming its columns."""
     rows = load_source(spec, "train", **args)
     if "messages" not in rows.column_names:
-        raise ValueError(f"replay_data {spec!r} has no `messages` column (it has {rows.column_names}): point it at "
-                         "conversations, e.g. builtin:tool_tasks or the output of scripts/generate_answers.py")
+        raise ValueError(
+            f"replay_data {spec!r} has no `messages` column (it has {rows.column_names}): point it at "
+            "conversations, e.g. builtin:tool_tasks or the output of scripts/generate_answers.py"
+        )
     return rows if limit is None else rows.select(range(min(limit, len(rows))))
 
 
@@ -251,7 +262,9 @@ def _check_mixture(mixture) -> list[dict]:
     if weighting not in WEIGHTINGS:
         raise ValueError(f"dataset_mixture.weighting={weighting!r}: choose 'share' (target shares) or 'fraction'")
     if weighting == "fraction" and _field(mixture, "num_samples", None):
-        raise ValueError("dataset_mixture: num_samples needs weighting 'share'; with 'fraction' each weight sets a size")
+        raise ValueError(
+            "dataset_mixture: num_samples needs weighting 'share'; with 'fraction' each weight sets a size"
+        )
     weighted = ["weight" in e for e in entries]
     if weighting == "share" and any(weighted) and not all(weighted):
         raise ValueError(
@@ -289,7 +302,9 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
         if e.get("config"):
             args["config"] = e["config"]
         train = load_source(spec, split=e.get("split", default_train), **args)
-        test = load_held_out(spec, e.get("test_split", default_test), args, getattr(script_args, "max_eval_samples", None))
+        test = load_held_out(
+            spec, e.get("test_split", default_test), args, getattr(script_args, "max_eval_samples", None)
+        )
         if test is None and test_size:
             # Split each source before sampling, so a repeated training row can never also be a test row.
             train, test = _split_off(train, test_size, seed + i, f"dataset_mixture.datasets[{i}] ({spec})")
@@ -334,8 +349,14 @@ def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str
     cap = config.get("max_eval_samples")
     default_test = config.get("dataset_test_split")
     if config.get("dataset_mixture"):
-        entries = [(e["id"], dict(e.get("args") or {}, **({"config": e["config"]} if e.get("config") else {})),
-                    e.get("test_split", default_test)) for e in _check_mixture(config["dataset_mixture"])]
+        entries = [
+            (
+                e["id"],
+                dict(e.get("args") or {}, **({"config": e["config"]} if e.get("config") else {})),
+                e.get("test_split", default_test),
+            )
+            for e in _check_mixture(config["dataset_mixture"])
+        ]
     elif config.get("dataset_name"):
         args = dict(config.get("dataset_args") or {})
         if config.get("dataset_config"):
@@ -386,8 +407,12 @@ def get_dataset(script_args) -> datasets.DatasetDict:
         if getattr(script_args, "dataset_config", None):
             args.setdefault("config", script_args.dataset_config)
         train = load_source(spec, split=getattr(script_args, "dataset_train_split", None) or "train", **args)
-        test = load_held_out(spec, getattr(script_args, "dataset_test_split", None), args,
-                             getattr(script_args, "max_eval_samples", None))
+        test = load_held_out(
+            spec,
+            getattr(script_args, "dataset_test_split", None),
+            args,
+            getattr(script_args, "max_eval_samples", None),
+        )
         test_size = getattr(script_args, "test_split_size", None)
         if test is None and test_size:
             train, test = _split_off(train, test_size, _seed(script_args), f"dataset_name={spec}")

@@ -233,8 +233,10 @@ def call_builtin(name: str, split: str | None, args: dict) -> datasets.Dataset:
     if name.startswith("rg:"):
         return reasoning_gym_dataset(name[3:], split=split, **args)
     if name not in _BUILTINS:
-        raise ValueError(f"unknown source 'builtin:{name}'; available builtins: {', '.join(available_builtins())} "
-                         "(builtin:tasks is registered by `import data_gen`, as the stages and scripts do)")
+        raise ValueError(
+            f"unknown source 'builtin:{name}'; available builtins: {', '.join(available_builtins())} "
+            "(builtin:tasks is registered by `import data_gen`, as the stages and scripts do)"
+        )
     fn = _BUILTINS[name]
     params = inspect.signature(fn).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -56,8 +56,13 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
     labels = torch.full_like(ids, -100)
     nxt = (rows[1:] == rows[:-1]) & scored[1:]  # the next packed token: same sequence, and scored
     labels[:-1] = torch.where(nxt, ids[1:], labels[:-1])
-    return {"input_ids": ids[None], "position_ids": positions[None], "shift_labels": labels[None], "row": rows,
-            "col": cols}
+    return {
+        "input_ids": ids[None],
+        "position_ids": positions[None],
+        "shift_labels": labels[None],
+        "row": rows,
+        "col": cols,
+    }
 
 
 def unpack(values: torch.Tensor, packed: dict, shape: tuple[int, int], logits_to_keep: int) -> torch.Tensor:
@@ -70,14 +75,24 @@ def unpack(values: torch.Tensor, packed: dict, shape: tuple[int, int], logits_to
     return out.index_put((packed["row"][target], packed["col"][target] - (t - logits_to_keep)), values[0][valid])
 
 
-def packed_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                 compute_entropy: bool = False, autocast=contextlib.nullcontext):
+def packed_logps(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    compute_entropy: bool = False,
+    autocast=contextlib.nullcontext,
+):
     """TRL's per-token log-probs (and entropies) of the completion tokens, (rows, logits_to_keep), from one packed
     row. `model` takes TRL's fused LM head (`fused_lm_head=True`, `shift_labels`); call inside `packed_attention`."""
     packed = pack(input_ids, attention_mask, logits_to_keep)
     with autocast():
-        out = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"],
-                    shift_labels=packed["shift_labels"], fused_lm_head=True)
+        out = model(
+            input_ids=packed["input_ids"],
+            position_ids=packed["position_ids"],
+            shift_labels=packed["shift_labels"],
+            fused_lm_head=True,
+        )
     shape = tuple(input_ids.shape)
     logps = unpack(out.log_probs, packed, shape, logits_to_keep)
     entropies = unpack(out.entropy, packed, shape, logits_to_keep) if compute_entropy else None

@@ -34,8 +34,9 @@ def sdpa_cpu_fp32(module, query, key, value, attention_mask, **kwargs):
     if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
+        out, weights = sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+        )
     return out.to(value.dtype), weights
 
 

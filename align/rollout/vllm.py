@@ -207,13 +207,19 @@ class VLLMEngine:
         want_logprobs = params.logprobs and params.logprobs_kind == self.logprobs_kind
         if params.logprobs and not want_logprobs and not self._warned_kind:
             # one kind per engine: rather none than the wrong ones (a caller that needs them fails where it reads them)
-            logger.warning("this vllm engine reports %s log-probs, the request asks for %s ones: none are returned "
-                           "(start the engine with the knob logprobs_kind=%r)", self.logprobs_kind,
-                           params.logprobs_kind, params.logprobs_kind)
+            logger.warning(
+                "this vllm engine reports %s log-probs, the request asks for %s ones: none are returned "
+                "(start the engine with the knob logprobs_kind=%r)",
+                self.logprobs_kind,
+                params.logprobs_kind,
+                params.logprobs_kind,
+            )
             self._warned_kind = True
         if self.weights_discarded:
-            raise RuntimeError("this vLLM engine slept at level 2 and dropped its weights: push weights "
-                               "(update_weights) before generating")
+            raise RuntimeError(
+                "this vLLM engine slept at level 2 and dropped its weights: push weights "
+                "(update_weights) before generating"
+            )
         self.wake_up()
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
         base = dict(

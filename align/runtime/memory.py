@@ -33,8 +33,11 @@ def keep_freed_memory() -> bool:
     except OSError:  # not glibc (musl, ...): nothing to tune
         return False
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    _KEPT["on"] = bool(libc.mallopt(m_mmap_threshold, KEEP_FREED_CEILING)
-                       and libc.mallopt(m_trim_threshold, 2**31 - 1) and libc.mallopt(m_top_pad, 64 << 20))
+    _KEPT["on"] = bool(
+        libc.mallopt(m_mmap_threshold, KEEP_FREED_CEILING)
+        and libc.mallopt(m_trim_threshold, 2**31 - 1)
+        and libc.mallopt(m_top_pad, 64 << 20)
+    )
     return _KEPT["on"]
 
 
@@ -62,5 +65,3 @@ def trim_if_memory_low(min_available: float = 0.2) -> bool:
 
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     return True
-
-

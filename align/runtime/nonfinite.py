@@ -46,8 +46,14 @@ def _finite(x) -> bool:
 class NonFiniteGuard(TrainerCallback):
     """Detect NaN/inf losses and gradient explosions each optimizer step; skip the update or stop (module doc)."""
 
-    def __init__(self, trainer, policy: str = "stop", explosion_factor: float = 100.0, window: int = 20,
-                 checkpoint_path: Callable[[int], str] | None = None):
+    def __init__(
+        self,
+        trainer,
+        policy: str = "stop",
+        explosion_factor: float = 100.0,
+        window: int = 20,
+        checkpoint_path: Callable[[int], str] | None = None,
+    ):
         if policy not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite={policy!r}: choose one of {list(NONFINITE_POLICIES)}")
         if explosion_factor < 0:

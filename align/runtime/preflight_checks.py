@@ -255,10 +255,12 @@ def check_masks(tokenizer, rows: Sequence[dict], chat_template: str | None = Non
             elif _is_conversation(row.get("prompt")):
                 target = next((row[k] for k in ("completion", "chosen") if _is_conversation(row.get(k))), None)
                 if target is not None:
-                    completion_mask(tokenizer, row["prompt"], target, chat_template=chat_template,
-                                    example_index=i, **kw)
-                elif not render(tokenizer, row["prompt"], chat_template=chat_template, add_generation_prompt=True,
-                                **kw).strip():
+                    completion_mask(
+                        tokenizer, row["prompt"], target, chat_template=chat_template, example_index=i, **kw
+                    )
+                elif not render(
+                    tokenizer, row["prompt"], chat_template=chat_template, add_generation_prompt=True, **kw
+                ).strip():
                     return f"the chat template renders prompt {i} as empty text: check the template and the data"
             for col in ("assistant_masks", "completion_mask"):  # already tokenized rows (TRL's own masks)
                 if col in row and row[col] is not None and not any(row[col]):

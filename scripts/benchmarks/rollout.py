@@ -261,14 +261,14 @@ def run(quick: bool) -> dict:
     }
     for name, path in models.items():
         reps, warm = plan[name]
-        model_rows, ratios, samples = _bench_model(name, path, num, new, reps, peak, variants[name],
-                                                   warm_baseline=warm)
+        model_rows, ratios, samples = _bench_model(
+            name, path, num, new, reps, peak, variants[name], warm_baseline=warm
+        )
         rows += model_rows
         ceiling = ratios.pop("ceiling")
         for label, ratio in ratios.items():
             what = f"{label.replace(' ', '')}/hf-generate" + ("-tiny" if name == "tiny" else "")
-            summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name],
-                                        samples[label]))
+            summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name], samples[label]))
         summary.append(
             f"rollout: fp32-ceiling/hf-generate{'-tiny' if name == 'tiny' else ''} tokens-per-s ratio {ceiling:.2f} "
             "(GEMMs + KV-cache reads only: no exact fp32 engine on this machine passes it)"
