@@ -25,7 +25,8 @@ calling it on rank 0 alone hangs), and a LoRA adapter must be merged so the next
 Merging a sharded PeftModel in place is not possible, so the adapter is saved first (collectively), then the main
 process loads the base model whole, applies the saved adapter, merges and writes: the same on every launch.
 
-Importing this module imports `data_gen`, which registers `builtin:tasks` with align.data.loading for every stage's data.
+Importing this module imports `data_gen`, which registers `builtin:tasks` with align.data.loading for every stage's
+data.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ DECONTAMINATION_REPORT = "decontamination.json"
 
 
 def load_data(script_args, output_dir: str | None = None):
-    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data.loading): a DatasetDict with "train" (+ "test").
+    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data.loading): a DatasetDict with "train" (+
+    "test").
 
     With `decontamination_eval_sets` (the pipeline sets it), the training rows are checked against every eval set
     it names and the stage's own held-out split, after loading, so any source or mixture is checked as the stage
@@ -222,7 +224,8 @@ class _TrimWhenMemoryLow(TrainerCallback):
 def train(trainer, training_args) -> dict:
     """Train, resuming from the latest complete checkpoint in output_dir (align.runtime.checkpoint.resume_checkpoint);
     return the trainer's numeric metrics with the first and last logged loss. On a CPU under bf16 autocast the
-    trained model attends in fp32 (align/modeling/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
+    trained model attends in fp32 (align/modeling/cpu_attention.py: sdpa's bf16 backward is about half as fast
+    there)."""
     resume = resume_checkpoint(training_args)
     if not any(isinstance(c, _TrimWhenMemoryLow) for c in trainer.callback_handler.callbacks):
         trainer.add_callback(_TrimWhenMemoryLow())

@@ -61,9 +61,9 @@ class AnswerDataConfig:
     think_template: str | None = field(
         default=None,
         metadata={
-            "help": "When set, each kept training answer is also written as a /think conversation: the same answer after "
-            "a think block of this text ({prompt} = the request). Held-out rows stay in `mode`. In SmolLM2-135M's "
-            "APO it changed think-mode chat without fixing it, and chat loss rose "
+            "help": "When set, each kept training answer is also written as a /think conversation: the same answer "
+            "after a think block of this text ({prompt} = the request). Held-out rows stay in `mode`. In "
+            "SmolLM2-135M's APO it changed think-mode chat without fixing it, and chat loss rose "
             "(docs/research/smol135m/report.md)."
         },
     )

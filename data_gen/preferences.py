@@ -198,7 +198,8 @@ class Generator:
                 chat_prompt(row, mode), tokenize=False, add_generation_prompt=True, **kwargs
             )
         else:  # a base model without a template: the pretraining text form
-            text = f"Question: {row['prompt'] if isinstance(row['prompt'], str) else row['prompt'][-1]['content']}\nAnswer:"
+            question = row["prompt"] if isinstance(row["prompt"], str) else row["prompt"][-1]["content"]
+            text = f"Question: {question}\nAnswer:"
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def stop_ids(self) -> list[int]:
@@ -527,6 +528,7 @@ def make_pairs(script_args, cfg: PreferenceDataConfig) -> dict:
         dropped = {s: {k: int(c.get(k, 0)) for k in card["filters"] if c.get(k)} for s, c in card["counts"].items()}
         raise ValueError(
             f"no preference pairs kept (dropped per filter: {dropped}); see {cfg.output_dir}/card.json — "
-            "use stronger/weaker models, more prompts, or relax the filters (verify_chosen: false, drop_identical: false)"
+            "use stronger/weaker models, more prompts, or relax the filters "
+            "(verify_chosen: false, drop_identical: false)"
         )
     return card

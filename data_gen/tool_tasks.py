@@ -40,7 +40,8 @@ FAMILIES = {
     "tool_lookup": "search",
     "tool_difference": "search",
 }  # the family's first tool
-# Each family's think-mode words: the first turn's plan, each later turn's opening, the answer turn's sentence ({answer}).
+# Each family's think-mode words: the first turn's plan, each later turn's opening, the answer turn's sentence
+# ({answer}).
 PLANS = {
     "tool_arithmetic": (
         "Numbers this long are easy to get wrong by hand: one calculator call works it out.",

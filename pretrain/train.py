@@ -126,8 +126,8 @@ class PretrainConfig:
     loss_chunk_tokens: int = field(
         default=0,
         metadata={
-            "help": "Compute the LM head and loss this many positions at a time (activation-checkpointed; 0 = all at once): "
-            "a 64k row's fp32 logits over a 128k vocabulary are 33.6 GB whole (pretrain/loss.py)."
+            "help": "Compute the LM head and loss this many positions at a time (activation-checkpointed; 0 = all at "
+            "once): a 64k row's fp32 logits over a 128k vocabulary are 33.6 GB whole (pretrain/loss.py)."
         },
     )
     gradient_checkpointing: bool = field(
@@ -137,8 +137,8 @@ class PretrainConfig:
     attn_implementation: str = field(
         default="auto",
         metadata={
-            "help": "auto: flash_attention_2 on a GPU with flash-attn installed (packed rows attend per document by their "
-            "position ids, no T x T mask), else sdpa; or sdpa / flash_attention_2 explicitly."
+            "help": "auto: flash_attention_2 on a GPU with flash-attn installed (packed rows attend per document by "
+            "their position ids, no T x T mask), else sdpa; or sdpa / flash_attention_2 explicitly."
         },
     )
     mixed_precision: str = field(default="bf16", metadata={"help": "'bf16' (autocast) or 'no' (fp32)."})

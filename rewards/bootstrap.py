@@ -26,7 +26,8 @@ if cfg["cgroup"]:  # first of all: this process and every one it starts count ag
     with open(cfg["cgroup"] + "/cgroup.procs", "w") as f:
         f.write("0")
 libc = ctypes.CDLL(None, use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 ATIME = {1024: 1024, 2048: 2048, 4096: 1 << 21}  # statvfs ST_NOATIME/NODIRATIME/RELATIME -> MS_ flags
 
 def ok(ret, what):

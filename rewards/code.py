@@ -10,10 +10,10 @@ completion longer than ``MAX_COMPLETION_CHARS`` scores 0 unread. Fences are read
 linear pass.
 
 Tests are human-eval style (a ``check(candidate)`` function, called on ``entry_point``), plain ``assert``
-statements (one text, or a list of them), or stdin/stdout cases: a list of ``{"input": ..., "output": ...}`` (or its JSON text), each run as
-a program (its stdin the case's input, ``exit()``/``quit()`` available) that must exit with status 0 and
-print the expected output. Outputs are compared line by line, as competitive judges do: trailing whitespace
-of each line and trailing blank lines are ignored; leading whitespace, blank lines inside, case and
+statements (one text, or a list of them), or stdin/stdout cases: a list of ``{"input": ..., "output": ...}`` (or its
+JSON text), each run as a program (its stdin the case's input, ``exit()``/``quit()`` available) that must exit with
+status 0 and print the expected output. Outputs are compared line by line, as competitive judges do: trailing
+whitespace of each line and trailing blank lines are ignored; leading whitespace, blank lines inside, case and
 everything else count.
 
 None (abstain, as TRL and ``rewards.score`` read it: the row adds nothing to the total) for a row no

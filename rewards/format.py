@@ -282,8 +282,8 @@ def mode_math_reward(
     The product, not the sum: with ``math_reward + w * mode_format_reward`` a well-formed wrong answer earns ``w``
     on every prompt, more than a right answer that ran out of budget or a half-done tool chain. Tool GRPO on the
     135M model found that: in think mode the policy stopped the two-search chain after one search and answered at
-    once, well-formed and wrong (docs/research/smol135m/tools.md). Here only a right answer in form pays, so the form is kept
-    without a reward for giving up.
+    once, well-formed and wrong (docs/research/smol135m/tools.md). Here only a right answer in form pays, so the form
+    is kept without a reward for giving up.
 
     >>> think = "<think>\nI add the two numbers here.\n</think>\nThe answer is \\boxed{4}."
     >>> mode_math_reward([think, "The answer is \\boxed{4}.", think.replace("{4}", "{5}"), think],

@@ -34,12 +34,12 @@ How (``execute(code, tests, entry_point)``):
   holds: ``{"token": ..., "passed": true}`` with a per-run random token. ``passed`` needs that line, the
   judge's exit status 0, no timeout and no output cap exceeded. The candidate's exit status, stdout and
   stderr are only reported.
-- **Vacuous passes fail**: the tests are instrumented (``rewards.checks.count_checks``) and must reach at least one check
-  (an ``assert``, an ``if`` guarding a ``raise``, an ``assert*``/``fail*`` call, an exception caught by a
-  ``try`` that asserts or raises); ``execute(..., require_call=True)`` (``code_reward``) also needs at least
-  one call into the solution. Tests that cannot score anything (``rewards.checks.data_error``: they do not parse, hold no
-  check, or define ``check`` with no entry point and never call it) fail here; ``code_reward`` abstains on
-  them before running anything.
+- **Vacuous passes fail**: the tests are instrumented (``rewards.checks.count_checks``) and must reach at least one
+  check (an ``assert``, an ``if`` guarding a ``raise``, an ``assert*``/``fail*`` call, an exception caught by a ``try``
+  that asserts or raises); ``execute(..., require_call=True)`` (``code_reward``) also needs at least one call into the
+  solution. Tests that cannot score anything (``rewards.checks.data_error``: they do not parse, hold no check, or
+  define ``check`` with no entry point and never call it) fail here; ``code_reward`` abstains on them before running
+  anything.
 
 The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
 different uids as root (or sibling user namespaces as a user), each sandbox's ``/proc`` lists only its own

@@ -109,8 +109,9 @@ def overlong_penalty(length: int, max_len: int, cache: int) -> float:
 def _check_budget(name: str, max_len: int | None, cache: int | None) -> tuple[int, int]:
     if max_len is None or cache is None:
         raise ValueError(
-            f"soft_overlong_reward needs {name}max_completion_len and {name}soft_punish_cache; set them in the recipe, "
-            "e.g. reward_kwargs: {soft_overlong_reward: {max_completion_len: 512, soft_punish_cache: 128}}"
+            f"soft_overlong_reward needs {name}max_completion_len and {name}soft_punish_cache; "
+            "set them in the recipe, e.g. reward_kwargs: "
+            "{soft_overlong_reward: {max_completion_len: 512, soft_punish_cache: 128}}"
         )
     if max_len <= 0 or not 0 <= cache <= max_len:
         raise ValueError(

@@ -102,7 +102,8 @@ def deny_syscalls(arch, numbers):
     n = len(numbers)
     insns = [Insn(LD, 0, 0, 4), Insn(JEQ, 1, 0, arch), Insn(RET, 0, 0, DENY), Insn(LD, 0, 0, 0),
              Insn(JGE, n + 1, 0, 0x40000000)]
-    insns += [Insn(JEQ, n - j, 0, nr) for j, nr in enumerate(numbers)] + [Insn(RET, 0, 0, ALLOW), Insn(RET, 0, 0, DENY)]
+    insns += [Insn(JEQ, n - j, 0, nr) for j, nr in enumerate(numbers)]
+    insns += [Insn(RET, 0, 0, ALLOW), Insn(RET, 0, 0, DENY)]
     program = (Insn * len(insns))(*insns)
     prog = Prog(len(insns), ctypes.cast(program, ctypes.POINTER(Insn)))
     libc.prctl(22, 2, ctypes.byref(prog), 0, 0)  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER

@@ -47,7 +47,8 @@ def exact_match_reward(
     None (abstain) for a row without a gold answer.
 
     >>> exact_match_reward(
-    ...     ["The answer is \\boxed{2, 5, 9}.", "\\boxed{9, 5, 2}", "no box", "\\boxed{YES}.", "\\boxed{2} \\boxed{yes}"],
+    ...     ["The answer is \\boxed{2, 5, 9}.", "\\boxed{9, 5, 2}", "no box", "\\boxed{YES}.",
+    ...      "\\boxed{2} \\boxed{yes}"],
     ...     answer=["2, 5, 9", "2, 5, 9", "2, 5, 9", "yes", "yes"])
     [1.0, 0.0, 0.0, 1.0, 0.0]
     """

@@ -193,7 +193,8 @@ def within_budget(pred: str, gold: str) -> bool:
     r"""Whether ``pred`` is cheap enough to evaluate symbolically next to ``gold``: not longer than
     ``MAX_SYMBOLIC_CHARS`` (or twice the gold), no exponent tower, no exponent above ``MAX_EXPONENT``, no
     integer literal over ``MAX_LITERAL_DIGITS`` digits, brackets at most ``MAX_NESTING`` deep and none of
-    ``COSTLY_OPERATORS`` — each unless the gold has it too. An answer states a value; these shapes only make evaluation cost what the policy chooses.
+    ``COSTLY_OPERATORS`` — each unless the gold has it too. An answer states a value; these shapes only make evaluation
+    cost what the policy chooses.
 
     >>> [within_budget(p, "\\sqrt{2}") for p in ("9^{9^{9^{9}}}", "2^{100000000}", "999999!", "((((((((1))))))))")]
     [False, False, False, False]

@@ -176,7 +176,8 @@ def route_accuracy(funcs: Sequence[Callable]) -> list[Callable]:
     named = [a[0] for a in found if a is not None]
     if len(named) > 1:
         raise ValueError(
-            f"reward_funcs names {len(named)} accuracy verifiers ({', '.join(named)}): name one. Each row is scored by "
-            f"the verifier its 'reward' column names (the one in reward_funcs scores rows without that column)"
+            f"reward_funcs names {len(named)} accuracy verifiers ({', '.join(named)}): name one. "
+            "Each row is scored by the verifier its 'reward' column names "
+            "(the one in reward_funcs scores rows without that column)"
         )
     return [RoutedReward(a[0], a[1]) if a is not None else f for f, a in zip(funcs, found)]

@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     suites = SUITES if args.suite == "all" else [args.suite]
     context = history.run_context(args.suite, suites, args.quick, cpu_model(), os.cpu_count())
-    # What every stage of ours runs with on a CPU (align.runtime.memory.keep_freed_memory), applied before any suite so that
-    # ours and the baseline beside it in this process run under the same allocator, whichever is built first.
+    # What every stage of ours runs with on a CPU (align.runtime.memory.keep_freed_memory), applied before any suite so
+    # that ours and the baseline beside it in this process run under the same allocator, whichever is built first.
     keep_freed_memory()
     # Each suite names its precision and runs ours and the baseline in it: no fallback of a bf16 row to fp32 on a CPU
     # without native bf16 (align.runtime.device.cpu_bf16_slower), or a bf16 row would compare fp32 against bf16.

@@ -1,8 +1,9 @@
-"""Evaluate one checkpoint: held-out loss, cloze/MC scoring, verifiable accuracy (think / no_think / plain),
+r"""Evaluate one checkpoint: held-out loss, cloze/MC scoring, verifiable accuracy (think / no_think / plain),
 completion lengths and a vibe-check markdown file. The suites live in align/eval/suite.py.
 
     python scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path outputs/tiny/sft
-    python scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path builtin:smollm2-135m-instruct --output_dir outputs/tiny/eval_smollm2
+    python scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path builtin:smollm2-135m-instruct \
+        --output_dir outputs/tiny/eval_smollm2
 
 Writes <output_dir>/eval_results.json, outcomes.jsonl (every item's outcome) and vibes.md (output_dir defaults to
 <model dir>/eval) and prints the metrics and, per mode, on how many task families the model beats the best trivial

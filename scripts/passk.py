@@ -3,10 +3,11 @@
     python scripts/passk.py --model_name_or_path builtin:smollm2-135m-instruct --num_per_family 32 --k 8
     python scripts/passk.py --model_name_or_path outputs/smol135m/sft --families arithmetic sort --mode no_think
 
-Each family's held-out prompts (`data_gen.tasks`, the dev split: where choices are made, never the sealed test) are answered greedily once and sampled `k` times at
-`temperature`, through the shared rollout engine; answers are checked by each row's verifier (align.eval.statistics).
-Prints a table (greedy accuracy with its 95% interval, pass@1 and pass@k of the samples, mean length) and writes
-<output_dir>/passk.json. GRPO has a signal only where a group of k samples holds both right and wrong answers.
+Each family's held-out prompts (`data_gen.tasks`, the dev split: where choices are made, never the sealed test) are
+answered greedily once and sampled `k` times at `temperature`, through the shared rollout engine; answers are checked
+by each row's verifier (align.eval.statistics). Prints a table (greedy accuracy with its 95% interval, pass@1 and
+pass@k of the samples, mean length) and writes <output_dir>/passk.json. GRPO has a signal only where a group of k
+samples holds both right and wrong answers.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ import os
 import pytest
 
 # ------------------------------------------------------------------ precision (owner: align/configs)
-# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.runtime.device.cpu_bf16_slower), a CPU with it (AVX512-BF16
-# or AMX) in bf16. The tests train in fp32 on every CPU (SMOLALIGN_CPU_BF16=0, inherited by subprocess ranks), so
-# what a test asserts was learned does not depend on the machine CI drew. A test of bf16 autocast's own mechanics
-# takes `keep_bf16`: bf16 on any CPU. test_stage tests the fallback itself.
+# A CPU without native bf16 trains a recipe's bf16 in fp32 (align.runtime.device.cpu_bf16_slower), a CPU with it
+# (AVX512-BF16 or AMX) in bf16. The tests train in fp32 on every CPU (SMOLALIGN_CPU_BF16=0, inherited by subprocess
+# ranks), so what a test asserts was learned does not depend on the machine CI drew. A test of bf16 autocast's own
+# mechanics takes `keep_bf16`: bf16 on any CPU. test_stage tests the fallback itself.
 os.environ.setdefault("SMOLALIGN_CPU_BF16", "0")
 
 
@@ -111,8 +111,8 @@ def tiny_model():
 
 @pytest.fixture(scope="session")
 def micro(tmp_path_factory):
-    """recipes/tiny/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory. It runs with
-    an empty model cache, as on a machine that never ran the project: its GOLD stage is the first to need the
+    """recipes/tiny/micro_pipeline.yaml under ZeRO-3 on 2 ranks (`launcher: accelerate`): the run directory. It runs
+    with an empty model cache, as on a machine that never ran the project: its GOLD stage is the first to need the
     builtin SmolLM2-135M, which two ZeRO-3 ranks then find unconverted (tests/test_distributed.py checks the log).
     SMOLALIGN_TEST_MICRO=<run_dir> reuses a finished run instead (development only: the distributed tier's checks
     of how it ran then read that run)."""

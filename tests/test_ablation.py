@@ -1,6 +1,7 @@
-"""Ablations (align/pipeline/ablation.py, align/pipeline/ablation_report.py, scripts/ablate.py): the verdict rule against simulated
-nulls and a constructed +10-point variant; bad recipes fail before any run; the tiny ablation recipe end to end on
-micro models, killed mid-run and resumed (finished runs skipped); the Slurm array file runs one run per task."""
+"""Ablations (align/pipeline/ablation.py, align/pipeline/ablation_report.py, scripts/ablate.py): the verdict rule
+against simulated nulls and a constructed +10-point variant; bad recipes fail before any run; the tiny ablation recipe
+end to end on micro models, killed mid-run and resumed (finished runs skipped); the Slurm array file runs one run per
+task."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""align/grpo/async_generation.py + align/rollout/worker.py: asynchronous GRPO on a tiny random model — the engine in its own
-process samples what the trainer's own engine samples, `max_staleness: 0` trains as synchronous GRPO, the
+"""align/grpo/async_generation.py + align/rollout/worker.py: asynchronous GRPO on a tiny random model — the engine in
+its own process samples what the trainer's own engine samples, `max_staleness: 0` trains as synchronous GRPO, the
 staleness bound holds when the engine runs ahead, importance ratios are 1 when engine and trainer agree, and the
 settings it cannot run with are one-line errors."""
 

@@ -1,5 +1,5 @@
-"""Base-model chat setup (align.data.chat.setup_chat_format + the SFT stage): a tokenizer with no template gets SmolLM3's
-think/no_think template or ChatML and <|im_end|> as EOS, on the tokenizer and in the saved model's config and
+"""Base-model chat setup (align.data.chat.setup_chat_format + the SFT stage): a tokenizer with no template gets
+SmolLM3's think/no_think template or ChatML and <|im_end|> as EOS, on the tokenizer and in the saved model's config and
 generation_config, so generate() and vLLM stop at the end of a turn in every later stage.
 
 Run: pytest tests/test_chat_setup.py -q   (~15 s; a tiny random SmolLM3, no network)

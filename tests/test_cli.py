@@ -29,7 +29,8 @@ def recipe(tmp_path):
 
 def test_precedence_defaults_yaml_cli(recipe, tmp_path):
     path = recipe(
-        f"output_dir: {tmp_path}/o\nuse_cpu: true\nlearning_rate: 1e-5\nnum_train_epochs: 3\ndataset_name: builtin:news\n"
+        f"output_dir: {tmp_path}/o\nuse_cpu: true\nlearning_rate: 1e-5\n"
+        "num_train_epochs: 3\ndataset_name: builtin:news\n"
     )
     s, t, m = parse(*TYPES, args=[path, "--num_train_epochs", "5"])
     assert t.learning_rate == 1e-5  # YAML beats the default (and '1e-5', a YAML string, became a float)

@@ -1,5 +1,5 @@
-"""Attention in fp32 inside a CPU bf16 autocast (align/modeling/cpu_attention.py): closer to fp32, the same outside autocast,
-consistent under gradient checkpointing, and restored afterwards."""
+"""Attention in fp32 inside a CPU bf16 autocast (align/modeling/cpu_attention.py): closer to fp32, the same outside
+autocast, consistent under gradient checkpointing, and restored afterwards."""
 
 from __future__ import annotations
 

@@ -182,9 +182,9 @@ def test_apo_with_replay_rows_under_zero3(micro, tmp_path):
 
 
 def test_iterative_apo_samples_each_rounds_pairs_from_the_round_before_under_zero3(micro, tmp_path):
-    """`preference_rounds: 2` as users launch APO (2 ZeRO-3 ranks): round 1 trains on the stage's pairs, round 2's pairs
-    are sampled by round 1's saved model inside the stage (the ranks split the prompts) and round 2 trains that model;
-    a rerun skips the finished round and its pairs."""
+    """`preference_rounds: 2` as users launch APO (2 ZeRO-3 ranks): round 1 trains on the stage's pairs, round 2's
+    pairs are sampled by round 1's saved model inside the stage (the ranks split the prompts) and round 2 trains that
+    model; a rerun skips the finished round and its pairs."""
     import torch
     from safetensors.torch import load_file
 
@@ -465,9 +465,9 @@ def test_grpo_vllm_under_zero3_pushes_gathered_weights(micro, tmp_path):
 
 @pytest.mark.vllm
 def test_grpo_bf16_vllm_under_zero3_corrects_in_the_loss_pass(micro, tmp_path, keep_bf16):
-    """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16 (align.grpo.trainer.rollout_knobs),
-    and the trainer corrects the engine/trainer mismatch with truncated importance sampling built from its own loss
-    pass, on every rank, without TRL's extra no-grad pass."""
+    """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16
+    (align.grpo.trainer.rollout_knobs), and the trainer corrects the engine/trainer mismatch with truncated importance
+    sampling built from its own loss pass, on every rank, without TRL's extra no-grad pass."""
     pytest.importorskip("vllm")
     ok(
         _grpo_worker(

@@ -206,11 +206,12 @@ PLACEHOLDER_BOXES = [
 
 ANSWER_BOXES = [
     "3", "-3", "x", "x = 7", "\\frac{1}{2}", "\\text{yes}", "\\text{none}", "\\text{undefined}", "\\text{no solution}",
-    "\\text{(B)}", "(A)", "\\textbf{(C)}", "\\text{I}", "\\pi", "\\infty", "\\emptyset", "\\varnothing", "\\{\\}", "[]",
-    "\\alpha", "\\geq", "<", "=", "-", "\\pm 2", "\\times", "\\sin", "\\mathbb{R}", "\\sqrt{2}", "0.\\overline{3}",
-    "0.333\\ldots", "1, 2, \\ldots, 10", "50\\%", "\\$5", "(1, 2]", "\\text{Paris}", "七", "Ⅻ", "½", "\\checkmark",
-    "\\begin{pmatrix}1&2\\end{pmatrix}", "\\mathbf{v}", "\\hat{x}", "\\overline{AB}", "\\phantom{-}3", "1{,}000",
-    "\\left(1, 2\\right)", "\\dfrac{\\sqrt{3}}{2}", "\\text{12 cm}", "\\operatorname{id}", "\\text{$x$}", "∞",
+    "\\text{(B)}", "(A)", "\\textbf{(C)}", "\\text{I}", "\\pi", "\\infty", "\\emptyset", "\\varnothing", "\\{\\}",
+    "[]", "\\alpha", "\\geq", "<", "=", "-", "\\pm 2", "\\times", "\\sin", "\\mathbb{R}", "\\sqrt{2}",
+    "0.\\overline{3}", "0.333\\ldots", "1, 2, \\ldots, 10", "50\\%", "\\$5", "(1, 2]", "\\text{Paris}", "七", "Ⅻ", "½",
+    "\\checkmark", "\\begin{pmatrix}1&2\\end{pmatrix}", "\\mathbf{v}", "\\hat{x}", "\\overline{AB}", "\\phantom{-}3",
+    "1{,}000", "\\left(1, 2\\right)", "\\dfrac{\\sqrt{3}}{2}", "\\text{12 cm}", "\\operatorname{id}", "\\text{$x$}",
+    "∞",
 ]  # fmt: skip
 
 

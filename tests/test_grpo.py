@@ -1,5 +1,6 @@
-"""align/grpo/trainer.py: GRPO on a tiny random model — rewards get the right columns, the policy moves, dynamic sampling
-drops zero-variance groups, truncated completions are masked, outside verifiers plug in, bad names are clear."""
+"""align/grpo/trainer.py: GRPO on a tiny random model — rewards get the right columns, the policy moves, dynamic
+sampling drops zero-variance groups, truncated completions are masked, outside verifiers plug in, bad names are
+clear."""
 
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ its `lighteval.metrics.metrics` refuses to import on that same latex2sympy2_exte
 its published formulas (each function below names the file of the lighteval 0.13.0 wheel it comes from) and
 compare our scorer with them; where lighteval itself imports (a side environment), its own classes are checked too.
 
-- Log-likelihood of an option (`_lighteval_loglik`): one request at a time, tokenized as `tok_encode_pair(pairwise=True)`
-  does, log-softmax at the continuation positions (`TransformersModel._loglikelihood_tokens`).
+- Log-likelihood of an option (`_lighteval_loglik`): one request at a time, tokenized as
+  `tok_encode_pair(pairwise=True)` does, log-softmax at the continuation positions
+  (`TransformersModel._loglikelihood_tokens`).
 - HellaSwag / our tasks, cloze: `LoglikelihoodAcc(LogProbCharNorm())` (acc_norm: log-likelihood per character of
   the option text " " + option). Letter (MCF): `LoglikelihoodAcc()` over " A", " B", ...
 - TruthfulQA MC1: `TruthfulqaMCMetrics.mc1`: argmax of the raw log-likelihoods, the true answer listed first (we
@@ -210,7 +211,8 @@ import json, os, sys
 out = sys.argv[sys.argv.index("--output-dir") + 1]
 os.makedirs(os.path.join(out, "results", "m"), exist_ok=True)
 json.dump({{"argv": sys.argv[1:], "rank": os.environ.get("RANK")}}, open(os.path.join(out, "argv.json"), "w"))
-results = {{"gsm8k|5": {{"extractive_match": 0.25, "extractive_match_stderr": 0.1}}, "all": {{"extractive_match": 0.25}}}}
+results = {{"gsm8k|5": {{"extractive_match": 0.25, "extractive_match_stderr": 0.1}},
+           "all": {{"extractive_match": 0.25}}}}
 json.dump({{"results": results}}, open(os.path.join(out, "results", "m", "results_2026.json"), "w"))
 """
 

@@ -1,5 +1,6 @@
-"""Hub-shaped data (align/data/hub.py through align/data/loading.py): named configs, per-source splits picked and weighted in a
-mixture, only the requested split read, one-line errors listing the real configs/splits, streaming, the mirror.
+"""Hub-shaped data (align/data/hub.py through align/data/loading.py): named configs, per-source splits picked and
+weighted in a mixture, only the requested split read, one-line errors listing the real configs/splits, streaming, the
+mirror.
 
 Run: pytest tests/test_hub_data.py -q   (a few seconds; local fixture repos, no network)
 """

@@ -19,8 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("align", "pretrain", "rewards", "data_gen")
 
-# The stages: each runs one job from a recipe. A stage is a package of align/ (every module in it belongs to that stage),
-# or one module (the eval suite, pretraining's loop). align.stage holds the steps every stage shares.
+# The stages: each runs one job from a recipe. A stage is a package of align/ (every module in it belongs to that
+# stage), or one module (the eval suite, pretraining's loop). align.stage holds the steps every stage shares.
 STAGE_PACKAGES = {
     "align.sft": "sft",
     "align.preference": "preference",
@@ -142,7 +142,8 @@ def test_no_import_circles():
 
 
 def test_floors_point_down():
-    """rewards <- align core <- data (data_gen, pretrain's library) <- stages: nothing imports a floor above its own."""
+    """rewards <- align core <- data (data_gen, pretrain's library) <- stages: nothing imports a floor above its
+    own."""
     up = [
         f"{m} (floor {floor(m)}) imports {t} (floor {floor(t)}) at line {line}"
         for m, targets in GRAPH.items()

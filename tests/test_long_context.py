@@ -1,5 +1,6 @@
-"""Long-context stages (pretraining with init_from, a longer seq_len and a raised RoPE theta, as SmolLM3's 4k->32k->64k)
-and YaRN `rope_scaling` written into the final config: a model trained at length L, extended to 2L, then read at 4L.
+"""Long-context stages (pretraining with init_from, a longer seq_len and a raised RoPE theta, as SmolLM3's
+4k->32k->64k) and YaRN `rope_scaling` written into the final config: a model trained at length L, extended to 2L, then
+read at 4L.
 
 Run: pytest tests/test_long_context.py -q   (~10 s; tiny models, no network)
 """

@@ -1,6 +1,6 @@
-"""Model merging (align/pipeline/merge.py, scripts/merge.py): soups and linear merges equal the formula, tied embeddings stay
-tied, the output is an HF model (tokenizer, chat template, generation_config, YaRN) that transformers and vLLM load,
-and MergeKit (when installed) computes the same tensors.
+"""Model merging (align/pipeline/merge.py, scripts/merge.py): soups and linear merges equal the formula, tied
+embeddings stay tied, the output is an HF model (tokenizer, chat template, generation_config, YaRN) that transformers
+and vLLM load, and MergeKit (when installed) computes the same tensors.
 
 Run: pytest tests/test_merge.py -q   (~10 s; the vllm test ~60 s more: -m vllm)
 """

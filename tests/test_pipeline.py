@@ -1,4 +1,5 @@
-"""align/pipeline/run.py + align/pipeline/report.py: references, skip/resume, manifest, report; the micro pipeline end to end.
+"""align/pipeline/run.py + align/pipeline/report.py: references, skip/resume, manifest, report; the micro pipeline end
+to end.
 
 Most tests run fake stage scripts (a few lines of Python that write checkpoints and a "model"), so the
 pipeline's own logic is tested in seconds; the slow test runs recipes/tiny/micro_pipeline.yaml for real.
@@ -34,7 +35,9 @@ start = int(resume.rsplit("-", 1)[1]) if resume else 0
 for step in range(start + 1, cfg["steps"] + 1):
     ck = os.path.join(out, f"checkpoint-{step}")
     os.makedirs(ck, exist_ok=True)
-    hist = [{"step": s, "loss": 2.0 / s, "reward": s / 10, "completions/mean_length": 10 + s} for s in range(1, step + 1)]
+    hist = [
+        {"step": s, "loss": 2.0 / s, "reward": s / 10, "completions/mean_length": 10 + s} for s in range(1, step + 1)
+    ]
     json.dump({"log_history": hist}, open(os.path.join(ck, "trainer_state.json"), "w"))
     write_marker(ck, step)  # a finished save, as align.runtime.checkpoint writes it
     print(f"step {step}", flush=True)
@@ -60,7 +63,8 @@ stats = {"acc/tasks/think": {"num": 100, "ci_low": low, "ci_high": high}}
 split = cfg.get("eval_split", "dev")
 items = [f"{split}{i}" for i in range(100)]  # 100 items, the first q of them right; the rule gets the first 30
 details = {"gen/tasks/think": {"items": items, "families": ["ab"[i % 2] for i in range(100)],
-                               "outcomes": {"correct": [int(i < 100 * q) for i in range(100)], "formatted": [1] * 100}},
+                               "outcomes": {"correct": [int(i < 100 * q) for i in range(100)],
+                                            "formatted": [1] * 100}},
            "baseline/tasks": {"outcomes": [int(i < 30) for i in range(100)],
                               "rules": {"a": {"rule": "constant"}, "b": {"rule": "first_number"}}}}
 if "mc" in cfg.get("suites", []):  # the real items: hellaswag read by cloze and letter
@@ -711,8 +715,8 @@ def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
 
 @pytest.mark.slow
 def test_micro_pipeline_end_to_end(micro):
-    """recipes/tiny/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2 ZeRO-3
-    ranks, shared with the distributed and kill tiers; one process per stage is what every stage's own tests and
+    """recipes/tiny/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2
+    ZeRO-3 ranks, shared with the distributed and kill tiers; one process per stage is what every stage's own tests and
     the pipeline tests above launch). Every stage done and recorded (commit, time, command), each stage the recipe
     evaluates evaluated, a report; the same command again skips every stage."""
     from launching import launch_env

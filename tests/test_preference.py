@@ -1,4 +1,5 @@
-"""align/preference/trainer.py: APO/DPO, KTO and ORPO train a tiny random model on task pairs; data errors are clear."""
+"""align/preference/trainer.py: APO/DPO, KTO and ORPO train a tiny random model on task pairs; data errors are
+clear."""
 
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def _assert_learned(metrics, changed, start, every_param=True):
 
 
 def test_a_training_stage_runs_the_memory_valve_after_each_step(tiny, monkeypatch):
-    # align.stage.train adds it for every stage: keep_freed_memory's kept free memory goes back when the machine runs low
+    # align.stage.train adds it for every stage: keep_freed_memory's kept free memory goes back when the machine runs
+    # low
     import align.stage
 
     calls = []

@@ -1,5 +1,5 @@
-"""align/runtime/preflight.py: each check on tables of good and bad values, the whole preflight on a real Trainer (passes,
-catches sorted data, leaves the RNG alone, skips loudly), and the collective checks on two real gloo ranks."""
+"""align/runtime/preflight.py: each check on tables of good and bad values, the whole preflight on a real Trainer
+(passes, catches sorted data, leaves the RNG alone, skips loudly), and the collective checks on two real gloo ranks."""
 
 from __future__ import annotations
 

@@ -98,7 +98,8 @@ ORDINAL = r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|
 HISTORY = re.compile(
     "|".join(
         [
-            r"\b(?:chain|design|try|tries|attempt|session|issue|work[- ]?log)s?\s*#?\d+(?!\d|\.\d|%)",  # design 7, issue 36
+            # design 7, issue 36
+            r"\b(?:chain|design|try|tries|attempt|session|issue|work[- ]?log)s?\s*#?\d+(?!\d|\.\d|%)",
             rf"\b{ORDINAL}\s+(?:chain|design|try|session)\b",  # the ninth chain, APO's third design
             r"\bdesign\s+[A-F]\b",  # design E
             r"(?<![\w/])#\d+\b",  # #36

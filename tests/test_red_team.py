@@ -74,8 +74,8 @@ CODE_HACKS = [
     ),
     (
         "int_subclass_eq_and_hash",
-        "class I(int):\n    def __eq__(self, o):\n        return True\n    def __hash__(self):\n        return hash(5)\n"
-        "def add(a, b):\n    return I(0)\n",
+        "class I(int):\n    def __eq__(self, o):\n        return True\n    def __hash__(self):\n"
+        "        return hash(5)\ndef add(a, b):\n    return I(0)\n",
         ADD_IN,
         "add",
     ),

@@ -290,7 +290,8 @@ def test_percent_is_read_one_way_per_gold():
 
 
 def test_a_unit_is_a_word_a_variable_is_a_letter():
-    assert [answer_kind(g) for g in ("12 cm", "12 \\text{ cm}", "12\\text{m}", "12cm", "2x", "2 x", "3ab", "2\\pi")] == [
+    answers = ("12 cm", "12 \\text{ cm}", "12\\text{m}", "12cm", "2x", "2 x", "3ab", "2\\pi")
+    assert [answer_kind(g) for g in answers] == [
         "number", "number", "number", "number", "expression", "expression", "expression", "expression"]  # fmt: skip
 
 

@@ -53,9 +53,9 @@ EVENS = (
 HOLD_MEMFD = (
     "import os\ndef hold(mb):\n    held, fds = 0, []\n    while held < mb << 20:\n        try:\n"
     "            fd = os.memfd_create('m')\n        except OSError:\n            return held\n        fds.append(fd)\n"
-    "        n = 0\n        try:\n            while n < 16 << 20:\n                n += os.write(fd, b'x' * (1 << 20))\n"
-    "        except OSError:\n            pass\n        if not n:\n            return held\n        held += n\n"
-    "    hold.fds = fds\n    return held\n"
+    "        n = 0\n        try:\n            while n < 16 << 20:\n"
+    "                n += os.write(fd, b'x' * (1 << 20))\n        except OSError:\n            pass\n"
+    "        if not n:\n            return held\n        held += n\n    hold.fds = fds\n    return held\n"
 )
 # Four processes, each within its own address-space limit, 256 MiB together. What counts is memory held AT ONCE: a
 # child that filled its share and was then OOM-killed (the cgroup's killer may pick a finished child to make room for
@@ -71,9 +71,10 @@ HOLD_FORKS = (
     "    alive = sum(os.waitpid(p, os.WNOHANG) == (0, 0) for p in pids)\n    return min(got, alive) * mb\n"
 )
 HOLD_SYSV = (
-    "import ctypes\ndef hold(mb):\n    libc = ctypes.CDLL(None, use_errno=True)\n    libc.shmat.restype = ctypes.c_void_p\n"
-    "    held = 0\n    while held < mb << 20:\n        sid = libc.shmget(0, 16 << 20, 0o1600)\n        if sid < 0:\n"
-    "            return held\n        addr = libc.shmat(sid, None, 0)\n        ctypes.memset(addr, 1, 16 << 20)\n"
+    "import ctypes\ndef hold(mb):\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+    "    libc.shmat.restype = ctypes.c_void_p\n    held = 0\n    while held < mb << 20:\n"
+    "        sid = libc.shmget(0, 16 << 20, 0o1600)\n        if sid < 0:\n            return held\n"
+    "        addr = libc.shmat(sid, None, 0)\n        ctypes.memset(addr, 1, 16 << 20)\n"
     "        libc.shmdt(ctypes.c_void_p(addr))\n        held += 16 << 20\n    return held\n"
 )
 HELD = "assert hold({}) >= 192 << 20\n"
@@ -381,7 +382,8 @@ HONEST = [
         "def counts(xs):\n    d = defaultdict(lambda: 0)\n    for x in xs:\n        d[x] += 1\n    return d\n"
         "def ordered():\n    return OrderedDict([(2, 'b'), (1, 'a')])\n",
         "assert groups([1, 2, 3]) == {1: [1, 3], 0: [2]}\nassert groups([1])[0] == []\nassert counts('aa')['b'] == 0\n"
-        "assert counts('ab') == {'a': 1, 'b': 1}\nassert ordered() == {1: 'a', 2: 'b'} and list(ordered()) == [2, 1]\n",
+        "assert counts('ab') == {'a': 1, 'b': 1}\n"
+        "assert ordered() == {1: 'a', 2: 'b'} and list(ordered()) == [2, 1]\n",
         None,
     ),
     (
@@ -395,8 +397,8 @@ HONEST = [
     (
         "bool_int_intenum_namedtuple",
         "import enum, collections\nclass Color(enum.IntEnum):\n    RED = 1\n"
-        "P = collections.namedtuple('P', 'x y')\ndef is_odd(n):\n    return n % 2 == 1\ndef red():\n    return Color.RED\n"
-        "def point():\n    return P(1, 2)\n",
+        "P = collections.namedtuple('P', 'x y')\ndef is_odd(n):\n    return n % 2 == 1\ndef red():\n"
+        "    return Color.RED\ndef point():\n    return P(1, 2)\n",
         "assert is_odd(3) == 1 and is_odd(3) is True and sum([is_odd(1), is_odd(3)]) == 2\n"
         "assert red() == 1 and point() == (1, 2) and point()[1] == 2\n",
         None,
@@ -442,9 +444,10 @@ HONEST = [
         "assert_raises_and_raises_helper",
         "def isqrt(n):\n    if n < 0:\n        raise ValueError('negative')\n    return int(n ** 0.5)\n",
         "import unittest\nclass raises:\n    def __init__(self, kind):\n        self.kind = kind\n"
-        "    def __enter__(self):\n        return self\n    def __exit__(self, kind, value, tb):\n        if kind is None:\n"
-        "            raise AssertionError('no exception')\n        return issubclass(kind, self.kind)\n"
-        "with raises(Exception):\n    isqrt(-1)\nunittest.TestCase().assertRaises(ValueError, isqrt, -4)\n",
+        "    def __enter__(self):\n        return self\n    def __exit__(self, kind, value, tb):\n"
+        "        if kind is None:\n            raise AssertionError('no exception')\n"
+        "        return issubclass(kind, self.kind)\nwith raises(Exception):\n    isqrt(-1)\n"
+        "unittest.TestCase().assertRaises(ValueError, isqrt, -4)\n",
         None,
     ),
     (

@@ -4,13 +4,14 @@ A policy under RL writes whatever the reward pays or whatever breaks it. A verif
 every nested candidate, turns one long completion into a stalled or killed trainer. Two suites hold the rule for every
 reward in ``rewards.REWARDS`` (iterated, so a reward added to the registry is covered without editing this file):
 
-- **adversarial shapes** (``SHAPES``): about 256 KiB of UTF-8 per shape (a quarter of the longest completion the verifiers read, ``MAX_COMPLETION_CHARS``; the growth check below extrapolates), each aimed at a scan the verifiers run (nested
-  and unclosed ``\boxed{``, whitespace after an answer anchor or a code fence, unpaired tags, brace and ``\frac``
-  towers, equality chains, combining marks, ...). Each call runs in a forked child, so a hang or a runaway allocation
-  fails its own case instead of the suite: it must finish within ``CPU_BOUND_S`` seconds of CPU, raise its peak
-  resident memory by at most ``MEMORY_BOUND_MB``, take at most ``MAX_GROWTH`` times as long as on an eighth of the
-  input (when it takes ``GROWTH_MIN_S`` or more: a quadratic scan still under the bound), and is killed past ``KILL_S`` seconds of wall time or
-  ``ADDRESS_HEADROOM_MB`` of address space. About 1,800 cases, minutes of CPU: marked ``slow``;
+- **adversarial shapes** (``SHAPES``): about 256 KiB of UTF-8 per shape (a quarter of the longest completion the
+  verifiers read, ``MAX_COMPLETION_CHARS``; the growth check below extrapolates), each aimed at a scan the verifiers
+  run (nested and unclosed ``\boxed{``, whitespace after an answer anchor or a code fence, unpaired tags, brace and
+  ``\frac`` towers, equality chains, combining marks, ...). Each call runs in a forked child, so a hang or a runaway
+  allocation fails its own case instead of the suite: it must finish within ``CPU_BOUND_S`` seconds of CPU, raise its
+  peak resident memory by at most ``MEMORY_BOUND_MB``, take at most ``MAX_GROWTH`` times as long as on an eighth of the
+  input (when it takes ``GROWTH_MIN_S`` or more: a quadratic scan still under the bound), and is killed past ``KILL_S``
+  seconds of wall time or ``ADDRESS_HEADROOM_MB`` of address space. About 1,800 cases, minutes of CPU: marked ``slow``;
 - **property fuzz** (Hypothesis, derandomised): short random texts over an alphabet weighted toward the syntax the
   verifiers read (box commands, braces, think and other tags, answer anchors, fences, digits, ``=``, ``%``, ``$``,
   line ends, look-alike letters, invisible characters), with random gold answers and modes: the reward never raises

@@ -690,9 +690,9 @@ def _prompt_logprobs(engine, seqs):
 @pytest.mark.vllm
 def test_head_dtype_sets_the_precision_of_the_engines_lm_head_projection(vllm_engine, model_dirs):
     # GRPO under bf16 with TRL's `cast_lm_head_to_fp32` starts its vLLM engine with head_dtype float32
-    # (align.grpo.trainer.rollout_knobs; vLLM's hf_overrides). Seen here from the other side, where the difference is the head
-    # alone: an fp32 engine scores like the fp32 model; the same engine with its head projected in bf16 does not
-    # (bf16 logits round at ~|logit| / 256).
+    # (align.grpo.trainer.rollout_knobs; vLLM's hf_overrides). Seen here from the other side, where the difference is
+    # the head alone: an fp32 engine scores like the fp32 model; the same engine with its head projected in bf16
+    # does not (bf16 logits round at ~|logit| / 256).
     model = _load(model_dirs["tied"])
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=MAX_NEW, seed=2, stop_token_ids=[], logprobs=False)
     scored, seqs = {}, None
@@ -811,8 +811,8 @@ def test_under_a_sharded_model_every_rank_runs_the_same_forwards(tmp_path):
     """FSDP all-gathers parameters in every forward: a rank whose rows all stopped (or that has fewer batches) must
     keep stepping until every rank is done, or the others wait in an all-gather forever. Two gloo ranks with 3 and 1
     prompts and stops that end rows at different steps: a plain decode runs different numbers of forwards per rank
-    (the hang), the lockstep decode the same on both, with valid samples and the plain decode's greedy completions. (FSDP itself needs GPUs:
-    HFEngine turns lockstep on when parameters are DTensors across ranks.)"""
+    (the hang), the lockstep decode the same on both, with valid samples and the plain decode's greedy completions.
+    (FSDP itself needs GPUs: HFEngine turns lockstep on when parameters are DTensors across ranks.)"""
     import json
     import socket
     import subprocess

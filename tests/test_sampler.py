@@ -1,5 +1,5 @@
-"""align/rollout/sampler.py and align/runtime/distributed.py in one process: when weights are pushed and what they are (LoRA
-merged while the push reads them), per-rank seeds, a server synced from the main process only, rank-split work.
+"""align/rollout/sampler.py and align/runtime/distributed.py in one process: when weights are pushed and what they are
+(LoRA merged while the push reads them), per-rank seeds, a server synced from the main process only, rank-split work.
 The same code on 2 ranks under ZeRO-3 is tested in tests/test_distributed.py."""
 
 from __future__ import annotations

@@ -457,8 +457,8 @@ def test_replay_settings_that_cannot_run_are_one_line(tiny, tmp_path):
 
 def test_replay_nll_is_the_same_under_padding_free_attention(tiny, tmp_path):
     """`padding_free: true` runs the whole training step, the replay pass included, under the per-document attention
-    (align/grpo/packing.py). The replay batch is right-padded with positions 0..L-1 per row: one document a row, the pad
-    tail after it, which a causal query never reads. So the NLL must not move."""
+    (align/grpo/packing.py). The replay batch is right-padded with positions 0..L-1 per row: one document a row, the
+    pad tail after it, which a causal query never reads. So the NLL must not move."""
     from transformers import AutoModelForCausalLM
 
     from align.grpo.packing import packed_attention

@@ -36,7 +36,8 @@ _ORDINAL = (
 HISTORY = re.compile(
     "|".join(
         (
-            rf"\b{_ORDINAL}\s+(?:chain|design|try|red[- ]team(?:\s+round)?)s?\b",  # "the twelfth chain", "third design"
+            # "the twelfth chain", "third design"
+            rf"\b{_ORDINAL}\s+(?:chain|design|try|red[- ]team(?:\s+round)?)s?\b",
             r"\b(?:chain|design|try|tries)s?\s+(?:#?\d+|(?-i:[A-H]))\b",  # "chain 8", "design 9", "design E"
             r"\bred[- ]team(?:ing)?\s*,?\s+(?:round|pass)\s*\d+",  # "red-team round 3"
             r"\bround\s*\d+\s+(?:of\s+the\s+)?red[- ]team",  # "round 2 red team"

@@ -10,8 +10,9 @@ Specs (`load_source(spec, split=None, config=None, streaming=False, **args)`):
     data/my_set/                                   a `save_to_disk` directory, a directory of such files (datasets
                                                    names splits by file name: train*.jsonl, test*.jsonl), or a
                                                    hub-shaped repo (data/<config>/<split>-*.parquet + README configs)
-    HuggingFaceTB/smoltalk2                        a hub id: named config, per-source splits (align/data/hub.py: only the
-                                                   requested split is read; a missing config/split lists the real ones)
+    HuggingFaceTB/smoltalk2                        a hub id: named config, per-source splits (align/data/hub.py: only
+                                                   the requested split is read; a missing config/split lists the real
+                                                   ones)
     builtin:news | shakespeare | kjv | gsm8k | hellaswag | truthfulqa | humaneval | rg:<task> | tasks
 `streaming=True` returns a `datasets.IterableDataset` (rows read lazily) for any spec.
 
@@ -389,11 +390,11 @@ def get_dataset(script_args) -> datasets.DatasetDict:
     dataset_test_split). Test split (what the stage holds out): the source's own, `dataset_test_split` or unset its
     `validation` split, else its `test` split (`load_held_out`), else `test_split_size` rows held out under the
     seed, else none. Mixtures (`weighting: share`, the default): weights are target shares of the training
-    rows. Without `num_samples` the mixture is as large as it can be with no row repeated (the scarcest source relative to its weight sets the size); with `num_samples`
-    a source with too few rows is repeated (whole passes, then a seeded subset), with a warning. No weights
-    means every row of every source once. `weighting: fraction` is the alignment-handbook's rule (its published
-    SmolLM3 recipes use it): each source keeps weight x its rows (int, a seeded subset; no weight = all rows).
-    The train split is shuffled under the seed; same seed, same rows.
+    rows. Without `num_samples` the mixture is as large as it can be with no row repeated (the scarcest source relative
+    to its weight sets the size); with `num_samples` a source with too few rows is repeated (whole passes, then a
+    seeded subset), with a warning. No weights means every row of every source once. `weighting: fraction` is the
+    alignment-handbook's rule (its published SmolLM3 recipes use it): each source keeps weight x its rows (int, a
+    seeded subset; no weight = all rows). The train split is shuffled under the seed; same seed, same rows.
     `max_train_samples` / `max_eval_samples` keep the first rows of each split.
     """
     mixture = getattr(script_args, "dataset_mixture", None)

@@ -9,8 +9,8 @@ names the install command when the package is missing.
     builtin:tasks                                                                 (registered by `import data_gen`)
 
 The registry: `register_builtin(name, fn)` makes `builtin:<name>` load `fn(split=None, **args)`; code above the core
-(data_gen) registers its sources by name when it is imported, so the core never imports it. `align.data.loading.load_source`
-is the one entry point: `load_source("builtin:shakespeare")`.
+(data_gen) registers its sources by name when it is imported, so the core never imports it.
+`align.data.loading.load_source` is the one entry point: `load_source("builtin:shakespeare")`.
 """
 
 from __future__ import annotations

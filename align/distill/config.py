@@ -1,5 +1,6 @@
-"""Distillation's config: TRL's GOLDConfig (GKD + ULD) with our fields, beside the stage (align/distill/trainer.py) as TRL keeps
-`*_config.py` beside `*_trainer.py`, so the teacher side (align/distill/teacher.py) and the stage both read it.
+"""Distillation's config: TRL's GOLDConfig (GKD + ULD) with our fields, beside the stage (align/distill/trainer.py) as
+TRL keeps `*_config.py` beside `*_trainer.py`, so the teacher side (align/distill/teacher.py) and the stage both read
+it.
 
     python scripts/distill.py recipes/tiny/distill.yaml --loss forward_kl --rollout_backend auto
 """

@@ -165,7 +165,8 @@ def divergence(
 
 
 def _teacher_prompt_ids(tokenizer, prompt_ids: list[list[int]], teacher_prompts: dict[str, str]) -> list[list[int]]:
-    """Same tokenizer: each prompt as the teacher sees it (its hint or demonstrations; the student's own if unmapped)."""
+    """Same tokenizer: each prompt as the teacher sees it (its hint or demonstrations; the student's own if
+    unmapped)."""
     out = []
     for p in prompt_ids:
         text = tokenizer.decode(p, skip_special_tokens=False, clean_up_tokenization_spaces=False)

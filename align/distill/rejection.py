@@ -40,8 +40,8 @@ def best_of_samples(
     hints: Sequence[str] | None = None,
 ) -> list[str | None]:
     """rejection_sampling: `teacher_best_of` answers per prompt sampled at `temperature` (the teacher's own view of
-    it), and the first that the row's verifier accepts (`align.eval.statistics`, as every accuracy here) in the shape its
-    asked mode wants (`rewards.format.mode_format_reward`: a think block with reasoning in think mode, none in
+    it), and the first that the row's verifier accepts (`align.eval.statistics`, as every accuracy here) in the shape
+    its asked mode wants (`rewards.format.mode_format_reward`: a think block with reasoning in think mode, none in
     no_think); None where no sample is. The teacher's lead is its samples plus the verifier: the student sees
     neither the answer nor the verifier, only what they picked. A prompt is sampled until its first accepted
     answer, at most `teacher_best_of` times: the first accepted of up to n samples, as before, for fewer samples.

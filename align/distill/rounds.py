@@ -6,9 +6,9 @@ round on the same prompts and `max_steps`, and every round after the first takes
 model the round before saved: the samples come from the improved student, so the lead it learns from moves with it
 (expert iteration, as STaR and ReST). `rejection_round_student: start` keeps the teacher moving but trains the
 stage's starting model again each round, on the newest round's answers (ReST-EM: the drift from the starting model,
-e.g. in its chat answers, does not add up over rounds). Rounds before the last save to `output_dir/round-<k>`; the last saves to
-`output_dir`. Its `distill_eval.json` spans the whole stage: `before` is round 1's (the stage's starting model),
-`after` the last round's, the paired test between the two, and `rounds` each round's own before/after.
+e.g. in its chat answers, does not add up over rounds). Rounds before the last save to `output_dir/round-<k>`; the last
+saves to `output_dir`. Its `distill_eval.json` spans the whole stage: `before` is round 1's (the stage's starting
+model), `after` the last round's, the paired test between the two, and `rounds` each round's own before/after.
 
 Held-out answers are made once per weights: a round whose student or teacher was measured already (round 1's teacher
 is the student itself when it samples from its own weights; round 2's teacher is round 1's saved model, measured
@@ -48,7 +48,8 @@ def main(script_args, training_args, model_args) -> dict:
 
 def expert_iteration(script_args, args, model_args) -> dict:
     rounds, results = args.rejection_rounds, []
-    known: dict = {}  # the rounds' greedy held-out answers: round 2's teacher is round 1's after, its student (start) round 1's before
+    # the rounds' greedy held-out answers: round 2's teacher is round 1's after, its student (start) round 1's before
+    known: dict = {}
     start = model_args.model_name_or_path
     student, teacher = start, args.teacher_model_name_or_path
     for k in range(1, rounds + 1):

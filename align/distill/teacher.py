@@ -2,8 +2,8 @@
 
 Why a module of its own: the teacher sees each prompt its own way (its chat template in the cross-tokenizer path,
 mode flags stripped, solved demonstrations first with `teacher_few_shot`, privileged context with `teacher_hint`),
-and with `loss: sequence_kd` it writes the answers the student learns. align/distill/trainer.py builds the trainer around
-what this module returns.
+and with `loss: sequence_kd` it writes the answers the student learns. align/distill/trainer.py builds the trainer
+around what this module returns.
 
     teacher_tok = load_teacher_tokenizer(args.teacher_model_name_or_path)
     mode = resolve_tokenizer_mode(args.tokenizer_mode, student_tok, teacher_tok, student, teacher)

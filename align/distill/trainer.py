@@ -112,8 +112,9 @@ TRL_FLAGS = {"use_vllm": "GOLD samples the student through `vllm_generation`, wh
 
 
 class EngineGeneration:
-    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our sampler (align.rollout.sampler):
-    whole weights under ZeRO-3, weights pushed to an engine with its own copy, sampling seeded per rank."""
+    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our sampler
+    (align.rollout.sampler): whole weights under ZeRO-3, weights pushed to an engine with its own copy, sampling seeded
+    per rank."""
 
     def __init__(self, sampler: Sampler, trainer, args: DistillConfig, stop_token_ids: list[int]):
         self.sampler, self.trainer, self.stop = sampler, trainer, list(stop_token_ids)

@@ -6,7 +6,8 @@ before/after ones too) into `<run_dir>/outcomes/`, and `scripts/compare.py` read
 
 A line: `{"eval": <what was evaluated>, "item": <id of its prompt>, "family"?: ..., <outcome fields>}` with
 - `gen/<set>/<mode>` (generative suite): `correct`, `formatted` (0/1) and `baseline` (0/1: the family's best trivial
-  rule, align/eval/baselines.py), read as the shares `acc/<set>/<mode>`, `format/<set>/<mode>`, `baseline/<set>/<mode>`;
+  rule, align/eval/baselines.py), read as the shares `acc/<set>/<mode>`, `format/<set>/<mode>`,
+  `baseline/<set>/<mode>`;
 - `mc/<set>` (multiple choice): `cf`, `mcf` (0/1) -> `cf/<set>`, `mcf/<set>`;
 - `tools/<mode>` (tool suite): `with_tools`, `without_tools`, `right_tool`, `format` -> `tools/<mode>/acc_with_tools`,
   `.../acc_without_tools`, `.../right_tool`, `.../format`;

@@ -35,9 +35,9 @@ Results: `<output_dir>/eval_results.json` = {"model", "stage", "metrics": {flat 
 each task family, align/eval/baselines.py; `details["baseline/<set>"]` holds the rules and, per mode, which families
 the model beats by the paired test); `stats[name]` gives each share its item count `num`, 95% Wilson interval
 `ci_low`/`ci_high` and, for MC, `chance`. `<output_dir>/outcomes.jsonl` holds every item's outcome, one line each
-(align/eval/outcomes.py), from which `scripts/compare.py` recomputes every paired test. Every accuracy comes from the one scorer
-(`align.eval.statistics`): correct = the row's verifier scores >= 1; log-likelihoods are computed with the model itself;
-generation goes through the shared engine, which shares the loaded model on the `hf` backend.
+(align/eval/outcomes.py), from which `scripts/compare.py` recomputes every paired test. Every accuracy comes from the
+one scorer (`align.eval.statistics`): correct = the row's verifier scores >= 1; log-likelihoods are computed with the
+model itself; generation goes through the shared engine, which shares the loaded model on the `hf` backend.
 """
 
 from __future__ import annotations
@@ -134,9 +134,9 @@ class EvalConfig:
     chat_loss_data: str | None = field(
         default=None,
         metadata={
-            "help": "Held-out conversations ({messages}) whose last assistant turn the loss suite scores as `loss/chat` "
-            "(mean per-token loss per conversation, with its interval): how far a stage moved from these chat "
-            "answers, e.g. the base model's own (generate_answers' heldout.jsonl)."
+            "help": "Held-out conversations ({messages}) whose last assistant turn the loss suite scores as "
+            "`loss/chat` (mean per-token loss per conversation, with its interval): how far a stage moved from these "
+            "chat answers, e.g. the base model's own (generate_answers' heldout.jsonl)."
         },
     )
     chat_loss_num: int = field(default=64, metadata={"help": "Conversations of chat_loss_data scored (the first N)."})
@@ -152,8 +152,8 @@ class EvalConfig:
     eval_split: str = field(
         default="dev",
         metadata={
-            "help": "The items evaluated: dev (every choice: stage targets, ablations, the per-stage checks) or test (the "
-            "sealed split, evaluated once at the end of a chain; an ablation refuses it unless it asks for it by "
+            "help": "The items evaluated: dev (every choice: stage targets, ablations, the per-stage checks) or test "
+            "(the sealed split, evaluated once at the end of a chain; an ablation refuses it unless it asks for it by "
             "name). Task sets and tool rows split by problem, the real sets by position (even rows dev)."
         },
     )
@@ -529,7 +529,8 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                         low, high = res[f"{key}_ci"]
                         stats[f"{key}/{name}/{mode}"] = {"num": res["num"], "ci_low": low, "ci_high": high}
                     # every item's outcome, so a later model (the next stage, an ablation's variant) is compared on
-                    # the same prompts by the paired test (align.eval.statistics.paired_change), not by overlapping intervals
+                    # the same prompts by the paired test (align.eval.statistics.paired_change), not by overlapping
+                    # intervals
                     outcomes = {
                         "correct": [int(x["correct"]) for x in samples],
                         "formatted": [int(is_formatted(x["completion"], mode)) for x in samples],

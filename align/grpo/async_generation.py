@@ -131,8 +131,8 @@ def split_threads(engine_threads: int | None, local_world_size: int = 1) -> tupl
 
 
 class AsyncGeneration:
-    """Mixed into align.grpo.trainer.GRPOTrainer (see the module doc). `async_log` keeps, per trained batch: the step, the
-    version that sampled it, its staleness, and the seconds the trainer waited for it."""
+    """Mixed into align.grpo.trainer.GRPOTrainer (see the module doc). `async_log` keeps, per trained batch: the step,
+    the version that sampled it, its staleness, and the seconds the trainer waited for it."""
 
     _lookahead: dict | None = None
     generation_round: int = 1  # dynamic sampling's round within a step (align.grpo.trainer): 1, then refills

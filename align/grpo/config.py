@@ -27,8 +27,8 @@ class GRPOConfig(StageArgs, AsyncArgs, ReplayArgs, trl.GRPOConfig):
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_reward"],
         metadata={
-            "help": "Rewards: registry keys (math_reward, exact_match_reward, soft_overlong_reward, ...), dotted paths "
-            "('my_lab.verifiers:palindrome_reward') or file paths ('./verifiers.py:palindrome_reward')."
+            "help": "Rewards: registry keys (math_reward, exact_match_reward, soft_overlong_reward, ...), dotted "
+            "paths ('my_lab.verifiers:palindrome_reward') or file paths ('./verifiers.py:palindrome_reward')."
         },
     )
     reward_kwargs: dict | None = field(

@@ -21,12 +21,12 @@ def heldout_accuracy(
     template_kwargs: dict | None = None,
     chat_template: str | None = None,
 ) -> dict:
-    """Greedy accuracy on held-out rows, from the one scorer (`align.eval.statistics`): each row checked by the verifier its
-    `reward` column names (else `default_reward`), correct at a score >= 1, with its 95% interval.
+    """Greedy accuracy on held-out rows, from the one scorer (`align.eval.statistics`): each row checked by the
+    verifier its `reward` column names (else `default_reward`), correct at a score >= 1, with its 95% interval.
 
-    `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective: call
-    it on every rank; each rank generates and scores its share of the rows, and every rank returns the report over all
-    of them."""
+    `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective:
+    call it on every rank; each rank generates and scores its share of the rows, and every rank returns the report over
+    all of them."""
     rows = [dict(r) for r in dataset]
     prompts = [
         tokenizer.apply_chat_template(

@@ -1,13 +1,14 @@
 """Truncated importance sampling between the engine that sampled and the trainer that learns, without a pass of its own
-(and the loss pass's other hooks: the LM head on completion tokens only, `padding_free` passes from align/grpo/packing.py).
+(and the loss pass's other hooks: the LM head on completion tokens only, `padding_free` passes from
+align/grpo/packing.py).
 
 TRL corrects for the engine/trainer mismatch (`vllm_importance_sampling_correction`) with the ratio
 pi_trainer(token) / pi_engine(token), and gets pi_trainer from an extra no-grad forward pass over every generation
 batch (`old_per_token_logps`), even when generation and optimisation are aligned (`num_iterations` 1 and
 `gradient_accumulation_steps` a multiple of `steps_per_generation`): then the weights that pass sees are the weights
 the loss pass sees, and its log-probs are the loss pass's own, detached. On the SmolLM2-135M GRPO step that pass
-was 18% of the step. When aligned, `align.grpo.trainer.GRPOTrainer` skips it and builds the same ratio here from the loss
-pass's detached log-probs (the same numbers: same weights, same autocast); TRL's own pass stays for the
+was 18% of the step. When aligned, `align.grpo.trainer.GRPOTrainer` skips it and builds the same ratio here from the
+loss pass's detached log-probs (the same numbers: same weights, same autocast); TRL's own pass stays for the
 misaligned case, where it is needed.
 """
 

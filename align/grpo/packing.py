@@ -3,9 +3,9 @@
 Why: TRL's GRPO loss pass runs the model on the padded batch, (rows x (longest prompt + longest completion)), so with
 completions of mixed length most of a pass is padding (uniform 16-512 tokens: about half). `packed_logps` drops the
 padding: the rows' tokens are laid end to end in one row whose position ids restart at every sequence, each
-sequence attends only to itself (on a CPU through `align.modeling.document_attention`: causal sdpa per length class; on a GPU
-with `attn_implementation: flash_attention_2`, transformers' varlen kernel reads the restarting position ids), and
-TRL's fused LM head scores only the completion tokens, with labels shifted inside each sequence (never across a
+sequence attends only to itself (on a CPU through `align.modeling.document_attention`: causal sdpa per length class; on
+a GPU with `attn_implementation: flash_attention_2`, transformers' varlen kernel reads the restarting position ids),
+and TRL's fused LM head scores only the completion tokens, with labels shifted inside each sequence (never across a
 boundary). The result is laid back out as TRL's (rows, logits_to_keep) log-probs (and entropies), so the loss,
 importance sampling and `tool_mask` see the same tensors as on the padded path (tests/test_grpo.py: equal to 1e-5,
 gradients too).

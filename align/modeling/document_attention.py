@@ -80,7 +80,8 @@ def sdpa_documents(
     position_ids: torch.Tensor | None = None,
     **kwargs,
 ):
-    """transformers attention-function signature: query (B, H, T, D), key/value (B, Hkv, T, D) -> ((B, T, H, D), None)."""
+    """transformers attention-function signature: query (B, H, T, D), key/value (B, Hkv, T, D) -> ((B, T, H, D),
+    None)."""
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
         return sdpa_cpu_fp32(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     b, h, t, d = query.shape

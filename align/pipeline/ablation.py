@@ -13,9 +13,9 @@ evaluation and wandb tracking (one wandb group per ablation). A finished run is 
 resumes; rerunning the command continues the ablation. Every run's config is checked against its script's
 dataclasses before any run starts (an unknown key or a bad value is one line).
 
-The verdict (align/pipeline/ablation_report.py): each variant against the baseline on the same held-out prompts, per seed
-by the exact McNemar test and over seeds by a test stratified by seed (`align.eval.statistics.paired_over_seeds`), with
-the metric's mean and interval over seeds; written to `<run_dir>/ablation.md`, `ablation.json` and `plots/`.
+The verdict (align/pipeline/ablation_report.py): each variant against the baseline on the same held-out prompts, per
+seed by the exact McNemar test and over seeds by a test stratified by seed (`align.eval.statistics.paired_over_seeds`),
+with the metric's mean and interval over seeds; written to `<run_dir>/ablation.md`, `ablation.json` and `plots/`.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ class AblationConfig:
     variants: list[dict] = field(
         default_factory=list,
         metadata={
-            "help": "[{name, overrides, script?, recipe?, remove?, stage_overrides?, baseline?, description?}]: what each "
-            "variant changes (`remove`: keys of the base recipe its script does not take, e.g. ORPO's loss_type); "
-            "exactly one has baseline: true (or the first is the baseline)."
+            "help": "[{name, overrides, script?, recipe?, remove?, stage_overrides?, baseline?, description?}]: what "
+            "each variant changes (`remove`: keys of the base recipe its script does not take, e.g. ORPO's "
+            "loss_type); exactly one has baseline: true (or the first is the baseline)."
         },
     )
     overrides: dict | None = field(
@@ -71,8 +71,8 @@ class AblationConfig:
     metric: str = field(
         default="acc/tasks/think",
         metadata={
-            "help": "The metric that decides: an eval-suite share (acc/<set>/<mode>, format/<set>/<mode>) or a stage's "
-            "own held-out accuracy (grpo_eval/accuracy, distill_eval/accuracy). Higher is better."
+            "help": "The metric that decides: an eval-suite share (acc/<set>/<mode>, format/<set>/<mode>) or a "
+            "stage's own held-out accuracy (grpo_eval/accuracy, distill_eval/accuracy). Higher is better."
         },
     )
     also_report: list[str] = field(
@@ -88,8 +88,8 @@ class AblationConfig:
     allow_sealed_test: bool = field(
         default=False,
         metadata={
-            "help": "An ablation chooses on the dev split; evaluating its runs on the sealed test split (eval_split: test) "
-            "is refused unless this asks for it by name."
+            "help": "An ablation chooses on the dev split; evaluating its runs on the sealed test split (eval_split: "
+            "test) is refused unless this asks for it by name."
         },
     )
     run_dir: str | None = field(
@@ -410,7 +410,8 @@ def run_all(cfg: AblationConfig, runs: list[Run], log=print) -> dict:
         )
         proc.log_file, proc.started = log_file, time.time()
         log(
-            f"{run.name}: running ({len(ran) + len(active) + 1}/{len(todo)} of this call; log {run.dir / 'ablation.log'})"
+            f"{run.name}: running ({len(ran) + len(active) + 1}/{len(todo)} of this call; "
+            f"log {run.dir / 'ablation.log'})"
         )
         return proc
 
@@ -432,7 +433,8 @@ def run_all(cfg: AblationConfig, runs: list[Run], log=print) -> dict:
                 else:
                     failed.append(name)
                     log(
-                        f"{name}: FAILED (exit code {proc.returncode}) after {took:.0f} s; see {run.dir / 'ablation.log'}"
+                        f"{name}: FAILED (exit code {proc.returncode}) after {took:.0f} s; "
+                        f"see {run.dir / 'ablation.log'}"
                     )
             if over and queue and not active:
                 log(

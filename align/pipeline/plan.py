@@ -40,7 +40,8 @@ NO_MODEL = {
 }  # stages whose output is not a model
 DISTRIBUTED = RESUMABLE | {"generate_preferences"}  # scripts that run on many processes (accelerate launch)
 TRACKED = RESUMABLE  # scripts whose config has report_to
-# Scripts whose stage checks its training rows against the pipeline's eval sets before it trains (align.stage.load_data)
+# Scripts whose stage checks its training rows against the pipeline's eval sets before it trains
+# (align.stage.load_data)
 DECONTAMINATED = {"sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
 DECONTAMINATION = ("drop", "warn", "refuse", "off")
 HELD_OUT_KEYS = (

@@ -128,7 +128,10 @@ def _paired(stage: dict, target: str) -> dict | None:
 def _paired_verdict(paired: dict) -> str:
     """Before/after on the same items: within noise unless McNemar's p < 0.05, else the side that gained more."""
     if paired["p_value"] >= 0.05:
-        return f"within noise (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, McNemar p={paired['p_value']:.2g})"
+        return (
+            f"within noise (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, "
+            f"McNemar p={paired['p_value']:.2g})"
+        )
     word = "improved" if paired["gained"] > paired["lost"] else "got worse"
     return f"{word} (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, McNemar p={paired['p_value']:.2g})"
 
@@ -704,7 +707,8 @@ def write_report(run_dir: str | Path) -> Path:
     lines = [
         f"# Pipeline report: {manifest.get('name', '')}",
         "",
-        f"Run `{manifest.get('run_id')}`, git `{(git.get('commit') or '?')[:10]}`{' (dirty tree)' if git.get('dirty') else ''}, "
+        f"Run `{manifest.get('run_id')}`, git `{(git.get('commit') or '?')[:10]}`"
+        f"{' (dirty tree)' if git.get('dirty') else ''}, "
         f"updated {manifest.get('updated', '?')}.",
         "",
         *([" ".join(headline), ""] if headline else []),
@@ -822,7 +826,8 @@ def write_report(run_dir: str | Path) -> Path:
     for s in stages:
         outcome = s.get("status", "?") + (" (skipped this run)" if s.get("skipped_this_run") else "")
         lines.append(
-            f"| {s['name']} | {s.get('script', '')} | {outcome} | {_fmt(s.get('duration_s'))} | {s.get('attempts', 0)} | "
+            f"| {s['name']} | {s.get('script', '')} | {outcome} | {_fmt(s.get('duration_s'))} | "
+            f"{s.get('attempts', 0)} | "
             f"{s.get('resumed_from') or ''} |"
         )
     lines += ["", "## Plots", ""]

@@ -19,11 +19,11 @@ subprocess (`accelerate launch [--config_file F] scripts/<x>.py <that yaml>`, or
 config changed or a stage it references finished after it; a stage without one is re-run and, when its
 script supports it and neither its config nor a stage it references changed since it started, resumes from its
 latest complete checkpoint (`--resume_from_checkpoint <dir>`: HF-Trainer
-`checkpoint-N` dirs or pretrain's `checkpoints/step_N`, as align/runtime/checkpoint.py names and finds them). Each model
-stage is then evaluated (scripts/evaluate.py as a subprocess, on the dev split, results under `<run_dir>/eval/<stage>/`);
-when every stage has finished, the final model and the SFT model it descends from are evaluated once more, on the
-sealed test split (`<run_dir>/eval_test/<stage>/`, `sealed_test` in the manifest). The manifest
-`<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
+`checkpoint-N` dirs or pretrain's `checkpoints/step_N`, as align/runtime/checkpoint.py names and finds them). Each
+model stage is then evaluated (scripts/evaluate.py as a subprocess, on the dev split, results under
+`<run_dir>/eval/<stage>/`); when every stage has finished, the final model and the SFT model it descends from are
+evaluated once more, on the sealed test split (`<run_dir>/eval_test/<stage>/`, `sealed_test` in the manifest). The
+manifest `<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
 git commit, data provenance, eval and training metrics, duration and outcome. Tracking: stages log to wandb
 (offline unless WANDB_MODE says otherwise) grouped by the pipeline run (WANDB_RUN_GROUP), or TensorBoard.
 """
@@ -249,7 +249,8 @@ def run_logged(cmd: list[str], env: dict, log: Path, on_tick=None) -> int:
                     on_tick(_last_line(log))
                 time.sleep(0.5)
         except BaseException:
-            try:  # the stage finishes its step and saves a checkpoint on SIGTERM (align.runtime.checkpoint): give it time
+            # the stage finishes its step and saves a checkpoint on SIGTERM (align.runtime.checkpoint): give it time
+            try:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=STOP_GRACE_S)
             except (ProcessLookupError, subprocess.TimeoutExpired):
@@ -437,7 +438,8 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
         for s in stages:
             path = run_dir / "configs" / f"{s.name}.yaml"
             console.print(
-                f"[bold]{s.name}[/]: {' '.join(stage_command(s, cfg, path, None))}  ({needs_run(s, by_name, forced)[1]})"
+                f"[bold]{s.name}[/]: {' '.join(stage_command(s, cfg, path, None))}  "
+                f"({needs_run(s, by_name, forced)[1]})"
             )
         return manifest.data
     manifest.save()

@@ -46,7 +46,8 @@ def pair_token_ids(tokenizer, row: dict) -> tuple[list[int], list[int], list[int
 def completion_logps(
     model, sequences: list[tuple[list[int], list[int]]], batch_size: int = 8, collective: bool = False
 ) -> torch.Tensor:
-    """Summed log-prob of each completion given its prompt: (N,) float32 (`align.eval.multiple_choice.sequence_logprobs`)."""
+    """Summed log-prob of each completion given its prompt: (N,) float32
+    (`align.eval.multiple_choice.sequence_logprobs`)."""
     scored = sequence_logprobs(model, [(p + c, len(c)) for p, c in sequences], 0, batch_size, collective=collective)
     return torch.tensor([s for s, _ in scored], dtype=torch.float32)
 

@@ -1,4 +1,5 @@
-"""Iterative preference optimisation (`preference_rounds`): each round's pairs come from the model the round before made.
+"""Iterative preference optimisation (`preference_rounds`): each round's pairs come from the model the round before
+made.
 
 One round is `align.preference.trainer.train_round`: pairs in, a trained model out. With `preference_rounds: R > 1` the
 stage runs R rounds. Round 1 trains the stage's starting model on the stage's data (the pipeline's `preferences`
@@ -144,8 +145,9 @@ def _card(pairs: str | None) -> dict:
 
 
 def whole_stage(results: list[dict], args) -> dict:
-    """The last round's report with `preference_rounds` and `rounds` (each round's model, pairs, their card's counts and
-    policy/best-of-n accuracy, before/after held-out preference accuracy). Rewrites `output_dir/preference_eval.json`."""
+    """The last round's report with `preference_rounds` and `rounds` (each round's model, pairs, their card's counts
+    and policy/best-of-n accuracy, before/after held-out preference accuracy). Rewrites
+    `output_dir/preference_eval.json`."""
     metrics = dict(results[-1]["result"])
     metrics["preference_rounds"] = len(results)
     metrics["rounds"] = [

@@ -59,7 +59,8 @@ def _trainer_class(kind: str):
 
 def main(script_args, training_args, model_args) -> dict:
     """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics. With
-    `preference_rounds` > 1, that many rounds, each on pairs the round before's model made (align/preference/rounds.py)."""
+    `preference_rounds` > 1, that many rounds, each on pairs the round before's model made
+    (align/preference/rounds.py)."""
     if training_args.preference_rounds != 1:
         return iterate(script_args, training_args, model_args, train_round)
     return train_round(script_args, training_args, model_args)

@@ -3,8 +3,8 @@
 This module holds the interface (SamplingParams, Rollout, RolloutEngine), the checks every backend runs and the
 process-wide engine cache; it imports no backend. The backends (hf.py, vllm.py, vllm_server.py) build on it, and
 `align.rollout.factory.get_engine` picks and starts one. Data generation, GRPO, on-policy distillation and
-evaluation all take their engine from `get_engine`, so a speed-up or a weight-sync fix lands everywhere at once. Chat templating stays
-with the caller; the engine knows nothing of tokenisation.
+evaluation all take their engine from `get_engine`, so a speed-up or a weight-sync fix lands everywhere at once. Chat
+templating stays with the caller; the engine knows nothing of tokenisation.
 
     from align.rollout import SamplingParams, get_engine
     engine = get_engine("outputs/tiny/sft", backend="auto")          # or a loaded transformers model

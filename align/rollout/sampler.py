@@ -2,9 +2,9 @@
 
 Why: a trainer that generates must (1) build its engine outside ZeRO-3's partitioning context, sized for the
 recipe's lengths, (2) push its weights to an engine that holds its own copy (align/rollout/weight_sync.py),
-(3) generate with whole weights when the engine IS the trained model (the hf backend), (4) seed each rank's sampling differently and reproducibly, (5) let a colocated vLLM sleep
-while the trainer trains, and (6) sync a vLLM server from the main process only. Each is easy to get wrong
-under ZeRO-3, so it is written once, here, for both.
+(3) generate with whole weights when the engine IS the trained model (the hf backend), (4) seed each rank's sampling
+differently and reproducibly, (5) let a colocated vLLM sleep while the trainer trains, and (6) sync a vLLM server from
+the main process only. Each is easy to get wrong under ZeRO-3, so it is written once, here, for both.
 
     sampler = build_sampler("auto", {}, model, model_path, tokenizer, accelerator, seed=0, max_model_len=2048)
     sampler.sync(trainer.model_wrapped, step)                                 # every rank, after a step
@@ -121,7 +121,8 @@ class Sampler:
         return bool(bypasses and bypasses())
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps: the call count the next seeds continue from (align.runtime.checkpoint.RESUME_STATE)."""
+        """What a checkpoint keeps: the call count the next seeds continue from
+        (align.runtime.checkpoint.RESUME_STATE)."""
         return {"num_calls": self.num_calls}
 
     def load_state_dict(self, state: dict) -> None:

@@ -136,7 +136,8 @@ class VLLMEngine:
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.vocab_size = self.config.vocab_size
         if dtype == "auto":
-            # fp32 on CPU: exact parity with an fp32 trainer (GRPO under bf16 asks for bf16: align.grpo.trainer.rollout_knobs)
+            # fp32 on CPU: exact parity with an fp32 trainer (GRPO under bf16 asks for bf16:
+            # align.grpo.trainer.rollout_knobs)
             dtype = "bfloat16" if on_gpu else "float32"
         self.dtype = dtype
         self.max_model_len = max_model_len or min(getattr(self.config, "max_position_embeddings", 4096), 4096)
@@ -148,13 +149,14 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs,
             skip_tokenizer_init=True,  # token ids in and out
             enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
-            # one kind of log-prob per engine (SamplingParams.logprobs_kind): the model's, or the sampled distribution's
+            # one kind of log-prob per engine (SamplingParams.logprobs_kind): the model's, or the sampled
+            # distribution's
             logprobs_mode="processed_logprobs" if logprobs_kind == "sampling" else "raw_logprobs",
         )
         if head_dtype is not None:
             # The LM head's projection in this dtype (vLLM's `--hf-overrides '{"head_dtype": "float32"}'`): with a
-            # trainer whose head runs in fp32 (TRL's `cast_lm_head_to_fp32`, set by align.grpo.trainer.rollout_knobs) the
-            # engine's log-probs then come from the same fp32 logits rather than bf16 ones.
+            # trainer whose head runs in fp32 (TRL's `cast_lm_head_to_fp32`, set by align.grpo.trainer.rollout_knobs)
+            # the engine's log-probs then come from the same fp32 logits rather than bf16 ones.
             kwargs["hf_overrides"] = {"head_dtype": head_dtype}
         if max_num_batched_tokens:  # tokens per scheduler step; above the longest prompt, prefill is never chunked
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens

@@ -288,10 +288,10 @@ class ServerWorker:
     The server already generates outside the trainer, so nothing is spawned: jobs run in order in a thread of the
     trainer's process, each once a version >= its `min_version` is published, and `info["version"]` names the
     weights the server held. A push must not change the server's weights under a generation in flight (the batch
-    would mix two policies), and every rank shares the one server: `align.rollout.sampler.Sampler.push` holds `paused()` on
-    every rank (each waits for its own generation in flight, none starts another), meets the other ranks, and only
-    then does the main process send the weights (NCCL, GPU only); the version is published before the pause ends.
-    Generation stops for one push, as with EngineWorker, plus the wait for the generation in flight."""
+    would mix two policies), and every rank shares the one server: `align.rollout.sampler.Sampler.push` holds
+    `paused()` on every rank (each waits for its own generation in flight, none starts another), meets the other ranks,
+    and only then does the main process send the weights (NCCL, GPU only); the version is published before the pause
+    ends. Generation stops for one push, as with EngineWorker, plus the wait for the generation in flight."""
 
     versioned = True
     backend = "vllm-server"

@@ -51,8 +51,9 @@ from align.runtime.nonfinite import NONFINITE_POLICIES, NonFiniteError, NonFinit
 
 logger = logging.getLogger(__name__)
 
-# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked against the
-# installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in one place).
+# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked
+# against the installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in
+# one place).
 TRL_PRIVATE_METHODS = {
     "_save_checkpoint": "(self, model, trial)",  # wrapped: saves go to a staging dir, then an atomic rename
     "_get_output_dir": "(self, trial)",  # where the Trainer puts checkpoints

@@ -21,8 +21,9 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
-# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked against the
-# installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in one place).
+# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked
+# against the installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in
+# one place).
 TRL_PRIVATE_METHODS = {
     "_get_grad_norm": "(self, model, grad_norm=None)",  # wrapped: the pre-clip norm the guard reads
 }

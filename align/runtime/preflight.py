@@ -6,8 +6,9 @@ to all-zero assistant masks, sorted data, full disks and resumes that cannot loa
 
     output_dir     writable, with free disk for the checkpoints the recipe will write
                    (params x bytes per param (weights + Adam moments) x checkpoints kept, + the final model)
-    resume         the checkpoint a resume would load (align.runtime.checkpoint.resume_checkpoint) is complete and readable:
-                   trainer state parses, weight names/shapes match the model, optimizer/scheduler/RNG files intact
+    resume         the checkpoint a resume would load (align.runtime.checkpoint.resume_checkpoint) is complete and
+                   readable: trainer state parses, weight names/shapes match the model, optimizer/scheduler/RNG
+                   files intact
     tokenizer      decode(encode(text)) == text on the first examples
     chat_template  non-empty assistant/completion masks on the first examples (align.data.chat, any template)
     known_answer   the accuracy reward scores the gold answer 1.0 and a wrong one below 1; every reward runs on it

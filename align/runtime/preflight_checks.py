@@ -306,7 +306,10 @@ def check_known_answer(reward_funcs: Sequence[Callable] | None, rows: Sequence[d
                     )
                 low = checked(func)(wrong, **columns)
                 if all(s == 1.0 for s in low):
-                    return f"reward {name!r} gives 1.0 to wrong answers too ({wrong[0]!r}): it cannot tell right from wrong"
+                    return (
+                        f"reward {name!r} gives 1.0 to wrong answers too ({wrong[0]!r}): "
+                        "it cannot tell right from wrong"
+                    )
         except Exception as e:  # noqa: BLE001 - the checked wrapper already names the reward and the example
             return f"{type(e).__name__}: {' '.join(str(e).split())}"
     return None

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning: TRL's SFTTrainer, with assistant masks for any chat template and fast CPU batches.
+r"""Supervised fine-tuning: TRL's SFTTrainer, with assistant masks for any chat template and fast CPU batches.
 
 Why: SFT is the stage every user runs. TRL does the training; what we add is what it leaves to the user:
 
@@ -20,7 +20,8 @@ Why: SFT is the stage every user runs. TRL does the training; what we add is wha
 
 How to run:
     python scripts/sft.py recipes/tiny/sft.yaml
-    accelerate launch --config_file recipes/accelerate/zero2.yaml --use_deepspeed --num_processes 2         scripts/sft.py recipes/tiny/sft.yaml                                     # 2 CPU ranks, DeepSpeed ZeRO-2
+    accelerate launch --config_file recipes/accelerate/zero2.yaml --use_deepspeed --num_processes 2 \
+        scripts/sft.py recipes/tiny/sft.yaml  # 2 CPU ranks, DeepSpeed ZeRO-2
     accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/sft.py recipes/smollm3/sft.yaml
 """
 

@@ -144,7 +144,8 @@ def load_tools(specs: Iterable[str | Callable]) -> dict[str, Tool]:
 class Environment:
     """Base class of a tool environment (TRL's `environment_factory` shape). One instance per rollout.
 
-    Subclass it: `reset(row)` sets the rollout's state from its dataset row; public methods with type hints and docstrings are the tools; `reward()` (optional) scores the rollout."""
+    Subclass it: `reset(row)` sets the rollout's state from its dataset row; public methods with type hints and
+    docstrings are the tools; `reward()` (optional) scores the rollout."""
 
     def reset(self, row: dict) -> str | None:  # noqa: ARG002 - a subclass reads the row
         return None

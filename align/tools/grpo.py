@@ -47,8 +47,8 @@ def system_text(prompt: Any) -> str | None:
 
 
 def tool_rollout(prompts: list, trainer) -> dict:
-    """`rollout_func` for `align.grpo.trainer.GRPOTrainer` with a tool loop (TRL repeats each prompt num_generations times in
-    a row; one loop call samples the group's n trajectories)."""
+    """`rollout_func` for `align.grpo.trainer.GRPOTrainer` with a tool loop (TRL repeats each prompt num_generations
+    times in a row; one loop call samples the group's n trajectories)."""
     loop: ToolLoop = trainer.tool_loop
     prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
     n = trainer.num_generations if trainer.model.training else trainer.num_generations_eval

@@ -13,9 +13,9 @@ A call's content that is one fenced block (```` <code>```python ... ```</code> `
 Line ends may be `\n` or `\r\n`. So `Use <code>len(s)</code> to count` is prose, never a call. Text inside the
 turn's think block is reasoning, not a call. A malformed call is answered with a tool message saying so (and
 counted), never dropped in silence. Whether a call that parsed did anything (an empty program, one that raised)
-is the tool's own verdict (`align.tools.runner`). One pass over the turn, whatever its shape (100k unclosed tags cost what one does); a turn
-longer than `MAX_TURN_CHARS` is one malformed call, and a turn reads at most `MAX_CALLS` calls (one more is a
-malformed call).
+is the tool's own verdict (`align.tools.runner`). One pass over the turn, whatever its shape (100k unclosed tags cost
+what one does); a turn longer than `MAX_TURN_CHARS` is one malformed call, and a turn reads at most `MAX_CALLS` calls
+(one more is a malformed call).
 """
 
 from __future__ import annotations

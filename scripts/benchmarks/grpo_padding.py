@@ -1,4 +1,5 @@
-"""GRPO's loss pass, padding-free (`padding_free: true`, align/grpo/packing.py) vs TRL's padded pass, tokens per second.
+"""GRPO's loss pass, padding-free (`padding_free: true`, align/grpo/packing.py) vs TRL's padded pass, tokens per
+second.
 
     python scripts/benchmark.py grpo_padding [--quick]
 

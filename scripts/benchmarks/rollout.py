@@ -14,9 +14,9 @@ the process RSS after each phase, and the fraction of the compute-bound limit as
 
 Each model also gets a `ceiling` row: the tokens/s of an fp32 engine that did nothing but the model's matrix
 products (the fastest fp32 GEMM in this torch build on this CPU: F.linear, MKL or oneDNN with prepacked weights;
-each weight once a step, cold, as a decode step reads them) and its attention's reads of the fp32 KV cache at the run's mean length,
-plus an unpadded prefill. Norms, rotary, sampling and scheduling are free there, so no exact fp32 engine can pass
-it on this machine; its ratio to `generate` says what a target above it would ask.
+each weight once a step, cold, as a decode step reads them) and its attention's reads of the fp32 KV cache at the run's
+mean length, plus an unpadded prefill. Norms, rotary, sampling and scheduling are free there, so no exact fp32 engine
+can pass it on this machine; its ratio to `generate` says what a target above it would ask.
 """
 
 from __future__ import annotations

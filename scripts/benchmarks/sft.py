@@ -9,8 +9,8 @@ with align.data.chat's assistant masks, so both trainers see identical token ids
 - trl-default: trl.SFTTrainer + trl.SFTConfig() defaults, except what a CPU needs to start at all
   (bf16=False: TRL's default bf16 refuses to start on a CPU; gradient_checkpointing=False, which only
   makes the baseline faster): padded batches of 8 in random order, fp32.
-- ours: align.sft.trainer.SFTTrainer + align.sft.config.SFTConfig defaults (bf16 autocast on CPU) with the layout under test:
-  `rows` = bfd packing into [8, max_length] rows with per-document attention (RowPackedCollator +
+- ours: align.sft.trainer.SFTTrainer + align.sft.config.SFTConfig defaults (bf16 autocast on CPU) with the layout under
+  test: `rows` = bfd packing into [8, max_length] rows with per-document attention (RowPackedCollator +
   align/modeling/document_attention.py), or `bucket` = length-bucketed batches of 8.
 - plain-loop: the batches ours builds, fed to a hand-written loop (autocast, the same attention, forward with
   labels, backward, clip, AdamW): the Trainer's own overhead is the difference.

@@ -1,4 +1,5 @@
-"""vLLM seeding suite: one seed per generation call (ours) vs a seed per request (what the engine did before), tokens/s.
+"""vLLM seeding suite: one seed per generation call (ours) vs a seed per request (what the engine did before),
+tokens/s.
 
     python scripts/benchmark.py vllm_seeding [--quick]
 
