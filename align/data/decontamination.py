@@ -170,25 +170,9 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def decontaminate(
-    rows: datasets.Dataset,
-    eval_sets: dict[str, list[dict]],
-    mode: str = "drop",
-    ngram: int = NGRAM,
-    threshold: float = THRESHOLD,
-) -> tuple[datasets.Dataset, dict]:
-    """(the rows to train on, the report): every row whose prompt overlaps an item of an eval set (its problem, or
-    its n-grams), handled by `mode` (warn: kept; drop: removed; refuse: a ValueError naming them).
-
-    Report: {"mode", "ngram", "threshold", "rows", "overlapping", "dropped", "eval_sets": {source: items},
-    "sources": {source: {"rows", "by_problem", "by_ngram", "examples": [{"train", "eval", "match"}]}}}."""
-    if mode not in MODES:
-        raise ValueError(f"decontamination={mode!r}: choose one of {list(MODES)}")
-    if ngram < 1 or not 0 <= threshold < 1:
-        raise ValueError(
-            f"decontamination_ngram={ngram} must be >= 1 and decontamination_threshold={threshold} in [0, 1)"
-        )
-    index = EvalIndex(eval_sets, ngram, threshold)
+def _overlaps(rows: datasets.Dataset, index: EvalIndex) -> tuple[list[int], dict[str, dict]]:
+    """(the indices of the rows whose prompt overlaps an eval item, per eval source: the rows it overlaps, by problem
+    and by n-gram, and the first `EXAMPLES` of them); a row overlapping several items of one source counts once."""
     column = prompt_column(rows.column_names)
     families = rows["family"] if "family" in rows.column_names else [None] * len(rows)
     sources: dict[str, dict] = {}
@@ -218,6 +202,29 @@ def decontaminate(
                             "match": how,
                         }
                     )
+    return flagged, sources
+
+
+def decontaminate(
+    rows: datasets.Dataset,
+    eval_sets: dict[str, list[dict]],
+    mode: str = "drop",
+    ngram: int = NGRAM,
+    threshold: float = THRESHOLD,
+) -> tuple[datasets.Dataset, dict]:
+    """(the rows to train on, the report): every row whose prompt overlaps an item of an eval set (its problem, or
+    its n-grams), handled by `mode` (warn: kept; drop: removed; refuse: a ValueError naming them).
+
+    Report: {"mode", "ngram", "threshold", "rows", "overlapping", "dropped", "eval_sets": {source: items},
+    "sources": {source: {"rows", "by_problem", "by_ngram", "examples": [{"train", "eval", "match"}]}}}."""
+    if mode not in MODES:
+        raise ValueError(f"decontamination={mode!r}: choose one of {list(MODES)}")
+    if ngram < 1 or not 0 <= threshold < 1:
+        raise ValueError(
+            f"decontamination_ngram={ngram} must be >= 1 and decontamination_threshold={threshold} in [0, 1)"
+        )
+    index = EvalIndex(eval_sets, ngram, threshold)
+    flagged, sources = _overlaps(rows, index)
     report = {
         "mode": mode,
         "ngram": ngram,

@@ -491,7 +491,10 @@ def main(script_args, training_args: DistillConfig, model_args, known: dict | No
     """Load student and teacher, measure, distil, save, measure again; returns the before/after metrics.
 
     `known`: greedy held-out answers made earlier in this process (`held_out_metrics`), which expert iteration's
-    rounds share: a round's student or teacher that is weights already measured is not measured again."""
+    rounds share: a round's student or teacher that is weights already measured is not measured again.
+
+    Long because it is the stage's one sequence (load, measure, train, save, measure again, compare) whose steps share
+    the tokenizers, the tokenizer mode, the trainer and the held-out rows; split, they would be passed step to step."""
     args = training_args
     known = {} if known is None else known
     check_teacher_placement(args)

@@ -440,7 +440,10 @@ def eval_items(cfg: EvalConfig) -> dict[str, list[dict] | None]:
 
 
 def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
-    """Run the configured suites on one checkpoint; write eval_results.json (and vibes.md); return results."""
+    """Run the configured suites on one checkpoint; write eval_results.json (and vibes.md); return results.
+
+    Long because the suites run in turn on one loaded model and one engine, each adding to the same metrics, stats
+    and details, which are written together at the end; the suites' own work lives in their modules."""
     start = time.perf_counter()
     is_main = world()[0] == 0  # under `accelerate launch` every rank scores its share; rank 0 writes
     if cfg.lighteval_tasks and is_main:

@@ -389,7 +389,10 @@ def rollout_knobs(args: GRPOConfig, model) -> dict:
 
 
 def main(script_args, training_args: GRPOConfig, model_args) -> dict:
-    """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report."""
+    """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report.
+
+    Long because it is the stage's one sequence (rewards, data, trainer, sampler, measure, train, save, measure
+    again) whose steps share the trainer, the tokenizer and the held-out rows; each step calls its own helper."""
     stage.start("grpo", script_args, training_args, model_args)
     reward_funcs = build_rewards(training_args)  # a misnamed reward fails here, before anything loads
     tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)

@@ -674,7 +674,10 @@ def outcome_lines(files: list[dict], stages: list[dict], manifest: dict) -> list
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """Write <run_dir>/report.md and plots/*.png from the manifest; return the report's path."""
+    """Write <run_dir>/report.md and plots/*.png from the manifest; return the report's path.
+
+    Long because it lays the report's sections out in reading order; each section's lines come from a helper above,
+    and what is left here is their order, headings and the conditions under which each appears."""
     run_dir = Path(run_dir)
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():

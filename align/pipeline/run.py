@@ -414,7 +414,10 @@ def follow_stage(
 
 
 def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
-    """Run (or resume) every stage in order; return the manifest. Raises RuntimeError on a failed stage."""
+    """Run (or resume) every stage in order; return the manifest. Raises RuntimeError on a failed stage.
+
+    Long because it is one loop over the stages whose steps (skip, follow the leader, start, run, record, evaluate)
+    update the same manifest record and progress bar in the order a resume reads them back."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

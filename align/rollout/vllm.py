@@ -101,6 +101,11 @@ class VLLMEngine:
         enforce_eager: bool | None = None,
         head_dtype: str | None = None,
     ):
+        """Start an in-process vLLM engine on `model` (a directory, or a live model whose weights are pushed once it
+        has started).
+
+        Long because each knob is checked and turned into vLLM's arguments for the one `vllm.LLM` call, and a CPU
+        and a GPU differ at several of them; split, the pieces would all build the same keyword dict."""
         on_gpu = torch.cuda.is_available()
         if enable_sleep_mode and not on_gpu:  # a memory knob for GPUs, not a result: logged and skipped, as Liger is
             logger.warning("enable_sleep_mode: sleep mode frees GPU memory; this machine has no GPU, so it is off")

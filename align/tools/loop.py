@@ -127,7 +127,10 @@ class ToolLoop:
         systems: list[str | None] | None = None,
     ) -> list[list[Trajectory]]:
         """`params.n` trajectories per prompt. `generate` is an engine's generate (or a sampler's). `rows` feed the
-        environment's reset; `systems` are the prompts' system texts (for the template's turn headers)."""
+        environment's reset; `systems` are the prompts' system texts (for the template's turn headers).
+
+        Long because it is one turn loop whose steps (generate, parse the calls, run them, append the replies) extend
+        the same trajectories under one token budget, and whose `finally` closes every environment however it ends."""
         budget = self.max_tokens or params.max_new_tokens
         rows = rows or [{} for _ in prompt_ids]
         systems = systems or [None] * len(prompt_ids)

@@ -71,6 +71,12 @@ class _StepClock:
 
 
 def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
+    """One GRPO run in `mode`: sync (all `threads` for one process), split0 (engine and trainer on half the cores
+    each, max_staleness 0) or async (split, max_staleness 1). Returns the seconds per step, the generation and
+    training seconds per step (G, T), the staleness when async, and held-out accuracy when `rows` are given.
+
+    Long because it is one timed run: the trainer, its sampler and the clocks around them are built, used and closed
+    together, and the `finally` restores the threads and closes the sampler whatever happened."""
     from align import stage
     from align.grpo.async_generation import set_trainer_threads
     from align.grpo.config import GRPOConfig

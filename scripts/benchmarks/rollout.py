@@ -171,7 +171,10 @@ def _bench_model(
     """Plain generate (fp32, what a user writes) vs our engine for each (backend, dtype) in `variants`. Backend
     "auto" is what `get_engine` picks; dtype "auto" = the model's own (fp32 here: token-exact with generate),
     "bfloat16" = bf16 weights and KV cache (~4% of greedy tokens differ). Returns rows, the median ratio per
-    variant label and the ratio of each repetition (both modes) behind it."""
+    variant label and the ratio of each repetition (both modes) behind it.
+
+    Long because every variant is timed against the same loaded model and prompts, and each measurement becomes a
+    row beside the plain-generate row it is compared with; the timing itself is `alternate`'s."""
     model = load_model(path, dtype=torch.float32).eval()
     num_params = sum(p.numel() for p in model.parameters())
     prompts = _prompts(num, model.config.vocab_size)
