@@ -184,8 +184,9 @@ def parse(*dataclass_types: type, args: Sequence[str] | None = None) -> tuple:
     if args and not args[0].startswith("-"):
         args = ["--config", *args]  # `script.py recipe.yaml ...` == `script.py --config recipe.yaml ...`
     _check_cli_keys([a for i, a in enumerate(args) if not (i > 0 and args[i - 1] == "--config")], dataclass_types)
-    parser = TrlParser(list(dataclass_types), usage=f"{_prog()} [RECIPE.yaml] [--key value ...]",
-                       description=HELP_DESCRIPTION)
+    parser = TrlParser(
+        list(dataclass_types), usage=f"{_prog()} [RECIPE.yaml] [--key value ...]", description=HELP_DESCRIPTION
+    )
     parser.error = lambda message: fail(message, code=2)  # argparse would print the whole usage first
     _escape_help(parser)
     _group_by_defining_class(parser, dataclass_types)
@@ -292,8 +293,16 @@ def _escape_help(parser) -> None:
 
 def _list_item_type(annotation):
     """The element type of a list field (`list[str] | None` -> str), None when it is not one simple type."""
-    for t in typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else [annotation]:
-        if typing.get_origin(t) is list and len(typing.get_args(t)) == 1 and typing.get_args(t)[0] in (str, int, float):
+    for t in (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else [annotation]
+    ):
+        if (
+            typing.get_origin(t) is list
+            and len(typing.get_args(t)) == 1
+            and typing.get_args(t)[0] in (str, int, float)
+        ):
             return typing.get_args(t)[0]
     return None
 
@@ -335,8 +344,9 @@ def _structured_cli_values(args: list[str], dataclass_types: Sequence[type], par
             try:
                 value = yaml.safe_load(raw)
             except yaml.YAMLError:
-                raise RecipeError(f"--{key} {raw!r} is not a valid YAML list; write --{key} '[a, b]' or "
-                                  f"--{key} a b") from None
+                raise RecipeError(
+                    f"--{key} {raw!r} is not a valid YAML list; write --{key} '[a, b]' or --{key} a b"
+                ) from None
             if not isinstance(value, list):
                 raise RecipeError(f"--{key} {raw!r} is not a list; write --{key} '[a, b]' or --{key} a b")
             item = _list_item_type(fields[key])
@@ -351,7 +361,9 @@ def _structured_cli_values(args: list[str], dataclass_types: Sequence[type], par
 
 
 def _accepts_none(annotation) -> bool:
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(
+        annotation
+    )
 
 
 # One error line per launch. Rank 0 leaves a marker beside its line; a rank other than 0 that fails waits up to this

@@ -55,20 +55,26 @@ SECTIONS = ("train", "data", "evaluate", "chains", "checks")
 _COMMANDS = (
     Command("pretrain", "run_pretrain", "pretrain or mid-train a base model with our loop", "train", launch=True),
     Command("sft", "sft", "supervised fine-tuning, assistant-only loss for any chat template", "train", launch=True),
-    Command("dpo", "dpo", "DPO / APO / IPO preference training (one TRL loss or a weighted list)", "train",
-            launch=True),
+    Command(
+        "dpo", "dpo", "DPO / APO / IPO preference training (one TRL loss or a weighted list)", "train", launch=True
+    ),
     Command("kto", "kto", "KTO preference training (paired data is unpaired)", "train", launch=True),
     Command("orpo", "orpo", "ORPO: odds-ratio preference loss plus NLL, no reference model", "train", launch=True),
     Command("grpo", "grpo", "GRPO on verifiable rewards through the shared rollout engine", "train", launch=True),
-    Command("distill", "distill", "on-policy distillation, same tokenizer or cross-tokenizer (GOLD)", "train",
-            launch=True),
+    Command(
+        "distill", "distill", "on-policy distillation, same tokenizer or cross-tokenizer (GOLD)", "train", launch=True
+    ),
     Command("tokenizer", "train_tokenizer", "train a byte-level BPE tokenizer and report its fertility", "data"),
-    Command("preferences", "generate_preferences", "make preference pairs: strong-vs-weak or verifier-graded",
-            "data"),
+    Command("preferences", "generate_preferences", "make preference pairs: strong-vs-weak or verifier-graded", "data"),
     Command("answers", "generate_answers", "a model's own answers to general prompts, as SFT replay data", "data"),
     Command("base", "base", "save a published model as a chain's local starting point", "data"),
-    Command("eval", "evaluate", "evaluate a checkpoint: held-out loss, multiple choice, verifiable accuracy",
-            "evaluate", launch=True),
+    Command(
+        "eval",
+        "evaluate",
+        "evaluate a checkpoint: held-out loss, multiple choice, verifiable accuracy",
+        "evaluate",
+        launch=True,
+    ),
     Command("compare", "compare", "compare two evaluations item by item: gained, lost, McNemar p", "evaluate"),
     Command("passk", "passk", "greedy accuracy and pass@k per task family (where RL can learn)", "evaluate"),
     Command("pipeline", "pipeline", "run a chain of stages from one recipe: resumable, with a report", "chains"),
@@ -118,8 +124,11 @@ def run_script(command: Command, args: list[str]) -> int:
     """`python scripts/<x>.py ARGS` in this process; returns its exit code."""
     script = script_path(command)
     if not script.is_file():
-        fail(f"'{command.name}' runs {script}, which is not there: run {PROG} from a checkout of the repository "
-             "(pip install -e .)", code=2)
+        fail(
+            f"'{command.name}' runs {script}, which is not there: run {PROG} from a checkout of the repository "
+            "(pip install -e .)",
+            code=2,
+        )
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(SCRIPTS))  # what `python scripts/<x>.py` puts first (scripts/benchmarks is imported so)
@@ -147,8 +156,12 @@ def _launch_options() -> dict[str, int]:
     """accelerate launch's long options -> how many values each takes (0 for a flag), read from its own parser."""
     from accelerate.commands.launch import launch_command_parser
 
-    return {opt: 0 if action.nargs == 0 else 1 for action in launch_command_parser()._actions
-            for opt in action.option_strings if opt.startswith("--") and opt not in _NOT_LAUNCH_OPTIONS}
+    return {
+        opt: 0 if action.nargs == 0 else 1
+        for action in launch_command_parser()._actions
+        for opt in action.option_strings
+        if opt.startswith("--") and opt not in _NOT_LAUNCH_OPTIONS
+    }
 
 
 def accelerate_config_path(value: str) -> str:
@@ -160,8 +173,10 @@ def accelerate_config_path(value: str) -> str:
     if len(found) != 1:
         names = sorted({p.stem for p in configs})
         what = "is neither a file nor" if not found else f"names {len(found)} files, not"
-        raise ValueError(f"--{ACCELERATE_CONFIG} {value!r} {what} one accelerate config under recipes/; "
-                         f"choose one of {names} or give a path")
+        raise ValueError(
+            f"--{ACCELERATE_CONFIG} {value!r} {what} one accelerate config under recipes/; "
+            f"choose one of {names} or give a path"
+        )
     return str(found[0])
 
 
@@ -199,16 +214,21 @@ def split_launch(command: Command, args: list[str]) -> tuple[list[str], list[str
             launch += [token, *values]
         i += 1 + len(values)
     if launch and (launch_rank() > 0 or "LOCAL_RANK" in os.environ):
-        raise ValueError(f"{' '.join(launch)}: this process was itself started by a launcher; give launch options "
-                         f"to accelerate launch, or run `{PROG} {command.name}` without one")
+        raise ValueError(
+            f"{' '.join(launch)}: this process was itself started by a launcher; give launch options "
+            f"to accelerate launch, or run `{PROG} {command.name}` without one"
+        )
     return launch, rest
 
 
 def launch_ranks(command: Command, launch: list[str], args: list[str]) -> int:
     """`accelerate launch LAUNCH scripts/<x>.py ARGS`, the launch a recipe header writes out."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch, str(script_path(command)), *args]
-    print(f"{PROG}: accelerate launch {shlex.join([*launch, str(script_path(command)), *args])}", file=sys.stderr,
-          flush=True)
+    print(
+        f"{PROG}: accelerate launch {shlex.join([*launch, str(script_path(command)), *args])}",
+        file=sys.stderr,
+        flush=True,
+    )
     return subprocess.call(cmd)
 
 
@@ -231,10 +251,15 @@ def recipe_table(root: Path, words: list[str]) -> str:
         if word not in known:
             close = difflib.get_close_matches(word, sorted(known), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ValueError(f"recipes: nothing is filed under {word!r}{hint} (a stage, scale or folder: "
-                             f"{', '.join(sorted(known))})")
-    shown = [(r, what, scale) for r, what, scale in rows
-             if all(w in (what, scale, *r.path.relative_to(root).parts[:-1]) for w in words)]
+            raise ValueError(
+                f"recipes: nothing is filed under {word!r}{hint} (a stage, scale or folder: "
+                f"{', '.join(sorted(known))})"
+            )
+    shown = [
+        (r, what, scale)
+        for r, what, scale in rows
+        if all(w in (what, scale, *r.path.relative_to(root).parts[:-1]) for w in words)
+    ]
     paths = [str(r.path.relative_to(root.parent)) for r, _, _ in shown]
     width = max([len(p) for p in paths] + [4])
     lines = [f"{'path':<{width}}  {'stage':<11}  {'scale':<8}  purpose"]
@@ -246,8 +271,12 @@ def recipe_table(root: Path, words: list[str]) -> str:
 
 
 def usage() -> str:
-    lines = [f"usage: {PROG} COMMAND [RECIPE.yaml] [--key value ...]", "",
-             "One command per stage and tool; each runs scripts/<script>.py with the same arguments.", ""]
+    lines = [
+        f"usage: {PROG} COMMAND [RECIPE.yaml] [--key value ...]",
+        "",
+        "One command per stage and tool; each runs scripts/<script>.py with the same arguments.",
+        "",
+    ]
     width = max(len(c) for c in [*COMMANDS, "recipes"])
     for section in SECTIONS:
         lines.append(f"{section}:")

@@ -29,7 +29,9 @@ __all__ = ["ScriptArguments", "ModelConfig", "StageArgs", "rename_deprecated"]
 class ScriptArguments(trl.ScriptArguments):
     dataset_args: dict | None = field(
         default=None,
-        metadata={"help": "Keyword arguments for a builtin source, e.g. {families: [arithmetic], num: 2000, mode: think}."},
+        metadata={
+            "help": "Keyword arguments for a builtin source, e.g. {families: [arithmetic], num: 2000, mode: think}."
+        },
     )
     dataset_mixture: dict | None = field(
         default=None,
@@ -41,9 +43,11 @@ class ScriptArguments(trl.ScriptArguments):
     )
     dataset_test_split: str | None = field(
         default=None,
-        metadata={"help": "The split the stage holds out (its own before/after checks, early stopping, preference "
-                  "accuracy). Unset: the source's `validation` split when it has one, else its `test` split; our task "
-                  "families' validation split shares no problem with the eval suite's dev split or the sealed test."},
+        metadata={
+            "help": "The split the stage holds out (its own before/after checks, early stopping, preference "
+            "accuracy). Unset: the source's `validation` split when it has one, else its `test` split; our task "
+            "families' validation split shares no problem with the eval suite's dev split or the sealed test."
+        },
     )
     test_split_size: float | None = field(
         default=None,
@@ -56,7 +60,9 @@ class ScriptArguments(trl.ScriptArguments):
     )
     on_nonfinite: str = field(
         default="stop",
-        metadata={"help": "On a NaN/inf loss or an exploding gradient: 'skip' the update, or 'stop' with a checkpoint."},
+        metadata={
+            "help": "On a NaN/inf loss or an exploding gradient: 'skip' the update, or 'stop' with a checkpoint."
+        },
     )
     grad_explosion_factor: float = field(
         default=100.0,
@@ -70,15 +76,19 @@ class ScriptArguments(trl.ScriptArguments):
     )
     decontamination: str = field(
         default="drop",
-        metadata={"help": "Training rows that overlap an eval set (align/data/decontamination.py: the same canonical "
-                  "problem, or more than half of an eval prompt in shared 8-grams): 'drop' them (counted), 'warn' "
-                  "and keep them, or 'refuse' to train. Runs when decontamination_eval_sets is set."},
+        metadata={
+            "help": "Training rows that overlap an eval set (align/data/decontamination.py: the same canonical "
+            "problem, or more than half of an eval prompt in shared 8-grams): 'drop' them (counted), 'warn' "
+            "and keep them, or 'refuse' to train. Runs when decontamination_eval_sets is set."
+        },
     )
     decontamination_eval_sets: str | None = field(
         default=None,
-        metadata={"help": "The eval sets to check the training rows against: a JSON file {eval: [eval recipe "
-                  "configs], held_out: {stage: its data keys}} (the pipeline writes it and sets this key for every "
-                  "training stage); the stage's own held-out split is checked too. Unset: no check."},
+        metadata={
+            "help": "The eval sets to check the training rows against: a JSON file {eval: [eval recipe "
+            "configs], held_out: {stage: its data keys}} (the pipeline writes it and sets this key for every "
+            "training stage); the stage's own held-out split is checked too. Unset: no check."
+        },
     )
     decontamination_ngram: int = field(default=8, metadata={"help": "n of the n-gram overlap (open-instruct's 8)."})
     decontamination_threshold: float = field(
@@ -95,10 +105,14 @@ class ScriptArguments(trl.ScriptArguments):
         if self.on_nonfinite not in ("skip", "stop"):
             raise ValueError(f"on_nonfinite={self.on_nonfinite!r}: choose 'skip' or 'stop'")
         if self.decontamination not in ("warn", "drop", "refuse"):
-            raise ValueError(f"decontamination={self.decontamination!r}: choose 'drop' (the default), 'warn' or 'refuse'")
+            raise ValueError(
+                f"decontamination={self.decontamination!r}: choose 'drop' (the default), 'warn' or 'refuse'"
+            )
         if self.decontamination_ngram < 1 or not 0 <= self.decontamination_threshold < 1:
-            raise ValueError(f"decontamination_ngram={self.decontamination_ngram} must be >= 1 and "
-                             f"decontamination_threshold={self.decontamination_threshold} in [0, 1)")
+            raise ValueError(
+                f"decontamination_ngram={self.decontamination_ngram} must be >= 1 and "
+                f"decontamination_threshold={self.decontamination_threshold} in [0, 1)"
+            )
         if self.test_split_size is not None and self.test_split_size <= 0:
             raise ValueError(f"test_split_size must be > 0 (a fraction or a row count), got {self.test_split_size}")
 
@@ -109,20 +123,26 @@ class StageArgs:
 
     merge_lora_on_save: bool = field(
         default=True,
-        metadata={"help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter); "
-                  "false saves the adapter alone to output_dir."},
+        metadata={
+            "help": "With LoRA: save the merged model to output_dir (the adapter goes to output_dir/adapter); "
+            "false saves the adapter alone to output_dir."
+        },
     )
     global_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Sequences per optimizer step over all ranks, as published recipes state it (SmolLM3's SFT: "
-                  "128). gradient_accumulation_steps is then derived from it, per_device_train_batch_size and the "
-                  "launched world size, so the same recipe trains at the same batch on 8 GPUs or 64; it must divide."},
+        metadata={
+            "help": "Sequences per optimizer step over all ranks, as published recipes state it (SmolLM3's SFT: "
+            "128). gradient_accumulation_steps is then derived from it, per_device_train_batch_size and the "
+            "launched world size, so the same recipe trains at the same batch on 8 GPUs or 64; it must divide."
+        },
     )
     gradient_checkpointing: bool | None = field(
         default=None,
-        metadata={"help": "Recompute each layer's activations in the backward instead of keeping them: less memory, "
-                  "~20-30% more compute. Unset: on with CUDA (TRL's default), off on a CPU; true or false is kept "
-                  "on every device."},
+        metadata={
+            "help": "Recompute each layer's activations in the backward instead of keeping them: less memory, "
+            "~20-30% more compute. Unset: on with CUDA (TRL's default), off on a CPU; true or false is kept "
+            "on every device."
+        },
     )
 
 
@@ -134,8 +154,9 @@ def rename_deprecated(config, renamed: dict[str, str]) -> None:
         value = getattr(config, old, None)
         if value is None:
             continue
-        logger.warning("%s: '%s' is deprecated, use '%s' (same meaning); %s=%r", type(config).__name__, old, new,
-                       new, value)
+        logger.warning(
+            "%s: '%s' is deprecated, use '%s' (same meaning); %s=%r", type(config).__name__, old, new, new, value
+        )
         setattr(config, new, value)
         setattr(config, old, None)
 
@@ -152,8 +173,12 @@ def check_launch() -> None:
         )
 
 
-def apply_global_batch(args, world_size: int | None = None, per_device: str = "per_device_train_batch_size",
-                       accumulation: str = "gradient_accumulation_steps") -> None:
+def apply_global_batch(
+    args,
+    world_size: int | None = None,
+    per_device: str = "per_device_train_batch_size",
+    accumulation: str = "gradient_accumulation_steps",
+) -> None:
     """`global_batch_size` -> `accumulation` = global / (`per_device` x world size), on any config that names its
     per-rank batch and its accumulation (TRL's names by default; pretraining's micro_batch_size and
     grad_accum_steps); the world size is the launcher's (WORLD_SIZE). A global batch the ranks cannot split evenly
@@ -172,5 +197,10 @@ def apply_global_batch(args, world_size: int | None = None, per_device: str = "p
             f"{accumulation}"
         )
     setattr(args, accumulation, target // per_step)
-    logger.info("global batch %d = %d per device x %d ranks x %d accumulation steps", target, rows, world_size,
-                target // per_step)
+    logger.info(
+        "global batch %d = %d per device x %d ranks x %d accumulation steps",
+        target,
+        rows,
+        world_size,
+        target // per_step,
+    )

@@ -58,8 +58,11 @@ def header(path: Path) -> list[str]:
 def header_commands(lines: list[str]) -> tuple[tuple[str, str], ...]:
     """What the header runs, in order: ("script", stem) for `scripts/<stem>.py`, ("smolalign", word) for
     `smolalign <word>` (a word that is no command is prose, and align/commands.py skips it)."""
-    return tuple(("script", script) if script else ("smolalign", command)
-                 for line in lines for script, command in _COMMAND_RE.findall(line))
+    return tuple(
+        ("script", script) if script else ("smolalign", command)
+        for line in lines
+        for script, command in _COMMAND_RE.findall(line)
+    )
 
 
 def scale_of(path: Path, root: Path) -> str:
@@ -97,7 +100,7 @@ def purpose_of(lines: list[str]) -> str:
     """The `# purpose:` line, or else the first clause of the prose after the header's first line (its command)."""
     for line in lines:
         if line.lower().startswith(PURPOSE_TAG):
-            return line[len(PURPOSE_TAG):].strip()
+            return line[len(PURPOSE_TAG) :].strip()
     prose: list[str] = []
     for line in lines[1:]:  # the first line is the command that runs the file
         if not line:  # a blank comment line ends the header's first paragraph

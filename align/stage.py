@@ -25,7 +25,8 @@ calling it on rank 0 alone hangs), and a LoRA adapter must be merged so the next
 Merging a sharded PeftModel in place is not possible, so the adapter is saved first (collectively), then the main
 process loads the base model whole, applies the saved adapter, merges and writes: the same on every launch.
 
-Importing this module imports `data_gen`, which registers `builtin:tasks` with align.data.loading for every stage's data.
+Importing this module imports `data_gen`, which registers `builtin:tasks` with align.data.loading for every stage's
+data.
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def start(stage: str, script_args, training_args, model_args) -> None:
     if training_args.process_index == 0:
         logger.info("%s stage: script=%s\nmodel=%s\ntraining=%s", stage, script_args, model_args, training_args)
     if not model_args.model_name_or_path:
-        raise ValueError(f"model_name_or_path is not set; point it at the model the {stage} stage starts from "
-                         "(e.g. outputs/tiny/sft)")
+        raise ValueError(
+            f"model_name_or_path is not set; point it at the model the {stage} stage starts from "
+            "(e.g. outputs/tiny/sft)"
+        )
 
 
 def load_tokenizer(model_args, training_args):
@@ -91,7 +94,8 @@ DECONTAMINATION_REPORT = "decontamination.json"
 
 
 def load_data(script_args, output_dir: str | None = None):
-    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data.loading): a DatasetDict with "train" (+ "test").
+    """The recipe's rows (`dataset_name` or `dataset_mixture`, align.data.loading): a DatasetDict with "train" (+
+    "test").
 
     With `decontamination_eval_sets` (the pipeline sets it), the training rows are checked against every eval set
     it names and the stage's own held-out split, after loading, so any source or mixture is checked as the stage
@@ -102,8 +106,13 @@ def load_data(script_args, output_dir: str | None = None):
     sets, missing = eval_sets(script_args.decontamination_eval_sets)
     if "test" in data and len(data["test"]):
         sets["held-out:this stage"] = data["test"].to_list()
-    data["train"], report = decontaminate(data["train"], sets, script_args.decontamination,
-                                          script_args.decontamination_ngram, script_args.decontamination_threshold)
+    data["train"], report = decontaminate(
+        data["train"],
+        sets,
+        script_args.decontamination,
+        script_args.decontamination_ngram,
+        script_args.decontamination_threshold,
+    )
     report["not_made_yet"] = missing
     if output_dir and world()[0] == 0 and os.environ.get("RANK", "0") == "0":  # a launcher's rank before its group
         write_json_atomic(Path(output_dir) / DECONTAMINATION_REPORT, report, indent=2)
@@ -117,8 +126,10 @@ def eval_sets(path: str) -> tuple[dict[str, list[dict]], list[str]]:
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"decontamination_eval_sets={path!r} cannot be read ({err}): point it at the JSON file the "
-                         "pipeline writes ({eval: [...], held_out: {...}}) or unset it") from None
+        raise ValueError(
+            f"decontamination_eval_sets={path!r} cannot be read ({err}): point it at the JSON file the "
+            "pipeline writes ({eval: [...], held_out: {...}}) or unset it"
+        ) from None
     keys = {f.name for f in fields(EvalConfig)}
     sets: dict[str, list[dict]] = {}
     missing: list[str] = []
@@ -144,12 +155,18 @@ def load_model(model_args, name_or_path: str | None = None):
     quantization = trl.get_quantization_config(model_args)
     if quantization is not None:
         if not torch.cuda.is_available():
-            raise ValueError("load_in_4bit / load_in_8bit (QLoRA) need a CUDA GPU and bitsandbytes; "
-                             "on CPU use plain LoRA (use_peft: true) instead")
+            raise ValueError(
+                "load_in_4bit / load_in_8bit (QLoRA) need a CUDA GPU and bitsandbytes; "
+                "on CPU use plain LoRA (use_peft: true) instead"
+            )
         # each rank's own GPU (TRL 1.x has no get_kbit_device_map)
         kwargs.update(quantization_config=quantization, device_map={"": models.local_device()})
-    return models.load_model(name_or_path or model_args.model_name_or_path, dtype=model_args.dtype or "auto",
-                             attn_implementation=model_args.attn_implementation, **kwargs)
+    return models.load_model(
+        name_or_path or model_args.model_name_or_path,
+        dtype=model_args.dtype or "auto",
+        attn_implementation=model_args.attn_implementation,
+        **kwargs,
+    )
 
 
 def peft_config(model_args):
@@ -197,14 +214,18 @@ class _TrimWhenMemoryLow(TrainerCallback):
         if trim_if_memory_low():
             self.trims += 1
             if self.trims == 1 or self.trims % 50 == 0:
-                logger.info("step %d: memory low, kept free memory handed back to the OS (%d times so far)",
-                            state.global_step, self.trims)
+                logger.info(
+                    "step %d: memory low, kept free memory handed back to the OS (%d times so far)",
+                    state.global_step,
+                    self.trims,
+                )
 
 
 def train(trainer, training_args) -> dict:
     """Train, resuming from the latest complete checkpoint in output_dir (align.runtime.checkpoint.resume_checkpoint);
     return the trainer's numeric metrics with the first and last logged loss. On a CPU under bf16 autocast the
-    trained model attends in fp32 (align/modeling/cpu_attention.py: sdpa's bf16 backward is about half as fast there)."""
+    trained model attends in fp32 (align/modeling/cpu_attention.py: sdpa's bf16 backward is about half as fast
+    there)."""
     resume = resume_checkpoint(training_args)
     if not any(isinstance(c, _TrimWhenMemoryLow) for c in trainer.callback_handler.callbacks):
         trainer.add_callback(_TrimWhenMemoryLow())
@@ -212,8 +233,11 @@ def train(trainer, training_args) -> dict:
         try:
             result = trainer.train(resume_from_checkpoint=resume)
         except FinishedAtResume as done:
-            logger.info("resumed from %s at step %s, the run's last: nothing left to train (its weights are the final "
-                        "model)", resume, done)
+            logger.info(
+                "resumed from %s at step %s, the run's last: nothing left to train (its weights are the final model)",
+                resume,
+                done,
+            )
             result = None
     exit_if_preempted(trainer)  # SIGTERM: the checkpoint is saved; no final model, no evaluation
     metrics = {} if result is None else {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
@@ -237,7 +261,9 @@ def own_precision(trainer):
 
 def save(trainer, tokenizer, training_args) -> None:
     """The trained model as an HF directory in output_dir (`save_trained_model`, `merge_lora_on_save`)."""
-    save_trained_model(trainer, tokenizer, training_args.output_dir, getattr(training_args, "merge_lora_on_save", True))
+    save_trained_model(
+        trainer, tokenizer, training_args.output_dir, getattr(training_args, "merge_lora_on_save", True)
+    )
 
 
 def save_trained_model(trainer, tokenizer, output_dir: str, merge_lora: bool = True) -> None:

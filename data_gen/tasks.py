@@ -153,8 +153,10 @@ def expression_form(expr: str) -> str | None:
                 flip = {"+": "+", "-": "-"} if sign == "+" else {"+": "-", "-": "+"}
                 terms += [flip[t[0]] + t[1:] for t in factors[0]]
             else:
-                terms.append(sign + "*".join(sorted(f if isinstance(f, str) else "(" + "".join(sorted(f)) + ")"
-                                                    for f in factors)))
+                terms.append(
+                    sign
+                    + "*".join(sorted(f if isinstance(f, str) else "(" + "".join(sorted(f)) + ")" for f in factors))
+                )
             if pos < len(tokens) and tokens[pos] in "+-":
                 sign, pos = tokens[pos], pos + 1
                 continue
@@ -204,32 +206,50 @@ def _word_problem(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     kind = rng.randrange(4 if difficulty >= 2 else 3)
     if kind == 0:
         a, b = rng.randint(2, one_step), rng.randint(1, one_step)
-        return (f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
-                str(a + b), f"{a} + {b} = {a + b}")
+        return (
+            f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+            str(a + b),
+            f"{a} + {b} = {a + b}",
+        )
     if kind == 1:
         a = rng.randint(2, one_step)
         b = rng.randint(1, a)
-        return (f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
-                str(a - b), f"{a} - {b} = {a - b}")
+        return (
+            f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
+            str(a - b),
+            f"{a} - {b} = {a - b}",
+        )
     a = rng.randint(2, hi)
     if kind == 2:
         b, c = rng.randint(1, hi), rng.randint(1, a)
-        return (f"{name} has {a} {item}, buys {b} more and loses {c}. How many {item} does {name} have?",
-                str(a + b - c), f"{a} + {b} = {a + b}\n{a + b} - {c} = {a + b - c}")
+        return (
+            f"{name} has {a} {item}, buys {b} more and loses {c}. How many {item} does {name} have?",
+            str(a + b - c),
+            f"{a} + {b} = {a + b}\n{a + b} - {c} = {a + b - c}",
+        )
     b = rng.randint(2, 9)
-    return (f"{name} has {b} boxes with {a} {item} in each box. How many {item} is that?",
-            str(a * b), f"{b} * {a} = {a * b}")
+    return (
+        f"{name} has {b} boxes with {a} {item} in each box. How many {item} is that?",
+        str(a * b),
+        f"{b} * {a} = {a * b}",
+    )
 
 
 # Each form -> its problem from the numbers (names and items left out; a sum or product forgets its order).
 _WORD_FORMS = [
-    (re.compile(r"\w+ has (\d+) \w+ and gets (\d+) more\. How many \w+ does \w+ have now\?"),
-     lambda a, b: "a+b:" + ",".join(sorted([a, b], key=int))),
+    (
+        re.compile(r"\w+ has (\d+) \w+ and gets (\d+) more\. How many \w+ does \w+ have now\?"),
+        lambda a, b: "a+b:" + ",".join(sorted([a, b], key=int)),
+    ),
     (re.compile(r"\w+ has (\d+) \w+ and gives away (\d+)\. How many \w+ are left\?"), lambda a, b: f"a-b:{a},{b}"),
-    (re.compile(r"\w+ has (\d+) \w+, buys (\d+) more and loses (\d+)\. How many \w+ does \w+ have\?"),
-     lambda a, b, c: "a+b-c:" + ",".join(sorted([a, b], key=int)) + f",{c}"),
-    (re.compile(r"\w+ has (\d+) boxes with (\d+) \w+ in each box\. How many \w+ is that\?"),
-     lambda b, a: "a*b:" + ",".join(sorted([a, b], key=int))),
+    (
+        re.compile(r"\w+ has (\d+) \w+, buys (\d+) more and loses (\d+)\. How many \w+ does \w+ have\?"),
+        lambda a, b, c: "a+b-c:" + ",".join(sorted([a, b], key=int)) + f",{c}",
+    ),
+    (
+        re.compile(r"\w+ has (\d+) boxes with (\d+) \w+ in each box\. How many \w+ is that\?"),
+        lambda b, a: "a*b:" + ",".join(sorted([a, b], key=int)),
+    ),
 ]
 
 
@@ -283,8 +303,10 @@ def _count_items(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     return f"How many times does {target} appear in: {', '.join(items)}?", str(count), think
 
 
-_LIST_FORMS = [re.compile(r"How many words are in this list: (\w+(?:, \w+)*)\?"),
-               re.compile(r"How many times does \w+ appear in: (\w+(?:, \w+)*)\?")]
+_LIST_FORMS = [
+    re.compile(r"How many words are in this list: (\w+(?:, \w+)*)\?"),
+    re.compile(r"How many times does \w+ appear in: (\w+(?:, \w+)*)\?"),
+]
 
 
 def _count_items_problem(prompt: str) -> str | None:
@@ -337,13 +359,18 @@ def _convert(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     # two steps: "2 hours and 15 minutes" in minutes
     rest = rng.randint(1, factor - 1)
     total = n * factor + rest
-    return (f"How many {small} are in {n} {big} and {rest} {small}?", str(total),
-            f"{one}\n{n} * {factor} = {n * factor}\n{n * factor} + {rest} = {total}")
+    return (
+        f"How many {small} are in {n} {big} and {rest} {small}?",
+        str(total),
+        f"{one}\n{n} * {factor} = {n * factor}\n{n * factor} + {rest} = {total}",
+    )
 
 
-_CONVERT_FORMS = (re.compile(r"How many (\w+) are in (\d+) (\w+) and (\d+) (\w+)\?"),
-                  re.compile(r"How many (\w+) are in (\d+) (\w+)\?"),
-                  re.compile(r"How many (\w+) are (\d+) (\w+)\?"))
+_CONVERT_FORMS = (
+    re.compile(r"How many (\w+) are in (\d+) (\w+) and (\d+) (\w+)\?"),
+    re.compile(r"How many (\w+) are in (\d+) (\w+)\?"),
+    re.compile(r"How many (\w+) are (\d+) (\w+)\?"),
+)
 
 
 def _convert_problem(prompt: str) -> str | None:
@@ -386,9 +413,15 @@ def _compare_problem(prompt: str) -> str | None:
 
 # Difficulty knob -> reasoning-gym config kwargs, for the adapters we ship by name.
 RG_DIFFICULTY: dict[str, Callable[[int], dict]] = {
-    "basic_arithmetic": lambda d: {"min_terms": 2, "max_terms": 1 + d, "min_digits": 1, "max_digits": d,
-                                   "operators": ("+", "-") if d == 1 else ("+", "-", "*"),
-                                   "allow_parentheses": d > 1, "allow_negation": d > 1},
+    "basic_arithmetic": lambda d: {
+        "min_terms": 2,
+        "max_terms": 1 + d,
+        "min_digits": 1,
+        "max_digits": d,
+        "operators": ("+", "-") if d == 1 else ("+", "-", "*"),
+        "allow_parentheses": d > 1,
+        "allow_negation": d > 1,
+    },
     "gsm_symbolic": lambda d: {},  # reasoning-gym 0.1.25 supports only its difficulty 1.0
 }
 RG_SIZE = 10**7  # reasoning-gym items are generated per index, so a huge virtual size costs nothing
@@ -443,21 +476,30 @@ def rg_family(task: str) -> TaskFamily:
         return item["question"], str(item["answer"]), _rg_think(item)
 
     # math_reward for numeric answers is decided per row in make_tasks; this is the family default
-    return TaskFamily(f"rg:{task}", sample, "math_reward", f"reasoning-gym {task}", numbers_problem, max_difficulty=5,
-                      tags=("rg",))
+    return TaskFamily(
+        f"rg:{task}", sample, "math_reward", f"reasoning-gym {task}", numbers_problem, max_difficulty=5, tags=("rg",)
+    )
 
 
 FAMILIES: dict[str, TaskFamily] = {
     f.name: f
     for f in [
-        TaskFamily("arithmetic", _arithmetic, "math_reward", "multi-step + and - (and * at difficulty 3)",
-                   _arithmetic_problem),
-        TaskFamily("word_problem", _word_problem, "math_reward", "templated one/two-step word problems",
-                   _word_problem_problem),
-        TaskFamily("count_letters", _count_letters, "math_reward", "occurrences of a letter in a string",
-                   letters_problem),
-        TaskFamily("count_items", _count_items, "math_reward", "length of a list or occurrences of a word",
-                   _count_items_problem),
+        TaskFamily(
+            "arithmetic", _arithmetic, "math_reward", "multi-step + and - (and * at difficulty 3)", _arithmetic_problem
+        ),
+        TaskFamily(
+            "word_problem", _word_problem, "math_reward", "templated one/two-step word problems", _word_problem_problem
+        ),
+        TaskFamily(
+            "count_letters", _count_letters, "math_reward", "occurrences of a letter in a string", letters_problem
+        ),
+        TaskFamily(
+            "count_items",
+            _count_items,
+            "math_reward",
+            "length of a list or occurrences of a word",
+            _count_items_problem,
+        ),
         TaskFamily("sort", _sort, "exact_match_reward", "sort numbers ascending or descending", _sort_problem),
         TaskFamily("convert", _convert, "math_reward", "unit conversion with integer results", _convert_problem),
         TaskFamily("compare", _compare, "math_reward", "largest or smallest of a list", _compare_problem),
@@ -573,8 +615,10 @@ def make_tasks(
             if split_for(names[k], key) == split and (names[k], key) not in exclude:
                 break
         else:
-            raise ValueError(f"family {names[k]!r} at difficulty {levels[k]} has too few distinct {split} "
-                             f"prompts for num={num}; ask for fewer rows or raise its difficulty")
+            raise ValueError(
+                f"family {names[k]!r} at difficulty {levels[k]} has too few distinct {split} "
+                f"prompts for num={num}; ask for fewer rows or raise its difficulty"
+            )
         seen.add(prompt)
         reward = fams[k].reward
         if "rg" in fams[k].tags and not _is_number(answer):
@@ -632,8 +676,10 @@ def training_problems(args: dict | list[dict] | None) -> set[tuple[str, str]]:
     out: set[tuple[str, str]] = set()
     for i, one in enumerate([args] if isinstance(args, dict) else list(args or [])):
         if not isinstance(one, dict):
-            raise ValueError(f"exclude_problems_of[{i}] must be a mapping of builtin:tasks arguments (the other "
-                             f"stage's dataset_args, e.g. {{num: 6000, seed: 0}}), got {one!r}")
+            raise ValueError(
+                f"exclude_problems_of[{i}] must be a mapping of builtin:tasks arguments (the other "
+                f"stage's dataset_args, e.g. {{num: 6000, seed: 0}}), got {one!r}"
+            )
         kept = {k: v for k, v in one.items() if k in PROBLEM_ARGS}
         kept["families"] = _families(kept.get("families"))
         out |= {(r["family"], problem_key(r["family"], r["prompt"])) for r in make_tasks(**kept, split="train")}

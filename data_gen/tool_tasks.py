@@ -34,19 +34,35 @@ from align.tools.loop import with_tools
 from align.tools.parse import call_text
 from data_gen.tasks import MODES, SPLITS, _mode_of, letters_problem, split_for
 
-FAMILIES = {"tool_arithmetic": "calculator", "tool_count": "python", "tool_lookup": "search",
-            "tool_difference": "search"}  # the family's first tool
-# Each family's think-mode words: the first turn's plan, each later turn's opening, the answer turn's sentence ({answer}).
+FAMILIES = {
+    "tool_arithmetic": "calculator",
+    "tool_count": "python",
+    "tool_lookup": "search",
+    "tool_difference": "search",
+}  # the family's first tool
+# Each family's think-mode words: the first turn's plan, each later turn's opening, the answer turn's sentence
+# ({answer}).
 PLANS = {
-    "tool_arithmetic": ("Numbers this long are easy to get wrong by hand: one calculator call works it out.",
-                        (), "The calculator worked it out: {answer}."),
-    "tool_count": ("Counting letters in a long string by eye is error-prone: one python call counts them.",
-                   (), "The python count printed {answer}."),
-    "tool_lookup": ("This place's number is in the table: one search finds it, and its reply is the answer.",
-                    (), "The search reply lists it: {answer}."),
-    "tool_difference": ("I need two numbers from the table: two searches now, then the calculator for their difference.",
-                        ("Both numbers are found: the calculator subtracts the second from the first.",),
-                        "The calculator gave the difference: {answer}."),
+    "tool_arithmetic": (
+        "Numbers this long are easy to get wrong by hand: one calculator call works it out.",
+        (),
+        "The calculator worked it out: {answer}.",
+    ),
+    "tool_count": (
+        "Counting letters in a long string by eye is error-prone: one python call counts them.",
+        (),
+        "The python count printed {answer}.",
+    ),
+    "tool_lookup": (
+        "This place's number is in the table: one search finds it, and its reply is the answer.",
+        (),
+        "The search reply lists it: {answer}.",
+    ),
+    "tool_difference": (
+        "I need two numbers from the table: two searches now, then the calculator for their difference.",
+        ("Both numbers are found: the calculator subtracts the second from the first.",),
+        "The calculator gave the difference: {answer}.",
+    ),
 }
 # A row of another family (a user's tool dataset, which has its own `think`): generic words.
 _ANY_FAMILY = ("", ("Now I use the replies in the next call.",) * 8, "From the tool's reply, the answer is {answer}.")
@@ -101,8 +117,12 @@ def _difference_problem(prompt: str) -> str | None:
 
 
 # family -> its canonical problem of a prompt (what stays when the letter, the field asked and the order are left out)
-PROBLEMS = {"tool_arithmetic": _arithmetic_problem, "tool_count": letters_problem, "tool_lookup": _lookup_problem,
-            "tool_difference": _difference_problem}
+PROBLEMS = {
+    "tool_arithmetic": _arithmetic_problem,
+    "tool_count": letters_problem,
+    "tool_lookup": _lookup_problem,
+    "tool_difference": _difference_problem,
+}
 
 
 def canonical_problem(family: str, prompt: str) -> str | None:
@@ -115,8 +135,10 @@ def _difference(rng: random.Random) -> tuple[str, str, list[list[dict]]]:
     a, b = rng.sample(TABLE, 2)
     f = rng.choice(_FIELDS)
     q = f"What is the {f} of {a['name']} minus the {f} of {b['name']}?"
-    turns = [[{"name": "search", "arguments": {"query": a["name"]}}, {"name": "search", "arguments": {"query": b["name"]}}],
-             [{"name": "calculator", "arguments": {"expression": f"{a[f]} - {b[f]}"}}]]
+    turns = [
+        [{"name": "search", "arguments": {"query": a["name"]}}, {"name": "search", "arguments": {"query": b["name"]}}],
+        [{"name": "calculator", "arguments": {"expression": f"{a[f]} - {b[f]}"}}],
+    ]
     return q, str(a[f] - b[f]), turns
 
 
@@ -124,11 +146,16 @@ def _one_call(maker):
     def make(rng: random.Random) -> tuple[str, str, list[list[dict]]]:
         q, answer, tool, args = maker(rng)
         return q, answer, [[{"name": tool, "arguments": args}]]
+
     return make
 
 
-MAKERS = {"tool_arithmetic": _one_call(_arithmetic), "tool_count": _one_call(_count), "tool_lookup": _one_call(_lookup),
-          "tool_difference": _difference}
+MAKERS = {
+    "tool_arithmetic": _one_call(_arithmetic),
+    "tool_count": _one_call(_count),
+    "tool_lookup": _one_call(_lookup),
+    "tool_difference": _difference,
+}
 
 
 def tool_reply(name: str, arguments: dict) -> str:
@@ -158,39 +185,52 @@ def make_tool_tasks(families=None, num: int = 300, split: str = "train", seed: i
         if q in seen or split_of(fam, q) != split:
             misses += 1
             if misses > 50 * num + 5_000:  # tool_lookup has 4 questions per place of the table (960), no more
-                raise ValueError(f"builtin:tool_tasks has fewer than {num} distinct {split} prompts for "
-                                 f"{families} ({len(rows)} found); ask for fewer (num) or leave tool_lookup out")
+                raise ValueError(
+                    f"builtin:tool_tasks has fewer than {num} distinct {split} prompts for "
+                    f"{families} ({len(rows)} found); ask for fewer (num) or leave tool_lookup out"
+                )
             continue
         seen.add(q)
         tool = turns[0][0]["name"]
-        rows.append({"prompt": q, "answer": answer, "family": fam, "reward": "math_reward",
-                     "tools": sorted(set(FAMILIES.values()) | {"calculator", "python"}), "tool": tool,
-                     "call": json.dumps(turns[0][0]), "calls": json.dumps(turns),
-                     "think": PLANS[fam][0]})
+        rows.append(
+            {
+                "prompt": q,
+                "answer": answer,
+                "family": fam,
+                "reward": "math_reward",
+                "tools": sorted(set(FAMILIES.values()) | {"calculator", "python"}),
+                "tool": tool,
+                "call": json.dumps(turns[0][0]),
+                "calls": json.dumps(turns),
+                "think": PLANS[fam][0],
+            }
+        )
     return rows
 
 
 def trace_messages(row: dict, mode: str, schemas: list[dict]) -> tuple[list[dict], list[dict]]:
     """(prompt messages, SFT trace) for a row in `mode`: per turn of calls, the assistant's calls and one `tool`
     message per call (role/content only: mixes with other chats), then the answer."""
-    prompt = with_tools([{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": row["prompt"]}],
-                        schemas)
+    prompt = with_tools(
+        [{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": row["prompt"]}], schemas
+    )
     turns = json.loads(row["calls"]) if row.get("calls") else [[json.loads(row["call"])]]
     trace = list(prompt)
     _, later, said = PLANS.get(row.get("family"), _ANY_FAMILY)
     for k, calls in enumerate(turns):
         why = row["think"] if k == 0 else later[k - 1]
         think = f"<think>\n{why}\n</think>\n" if mode == "think" else ""
-        trace.append({"role": "assistant", "content": think + "\n".join(call_text(c["name"], c["arguments"])
-                                                                       for c in calls)})
+        trace.append(
+            {"role": "assistant", "content": think + "\n".join(call_text(c["name"], c["arguments"]) for c in calls)}
+        )
         trace += [{"role": "tool", "content": tool_reply(c["name"], c["arguments"])} for c in calls]
-    answer = (f"<think>\n{said.format(answer=row['answer'])}\n</think>\n" if mode == "think" else "") + \
-        f"The answer is \\boxed{{{row['answer']}}}."
+    answer = (
+        f"<think>\n{said.format(answer=row['answer'])}\n</think>\n" if mode == "think" else ""
+    ) + f"The answer is \\boxed{{{row['answer']}}}."
     return prompt, trace + [{"role": "assistant", "content": answer}]
 
 
-def tool_tasks_dataset(split: str | None = "train", families=None, num: int = 300, seed: int = 0,
-                       mode: str = "mixed"):
+def tool_tasks_dataset(split: str | None = "train", families=None, num: int = 300, seed: int = 0, mode: str = "mixed"):
     """`builtin:tool_tasks`: rows + `prompt_messages` (tools in the system turn) + `messages` (SFT traces)."""
     import datasets
 

@@ -203,8 +203,18 @@ class StreamingDocumentSource:
     chunks is held. An epoch is one pass over this rank's shard; the next reshuffles (set_epoch).
     """
 
-    def __init__(self, name: str, source: dict, tokenizer, seq_len: int, seed: int, eval_docs: int = 0,
-                 eos: str = EOS, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        name: str,
+        source: dict,
+        tokenizer,
+        seq_len: int,
+        seed: int,
+        eval_docs: int = 0,
+        eos: str = EOS,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         from datasets.distributed import split_dataset_by_node
 
         args = _source_args(source)
@@ -255,8 +265,12 @@ class StreamingDocumentSource:
 
     def state_dict(self) -> dict:
         # datasets' iterator state is the position after the last row read (it names its epoch).
-        return {"epoch": self.epoch, "docs": self._docs_this_epoch, "stream": self.stream.state_dict(),
-                "pending": [list(c) for c in self.pending]}
+        return {
+            "epoch": self.epoch,
+            "docs": self._docs_this_epoch,
+            "stream": self.stream.state_dict(),
+            "pending": [list(c) for c in self.pending],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self._docs_this_epoch = state["epoch"], state["docs"]
@@ -312,7 +326,14 @@ class PackedStream:
             n: StreamingDocumentSource(n, sources[n], tokenizer, seq_len, seed, eval_docs, document_separator, *shard)
             if is_streaming(sources[n])
             else DocumentSource(
-                n, load_documents(sources[n], tokenizer), tokenizer, seq_len, seed, eval_docs, document_separator, *shard
+                n,
+                load_documents(sources[n], tokenizer),
+                tokenizer,
+                seq_len,
+                seed,
+                eval_docs,
+                document_separator,
+                *shard,
             )
             for n in used
         }

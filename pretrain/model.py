@@ -50,8 +50,10 @@ class ModelArguments:
     )
     rope_scaling: dict | None = field(
         default=None,
-        metadata={"help": "RoPE scaling written into the saved model's config for inference, after training, e.g. "
-                  "{rope_type: yarn, factor: 2.0} (SmolLM3: trained at 64k, read to 128k). Training never uses it."},
+        metadata={
+            "help": "RoPE scaling written into the saved model's config for inference, after training, e.g. "
+            "{rope_type: yarn, factor: 2.0} (SmolLM3: trained at 64k, read to 128k). Training never uses it."
+        },
     )
 
     def __post_init__(self):
@@ -99,8 +101,13 @@ def model_config(args: ModelArguments, vocab_size: int, special: dict[str, int] 
     return SmolLM3Config(no_rope_layers=no_rope_layers, **common)
 
 
-def build_model(args: ModelArguments, vocab_size: int, special: dict[str, int] | None = None, seed: int = 0,
-                attn_implementation: str = "sdpa"):
+def build_model(
+    args: ModelArguments,
+    vocab_size: int,
+    special: dict[str, int] | None = None,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+):
     """A freshly initialised causal LM (fp32; sdpa attention unless told). Same seed -> same weights on every rank."""
     from transformers import AutoModelForCausalLM
 

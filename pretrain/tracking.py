@@ -13,8 +13,16 @@ from tqdm.auto import tqdm
 class Logger:
     """tqdm on rank 0 plus wandb (offline unless WANDB_MODE says otherwise) or tensorboard; no-op elsewhere."""
 
-    def __init__(self, report_to: str, output_dir: str, run_name: str | None, enabled: bool, total: int, initial: int,
-                 config: dict):
+    def __init__(
+        self,
+        report_to: str,
+        output_dir: str,
+        run_name: str | None,
+        enabled: bool,
+        total: int,
+        initial: int,
+        config: dict,
+    ):
         self.enabled, self.backend, self.run = enabled, report_to if enabled else "none", None
         self.bar = tqdm(total=total, initial=initial, disable=not enabled, desc="pretrain", dynamic_ncols=True)
         if self.backend == "wandb":

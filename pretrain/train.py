@@ -82,8 +82,10 @@ class PretrainConfig:
     )
     sources: dict = field(
         default_factory=dict,
-        metadata={"help": "{name: spec | {spec, config, split, text_column, formatter, streaming, shuffle_buffer, "
-                  "**load_source args}} (JSON ok); streaming: true reads a corpus lazily, sharded per rank."},
+        metadata={
+            "help": "{name: spec | {spec, config, split, text_column, formatter, streaming, shuffle_buffer, "
+            "**load_source args}} (JSON ok); streaming: true reads a corpus lazily, sharded per rank."
+        },
     )
     stages: list[dict] = field(
         default_factory=list, metadata={"help": "[{name, num_tokens, weights: {source: share}}] (JSON ok)."}
@@ -100,10 +102,13 @@ class PretrainConfig:
     grad_accum_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     global_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Rows of seq_len tokens per optimizer step over all ranks, as published runs state it "
-                  "(SmolLM3: 576 x 4,096 = 2.36M tokens). grad_accum_steps is then derived from it, micro_batch_size "
-                  "and the launched world size, so the recipe trains at the same batch on 8 GPUs or 192; it must "
-                  "divide."})
+        metadata={
+            "help": "Rows of seq_len tokens per optimizer step over all ranks, as published runs state it "
+            "(SmolLM3: 576 x 4,096 = 2.36M tokens). grad_accum_steps is then derived from it, micro_batch_size "
+            "and the launched world size, so the recipe trains at the same batch on 8 GPUs or 192; it must "
+            "divide."
+        },
+    )
     max_steps: int = field(default=0, metadata={"help": "Optimizer steps; 0 = the stages' total token budget."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate."})
     min_lr_ratio: float = field(default=0.0, metadata={"help": "LR at the end of decay, as a fraction of peak."})
@@ -118,14 +123,24 @@ class PretrainConfig:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the global grad norm (0 = off)."})
     z_loss: float = field(default=0.0, metadata={"help": "Coefficient of the z-loss (logsumexp^2); off as SmolLM3."})
-    loss_chunk_tokens: int = field(default=0, metadata={
-        "help": "Compute the LM head and loss this many positions at a time (activation-checkpointed; 0 = all at once): "
-                "a 64k row's fp32 logits over a 128k vocabulary are 33.6 GB whole (pretrain/loss.py)."})
-    gradient_checkpointing: bool = field(default=False, metadata={
-        "help": "Recompute each decoder layer's activations in the backward (long context: 32k/64k rows)."})
-    attn_implementation: str = field(default="auto", metadata={
-        "help": "auto: flash_attention_2 on a GPU with flash-attn installed (packed rows attend per document by their "
-                "position ids, no T x T mask), else sdpa; or sdpa / flash_attention_2 explicitly."})
+    loss_chunk_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Compute the LM head and loss this many positions at a time (activation-checkpointed; 0 = all at "
+            "once): a 64k row's fp32 logits over a 128k vocabulary are 33.6 GB whole (pretrain/loss.py)."
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute each decoder layer's activations in the backward (long context: 32k/64k rows)."},
+    )
+    attn_implementation: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: flash_attention_2 on a GPU with flash-attn installed (packed rows attend per document by "
+            "their position ids, no T x T mask), else sdpa; or sdpa / flash_attention_2 explicitly."
+        },
+    )
     mixed_precision: str = field(default="bf16", metadata={"help": "'bf16' (autocast) or 'no' (fp32)."})
     seed: int = field(default=0, metadata={"help": "Seed of init and data order (same on every rank)."})
     eval_steps: int = field(default=50, metadata={"help": "Held-out eval every N steps (0 = only at the end)."})
@@ -135,8 +150,10 @@ class PretrainConfig:
     save_total_limit: int = field(default=2, metadata={"help": "Keep the last K checkpoints."})
     resume_from_checkpoint: str | None = field(
         default=None,
-        metadata={"help": "A checkpoint dir, or 'auto' for the latest complete one in output_dir/checkpoints (unset: "
-                  "a fresh start; align/runtime/checkpoint.py)."},
+        metadata={
+            "help": "A checkpoint dir, or 'auto' for the latest complete one in output_dir/checkpoints (unset: "
+            "a fresh start; align/runtime/checkpoint.py)."
+        },
     )
     logging_steps: int = field(default=10, metadata={"help": "Log every N steps."})
     report_to: str = field(default="wandb", metadata={"help": "'wandb' (offline by default), 'tensorboard', 'none'."})
@@ -230,8 +247,9 @@ def peak_flops(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
     return measure_matmul_flops(dtype, device=device)
 
 
-def measure_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5,
-                         device: torch.device | str = "cpu") -> float:
+def measure_matmul_flops(
+    dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5, device: torch.device | str = "cpu"
+) -> float:
     """Achievable matmul FLOP/s on `device` (the MFU denominator on machines without a spec-sheet peak)."""
     a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     a @ b  # warm-up
@@ -272,14 +290,16 @@ def attention(name: str) -> str:
 
 def _load_or_build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer, special: dict[str, int]):
     if not cfg.init_from:
-        return build_model(model_args, len(tokenizer), special, seed=cfg.seed,
-                           attn_implementation=attention(cfg.attn_implementation))
+        return build_model(
+            model_args, len(tokenizer), special, seed=cfg.seed, attn_implementation=attention(cfg.attn_implementation)
+        )
     from transformers import AutoModelForCausalLM
 
     if not os.path.isdir(cfg.init_from):
         raise FileNotFoundError(f"init_from={cfg.init_from!r} is not a model directory; pretrain it first")
-    model = AutoModelForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32,
-                                                 attn_implementation=attention(cfg.attn_implementation))
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.init_from, dtype=torch.float32, attn_implementation=attention(cfg.attn_implementation)
+    )
     # Long-context stage: a larger RoPE base (and advertised length) on the continued model.
     if model_args.rope_theta:
         model.config.rope_parameters["rope_theta"] = model_args.rope_theta
@@ -320,11 +340,23 @@ class _Run:
     def checkpoint(self) -> str:
         """Save the current step. Every rank calls it: DeepSpeed saves collectively, a streamed
         source gathers its positions."""
-        state = {"step": self.step, "data": self.stream.state_dict(), "history": self.history,
-                 "evals": self.evals, "skipped": self.skipped}
-        return save_loop_checkpoint(self.cfg.output_dir, self.step, self.acc, self.model,
-                                    self.optimizer, state, self.tokenizer,
-                                    self.cfg.save_total_limit)
+        state = {
+            "step": self.step,
+            "data": self.stream.state_dict(),
+            "history": self.history,
+            "evals": self.evals,
+            "skipped": self.skipped,
+        }
+        return save_loop_checkpoint(
+            self.cfg.output_dir,
+            self.step,
+            self.acc,
+            self.model,
+            self.optimizer,
+            state,
+            self.tokenizer,
+            self.cfg.save_total_limit,
+        )
 
 
 @dataclass
@@ -386,8 +418,10 @@ def _setup_accelerator(cfg: PretrainConfig):
     setup_process()  # on a CPU: no page faults on every step's large tensors
     if not torch.cuda.is_available() and cpu_bf16_slower(cfg.mixed_precision == "bf16"):
         cfg.mixed_precision = "no"
-    for key, value in (("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps),
-                       ("GRADIENT_CLIPPING", cfg.max_grad_norm)):
+    for key, value in (
+        ("GRADIENT_ACCUMULATION_STEPS", cfg.grad_accum_steps),
+        ("GRADIENT_CLIPPING", cfg.max_grad_norm),
+    ):
         # an accelerate DeepSpeed config's `auto`: the recipe's value
         if os.environ.get(f"ACCELERATE_{key}") == "auto":
             os.environ[f"ACCELERATE_{key}"] = str(value)
@@ -400,8 +434,9 @@ def _setup_accelerator(cfg: PretrainConfig):
 
         PartialState(cpu=True)
         on_cpu = False
-    acc = Accelerator(mixed_precision=cfg.mixed_precision, cpu=on_cpu,
-                      gradient_accumulation_steps=cfg.grad_accum_steps)
+    acc = Accelerator(
+        mixed_precision=cfg.mixed_precision, cpu=on_cpu, gradient_accumulation_steps=cfg.grad_accum_steps
+    )
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
@@ -419,8 +454,7 @@ def _load_tokenizer(cfg: PretrainConfig) -> tuple[Any, dict[str, int]]:
         tokenizer = AutoTokenizer.from_pretrained(tok_path)
     except (OSError, TypeError, ValueError) as e:
         raise FileNotFoundError(
-            f"tokenizer_path={tok_path!r} is not a tokenizer dir or hub id ({e}); "
-            "run scripts/train_tokenizer.py"
+            f"tokenizer_path={tok_path!r} is not a tokenizer dir or hub id ({e}); run scripts/train_tokenizer.py"
         ) from e
     # Our specials when present (a hub tokenizer may lack some: they are simply not set in the
     # config).
@@ -429,8 +463,9 @@ def _load_tokenizer(cfg: PretrainConfig) -> tuple[Any, dict[str, int]]:
     return tokenizer, special
 
 
-def _build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer,
-                 special: dict[str, int]) -> torch.nn.Module:
+def _build_model(
+    model_args: ModelArguments, cfg: PretrainConfig, tokenizer, special: dict[str, int]
+) -> torch.nn.Module:
     # built whole (the same on every rank); DeepSpeed partitions it in prepare()
     with zero3_init_disabled():
         model = _load_or_build_model(model_args, cfg, tokenizer, special)
@@ -441,8 +476,7 @@ def _build_model(model_args: ModelArguments, cfg: PretrainConfig, tokenizer,
 
 def _build_stream(cfg: PretrainConfig, acc, tokenizer) -> PackedStream:
     """The staged data stream, its budget scaled; this rank takes its slice of each global batch."""
-    stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))}
-              for s in cfg.stages]
+    stages = [{**s, "num_tokens": max(1, round(s["num_tokens"] * cfg.budget_scale))} for s in cfg.stages]
     return PackedStream(
         cfg.sources,
         stages,
@@ -470,8 +504,18 @@ def _prepare(cfg: PretrainConfig, acc, model, stream: PackedStream, tokenizer) -
     if is_deepspeed(acc):
         _fill_deepspeed_config(acc, cfg)
     model, optimizer = acc.prepare(model, optimizer)
-    return _Run(cfg, acc, model, acc.unwrap_model(model), optimizer, stream, tokenizer, total_steps,
-                tokens_per_step, description)
+    return _Run(
+        cfg,
+        acc,
+        model,
+        acc.unwrap_model(model),
+        optimizer,
+        stream,
+        tokenizer,
+        total_steps,
+        tokens_per_step,
+        description,
+    )
 
 
 def _resume(run: _Run) -> None:
@@ -514,8 +558,9 @@ def _start_logging(run: _Run, run_config: dict) -> tuple[Logger, _Throughput]:
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
     peak = cfg.peak_flops or peak_flops(dtype, acc.device)
     acc.print(f"model: {run.description}; {run.total_steps} steps x {run.tokens_per_step} tokens")
-    log = Logger(cfg.report_to, cfg.output_dir, cfg.run_name, acc.is_main_process, run.total_steps,
-                 run.step, run_config)
+    log = Logger(
+        cfg.report_to, cfg.output_dir, cfg.run_name, acc.is_main_process, run.total_steps, run.step, run_config
+    )
     return log, _Throughput(flops_tok, peak, acc.num_processes)
 
 
@@ -535,8 +580,15 @@ def _loop(run: _Run, log: Logger, meter: _Throughput, eval_batches: dict) -> dic
             _stop_on_bad_step(run, log, outcome.problem)
         run.step += 1
         meter.tokens += run.tokens_per_step
-        run.history.append({"step": run.step, "tokens": run.step * run.tokens_per_step,
-                            "loss": outcome.loss, "lr": lr, "time": time.perf_counter()})
+        run.history.append(
+            {
+                "step": run.step,
+                "tokens": run.step * run.tokens_per_step,
+                "loss": outcome.loss,
+                "lr": lr,
+                "time": time.perf_counter(),
+            }
+        )
         log.bar.update(1)
         if run.step % cfg.logging_steps == 0 or run.step == run.total_steps:
             _log_step(run, log, meter, outcome, lr)
@@ -571,11 +623,13 @@ def _train_step(run: _Run, lr: float) -> _StepOutcome:
             return _StepOutcome(loss, grad_norm, problem, "stop")
         # DeepSpeed stepped inside the last backward: too late to skip
         applied = is_deepspeed(run.acc)
-        run.skipped.append({"step": run.step, "reason": problem,
-                            **({"applied_by_deepspeed": True} if applied else {})})
-        run.acc.print(f"step {run.step}: {problem}; "
-                      + ("DeepSpeed already applied this update (logged only)" if applied
-                         else "batch skipped"))
+        run.skipped.append(
+            {"step": run.step, "reason": problem, **({"applied_by_deepspeed": True} if applied else {})}
+        )
+        run.acc.print(
+            f"step {run.step}: {problem}; "
+            + ("DeepSpeed already applied this update (logged only)" if applied else "batch skipped")
+        )
         return _StepOutcome(loss, grad_norm, problem, "skipped")
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
@@ -623,8 +677,7 @@ def _stop_on_bad_step(run: _Run, log: Logger, problem: str) -> NoReturn:
     )
 
 
-def _log_step(run: _Run, log: Logger, meter: _Throughput, outcome: _StepOutcome,
-              lr: float) -> None:
+def _log_step(run: _Run, log: Logger, meter: _Throughput, outcome: _StepOutcome, lr: float) -> None:
     tps, mfu = meter.rates()
     metrics = {
         "loss": outcome.loss,
@@ -661,8 +714,10 @@ def _checkpoint_or_stop(run: _Run, log: Logger, sigterm: SigtermFlag) -> dict | 
     if step < total_steps and sigterm.agreed(run.acc.device):
         path = run.checkpoint()
         log.close()
-        run.acc.print(f"stopped by SIGTERM at step {step}; checkpoint saved at {path}: "
-                      "run the same command with --resume_from_checkpoint auto to resume")
+        run.acc.print(
+            f"stopped by SIGTERM at step {step}; checkpoint saved at {path}: "
+            "run the same command with --resume_from_checkpoint auto to resume"
+        )
         raise SystemExit(PREEMPTED_EXIT_CODE)
     return None
 

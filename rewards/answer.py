@@ -365,7 +365,10 @@ def _cover(p: list[str], g: list[str], equal: Callable[[str, str], bool]) -> boo
 
 
 def answer_matches(
-    pred: str, gold: str, exact: bool = False, expression_equal: ExpressionEqual | None = None,
+    pred: str,
+    gold: str,
+    exact: bool = False,
+    expression_equal: ExpressionEqual | None = None,
     prompt: str | None = None,
 ) -> bool | None:
     r"""Whether one final answer ``pred`` states the gold answer, by the gold's kind; None when the gold cannot be

@@ -18,14 +18,16 @@ from rewards.limits import SECCOMP_FILTER
 # The bootstrap runs first inside the namespaces: it builds the new root, then forks the harness with
 # the limits applied (rlimits, uid, no_new_privs, rewards.limits' seccomp filter ``deny_syscalls``) and stays
 # as the pid namespace's first process, reaping, until the harness exits.
-BOOTSTRAP = r"""
+BOOTSTRAP = (
+    r"""
 import ctypes, json, os, resource, sys
 cfg = json.loads(sys.argv[1])
 if cfg["cgroup"]:  # first of all: this process and every one it starts count against the sandbox's memory cgroup
     with open(cfg["cgroup"] + "/cgroup.procs", "w") as f:
         f.write("0")
 libc = ctypes.CDLL(None, use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 ATIME = {1024: 1024, 2048: 2048, 4096: 1 << 21}  # statvfs ST_NOATIME/NODIRATIME/RELATIME -> MS_ flags
 
 def ok(ret, what):
@@ -96,7 +98,9 @@ if cfg["isolate"]:
     os.chdir("/work")
 else:
     os.chdir(cfg["workdir"])
-""" + SECCOMP_FILTER + r"""
+"""
+    + SECCOMP_FILTER
+    + r"""
 pid = os.fork()
 if pid == 0:
     try:
@@ -126,6 +130,7 @@ _, status = os.waitpid(pid, 0)
 sys.stdout.flush()
 os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 """
+)
 
 # A plain program (``run_program``): the candidate's code run as the real ``__main__`` module (so that
 # multiprocessing finds its functions), ``exit()``/``quit()`` defined as ``site`` would (``-S`` leaves them out). Its

@@ -21,7 +21,7 @@ Between calls (the solution's own top-level code) input is this process's own, a
 process's (reported as the candidate's stdout).
 """
 
-SERVER = r'''
+SERVER = r"""
 def _serve():
     import builtins, io, os, random, sys, traceback, types
     from collections.abc import Iterator
@@ -278,4 +278,4 @@ def _serve():
         flush()
         send(reply)
 _serve()
-'''
+"""

@@ -10,10 +10,10 @@ completion longer than ``MAX_COMPLETION_CHARS`` scores 0 unread. Fences are read
 linear pass.
 
 Tests are human-eval style (a ``check(candidate)`` function, called on ``entry_point``), plain ``assert``
-statements (one text, or a list of them), or stdin/stdout cases: a list of ``{"input": ..., "output": ...}`` (or its JSON text), each run as
-a program (its stdin the case's input, ``exit()``/``quit()`` available) that must exit with status 0 and
-print the expected output. Outputs are compared line by line, as competitive judges do: trailing whitespace
-of each line and trailing blank lines are ignored; leading whitespace, blank lines inside, case and
+statements (one text, or a list of them), or stdin/stdout cases: a list of ``{"input": ..., "output": ...}`` (or its
+JSON text), each run as a program (its stdin the case's input, ``exit()``/``quit()`` available) that must exit with
+status 0 and print the expected output. Outputs are compared line by line, as competitive judges do: trailing
+whitespace of each line and trailing blank lines are ignored; leading whitespace, blank lines inside, case and
 everything else count.
 
 None (abstain, as TRL and ``rewards.score`` read it: the row adds nothing to the total) for a row no
@@ -52,8 +52,9 @@ from rewards.sandbox import SandboxLimits, run_program
 
 MAX_COMPLETION_CHARS = 1 << 20  # a longer completion is not read: it scores 0, and nothing of it runs
 # top-level names a block defines (def, class, an assignment) and whether it reads input: one line at a time
-_DEFINES = re.compile(r"^(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)|^([A-Za-z_]\w*)[ \t]*(?::[^\n=]*)?=(?!=)",
-                      re.M)
+_DEFINES = re.compile(
+    r"^(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)|^([A-Za-z_]\w*)[ \t]*(?::[^\n=]*)?=(?!=)", re.M
+)
 _READS_INPUT = re.compile(r"\binput\(|\bstdin\b|\bopen\([ \t]*0\b")
 
 
@@ -129,8 +130,11 @@ def io_cases(tests: Any) -> list[tuple[str, str]] | None:
             tests = json.loads(tests)
         except ValueError:
             return None
-    if isinstance(tests, (list, tuple)) and tests and all(isinstance(t, dict) and {"input", "output"} <= t.keys()
-                                                          for t in tests):
+    if (
+        isinstance(tests, (list, tuple))
+        and tests
+        and all(isinstance(t, dict) and {"input", "output"} <= t.keys() for t in tests)
+    ):
         return [(str(t["input"]), str(t["output"])) for t in tests]
     return None
 
@@ -199,13 +203,17 @@ def check_code_rows(rows: Iterable[dict], default_verifier: str | None = None, w
             f"{where}, row {i}{f' ({label})' if label else ''}: its 'tests' define check(candidate) and never call "
             f"it, and its 'entry_point' {column}: no solution could be checked. Add an 'entry_point' column naming "
             "the function the tests check (human-eval's entry_point), or end the tests with a call such as "
-            "check(my_function).")
+            "check(my_function)."
+        )
 
 
 @lru_cache(maxsize=16)
 def _warn_data_error(problem: str) -> None:
-    warnings.warn(f"code_reward: {problem}: those rows get None (abstain). Check the dataset's 'tests' and "
-                  "'entry_point' columns.", stacklevel=3)
+    warnings.warn(
+        f"code_reward: {problem}: those rows get None (abstain). Check the dataset's 'tests' and "
+        "'entry_point' columns.",
+        stacklevel=3,
+    )
 
 
 def _per_row(value: Any, n: int, name: str) -> list:

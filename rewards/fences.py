@@ -30,8 +30,9 @@ _FENCE_LINE = re.compile(r"^[ \t]*(`{3,}|~{3,})(.*)$", re.M)  # a line that star
 MAX_FENCES = 4096  # a text with more fenced blocks than this is read up to its 4096th
 # Python source up to the next triple-quoted string: other characters, escapes, comments and single-quoted strings
 # (each to its quote or the end of its line), all possessive, so the engine keeps no backtracking state
-_CODE = re.compile(r"""(?:[^#'"\\]++|\\.|#[^\n]*+|'(?!'')(?:[^'\\\n]++|\\.)*+'?|"(?!"")(?:[^"\\\n]++|\\.)*+"?)*+""",
-                   re.S)
+_CODE = re.compile(
+    r"""(?:[^#'"\\]++|\\.|#[^\n]*+|'(?!'')(?:[^'\\\n]++|\\.)*+'?|"(?!"")(?:[^"\\\n]++|\\.)*+"?)*+""", re.S
+)
 
 
 class Fence(NamedTuple):
@@ -79,7 +80,7 @@ def _string_state(text: str, pos: int, end: int, state: str | None) -> str | Non
         if pos >= end:
             return None
         if text.startswith(("'''", '"""'), pos):
-            state, pos = text[pos:pos + 3], pos + 3
+            state, pos = text[pos : pos + 3], pos + 3
         else:  # a backslash that ends the text
             pos += 1
     return state

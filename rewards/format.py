@@ -166,10 +166,16 @@ def answer_format_reward(completions: list, **kwargs: Any) -> list[float]:
     return [1.0 if boxed_answer(completion_text(c)) is not None else 0.0 for c in completions]
 
 
-def mode_format_reward(completions: list, mode: list[str | None] | None = None, prompts: list | None = None,
-                       min_think_words: int = 3, think_in_prompt: bool = False,
-                       answer_text: list[str] | None = None, max_no_think_words: int = MAX_NO_THINK_WORDS,
-                       **kwargs: Any) -> list[float | None]:
+def mode_format_reward(
+    completions: list,
+    mode: list[str | None] | None = None,
+    prompts: list | None = None,
+    min_think_words: int = 3,
+    think_in_prompt: bool = False,
+    answer_text: list[str] | None = None,
+    max_no_think_words: int = MAX_NO_THINK_WORDS,
+    **kwargs: Any,
+) -> list[float | None]:
     r"""1.0 when a completion has the shape its asked reasoning mode wants, else 0.0 (hybrid-reasoning RL):
 
     - think: one ``<think>`` block opening the completion with at least ``min_think_words`` words of reasoning
@@ -209,8 +215,9 @@ def mode_format_reward(completions: list, mode: list[str | None] | None = None, 
     if mode is not None and len(mode) != len(completions):
         raise ValueError(f"the mode column has {len(mode)} rows but there are {len(completions)} completions")
     if answer_text is not None and len(answer_text) != len(completions):
-        raise ValueError(f"the answer_text column has {len(answer_text)} rows but there are {len(completions)} "
-                         "completions")
+        raise ValueError(
+            f"the answer_text column has {len(answer_text)} rows but there are {len(completions)} completions"
+        )
     scores: list[float | None] = []
     for i, completion in enumerate(completions):
         asked = mode[i] if mode is not None else None
@@ -258,9 +265,16 @@ def no_think_format(text: str, max_words: int = MAX_NO_THINK_WORDS) -> bool:
     return not shape.hidden and shape.words + box_words <= max_words
 
 
-def mode_math_reward(completions: list, answer: list[str | None], mode: list[str | None] | None = None,
-                     prompts: list | None = None, min_think_words: int = 3, think_in_prompt: bool = False,
-                     answer_text: list[str] | None = None, **kwargs: Any) -> list[float | None]:
+def mode_math_reward(
+    completions: list,
+    answer: list[str | None],
+    mode: list[str | None] | None = None,
+    prompts: list | None = None,
+    min_think_words: int = 3,
+    think_in_prompt: bool = False,
+    answer_text: list[str] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
     r"""The row's verifier (``verifier_reward``: its ``reward`` column, else ``math_reward``) paid only when the
     completion has its asked mode's form (``mode_format_reward`` is 1); a row without a mode is paid the verifier
     alone, a row the verifier abstains on (no gold answer) abstains (None).
@@ -268,8 +282,8 @@ def mode_math_reward(completions: list, answer: list[str | None], mode: list[str
     The product, not the sum: with ``math_reward + w * mode_format_reward`` a well-formed wrong answer earns ``w``
     on every prompt, more than a right answer that ran out of budget or a half-done tool chain. Tool GRPO on the
     135M model found that: in think mode the policy stopped the two-search chain after one search and answered at
-    once, well-formed and wrong (docs/research/smol135m/tools.md). Here only a right answer in form pays, so the form is kept
-    without a reward for giving up.
+    once, well-formed and wrong (docs/research/smol135m/tools.md). Here only a right answer in form pays, so the form
+    is kept without a reward for giving up.
 
     >>> think = "<think>\nI add the two numbers here.\n</think>\nThe answer is \\boxed{4}."
     >>> mode_math_reward([think, "The answer is \\boxed{4}.", think.replace("{4}", "{5}"), think],
@@ -282,6 +296,12 @@ def mode_math_reward(completions: list, answer: list[str | None], mode: list[str
     [1.0, 0.0]
     """
     right = verifier_reward(completions, answer=answer, prompts=prompts, **kwargs)  # prompts: units of the question
-    form = mode_format_reward(completions, mode=mode, prompts=prompts, min_think_words=min_think_words,
-                              think_in_prompt=think_in_prompt, answer_text=answer_text)
+    form = mode_format_reward(
+        completions,
+        mode=mode,
+        prompts=prompts,
+        min_think_words=min_think_words,
+        think_in_prompt=think_in_prompt,
+        answer_text=answer_text,
+    )
     return [None if r is None else r * (1.0 if f is None else f) for r, f in zip(right, form)]

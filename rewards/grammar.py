@@ -64,12 +64,15 @@ _GREEK = (
     "Psi Omega"
 )
 MATH_COMMANDS = frozenset(
-    ("\\" + c for c in (
-        "frac sqrt sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh coth log ln lg exp det gcd lcm max "
-        "min mod bmod pmod deg infty cdot times div circ prime overline bar hat vec dot ddot tilde widetilde "
-        "widehat mathbb mathcal mathfrak cup cap setminus emptyset lfloor rfloor lceil rceil lvert rvert vert "
-        "lVert rVert langle rangle text ell hbar partial nabla angle degree Re Im ast " + _GREEK
-    ).split()),
+    (
+        "\\" + c
+        for c in (
+            "frac sqrt sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh coth log ln lg exp det gcd lcm max "
+            "min mod bmod pmod deg infty cdot times div circ prime overline bar hat vec dot ddot tilde widetilde "
+            "widehat mathbb mathcal mathfrak cup cap setminus emptyset lfloor rfloor lceil rceil lvert rvert vert "
+            "lVert rVert langle rangle text ell hbar partial nabla angle degree Re Im ast " + _GREEK
+        ).split()
+    ),
 ) | frozenset({"\\{", "\\}", "\\|"})
 RELATIONS = frozenset({"<", ">", "\\leq", "\\geq"})
 _OPERATORS = frozenset("+-*/^_()[]{}|,!'.")
@@ -444,8 +447,9 @@ def _gold_vocabulary(gold: str) -> tuple[set[str], set[str], set[str]]:
     return commands, words, _letters(gold)
 
 
-def expression_foreign(pred: str, gold: str, units: UnitContext | None = None, allow: frozenset[str] = frozenset()
-                       ) -> str | None:
+def expression_foreign(
+    pred: str, gold: str, units: UnitContext | None = None, allow: frozenset[str] = frozenset()
+) -> str | None:
     r"""The first token of ``pred`` that the expression grammar does not allow next to ``gold`` (module
     docstring), else None. ``allow``: tokens the caller's kind admits (relations for an inequality, ``=`` after a
     checked equation, ``&`` and ``\\`` in a matrix).
@@ -462,8 +466,7 @@ def expression_foreign(pred: str, gold: str, units: UnitContext | None = None, a
     for m in _TEXT_GROUP.finditer(t):
         for word in re.findall(r"[^\s/]+", m.group(1)):
             w = word.strip(".,").lower()
-            if not (w in words or w in MATH_WORDS or (len(w) == 1 and w.isalpha())
-                    or units.accepts(w, marked=True)):
+            if not (w in words or w in MATH_WORDS or (len(w) == 1 and w.isalpha()) or units.accepts(w, marked=True)):
                 return word
     for tok in tokens(_TEXT_GROUP.sub(" ", t)):
         if tok.startswith("\\"):

@@ -34,12 +34,12 @@ How (``execute(code, tests, entry_point)``):
   holds: ``{"token": ..., "passed": true}`` with a per-run random token. ``passed`` needs that line, the
   judge's exit status 0, no timeout and no output cap exceeded. The candidate's exit status, stdout and
   stderr are only reported.
-- **Vacuous passes fail**: the tests are instrumented (``rewards.checks.count_checks``) and must reach at least one check
-  (an ``assert``, an ``if`` guarding a ``raise``, an ``assert*``/``fail*`` call, an exception caught by a
-  ``try`` that asserts or raises); ``execute(..., require_call=True)`` (``code_reward``) also needs at least
-  one call into the solution. Tests that cannot score anything (``rewards.checks.data_error``: they do not parse, hold no
-  check, or define ``check`` with no entry point and never call it) fail here; ``code_reward`` abstains on
-  them before running anything.
+- **Vacuous passes fail**: the tests are instrumented (``rewards.checks.count_checks``) and must reach at least one
+  check (an ``assert``, an ``if`` guarding a ``raise``, an ``assert*``/``fail*`` call, an exception caught by a ``try``
+  that asserts or raises); ``execute(..., require_call=True)`` (``code_reward``) also needs at least one call into the
+  solution. Tests that cannot score anything (``rewards.checks.data_error``: they do not parse, hold no check, or
+  define ``check`` with no entry point and never call it) fail here; ``code_reward`` abstains on them before running
+  anything.
 
 The candidate cannot reach the judge: different pid namespaces (it cannot even name the judge's process),
 different uids as root (or sibling user namespaces as a user), each sandbox's ``/proc`` lists only its own
@@ -77,8 +77,11 @@ MAX_REPLY_BYTES = 16 << 20  # one reply (or the list of the solution's names) la
 
 # The judge's side: the tests, with the solution's names as stubs that call across the pipe. No candidate code
 # ever runs in this process; what comes back is rebuilt by rewards.wire.decode.
-_JUDGE = _WIRE + f"\nCHECK_COUNTER = {CHECK_COUNTER!r}\n" + "".join(
-    inspect.getsource(f) + "\n" for f in (is_check_call, count_checks, free_names, under_test)) + r'''
+_JUDGE = (
+    _WIRE
+    + f"\nCHECK_COUNTER = {CHECK_COUNTER!r}\n"
+    + "".join(inspect.getsource(f) + "\n" for f in (is_check_call, count_checks, free_names, under_test))
+    + r'''
 import builtins, random, sys
 
 _MISSING = object()  # a global of the solution that is not plain data: the tests do not see it
@@ -359,6 +362,7 @@ def _judge():
     os._exit(0)
 _judge()
 '''
+)
 
 
 @dataclass
@@ -381,8 +385,9 @@ def _verdict(raw: bytes, token: str) -> dict:
     return verdict if isinstance(verdict, dict) and verdict.get("token") == token else {}
 
 
-def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits, isolate: bool,
-           require_call: bool) -> JudgeResult:
+def _judge(
+    code: str, tests: str, entry_point: str | None, limits: SandboxLimits, isolate: bool, require_call: bool
+) -> JudgeResult:
     token = secrets.token_hex(16)
     req_r, req_w = os.pipe()  # judge -> candidate: calls
     rep_r, rep_w = os.pipe()  # candidate -> judge: plain-data replies
@@ -391,15 +396,26 @@ def _judge(code: str, tests: str, entry_point: str | None, limits: SandboxLimits
     deadline = time.monotonic() + limits.wall_s
     try:
         spec = {"code": code, "fds": [req_r, rep_w], "max_output": max(MAX_REPLY_BYTES, limits.output_bytes) // 2}
-        candidate = spawn(_WIRE + SERVER, json.dumps(spec).encode() + b"\n", limits,
-                          isolate, pass_fds=(req_r, rep_w))
+        candidate = spawn(_WIRE + SERVER, json.dumps(spec).encode() + b"\n", limits, isolate, pass_fds=(req_r, rep_w))
         loads_only = not tests.strip() and not (entry_point or "").strip()  # no tests: does the solution load?
-        payload = {"tests": tests, "entry_point": entry_point, "token": token, "fds": [req_w, rep_r, ver_w],
-                   "max_reply_bytes": max(MAX_REPLY_BYTES, limits.output_bytes),
-                   "problem": None if loads_only else data_error(tests, entry_point),
-                   "require_check": not loads_only, "require_call": require_call and not loads_only}
-        judge = spawn(_JUDGE, json.dumps(payload).encode() + b"\n", limits, isolate, pass_fds=(req_w, rep_r, ver_w),
-                      avoid_uids=(candidate.uid,))
+        payload = {
+            "tests": tests,
+            "entry_point": entry_point,
+            "token": token,
+            "fds": [req_w, rep_r, ver_w],
+            "max_reply_bytes": max(MAX_REPLY_BYTES, limits.output_bytes),
+            "problem": None if loads_only else data_error(tests, entry_point),
+            "require_check": not loads_only,
+            "require_call": require_call and not loads_only,
+        }
+        judge = spawn(
+            _JUDGE,
+            json.dumps(payload).encode() + b"\n",
+            limits,
+            isolate,
+            pass_fds=(req_w, rep_r, ver_w),
+            avoid_uids=(candidate.uid,),
+        )
     except BaseException:
         for box in (candidate, judge):
             if box is not None:

@@ -109,8 +109,9 @@ def overlong_penalty(length: int, max_len: int, cache: int) -> float:
 def _check_budget(name: str, max_len: int | None, cache: int | None) -> tuple[int, int]:
     if max_len is None or cache is None:
         raise ValueError(
-            f"soft_overlong_reward needs {name}max_completion_len and {name}soft_punish_cache; set them in the recipe, "
-            "e.g. reward_kwargs: {soft_overlong_reward: {max_completion_len: 512, soft_punish_cache: 128}}"
+            f"soft_overlong_reward needs {name}max_completion_len and {name}soft_punish_cache; "
+            "set them in the recipe, e.g. reward_kwargs: "
+            "{soft_overlong_reward: {max_completion_len: 512, soft_punish_cache: 128}}"
         )
     if max_len <= 0 or not 0 <= cache <= max_len:
         raise ValueError(
@@ -190,8 +191,14 @@ def cosine_length_reward(
     if verifier not in verifiers:
         raise ValueError(f"cosine_length_reward: verifier must be one of {sorted(verifiers)}, got {verifier!r}")
     columns = {k: v for k, v in kwargs.items() if k not in ("log_extra", "log_metric")}
-    correct = verifier_reward(completions, reward=reward, default_verifier=f"{verifier}_reward", answer=answer,
-                              completion_ids=completion_ids, **columns)
+    correct = verifier_reward(
+        completions,
+        reward=reward,
+        default_verifier=f"{verifier}_reward",
+        answer=answer,
+        completion_ids=completion_ids,
+        **columns,
+    )
     lengths = _lengths(completions, completion_ids)
     scores: list[float | None] = []
     for ok, length in zip(correct, lengths):

@@ -102,7 +102,8 @@ def deny_syscalls(arch, numbers):
     n = len(numbers)
     insns = [Insn(LD, 0, 0, 4), Insn(JEQ, 1, 0, arch), Insn(RET, 0, 0, DENY), Insn(LD, 0, 0, 0),
              Insn(JGE, n + 1, 0, 0x40000000)]
-    insns += [Insn(JEQ, n - j, 0, nr) for j, nr in enumerate(numbers)] + [Insn(RET, 0, 0, ALLOW), Insn(RET, 0, 0, DENY)]
+    insns += [Insn(JEQ, n - j, 0, nr) for j, nr in enumerate(numbers)]
+    insns += [Insn(RET, 0, 0, ALLOW), Insn(RET, 0, 0, DENY)]
     program = (Insn * len(insns))(*insns)
     prog = Prog(len(insns), ctypes.cast(program, ctypes.POINTER(Insn)))
     libc.prctl(22, 2, ctypes.byref(prog), 0, 0)  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
@@ -127,8 +128,14 @@ def _cgroup_dir(version: int) -> str | None:
     """This process's own cgroup directory in its memory hierarchy (v1) or the unified one (v2), or None."""
     with open("/proc/self/cgroup") as f:
         lines = [line.rstrip("\n").split(":", 2) for line in f]
-    path = next((p for hid, ctl, p in lines if (version == 1 and "memory" in ctl.split(","))
-                 or (version == 2 and hid == "0" and ctl == "")), None)
+    path = next(
+        (
+            p
+            for hid, ctl, p in lines
+            if (version == 1 and "memory" in ctl.split(",")) or (version == 2 and hid == "0" and ctl == "")
+        ),
+        None,
+    )
     if path is None:
         return None
     with open("/proc/self/mountinfo") as f:
@@ -171,8 +178,13 @@ def memory_cgroup() -> tuple[str | None, int, str]:
         try:
             probe = _new_cgroup(base, version, 64 << 20)
             join = "import sys; open(sys.argv[1], 'w').write('0')"
-            subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", join, os.path.join(probe, "cgroup.procs")],
-                           env={}, check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                [os.path.realpath(sys.executable), "-I", "-S", "-c", join, os.path.join(probe, "cgroup.procs")],
+                env={},
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
         except (OSError, subprocess.SubprocessError) as e:
             reason = f"cannot make or join a memory cgroup under {base}: {e}"
             continue

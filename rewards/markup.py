@@ -52,8 +52,10 @@ _SHAPES = {"<": ">", "[": "]", "{{": "}}", "【": "】", "〔": "〕", "〖": "�
 _BRACKETS = re.escape("".join(_SHAPES) + "".join(_SHAPES.values()))
 _OPEN = "|".join(re.escape(o) for o in sorted(_SHAPES, key=len, reverse=True))
 _CLOSE = "|".join(re.escape(c) for c in sorted(set(_SHAPES.values()), key=len, reverse=True))
-_TAG_RE = (rf"(?P<open>{_OPEN})(?P<slash>/?)(?P<name>[^\W\d_][\w:.\-]*)(?P<attrs>(?:[\s/][^{_BRACKETS}]*)?)"
-           rf"(?P<close>{_CLOSE})")
+_TAG_RE = (
+    rf"(?P<open>{_OPEN})(?P<slash>/?)(?P<name>[^\W\d_][\w:.\-]*)(?P<attrs>(?:[\s/][^{_BRACKETS}]*)?)"
+    rf"(?P<close>{_CLOSE})"
+)
 _TAG = re.compile(_TAG_RE)
 # One scan finds the next delimiter of any kind; which kind it is decides how far the scan jumps.
 _DELIMITER = re.compile(

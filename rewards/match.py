@@ -40,13 +40,15 @@ def answers_match(predicted: str, gold: str) -> bool:
     return bool(answer_matches(predicted, gold, exact=True))
 
 
-def exact_match_reward(completions: list, answer: list[str | None], prompts: list | None = None, **kwargs: Any
-                       ) -> list[float | None]:
+def exact_match_reward(
+    completions: list, answer: list[str | None], prompts: list | None = None, **kwargs: Any
+) -> list[float | None]:
     r"""1.0 when the completion's boxed answer equals the gold ``answer`` after normalisation, else 0.0;
     None (abstain) for a row without a gold answer.
 
     >>> exact_match_reward(
-    ...     ["The answer is \\boxed{2, 5, 9}.", "\\boxed{9, 5, 2}", "no box", "\\boxed{YES}.", "\\boxed{2} \\boxed{yes}"],
+    ...     ["The answer is \\boxed{2, 5, 9}.", "\\boxed{9, 5, 2}", "no box", "\\boxed{YES}.",
+    ...      "\\boxed{2} \\boxed{yes}"],
     ...     answer=["2, 5, 9", "2, 5, 9", "2, 5, 9", "yes", "yes"])
     [1.0, 0.0, 0.0, 1.0, 0.0]
     """

@@ -193,7 +193,8 @@ def within_budget(pred: str, gold: str) -> bool:
     r"""Whether ``pred`` is cheap enough to evaluate symbolically next to ``gold``: not longer than
     ``MAX_SYMBOLIC_CHARS`` (or twice the gold), no exponent tower, no exponent above ``MAX_EXPONENT``, no
     integer literal over ``MAX_LITERAL_DIGITS`` digits, brackets at most ``MAX_NESTING`` deep and none of
-    ``COSTLY_OPERATORS`` — each unless the gold has it too. An answer states a value; these shapes only make evaluation cost what the policy chooses.
+    ``COSTLY_OPERATORS`` — each unless the gold has it too. An answer states a value; these shapes only make evaluation
+    cost what the policy chooses.
 
     >>> [within_budget(p, "\\sqrt{2}") for p in ("9^{9^{9^{9}}}", "2^{100000000}", "999999!", "((((((((1))))))))")]
     [False, False, False, False]
@@ -253,8 +254,9 @@ class SymbolicBudget:
         return _expression_equal(pred, gold, seconds=left) if left > 0 else False
 
 
-def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False, prompt: str | None = None
-                      ) -> bool | None:
+def math_verify_equal(
+    text: str, gold: str, last_number_fallback: bool = False, prompt: str | None = None
+) -> bool | None:
     r"""True when the completion ``text`` states ``gold`` (``rewards.answer.judge``: every answer candidate, read
     under the gold's grammar); None when the gold itself cannot be parsed (the row is abstained on, with a warning,
     rather than scored 0 forever). ``prompt``: the question, whose words may be the answer's units.
@@ -277,7 +279,10 @@ def math_verify_equal(text: str, gold: str, last_number_fallback: bool = False, 
 
 
 def math_reward(
-    completions: list, answer: list[str | None], last_number_fallback: bool = False, prompts: list | None = None,
+    completions: list,
+    answer: list[str | None],
+    last_number_fallback: bool = False,
+    prompts: list | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
     r"""1.0 when the completion's final answer equals the gold ``answer``, 0.0 otherwise, None without a gold.

@@ -62,13 +62,19 @@ _BODIES = [
     ("fraction", re.compile(r"\\frac\{\s*(?P<top>-?\d+)\s*\}\{\s*(?P<bottom>\d+)\s*\}")),
     ("mixed", re.compile(r"(?P<whole>\d+)\s+(?P<top>\d+)\s*/\s*(?P<bottom>\d+)")),
     ("fraction", re.compile(r"(?P<top>\d+)\s*/\s*(?P<bottom>\d+)")),
-    ("scientific", re.compile(
-        r"(?P<mant>[1-9](?:\.\d+)?)\s*(?:[eE](?P<exp>[-+]?\d+)"
-        r"|\\(?:times|cdot)\s*10\s*\^\s*(?:\{\s*(?P<texp>[-+]?\d+)\s*\}|(?P<texp1>\d)))"
-    )),
-    ("repeating", re.compile(
-        r"(?P<int>\d*)\.(?P<pre>\d*)(?:\\overline\s*\{\s*(?P<rep>\d+)\s*\}|\\dot\s*\{?\s*(?P<dot>\d)\s*\}?)"
-    )),
+    (
+        "scientific",
+        re.compile(
+            r"(?P<mant>[1-9](?:\.\d+)?)\s*(?:[eE](?P<exp>[-+]?\d+)"
+            r"|\\(?:times|cdot)\s*10\s*\^\s*(?:\{\s*(?P<texp>[-+]?\d+)\s*\}|(?P<texp1>\d)))"
+        ),
+    ),
+    (
+        "repeating",
+        re.compile(
+            r"(?P<int>\d*)\.(?P<pre>\d*)(?:\\overline\s*\{\s*(?P<rep>\d+)\s*\}|\\dot\s*\{?\s*(?P<dot>\d)\s*\}?)"
+        ),
+    ),
     ("decimal", re.compile(r"(?P<dec>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*(?P<dots>\\ldots))?")),
 ]
 _PERCENT_WORD = r"(?:%|percent(?:age)?(?:\s+points?)?|per\s*cent|pct\.?)"
@@ -177,8 +183,10 @@ def _value(kind: str, m: re.Match, strict: bool) -> tuple[Fraction, bool, int] |
 
 def _from_repeating(whole: str, pre: str, block: str) -> Fraction:
     """The value of ``whole.pre(block)(block)...``."""
-    return int(whole) + Fraction(int(pre or "0"), 10 ** len(pre)) + Fraction(
-        int(block), 10 ** len(pre) * (10 ** len(block) - 1)
+    return (
+        int(whole)
+        + Fraction(int(pre or "0"), 10 ** len(pre))
+        + Fraction(int(block), 10 ** len(pre) * (10 ** len(block) - 1))
     )
 
 

@@ -346,8 +346,8 @@ def namespaces_available() -> tuple[bool, str]:
 def _warn_unisolated(reason: str) -> None:
     warnings.warn(
         f"code sandbox: Linux namespaces are unavailable ({reason}); running candidate code WITHOUT filesystem "
-        "and network isolation (rlimits, empty environment, throwaway directory, and a uid drop where possible). Install "
-        "util-linux's unshare / allow user namespaces, or pass isolation='namespace' to refuse instead.",
+        "and network isolation (rlimits, empty environment, throwaway directory, and a uid drop where possible). "
+        "Install util-linux's unshare / allow user namespaces, or pass isolation='namespace' to refuse instead.",
         RuntimeWarning,
         stacklevel=5,
     )

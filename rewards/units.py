@@ -95,8 +95,10 @@ DIMENSION_WORDS: dict[str, frozenset[str]] = {
     "mass": frozenset("weight weigh weighs heavy mass".split()),
     "time": frozenset("time long duration take takes took age old".split()),
     "speed": frozenset("speed fast velocity".split()),
-    "currency": frozenset("money cost costs price prices earn earns earned pay pays paid spend spends spent "
-                          "worth save saves saved charge charges budget profit wage wages salary $ € £ ¥".split()),
+    "currency": frozenset(
+        "money cost costs price prices earn earns earned pay pays paid spend spends spent "
+        "worth save saves saved charge charges budget profit wage wages salary $ € £ ¥".split()
+    ),
     "angle": frozenset("angle angles degrees triangle arc rotation rotate rotates turn ° \\circ".split()),
     "temperature": frozenset("temperature hot cold warm warmer colder".split()),
     "data": frozenset("memory storage file download".split()),

@@ -90,8 +90,10 @@ def verifier_reward(
     rows = [{"reward": reward[i] if reward else None, "family": family[i] if family else None} for i in range(n)]
     names = [_name_of(r, default_verifier, family_verifiers) for r in rows]
     if "verifier_reward" in names:
-        raise ValueError("verifier_reward: a row's reward column names verifier_reward itself; name a verifier "
-                         "such as math_reward, exact_match_reward or code_reward")
+        raise ValueError(
+            "verifier_reward: a row's reward column names verifier_reward itself; name a verifier "
+            "such as math_reward, exact_match_reward or code_reward"
+        )
     passthrough = {k: v for k, v in columns.items() if k not in _HOOKS}
     if family is not None:
         passthrough["family"] = family
@@ -99,7 +101,10 @@ def verifier_reward(
     for name in dict.fromkeys(names):
         idx = [i for i, x in enumerate(names) if x == name]
         func = get_reward(name, **verifier_kwargs.get(name, {}))
-        sub = {k: ([v[i] for i in idx] if isinstance(v, (list, tuple)) and len(v) == n else v) for k, v in passthrough.items()}
+        sub = {
+            k: ([v[i] for i in idx] if isinstance(v, (list, tuple)) and len(v) == n else v)
+            for k, v in passthrough.items()
+        }
         out = _call(func, [completions[i] for i in idx], sub)
         if len(out) != len(idx):
             raise ValueError(f"verifier {name!r} returned {len(out)} scores for {len(idx)} completions")
@@ -158,6 +163,7 @@ def route_accuracy(funcs: Sequence[Callable]) -> list[Callable]:
     >>> [type(f).__name__ for f in route_accuracy(funcs)]
     ['RoutedReward', 'BoundReward']
     """
+
     def accuracy(f: Callable) -> tuple[str, dict] | None:
         for name in ACCURACY_VERIFIERS:
             if f is REWARDS[name]:
@@ -170,7 +176,8 @@ def route_accuracy(funcs: Sequence[Callable]) -> list[Callable]:
     named = [a[0] for a in found if a is not None]
     if len(named) > 1:
         raise ValueError(
-            f"reward_funcs names {len(named)} accuracy verifiers ({', '.join(named)}): name one. Each row is scored by "
-            f"the verifier its 'reward' column names (the one in reward_funcs scores rows without that column)"
+            f"reward_funcs names {len(named)} accuracy verifiers ({', '.join(named)}): name one. "
+            "Each row is scored by the verifier its 'reward' column names "
+            "(the one in reward_funcs scores rows without that column)"
         )
     return [RoutedReward(a[0], a[1]) if a is not None else f for f, a in zip(funcs, found)]

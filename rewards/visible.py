@@ -277,24 +277,35 @@ def box_is_visible(content: str) -> bool:
 # ------------------------------------------------------------------------------------------ boxes that hold an answer
 
 # Commands that name a value, a relation or an operation: each is an answer by itself (\boxed{\pi}, \boxed{\geq}).
-_GREEK = ("alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa varkappa lambda mu nu xi "
-          "omicron pi varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega digamma "
-          "Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega varGamma varDelta varTheta varLambda varXi "
-          "varPi varSigma varUpsilon varPhi varPsi varOmega")
-_CONSTANTS = "infty emptyset varnothing hbar hslash ell imath jmath aleph beth gimel daleth Re Im wp partial nabla top bot"
-_RELATIONS = ("leq le geq ge neq ne lt gt leqslant geqslant equiv approx sim simeq cong propto ll gg prec succ "
-              "preceq succeq subset subseteq subsetneq supset supseteq supsetneq in notin ni cup cap setminus "
-              "bigcup bigcap perp parallel mid nmid")
-_OPERATIONS = ("pm mp times div oplus ominus otimes odot land lor lnot neg wedge vee to rightarrow "
-               "leftarrow Rightarrow Leftarrow leftrightarrow Leftrightarrow iff implies impliedby mapsto "
-               "longrightarrow Longrightarrow uparrow downarrow forall exists nexists sum prod int iint oint "
-               "checkmark surd")
-_FUNCTIONS = ("sin cos tan cot sec csc sinh cosh tanh coth arcsin arccos arctan log ln lg exp lim liminf limsup "
-              "max min sup inf det gcd lcm deg dim ker arg Pr mod bmod")
+_GREEK = (
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa varkappa lambda mu nu xi "
+    "omicron pi varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega digamma "
+    "Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega varGamma varDelta varTheta varLambda varXi "
+    "varPi varSigma varUpsilon varPhi varPsi varOmega"
+)
+_CONSTANTS = (
+    "infty emptyset varnothing hbar hslash ell imath jmath aleph beth gimel daleth Re Im wp partial nabla top bot"
+)
+_RELATIONS = (
+    "leq le geq ge neq ne lt gt leqslant geqslant equiv approx sim simeq cong propto ll gg prec succ "
+    "preceq succeq subset subseteq subsetneq supset supseteq supsetneq in notin ni cup cap setminus "
+    "bigcup bigcap perp parallel mid nmid"
+)
+_OPERATIONS = (
+    "pm mp times div oplus ominus otimes odot land lor lnot neg wedge vee to rightarrow "
+    "leftarrow Rightarrow Leftarrow leftrightarrow Leftrightarrow iff implies impliedby mapsto "
+    "longrightarrow Longrightarrow uparrow downarrow forall exists nexists sum prod int iint oint "
+    "checkmark surd"
+)
+_FUNCTIONS = (
+    "sin cos tan cot sec csc sinh cosh tanh coth arcsin arccos arctan log ln lg exp lim liminf limsup "
+    "max min sup inf det gcd lcm deg dim ker arg Pr mod bmod"
+)
 VALUE_COMMANDS = frozenset(" ".join((_GREEK, _CONSTANTS, _RELATIONS, _OPERATIONS, _FUNCTIONS)).split())
 # Commands whose argument is text (prose rules: a word, a number or one letter; not N/A, not ?).
-TEXT_COMMANDS = frozenset("text textrm textbf textit textsf texttt textnormal textup textsl textsc textmd emph mbox "
-                          "hbox fbox".split())
+TEXT_COMMANDS = frozenset(
+    "text textrm textbf textit textsf texttt textnormal textup textsl textsc textmd emph mbox hbox fbox".split()
+)
 _NAME_COMMANDS = frozenset({"begin", "end"})  # their argument names an environment, it is no answer
 _BOX_TOKEN = re.compile(r"\\[a-zA-Z]+\*?\s*|\\.|[{}]|[^\\{}]+", re.DOTALL)
 _EMPTY_PAIR = re.compile(r"(?:\\\{|\[|\()\s*(?:\\\}|\]|\))")  # \{\}, [], (): the empty set, list, tuple

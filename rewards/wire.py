@@ -63,12 +63,50 @@ from fractions import Fraction
 MAX_DEPTH = 64  # deeper nesting is refused (a self-containing list, or a recursion bomb)
 MAX_ITEMS = 1 << 20  # an iterator longer than this (an infinite generator) is not plain data
 _SCALARS = (type(None), bool, int, float, str)
-_TAGS = ("tuple", "dict", "set", "frozenset", "bytes", "bytearray", "complex", "Counter", "OrderedDict",
-         "defaultdict", "deque", "Fraction", "Decimal", "range", "dict_keys", "dict_values", "dict_items", "iterator")
+_TAGS = (
+    "tuple",
+    "dict",
+    "set",
+    "frozenset",
+    "bytes",
+    "bytearray",
+    "complex",
+    "Counter",
+    "OrderedDict",
+    "defaultdict",
+    "deque",
+    "Fraction",
+    "Decimal",
+    "range",
+    "dict_keys",
+    "dict_values",
+    "dict_items",
+    "iterator",
+)
 _KEYS, _VALUES, _ITEMS = type({}.keys()), type({}.values()), type({}.items())
 # a defaultdict's factory crosses by name when it is one of these
-_FACTORIES = {c.__name__: c for c in (int, float, complex, str, bytes, bool, list, tuple, dict, set, frozenset,
-                                       bytearray, Counter, OrderedDict, deque, Fraction, Decimal)}
+_FACTORIES = {
+    c.__name__: c
+    for c in (
+        int,
+        float,
+        complex,
+        str,
+        bytes,
+        bool,
+        list,
+        tuple,
+        dict,
+        set,
+        frozenset,
+        bytearray,
+        Counter,
+        OrderedDict,
+        deque,
+        Fraction,
+        Decimal,
+    )
+}
 # exceptions that steer control flow: never raised again in the judge
 _CONTROL = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit")
 FATAL = []  # the judge's side: why the candidate failed in a way no test may catch (a control-flow exception, ...)
@@ -93,7 +131,9 @@ def fatal(message):
 def exception_spec(e):
     """An exception -> ``[class name, str(e), names of the builtin classes in its MRO, args or None]``."""
     t = type(e)
-    bases = [c.__name__ for c in t.__mro__ if getattr(builtins, c.__name__, None) is c and issubclass(c, BaseException)]
+    bases = [
+        c.__name__ for c in t.__mro__ if getattr(builtins, c.__name__, None) is c and issubclass(c, BaseException)
+    ]
     try:
         text = str(e)[:2000]
     except BaseException:
@@ -106,8 +146,14 @@ def exception_spec(e):
 
 
 def _check_spec(spec):
-    if (type(spec) is not list or len(spec) != 4 or type(spec[0]) is not str or type(spec[1]) is not str
-            or type(spec[2]) is not list or not all(type(b) is str for b in spec[2])):
+    if (
+        type(spec) is not list
+        or len(spec) != 4
+        or type(spec[0]) is not str
+        or type(spec[1]) is not str
+        or type(spec[2]) is not list
+        or not all(type(b) is str for b in spec[2])
+    ):
         raise ValueError("not plain data: a malformed exception")
     return spec
 
@@ -129,7 +175,8 @@ def exception_from(spec):
     for bases_ in (tuple(leaves), *((c,) for c in leaves), (Exception,)):
         try:
             cls = _CLASSES.get((label, bases_)) or _CLASSES.setdefault(
-                (label, bases_), type(label, bases_, {"__module__": "solution", "__str__": _text}))
+                (label, bases_), type(label, bases_, {"__module__": "solution", "__str__": _text})
+            )
         except Exception:  # bases that cannot be combined
             continue
         for a in (args, (text,), ()):
@@ -325,8 +372,13 @@ def _build(tag, body, depth):
         raised = None if body[2] is None else _check_spec(body[2])
         return _replay(items, raised) if body[0] == "generator" or raised is not None else iter(items)
     items = _decode_list(body, depth, tag)
-    return {"tuple": tuple, "set": set, "frozenset": frozenset, "dict_keys": lambda xs: dict.fromkeys(xs).keys(),
-            "dict_values": lambda xs: dict(enumerate(xs)).values()}[tag](items)
+    return {
+        "tuple": tuple,
+        "set": set,
+        "frozenset": frozenset,
+        "dict_keys": lambda xs: dict.fromkeys(xs).keys(),
+        "dict_values": lambda xs: dict(enumerate(xs)).values(),
+    }[tag](items)
 
 
 def decode(tree, depth=0):
@@ -340,7 +392,9 @@ def decode(tree, depth=0):
         return [decode(v, depth + 1) for v in tree]
     if t is not dict or len(tree) != 1 or next(iter(tree)) not in _TAGS:
         keys = sorted(tree) if t is dict else t.__name__
-        raise ValueError(f"not plain data: a {t.__name__} with keys {keys}" if t is dict else f"not plain data: {keys}")
+        raise ValueError(
+            f"not plain data: a {t.__name__} with keys {keys}" if t is dict else f"not plain data: {keys}"
+        )
     tag, body = next(iter(tree.items()))
     try:
         return _build(tag, body, depth)

@@ -28,8 +28,11 @@ def main(cfg: AblationConfig) -> int:
     runs = plan(cfg)
     if not cfg.report_only:
         check(runs)  # every run's config against its script's dataclasses, before anything runs
-        print(f"ablation {cfg.name}: {len(cfg.variants)} variants x {len(cfg.seeds)} seeds = {len(runs)} runs "
-              f"(baseline {cfg.baseline}) under {cfg.run_dir}", flush=True)
+        print(
+            f"ablation {cfg.name}: {len(cfg.variants)} variants x {len(cfg.seeds)} seeds = {len(runs)} runs "
+            f"(baseline {cfg.baseline}) under {cfg.run_dir}",
+            flush=True,
+        )
         if cfg.dry_run:
             for r in runs:
                 print(f"  {r.name}: python scripts/pipeline.py {r.recipe}")

@@ -19,7 +19,9 @@ from align.modeling.loading import load_model, load_tokenizer, resolve_model_pat
 
 @dataclass
 class BaseConfig:
-    model_name_or_path: str = field(default="", metadata={"help": "HF model dir, hub id (org/name[@rev]) or builtin:NAME."})
+    model_name_or_path: str = field(
+        default="", metadata={"help": "HF model dir, hub id (org/name[@rev]) or builtin:NAME."}
+    )
     output_dir: str = field(default="", metadata={"help": "Where the local copy goes."})
 
     def __post_init__(self):

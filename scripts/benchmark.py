@@ -55,16 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suite", choices=SUITES + EXTRA_SUITES + ["all"])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller shapes")
     parser.add_argument("--out", default="outputs/bench", help="directory for the JSON results")
-    parser.add_argument("--allow-busy", action="store_true",
-                        help=f"write results even when the machine was busy (load >= {IDLE_LOAD}, before or by others)")
-    parser.add_argument("--history", type=Path, default=history.HISTORY,
-                        help="append every summary line to this file (JSON lines)")
+    parser.add_argument(
+        "--allow-busy",
+        action="store_true",
+        help=f"write results even when the machine was busy (load >= {IDLE_LOAD}, before or by others)",
+    )
+    parser.add_argument(
+        "--history", type=Path, default=history.HISTORY, help="append every summary line to this file (JSON lines)"
+    )
     parser.add_argument("--no-history", action="store_true", help="append nothing to the history")
     args = parser.parse_args(argv)
     suites = SUITES if args.suite == "all" else [args.suite]
     context = history.run_context(args.suite, suites, args.quick, cpu_model(), os.cpu_count())
-    # What every stage of ours runs with on a CPU (align.runtime.memory.keep_freed_memory), applied before any suite so that
-    # ours and the baseline beside it in this process run under the same allocator, whichever is built first.
+    # What every stage of ours runs with on a CPU (align.runtime.memory.keep_freed_memory), applied before any suite so
+    # that ours and the baseline beside it in this process run under the same allocator, whichever is built first.
     keep_freed_memory()
     # Each suite names its precision and runs ours and the baseline in it: no fallback of a bf16 row to fp32 on a CPU
     # without native bf16 (align.runtime.device.cpu_bf16_slower), or a bf16 row would compare fp32 against bf16.
@@ -84,20 +88,31 @@ def main(argv: list[str] | None = None) -> int:
         result = module.run(quick=args.quick)
         load_others = others.stop()
         load_after = os.getloadavg()[0]
-        result.update(suite=name, quick=args.quick, seconds=round(time.time() - t0, 1), time=time.strftime("%F %T"),
-                      machine=platform.platform(), cpu=cpu_model(), load_before=load_before,
-                      load_after=load_after, load_of_others_during=load_others)
+        result.update(
+            suite=name,
+            quick=args.quick,
+            seconds=round(time.time() - t0, 1),
+            time=time.strftime("%F %T"),
+            machine=platform.platform(),
+            cpu=cpu_model(),
+            load_before=load_before,
+            load_after=load_after,
+            load_of_others_during=load_others,
+        )
         busy = load_before >= IDLE_LOAD or load_others >= IDLE_LOAD
         if not args.no_history:  # every line, busy or not: compare and table skip the busy ones
-            load = dict(load_before=load_before, load_after=load_after,
-                        load_of_others_during=load_others, busy=busy)
+            load = dict(load_before=load_before, load_after=load_after, load_of_others_during=load_others, busy=busy)
             history.append(args.history, history.entries(context, result["summary"], load))
         if busy and not args.allow_busy:  # a number from a busy machine is not a number to report
-            print(f"## {name}: NOT written: the machine was busy (load average {load_before:.2f} before; other "
-                  f"processes used {load_others:.2f} cores during it; idle means < {IDLE_LOAD}). Re-run on an idle "
-                  "machine, or --allow-busy.")
-            summaries += [f"{line} [busy: load {load_before:.2f} before, others {load_others:.2f} during]"
-                          for line in result["summary"]]
+            print(
+                f"## {name}: NOT written: the machine was busy (load average {load_before:.2f} before; other "
+                f"processes used {load_others:.2f} cores during it; idle means < {IDLE_LOAD}). Re-run on an idle "
+                "machine, or --allow-busy."
+            )
+            summaries += [
+                f"{line} [busy: load {load_before:.2f} before, others {load_others:.2f} during]"
+                for line in result["summary"]
+            ]
             continue
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

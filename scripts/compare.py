@@ -23,19 +23,30 @@ from align.eval.compare import compare, compare_baseline, compare_markdown
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("before", help="eval output_dir, eval_results.json or outcomes .jsonl of the reference model")
-    parser.add_argument("after", nargs="?", default=None,
-                        help="the same of the model to judge (omitted with --baseline)")
-    parser.add_argument("--baseline", action="store_true",
-                        help="judge BEFORE against the best trivial rule of each task family on the same items")
+    parser.add_argument(
+        "after", nargs="?", default=None, help="the same of the model to judge (omitted with --baseline)"
+    )
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="judge BEFORE against the best trivial rule of each task family on the same items",
+    )
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
-    parser.add_argument("--first", type=int, default=None,
-                        help="judge only the first N items of each set (e.g. the 256 an earlier, smaller eval held)")
+    parser.add_argument(
+        "--first",
+        type=int,
+        default=None,
+        help="judge only the first N items of each set (e.g. the 256 an earlier, smaller eval held)",
+    )
     args = parser.parse_args(argv)
     if (args.after is None) != args.baseline:
         parser.error("give BEFORE and AFTER, or one evaluation with --baseline")
     try:
-        found = compare_baseline(args.before, args.first) if args.baseline else compare(args.before, args.after,
-                                                                                        args.first)
+        found = (
+            compare_baseline(args.before, args.first)
+            if args.baseline
+            else compare(args.before, args.after, args.first)
+        )
         md = compare_markdown(found, args.before, args.after)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(str(e))

@@ -1,8 +1,9 @@
-"""Evaluate one checkpoint: held-out loss, cloze/MC scoring, verifiable accuracy (think / no_think / plain),
+r"""Evaluate one checkpoint: held-out loss, cloze/MC scoring, verifiable accuracy (think / no_think / plain),
 completion lengths and a vibe-check markdown file. The suites live in align/eval/suite.py.
 
     python scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path outputs/tiny/sft
-    python scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path builtin:smollm2-135m-instruct --output_dir outputs/tiny/eval_smollm2
+    python scripts/evaluate.py recipes/tiny/eval.yaml --model_name_or_path builtin:smollm2-135m-instruct \
+        --output_dir outputs/tiny/eval_smollm2
 
 Writes <output_dir>/eval_results.json, outcomes.jsonl (every item's outcome) and vibes.md (output_dir defaults to
 <model dir>/eval) and prints the metrics and, per mode, on how many task families the model beats the best trivial
@@ -26,8 +27,10 @@ def main(cfg: EvalConfig) -> dict:
         for key, base in results["details"].items():
             if key.startswith("baseline/"):  # the model against each task family's best trivial rule
                 for mode, v in base.get("by_mode", {}).items():
-                    print(f"{key}/{mode}: beats the best trivial rule on {v['beaten']} of {v['num_families']} "
-                          "task families (paired test, p < 0.05)")
+                    print(
+                        f"{key}/{mode}: beats the best trivial rule on {v['beaten']} of {v['num_families']} "
+                        "task families (paired test, p < 0.05)"
+                    )
         print(f"eval of {cfg.model_name_or_path}: {results['seconds']['total']:.1f} s")
     leave_launcher()
     return results

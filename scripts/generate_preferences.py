@@ -2,8 +2,8 @@
 
     python scripts/generate_preferences.py recipes/tiny/preferences.yaml [--max_pairs 200 --backend hf]
 
-Prompts come from dataset_name / dataset_mixture (any source align.data.loading reads: builtin:tasks, a local jsonl, a hub
-id); every split the data has gets its own file. Rerun the same command to resume after an interruption.
+Prompts come from dataset_name / dataset_mixture (any source align.data.loading reads: builtin:tasks, a local jsonl, a
+hub id); every split the data has gets its own file. Rerun the same command to resume after an interruption.
 """
 
 import logging

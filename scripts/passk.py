@@ -3,10 +3,11 @@
     python scripts/passk.py --model_name_or_path builtin:smollm2-135m-instruct --num_per_family 32 --k 8
     python scripts/passk.py --model_name_or_path outputs/smol135m/sft --families arithmetic sort --mode no_think
 
-Each family's held-out prompts (`data_gen.tasks`, the dev split: where choices are made, never the sealed test) are answered greedily once and sampled `k` times at
-`temperature`, through the shared rollout engine; answers are checked by each row's verifier (align.eval.statistics).
-Prints a table (greedy accuracy with its 95% interval, pass@1 and pass@k of the samples, mean length) and writes
-<output_dir>/passk.json. GRPO has a signal only where a group of k samples holds both right and wrong answers.
+Each family's held-out prompts (`data_gen.tasks`, the dev split: where choices are made, never the sealed test) are
+answered greedily once and sampled `k` times at `temperature`, through the shared rollout engine; answers are checked
+by each row's verifier (align.eval.statistics). Prints a table (greedy accuracy with its 95% interval, pass@1 and
+pass@k of the samples, mean length) and writes <output_dir>/passk.json. GRPO has a signal only where a group of k
+samples holds both right and wrong answers.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ class PassKConfig:
     model_name_or_path: str = field(default="", metadata={"help": "Checkpoint: HF model dir, hub id or builtin:NAME."})
     families: list[str] | None = field(default=None, metadata={"help": "Task families (default: all of ours)."})
     num_per_family: int = field(default=32, metadata={"help": "Held-out prompts per family."})
-    split: str = field(default="dev", metadata={
-        "help": "The task split the prompts come from: dev (choices, e.g. GRPO's family) or validation."})
+    split: str = field(
+        default="dev",
+        metadata={"help": "The task split the prompts come from: dev (choices, e.g. GRPO's family) or validation."},
+    )
     k: int = field(default=8, metadata={"help": "Samples per prompt for pass@k."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature for the k samples."})
     mode: str = field(default="no_think", metadata={"help": "think or no_think (the system flag of the prompts)."})
@@ -53,18 +56,26 @@ class PassKConfig:
         if self.k < 1 or self.num_per_family < 1:
             raise ValueError(f"k={self.k} and num_per_family={self.num_per_family} must be >= 1")
         if self.split not in ("dev", "validation"):
-            raise ValueError(f"split={self.split!r}: choose dev or validation (the sealed test split is evaluated once, "
-                             "at the end of a chain, never to choose)")
+            raise ValueError(
+                f"split={self.split!r}: choose dev or validation (the sealed test split is evaluated once, "
+                "at the end of a chain, never to choose)"
+            )
         if self.mode not in ("think", "no_think"):
             raise ValueError(f"mode={self.mode!r}: choose think or no_think")
 
 
 def main(cfg: PassKConfig) -> dict:
     tokenizer = load_tokenizer(cfg.model_name_or_path)
-    engine = get_engine(cfg.model_name_or_path, backend=cfg.rollout_backend, tokenizer=tokenizer,
-                        **(cfg.rollout_kwargs or {}))
-    report: dict = {"model": cfg.model_name_or_path, "mode": cfg.mode, "k": cfg.k, "temperature": cfg.temperature,
-                    "families": {}}
+    engine = get_engine(
+        cfg.model_name_or_path, backend=cfg.rollout_backend, tokenizer=tokenizer, **(cfg.rollout_kwargs or {})
+    )
+    report: dict = {
+        "model": cfg.model_name_or_path,
+        "mode": cfg.mode,
+        "k": cfg.k,
+        "temperature": cfg.temperature,
+        "families": {},
+    }
     for family in cfg.families or DEFAULT_FAMILIES:
         rows = make_tasks([family], num=cfg.num_per_family, split=cfg.split, seed=cfg.seed)
         messages = []
@@ -77,10 +88,13 @@ def main(cfg: PassKConfig) -> dict:
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
         decode = lambda c: tokenizer.decode(c, skip_special_tokens=True)  # noqa: E731
         greedy = generate_and_score(engine.generate, rows, ids, greedy_params(cfg.max_new_tokens), decode)
-        sampled = SamplingParams(n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                 seed=cfg.seed, logprobs=False)
+        sampled = SamplingParams(
+            n=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, logprobs=False
+        )
         groups = engine.generate(ids, sampled)
-        flags = correct([decode(list(r.completion_ids)) for g in groups for r in g], [r for r in rows for _ in range(cfg.k)])
+        flags = correct(
+            [decode(list(r.completion_ids)) for g in groups for r in g], [r for r in rows for _ in range(cfg.k)]
+        )
         counts = [sum(flags[i * cfg.k : (i + 1) * cfg.k]) for i in range(len(rows))]
         report["families"][family] = {
             **accuracy([float(r["correct"]) for r in greedy], key="greedy"),
@@ -90,9 +104,12 @@ def main(cfg: PassKConfig) -> dict:
             "mean_length": sum(r["num_tokens"] for r in greedy) / len(greedy),
         }
         f = report["families"][family]
-        print(f"{family:>16}: greedy {f['greedy']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}] pass@1 "
-              f"{f['pass@1']:.3f} pass@{cfg.k} {f[f'pass@{cfg.k}']:.3f} groups with signal {f['signal']:.2f} "
-              f"(n={f['num']}, {f['mean_length']:.0f} tokens)", flush=True)
+        print(
+            f"{family:>16}: greedy {f['greedy']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}] pass@1 "
+            f"{f['pass@1']:.3f} pass@{cfg.k} {f[f'pass@{cfg.k}']:.3f} groups with signal {f['signal']:.2f} "
+            f"(n={f['num']}, {f['mean_length']:.0f} tokens)",
+            flush=True,
+        )
     engine.close()
     if cfg.output_dir:
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)

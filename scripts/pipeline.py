@@ -1,4 +1,5 @@
-"""Run a whole pipeline (pretrain -> SFT -> APO -> GRPO -> distillation ...) from one recipe; see align/pipeline/run.py.
+"""Run a whole pipeline (pretrain -> SFT -> APO -> GRPO -> distillation ...) from one recipe; see
+align/pipeline/run.py.
 
     python scripts/pipeline.py recipes/tiny/pipeline.yaml                  # `make demo`: the embedded tiny world
     python scripts/pipeline.py recipes/tiny/pipeline.yaml --report_only    # rewrite report.md + plots

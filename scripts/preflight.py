@@ -50,7 +50,9 @@ def _forbid_training() -> None:
     import transformers
 
     def train(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__}.train was reached without running align.runtime.preflight.preflight")
+        raise RuntimeError(
+            f"{type(self).__name__}.train was reached without running align.runtime.preflight.preflight"
+        )
 
     transformers.Trainer.train = train
 

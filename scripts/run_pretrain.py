@@ -49,8 +49,15 @@ def task_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int = 64) 
         "ci_low": low,
         "ci_high": high,
         "per_family": stats.get("by_family", {}),
-        "samples": [{"prompt": r["prompt"], "gold": r["answer"], "completion": s["completion"].strip(), "ok": int(s["correct"])}
-                    for r, s in zip(rows[:12], samples[:12])],
+        "samples": [
+            {
+                "prompt": r["prompt"],
+                "gold": r["answer"],
+                "completion": s["completion"].strip(),
+                "ok": int(s["correct"]),
+            }
+            for r, s in zip(rows[:12], samples[:12])
+        ],
     }
 
 
@@ -75,8 +82,10 @@ def main(model_args: ModelArguments, cfg: PretrainConfig, skill: SkillArguments)
     with open(os.path.join(cfg.output_dir, "skill.json"), "w") as f:
         json.dump(acc, f, indent=1)
     fam = ", ".join(f"{k} {v:.0%}" for k, v in acc["per_family"].items())
-    print(f"held-out task skill (greedy, plain form): {acc['accuracy']:.1%} of {acc['num']} "
-          f"(95% CI {acc['ci_low']:.1%}-{acc['ci_high']:.1%}; {fam})")
+    print(
+        f"held-out task skill (greedy, plain form): {acc['accuracy']:.1%} of {acc['num']} "
+        f"(95% CI {acc['ci_low']:.1%}-{acc['ci_high']:.1%}; {fam})"
+    )
     final = result.get("final_eval", {})
     print("final held-out loss: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("eval_")))
     return {**result, "skill": acc}

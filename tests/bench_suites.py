@@ -15,8 +15,9 @@ def suite(name: str):
     """scripts/benchmarks/<name>.py as `benchmarks.<name>`."""
     if "benchmarks" not in sys.modules:
         init = ROOT / "scripts" / "benchmarks" / "__init__.py"
-        spec = importlib.util.spec_from_file_location("benchmarks", init,
-                                                      submodule_search_locations=[str(init.parent)])
+        spec = importlib.util.spec_from_file_location(
+            "benchmarks", init, submodule_search_locations=[str(init.parent)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["benchmarks"] = module
         spec.loader.exec_module(module)

@@ -50,8 +50,15 @@ PER_SCRIPT = {
     "sft": {"max_steps": 2, "eval_after": False},
     "dpo": {"max_steps": 2, "eval_after": False, "preference_eval": False},
     "grpo": {"max_steps": 2, "eval_after": False, "rollout_backend": "hf", "rollout_kwargs": {}},
-    "distill": {"max_steps": 2, "eval_after": False, "rollout_backend": "hf", "rollout_kwargs": {},
-                "teacher_device": "null", "teacher_quantization": "null", "distill_eval": False},
+    "distill": {
+        "max_steps": 2,
+        "eval_after": False,
+        "rollout_backend": "hf",
+        "rollout_kwargs": {},
+        "teacher_device": "null",
+        "teacher_quantization": "null",
+        "distill_eval": False,
+    },
     "run_pretrain": {"max_steps": 2, "skill_eval_num": 0, "eval_rows": 1, "report_to": "none"},
     "merge": {},
 }
@@ -164,8 +171,9 @@ def overrides(recipe: str | Path, fixtures: dict, output_dir: str | Path) -> dic
     return out
 
 
-def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: int = 1, port: int = 29500,
-            **extra) -> tuple[list[str], dict]:
+def command(
+    recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: int = 1, port: int = 29500, **extra
+) -> tuple[list[str], dict]:
     """argv and environment that run `recipe` on this machine with the substitutions (and `extra` keys). With
     `ranks` > 1 it is launched as its header says (`accelerate launch --config_file <the recipe's config>`) with
     that many CPU ranks, when the config can run on a CPU."""
@@ -175,8 +183,18 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: i
     argv = [sys.executable, str(ROOT / "scripts" / f"{script}.py"), str(recipe)]
     config = accelerate_config_of(recipe)
     if ranks > 1 and runs_on_cpu_ranks(config):
-        argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / config),
-                "--num_processes", str(ranks), "--main_process_port", str(port), *argv[1:]]
+        argv = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / config),
+            "--num_processes",
+            str(ranks),
+            "--main_process_port",
+            str(port),
+            *argv[1:],
+        ]
     for key, value in {**overrides(recipe, fixtures, output_dir), **extra}.items():
         if isinstance(value, list):  # argparse reads a list as separate words
             argv += [f"--{key}", *map(str, value)]
@@ -184,9 +202,14 @@ def command(recipe: str | Path, fixtures: dict, output_dir: str | Path, ranks: i
         text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
         argv += [f"--{key}", text.removesuffix("\n...")]
     env = {
-        **os.environ, "SMOLALIGN_DATA_MIRROR": fixtures["hub"], "HF_HUB_CACHE": fixtures["hub_cache"],
+        **os.environ,
+        "SMOLALIGN_DATA_MIRROR": fixtures["hub"],
+        "HF_HUB_CACHE": fixtures["hub_cache"],
         "PYTHONPATH": str(ROOT),
-        "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
     return argv, env
@@ -207,11 +230,25 @@ def pipeline_config(recipe: str | Path, fixtures: dict, run_dir: str | Path, ran
         lineage = stage.get("overrides") or {}
         launch = stage.get("accelerate_config") or config.get("accelerate_config")
         if ranks > 1 and runs_on_cpu_ranks(launch):
-            stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "accelerate",
-                           "accelerate_config": str(ROOT / launch), "num_processes": ranks})
+            stages.append(
+                {
+                    **stage,
+                    "overrides": {**subst, **lineage},
+                    "launcher": "accelerate",
+                    "accelerate_config": str(ROOT / launch),
+                    "num_processes": ranks,
+                }
+            )
         else:
             stages.append({**stage, "overrides": {**subst, **lineage}, "launcher": "python"})
             stages[-1].pop("accelerate_config", None)
     launch = {"num_processes": ranks} if ranks > 1 else {"num_processes": None, "accelerate_config": None}
-    return {**config, **launch, "stages": stages, "run_dir": str(run_dir), "launcher": "auto" if ranks > 1 else "python",
-            "eval_recipe": None, "tracking": "none"}
+    return {
+        **config,
+        **launch,
+        "stages": stages,
+        "run_dir": str(run_dir),
+        "launcher": "auto" if ranks > 1 else "python",
+        "eval_recipe": None,
+        "tracking": "none",
+    }

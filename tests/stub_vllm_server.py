@@ -36,8 +36,15 @@ def stub_vllm_server(sample: Callable[[list[int], int, int], list[int]]) -> Iter
 
         def do_POST(self):  # noqa: N802
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self._json({"choices": [{"prompt_token_ids": p, "token_ids": sample(p, k, req["max_tokens"]),
-                                     "logprobs": None} for p in req["prompt"] for k in range(req["n"])]})
+            self._json(
+                {
+                    "choices": [
+                        {"prompt_token_ids": p, "token_ids": sample(p, k, req["max_tokens"]), "logprobs": None}
+                        for p in req["prompt"]
+                        for k in range(req["n"])
+                    ]
+                }
+            )
 
         def log_message(self, *args):
             pass

@@ -1,6 +1,7 @@
-"""Ablations (align/pipeline/ablation.py, align/pipeline/ablation_report.py, scripts/ablate.py): the verdict rule against simulated
-nulls and a constructed +10-point variant; bad recipes fail before any run; the tiny ablation recipe end to end on
-micro models, killed mid-run and resumed (finished runs skipped); the Slurm array file runs one run per task."""
+"""Ablations (align/pipeline/ablation.py, align/pipeline/ablation_report.py, scripts/ablate.py): the verdict rule
+against simulated nulls and a constructed +10-point variant; bad recipes fail before any run; the tiny ablation recipe
+end to end on micro models, killed mid-run and resumed (finished runs skipped); the Slurm array file runs one run per
+task."""
 
 from __future__ import annotations
 
@@ -70,8 +71,10 @@ def test_a_ten_point_better_variant_is_better_and_a_worse_one_worse():
     rng = random.Random(2)
     better = [paired_over_seeds(_simulate(rng, 256, 3, 0.10)) for _ in range(50)]
     assert _rate([r["verdict"] for r in better], "better") >= 0.9
-    assert all(r["ci_low"] < 0.10 < r["ci_high"] for r in better[:10]) or \
-        sum(r["ci_low"] < 0.10 < r["ci_high"] for r in better) >= 45  # the interval covers the true gain
+    assert (
+        all(r["ci_low"] < 0.10 < r["ci_high"] for r in better[:10])
+        or sum(r["ci_low"] < 0.10 < r["ci_high"] for r in better) >= 45
+    )  # the interval covers the true gain
     one = paired_over_seeds(_simulate(random.Random(3), 256, 3, 0.10))
     assert one["verdict"] == "better" and len(one["per_seed"]) == 3 and one["gained"] > one["lost"]
     runs = _simulate(random.Random(4), 256, 3, 0.10)
@@ -112,29 +115,40 @@ def test_mean_over_seeds():
 
 
 def _cfg(**kw) -> AblationConfig:
-    base = dict(name="x", base={"script": "apo", "recipe": "recipes/tiny/apo.yaml"},
-                variants=[{"name": "a", "baseline": True}, {"name": "b", "overrides": {"beta": 0.2}}], seeds=[0, 1])
+    base = dict(
+        name="x",
+        base={"script": "apo", "recipe": "recipes/tiny/apo.yaml"},
+        variants=[{"name": "a", "baseline": True}, {"name": "b", "overrides": {"beta": 0.2}}],
+        seeds=[0, 1],
+    )
     base.update(kw)
     return AblationConfig(**base)
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"variants": [{"name": "a"}, {"name": "a"}]}, "names must be unique"),
-    ({"variants": [{"name": "a", "baseline": True}, {"name": "b", "baseline": True}]}, "one baseline"),
-    ({"variants": [{"name": "a", "overides": {}}]}, "unknown key(s) ['overides']"),
-    ({"base": {"recipe": "x.yaml"}}, "base: give"),
-    ({"seeds": [1, 1]}, "distinct seeds"),
-    ({"executor": "k8s"}, "executor='k8s'"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"variants": [{"name": "a"}, {"name": "a"}]}, "names must be unique"),
+        ({"variants": [{"name": "a", "baseline": True}, {"name": "b", "baseline": True}]}, "one baseline"),
+        ({"variants": [{"name": "a", "overides": {}}]}, "unknown key(s) ['overides']"),
+        ({"base": {"recipe": "x.yaml"}}, "base: give"),
+        ({"seeds": [1, 1]}, "distinct seeds"),
+        ({"executor": "k8s"}, "executor='k8s'"),
+    ],
+)
 def test_bad_ablation_recipes_are_one_clear_error(kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         _cfg(**kw)
 
 
 def test_plan_layers_overrides_and_seeds():
-    cfg = _cfg(overrides={"max_steps": 3}, variants=[
-        {"name": "apo", "baseline": True, "overrides": {"max_steps": 5}},
-        {"name": "kto", "script": "kto", "recipe": "recipes/tiny/kto.yaml"}])
+    cfg = _cfg(
+        overrides={"max_steps": 3},
+        variants=[
+            {"name": "apo", "baseline": True, "overrides": {"max_steps": 5}},
+            {"name": "kto", "script": "kto", "recipe": "recipes/tiny/kto.yaml"},
+        ],
+    )
     runs = plan(cfg)
     assert [r.name for r in runs] == ["apo-s0", "kto-s0", "apo-s1", "kto-s1"]  # seed-major
     stage = runs[0].pipeline["stages"][0]
@@ -147,8 +161,10 @@ def test_plan_layers_overrides_and_seeds():
 def test_an_ablation_chooses_on_dev_and_refuses_the_sealed_test_unless_asked_by_name():
     runs = plan(_cfg())
     assert all(r.pipeline["sealed_test"] is False for r in runs)  # its runs never open the sealed test split
-    with pytest.raises(ValueError, match="variant 'a', stage 'apo': eval_split='test' evaluates the sealed test "
-                                         "split.*allow_sealed_test: true"):
+    with pytest.raises(
+        ValueError,
+        match="variant 'a', stage 'apo': eval_split='test' evaluates the sealed test split.*allow_sealed_test: true",
+    ):
         plan(_cfg(eval_overrides={"eval_split": "test"}))
     asked = plan(_cfg(eval_overrides={"eval_split": "test"}, allow_sealed_test=True))
     assert len(asked) == 4
@@ -158,17 +174,28 @@ def test_a_variant_removes_keys_its_script_does_not_take(tmp_path):
     """ORPO has no loss_type: the variant's copy of the base recipe drops it, and the check passes."""
     from align.pipeline.ablation import check
 
-    cfg = _cfg(run_dir=str(tmp_path / "abl"), overrides={"loss_type": ["apo_zero"]}, variants=[
-        {"name": "apo", "baseline": True}, {"name": "orpo", "script": "orpo", "remove": ["loss_type",
-                                                                                        "precompute_ref_log_probs"]}])
+    cfg = _cfg(
+        run_dir=str(tmp_path / "abl"),
+        overrides={"loss_type": ["apo_zero"]},
+        variants=[
+            {"name": "apo", "baseline": True},
+            {"name": "orpo", "script": "orpo", "remove": ["loss_type", "precompute_ref_log_probs"]},
+        ],
+    )
     runs = plan(cfg)
     orpo = runs[1].pipeline["stages"][0]
     trimmed = yaml.safe_load(Path(orpo["recipe"]).read_text())
     assert "loss_type" not in trimmed and "loss_type" not in orpo["overrides"] and trimmed["beta"] == 0.1
     check(runs)
     with pytest.raises(ValueError, match="unknown key 'loss_type'"):
-        check(plan(_cfg(overrides={"loss_type": ["apo_zero"]}, variants=[{"name": "apo", "baseline": True},
-                                                                         {"name": "orpo", "script": "orpo"}])))
+        check(
+            plan(
+                _cfg(
+                    overrides={"loss_type": ["apo_zero"]},
+                    variants=[{"name": "apo", "baseline": True}, {"name": "orpo", "script": "orpo"}],
+                )
+            )
+        )
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "ablations").glob("*.yaml")), ids=lambda p: p.name)
@@ -184,8 +211,14 @@ def test_every_ablation_recipe_plans_and_every_run_config_checks(path):
 
 def _ablate(*args, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "ablate.py"), *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=kw.get("timeout", 300))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "ablate.py"), *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=kw.get("timeout", 300),
+    )
 
 
 def test_a_bad_override_is_named_before_any_run(tmp_path):
@@ -217,14 +250,37 @@ def micro(tmp_path_factory, tiny_model):
     data.mkdir()
     for name, rows in (("train", train), ("test", test)):
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    overrides = {"model_name_or_path": model, "dataset_name": str(data), "max_steps": 2, "per_device_train_batch_size": 8,
-                 "max_length": 128, "report_to": "none", "logging_steps": 1, "save_strategy": "steps", "save_steps": 1}
-    evals = {"suites": ["generative"], "gen_sets": ["tasks:8"], "modes": ["think"], "max_new_tokens": 8,
-             "rollout_backend": "hf"}
-    args = ["--overrides", yaml.safe_dump(overrides, default_flow_style=True).strip(), "--eval_overrides",
-            yaml.safe_dump(evals, default_flow_style=True).strip(), "--tracking", "none", "--max_minutes", "null",
-            "--variants", "[{name: apo_zero, baseline: true, overrides: {loss_type: [apo_zero]}}, {name: kto, script: "
-            "kto, recipe: recipes/tiny/kto.yaml}]"]
+    overrides = {
+        "model_name_or_path": model,
+        "dataset_name": str(data),
+        "max_steps": 2,
+        "per_device_train_batch_size": 8,
+        "max_length": 128,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": 1,
+    }
+    evals = {
+        "suites": ["generative"],
+        "gen_sets": ["tasks:8"],
+        "modes": ["think"],
+        "max_new_tokens": 8,
+        "rollout_backend": "hf",
+    }
+    args = [
+        "--overrides",
+        yaml.safe_dump(overrides, default_flow_style=True).strip(),
+        "--eval_overrides",
+        yaml.safe_dump(evals, default_flow_style=True).strip(),
+        "--tracking",
+        "none",
+        "--max_minutes",
+        "null",
+        "--variants",
+        "[{name: apo_zero, baseline: true, overrides: {loss_type: [apo_zero]}}, {name: kto, script: "
+        "kto, recipe: recipes/tiny/kto.yaml}]",
+    ]
     return {"root": root, "args": args}
 
 
@@ -288,9 +344,19 @@ def test_tiny_ablation_killed_mid_run_resumes_and_skips_finished_runs(micro):
     text = path.read_text()
     assert "#SBATCH --array=0-3\n" in text and "--requeue" in text and "--report_only true" in text
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-    task = subprocess.run(["bash", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**env, "SLURM_ARRAY_TASK_ID": "1", "SLURM_SUBMIT_DIR": str(ROOT),
-                               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
+    task = subprocess.run(
+        ["bash", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **env,
+            "SLURM_ARRAY_TASK_ID": "1",
+            "SLURM_SUBMIT_DIR": str(ROOT),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+    )
     assert task.returncode == 0, task.stdout[-2000:] + task.stderr[-2000:]
     assert "apo: skipped (finished earlier)" in task.stdout  # task 1 = kto at seed 0, already finished
     assert f'"{run_dir}/runs/kto-s0/pipeline.yaml"' in text.split("RUNS=(")[1].split(")")[0].split()[1]

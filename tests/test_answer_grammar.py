@@ -111,8 +111,14 @@ ATTACKS = [
     ("anchor", "box_then_phrase", M, "\\boxed{3}. The answer is 4.", "3", None),
     ("anchor", "phrase_then_box", M, "The answer is 4. So \\boxed{3}", "3", None),
     ("anchor", "gsm8k_beside_box", M, "\\boxed{3}\n#### 4", "3", None),
-    ("anchor", "minerva_beside_box", M,
-     "\\boxed{3}\nFinal Answer: The final answer is $4$. I hope it is correct.", "3", None),
+    (
+        "anchor",
+        "minerva_beside_box",
+        M,
+        "\\boxed{3}\nFinal Answer: The final answer is $4$. I hope it is correct.",
+        "3",
+        None,
+    ),
     ("anchor", "two_phrases", M, "The answer is 4. No, the answer is 3.", "3", None),
     ("anchor", "two_gsm8k", M, "#### 3\n#### 4", "3", None),
     ("anchor", "heading_beside_box", M, "\\boxed{3}\n### Final Answer\n4", "3", None),
@@ -129,8 +135,14 @@ ATTACKS = [
     ("interval", "reversed_interval", M, "\\boxed{(2, 1]}", "(1, 2]", None),
     ("interval", "other_brackets", M, "\\boxed{[1, 2)}", "(1, 2]", None),
     ("interval", "open_for_closed", M, "\\boxed{(1, 2)}", "[1, 2]", None),
-    ("interval", "union_reordered", M, "\\boxed{(5, \\infty) \\cup (-\\infty, 3)}", "(-\\infty, 3) \\cup (5, \\infty)",
-     None),
+    (
+        "interval",
+        "union_reordered",
+        M,
+        "\\boxed{(5, \\infty) \\cup (-\\infty, 3)}",
+        "(-\\infty, 3) \\cup (5, \\infty)",
+        None,
+    ),
     ("interval", "tuple_reversed", M, "\\boxed{(2, 1)}", "(1, 2)", None),
     ("interval", "list_for_interval", M, "\\boxed{1, 2}", "(1, 2]", None),
     ("interval", "wrong_inequality", M, "\\boxed{1 \\leq x < 2}", "(1, 2]", None),
@@ -164,14 +176,38 @@ ATTACKS = [
     ("choice", "two_letters_one_box", M, "\\boxed{B, C}", "B", None),
     ("choice", "letter_in_prose", M, "\\boxed{(B) is wrong}", "B", OPTIONS),
     # matrices: entries compared, whatever the environment
-    ("matrix", "wrong_entry", M, "\\boxed{\\begin{bmatrix} 1 & 2 \\\\ 3 & 5 \\end{bmatrix}}",
-     "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", None),
-    ("matrix", "transposed", M, "\\boxed{\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}}",
-     "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", None),
-    ("matrix", "row_for_column", M, "\\boxed{\\begin{pmatrix} 1 & 2 \\end{pmatrix}}",
-     "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", None),
-    ("matrix", "hedge_entry", M, "\\boxed{\\begin{pmatrix} 1 & \\text{maybe } 2 \\end{pmatrix}}",
-     "\\begin{pmatrix} 1 & 2 \\end{pmatrix}", None),
+    (
+        "matrix",
+        "wrong_entry",
+        M,
+        "\\boxed{\\begin{bmatrix} 1 & 2 \\\\ 3 & 5 \\end{bmatrix}}",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        None,
+    ),
+    (
+        "matrix",
+        "transposed",
+        M,
+        "\\boxed{\\begin{pmatrix} 1 & 3 \\\\ 2 & 4 \\end{pmatrix}}",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        None,
+    ),
+    (
+        "matrix",
+        "row_for_column",
+        M,
+        "\\boxed{\\begin{pmatrix} 1 & 2 \\end{pmatrix}}",
+        "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+        None,
+    ),
+    (
+        "matrix",
+        "hedge_entry",
+        M,
+        "\\boxed{\\begin{pmatrix} 1 & \\text{maybe } 2 \\end{pmatrix}}",
+        "\\begin{pmatrix} 1 & 2 \\end{pmatrix}",
+        None,
+    ),
     ("matrix", "tuple_for_matrix", M, "\\boxed{(1, 2)}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}", None),
     # inequalities
     ("inequality", "strict_for_closed", M, "\\boxed{x < 5}", "x \\leq 5", None),
@@ -274,10 +310,22 @@ HONEST = [
     # answer phrases
     ("anchor", "minerva", M, "Final Answer: The final answer is $3$. I hope it is correct.", "3", None),
     ("anchor", "minerva_no_sentence", M, "Final Answer: The final answer is $\\frac{1}{2}$.", "0.5", None),
-    ("anchor", "minerva_then_sentences", M,
-     "Final Answer: The final answer is $72$. I hope it is correct. Let me know if you need more.", "72", None),
-    ("anchor", "minerva_expression", M, "Final Answer: The final answer is $\\sqrt{2}$. I hope it is correct.",
-     "\\sqrt{2}", None),
+    (
+        "anchor",
+        "minerva_then_sentences",
+        M,
+        "Final Answer: The final answer is $72$. I hope it is correct. Let me know if you need more.",
+        "72",
+        None,
+    ),
+    (
+        "anchor",
+        "minerva_expression",
+        M,
+        "Final Answer: The final answer is $\\sqrt{2}$. I hope it is correct.",
+        "\\sqrt{2}",
+        None,
+    ),
     ("anchor", "gsm8k", M, "3 + 4 = 7 and 7 * 10 = 70, so 72.\n#### 72", "72", None),
     ("anchor", "gsm8k_thousands", M, "#### 1,080", "1080", None),
     ("anchor", "gsm8k_dollar", M, "#### $18", "18", None),
@@ -330,8 +378,14 @@ HONEST = [
     ("pm", "for_set", M, "\\boxed{1 \\pm \\sqrt{2}}", "\\{1-\\sqrt{2}, 1+\\sqrt{2}\\}", None),
     ("pm", "integer_for_set", M, "\\boxed{\\pm 3}", "\\{-3, 3\\}", None),
     ("pm", "assignment", M, "\\boxed{x = \\pm 3}", "\\{3, -3\\}", None),
-    ("pm", "in_fraction", M, "\\boxed{\\frac{-1 \\pm \\sqrt{5}}{2}}",
-     "\\frac{-1+\\sqrt{5}}{2}, \\frac{-1-\\sqrt{5}}{2}", None),
+    (
+        "pm",
+        "in_fraction",
+        M,
+        "\\boxed{\\frac{-1 \\pm \\sqrt{5}}{2}}",
+        "\\frac{-1+\\sqrt{5}}{2}, \\frac{-1-\\sqrt{5}}{2}",
+        None,
+    ),
     ("pm", "list_for_pm_gold", M, "\\boxed{2, -2}", "\\pm 2", None),
     # lettered choices
     ("choice", "letter", M, "\\boxed{B}", "B", None),
@@ -349,8 +403,14 @@ HONEST = [
     ("choice", "gold_in_text", M, "\\boxed{C}", "\\text{(C)}", None),
     # typography is not content
     ("typography", "displaystyle", M, "\\boxed{\\displaystyle \\frac{1}{2}}", "\\frac{1}{2}", None),
-    ("typography", "displaystyle_expression", M, "\\boxed{\\displaystyle \\frac{\\sqrt{3}}{2}}",
-     "\\frac{\\sqrt{3}}{2}", None),
+    (
+        "typography",
+        "displaystyle_expression",
+        M,
+        "\\boxed{\\displaystyle \\frac{\\sqrt{3}}{2}}",
+        "\\frac{\\sqrt{3}}{2}",
+        None,
+    ),
     ("typography", "cfrac", M, "\\boxed{\\cfrac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", None),
     ("typography", "cfrac_number", M, "\\boxed{\\cfrac{3}{4}}", "0.75", None),
     ("typography", "textnormal", M, "\\boxed{\\textnormal{Evelyn}}", "\\text{Evelyn}", None),
@@ -370,16 +430,46 @@ HONEST = [
     ("typography", "underlined", M, "\\boxed{\\underline{42}}", "42", None),
     ("typography", "ell", M, "\\boxed{2\\ell}", "2\\ell", None),
     # matrices in any environment
-    ("matrix", "bmatrix_for_pmatrix", M, "\\boxed{\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}}",
-     "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", None),
-    ("matrix", "matrix_for_bmatrix", M, "\\boxed{\\begin{matrix} 1 & 2 \\\\ 3 & 4 \\end{matrix}}",
-     "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}", None),
-    ("matrix", "array_in_parentheses", M, "\\boxed{\\left(\\begin{array}{cc} 1 & 2 \\\\ 3 & 4 \\end{array}\\right)}",
-     "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", None),
-    ("matrix", "column_vector", M, "\\boxed{\\begin{bmatrix} \\frac{1}{2} \\\\ -3 \\end{bmatrix}}",
-     "\\begin{pmatrix} 0.5 \\\\ -3 \\end{pmatrix}", None),
-    ("matrix", "expression_entries", M, "\\boxed{\\begin{Bmatrix} \\sqrt{2} & 0 \\\\ 0 & x \\end{Bmatrix}}",
-     "\\begin{pmatrix} \\sqrt{2} & 0 \\\\ 0 & x \\end{pmatrix}", None),
+    (
+        "matrix",
+        "bmatrix_for_pmatrix",
+        M,
+        "\\boxed{\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}}",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        None,
+    ),
+    (
+        "matrix",
+        "matrix_for_bmatrix",
+        M,
+        "\\boxed{\\begin{matrix} 1 & 2 \\\\ 3 & 4 \\end{matrix}}",
+        "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}",
+        None,
+    ),
+    (
+        "matrix",
+        "array_in_parentheses",
+        M,
+        "\\boxed{\\left(\\begin{array}{cc} 1 & 2 \\\\ 3 & 4 \\end{array}\\right)}",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        None,
+    ),
+    (
+        "matrix",
+        "column_vector",
+        M,
+        "\\boxed{\\begin{bmatrix} \\frac{1}{2} \\\\ -3 \\end{bmatrix}}",
+        "\\begin{pmatrix} 0.5 \\\\ -3 \\end{pmatrix}",
+        None,
+    ),
+    (
+        "matrix",
+        "expression_entries",
+        M,
+        "\\boxed{\\begin{Bmatrix} \\sqrt{2} & 0 \\\\ 0 & x \\end{Bmatrix}}",
+        "\\begin{pmatrix} \\sqrt{2} & 0 \\\\ 0 & x \\end{pmatrix}",
+        None,
+    ),
     # inequalities in any spelling and direction
     ("inequality", "geq_for_ascii", M, "\\boxed{x \\geq 5}", "x >= 5", None),
     ("inequality", "ascii_for_geq", M, "\\boxed{x >= 5}", "x \\geq 5", None),
@@ -422,8 +512,20 @@ def test_honest_form_scores_one(case):
 def test_every_class_has_attacks_and_honest_forms():
     attack_classes = {c[0] for c in ATTACKS}
     honest_classes = {c[0] for c in HONEST}
-    for name in ("percent", "unit", "equation", "box", "anchor", "interval", "choice", "matrix", "inequality", "list",
-                 "typography", "pm"):
+    for name in (
+        "percent",
+        "unit",
+        "equation",
+        "box",
+        "anchor",
+        "interval",
+        "choice",
+        "matrix",
+        "inequality",
+        "list",
+        "typography",
+        "pm",
+    ):
         assert name in attack_classes and name in honest_classes, name
     for cases in (ATTACKS, HONEST):
         assert len({(c[0], c[1]) for c in cases}) == len(cases)
@@ -551,9 +653,12 @@ def test_the_extractor_is_linear_on_1_mb(shape, monkeypatch):
 def test_the_answer_rewards_are_bounded_on_1_mb(shape):
     text = SHAPES[shape]
     start = time.perf_counter()
-    scores = [math_reward([text], answer=["3"])[0], math_reward([text], answer=["B"])[0],
-              math_reward([text], answer=["3"], last_number_fallback=True)[0],
-              exact_match_reward([text], answer=["3"])[0]]
+    scores = [
+        math_reward([text], answer=["3"])[0],
+        math_reward([text], answer=["B"])[0],
+        math_reward([text], answer=["3"], last_number_fallback=True)[0],
+        exact_match_reward([text], answer=["3"])[0],
+    ]
     assert all(s in (0.0, 1.0) for s in scores) and time.perf_counter() - start < 4 * BOUND_S
 
 

@@ -36,10 +36,15 @@ def model_dir(tmp_path_factory):
 
 def test_kept_rows_are_finished_answers_in_sft_shape(model_dir, tmp_path, monkeypatch):
     engines = []
-    monkeypatch.setattr(answers, "get_engine", lambda model, backend, tokenizer: engines.append(FakeEngine(tokenizer))
-                        or engines[-1])
-    cfg = AnswerDataConfig(model=model_dir, output_dir=str(tmp_path / "replay"), seed=3,
-                           sources=[{"id": "builtin:tasks", "template": "Q: {prompt}", "num": 5, "args": {"num": 40}}])
+    monkeypatch.setattr(
+        answers, "get_engine", lambda model, backend, tokenizer: engines.append(FakeEngine(tokenizer)) or engines[-1]
+    )
+    cfg = AnswerDataConfig(
+        model=model_dir,
+        output_dir=str(tmp_path / "replay"),
+        seed=3,
+        sources=[{"id": "builtin:tasks", "template": "Q: {prompt}", "num": 5, "args": {"num": 40}}],
+    )
     card = generate_answers(cfg)
     rows = [json.loads(line) for line in (tmp_path / "replay" / "train.jsonl").read_text().splitlines()]
     assert card["prompts"] == 5 and card["kept"] == 3 == len(rows)
@@ -71,13 +76,19 @@ def test_a_template_naming_a_missing_column_says_which():
         prompts_of(cfg)
 
 
-def test_think_template_adds_a_think_row_per_training_answer_whose_block_closes_before_it(model_dir, tmp_path,
-                                                                                            monkeypatch):
+def test_think_template_adds_a_think_row_per_training_answer_whose_block_closes_before_it(
+    model_dir, tmp_path, monkeypatch
+):
 
     monkeypatch.setattr(answers, "get_engine", lambda model, backend, tokenizer: FakeEngine(tokenizer))
-    cfg = AnswerDataConfig(model=model_dir, output_dir=str(tmp_path / "replay"), seed=3, num_test=1,
-                           think_template="The user asks: {prompt}\nNo single right answer: I answer it plainly.",
-                           sources=[{"id": "builtin:tasks", "template": "Q: {prompt}", "num": 5, "args": {"num": 40}}])
+    cfg = AnswerDataConfig(
+        model=model_dir,
+        output_dir=str(tmp_path / "replay"),
+        seed=3,
+        num_test=1,
+        think_template="The user asks: {prompt}\nNo single right answer: I answer it plainly.",
+        sources=[{"id": "builtin:tasks", "template": "Q: {prompt}", "num": 5, "args": {"num": 40}}],
+    )
     card = generate_answers(cfg)
     rows = [json.loads(line) for line in (tmp_path / "replay" / "train.jsonl").read_text().splitlines()]
     held = [json.loads(line) for line in (tmp_path / "replay" / "heldout.jsonl").read_text().splitlines()]
@@ -87,7 +98,9 @@ def test_think_template_adds_a_think_row_per_training_answer_whose_block_closes_
     for p, t in zip(plain, think):
         assert t["messages"][0] == {"role": "system", "content": "/think"} and t["messages"][1] == p["messages"][1]
         answer = t["messages"][2]["content"]
-        assert answer == (f"<think>\nThe user asks: {p['messages'][1]['content']}\nNo single right answer: I answer "
-                          f"it plainly.\n</think>\n{p['messages'][2]['content']}")
+        assert answer == (
+            f"<think>\nThe user asks: {p['messages'][1]['content']}\nNo single right answer: I answer "
+            f"it plainly.\n</think>\n{p['messages'][2]['content']}"
+        )
     with pytest.raises(ValueError, match="only field is"):
         AnswerDataConfig(model="m", think_template="About {title}")

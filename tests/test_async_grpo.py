@@ -1,5 +1,5 @@
-"""align/grpo/async_generation.py + align/rollout/worker.py: asynchronous GRPO on a tiny random model — the engine in its own
-process samples what the trainer's own engine samples, `max_staleness: 0` trains as synchronous GRPO, the
+"""align/grpo/async_generation.py + align/rollout/worker.py: asynchronous GRPO on a tiny random model — the engine in
+its own process samples what the trainer's own engine samples, `max_staleness: 0` trains as synchronous GRPO, the
 staleness bound holds when the engine runs ahead, importance ratios are 1 when engine and trainer agree, and the
 settings it cannot run with are one-line errors."""
 
@@ -62,8 +62,9 @@ class HalfFlat(Recorder):
 
     def __call__(self, completions, prompts, **kwargs):
         self.seen.append([c[0]["content"] for c in completions])
-        return [0.0 if len(p[-1]["content"]) % 2 == 0 else len(c[0]["content"]) / 10
-                for p, c in zip(prompts, completions)]
+        return [
+            0.0 if len(p[-1]["content"]) % 2 == 0 else len(c[0]["content"]) / 10 for p, c in zip(prompts, completions)
+        ]
 
 
 class LocalServer:
@@ -82,8 +83,11 @@ class LocalServer:
         try:
             version = self.version
             time.sleep(self.generate_s)
-            groups = self.inner.generate(prompts, params) if self.inner is not None else [
-                [get_rollout(p, version) for _ in range(params.n)] for p in prompts]
+            groups = (
+                self.inner.generate(prompts, params)
+                if self.inner is not None
+                else [[get_rollout(p, version) for _ in range(params.n)] for p in prompts]
+            )
             assert self.version == version, "the weights changed under a generation"
             for group in groups:
                 for r in group:
@@ -148,8 +152,10 @@ def test_server_jobs_never_see_a_push_and_name_the_version_the_server_held():
             jobs = []
             for step in range(6):
                 sampler.push(model, version=step)
-                jobs += [(step, sampler.engine.submit([[1, 2]] * 2, SamplingParams(n=2), min_version=max(0, step - 1)))
-                         for _ in range(2)]
+                jobs += [
+                    (step, sampler.engine.submit([[1, 2]] * 2, SamplingParams(n=2), min_version=max(0, step - 1)))
+                    for _ in range(2)
+                ]
                 while jobs and jobs[0][0] <= step - 1:  # the batches of the step before: trained now
                     s, job = jobs.pop(0)
                     groups, info = sampler.engine.result(job, timeout_s=30)
@@ -186,26 +192,63 @@ def test_async_grpo_on_a_server_with_max_staleness_0_trains_as_synchronous_grpo(
     assert all(0 <= e["staleness"] <= 1 for e in ahead.async_log) and len(ahead.async_log) == 4
 
 
-def _run(tiny, tmp_path, *, asynchronous: bool, max_staleness: int = 1, steps: int = 4, slow_step_s: float = 0.0,
-         reward: Recorder | None = None, server: bool = False, **kw):
+def _run(
+    tiny,
+    tmp_path,
+    *,
+    asynchronous: bool,
+    max_staleness: int = 1,
+    steps: int = 4,
+    slow_step_s: float = 0.0,
+    reward: Recorder | None = None,
+    server: bool = False,
+    **kw,
+):
     kw = {"bf16": False, **kw}
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=12, learning_rate=5e-2, logging_steps=1, save_strategy="no",
-                      report_to="none", seed=0, lr_scheduler_type="constant", temperature=1.0,
-                      async_generation=asynchronous, max_staleness=max_staleness, **kw)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        learning_rate=5e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        lr_scheduler_type="constant",
+        temperature=1.0,
+        async_generation=asynchronous,
+        max_staleness=max_staleness,
+        **kw,
+    )
     torch.manual_seed(0)
     model = load_model(tiny["model"], dtype="float32")
     reward = reward or Recorder()
     engine = None if asynchronous else get_engine(model, backend="hf")
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args,
-                          train_dataset=prepare_prompts(_rows(), None), processing_class=tiny["tokenizer"],
-                          engine=engine)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=prepare_prompts(_rows(), None),
+        processing_class=tiny["tokenizer"],
+        engine=engine,
+    )
     if server:
         trainer.sampler = Sampler(ServerWorker(LocalServer(tiny["model"])), trainer.accelerator, seed=0)
     elif asynchronous:
-        trainer.sampler = build_sampler("hf", {}, model, tiny["model"], tiny["tokenizer"], trainer.accelerator,
-                                        seed=0, logprobs_kind="sampling", own_process=True,
-                                        threads=torch.get_num_threads())
+        trainer.sampler = build_sampler(
+            "hf",
+            {},
+            model,
+            tiny["model"],
+            tiny["tokenizer"],
+            trainer.accelerator,
+            seed=0,
+            logprobs_kind="sampling",
+            own_process=True,
+            threads=torch.get_num_threads(),
+        )
     if slow_step_s:
         step = trainer.training_step
 
@@ -307,8 +350,17 @@ def test_dynamic_sampling_refills_through_the_engine_process_within_max_stalenes
     """Groups with no reward variance are dropped and refilled from fresh prompts: round 1 is the batch generated
     ahead, each refill round is generated by the engine process at the step it is needed, within the bound."""
     reward = HalfFlat()
-    trainer, _ = _run(tiny, tmp_path, asynchronous=True, max_staleness=1, steps=4, reward=reward,
-                      dynamic_sampling=True, dynamic_sampling_max_rounds=3, slow_step_s=0.2)
+    trainer, _ = _run(
+        tiny,
+        tmp_path,
+        asynchronous=True,
+        max_staleness=1,
+        steps=4,
+        reward=reward,
+        dynamic_sampling=True,
+        dynamic_sampling_max_rounds=3,
+        slow_step_s=0.2,
+    )
     rounds = _logged(trainer, "dynamic_sampling/rounds")
     assert len(rounds) == 4 and max(rounds) > 1  # refills happened
     assert len(reward.seen) == sum(rounds)  # every round was scored: the first from ahead, the refills now
@@ -332,9 +384,12 @@ def _pushes(sync_every: int, max_staleness: int, steps: int = 12, refill_at: tup
     from align.grpo.async_generation import AsyncGeneration
 
     pushed = []
-    trainer = types.SimpleNamespace(args=types.SimpleNamespace(sync_every=sync_every, max_staleness=max_staleness),
-                                    state=types.SimpleNamespace(global_step=0), _async_published=-1,
-                                    _async_jobs=deque())
+    trainer = types.SimpleNamespace(
+        args=types.SimpleNamespace(sync_every=sync_every, max_staleness=max_staleness),
+        state=types.SimpleNamespace(global_step=0),
+        _async_published=-1,
+        _async_jobs=deque(),
+    )
     trainer.sync_engine = lambda: pushed.append(trainer.state.global_step)
     for step in range(steps):
         trainer.state.global_step = step
@@ -348,14 +403,17 @@ def _pushes(sync_every: int, max_staleness: int, steps: int = 12, refill_at: tup
     return pushed
 
 
-@pytest.mark.parametrize("sync_every, max_staleness, expected", [
-    (1, 1, list(range(12))),
-    (2, 1, [0, 2, 4, 6, 8, 10]),
-    (4, 1, [0, 2, 4, 6, 8, 10]),   # above k + 1: the bound pushes every k + 1 steps
-    (2, 3, [0, 2, 4, 6, 8, 10]),
-    (4, 3, [0, 4, 8]),
-    (4, 0, list(range(12))),       # no lag allowed: every step's batch needs that step's weights
-])
+@pytest.mark.parametrize(
+    "sync_every, max_staleness, expected",
+    [
+        (1, 1, list(range(12))),
+        (2, 1, [0, 2, 4, 6, 8, 10]),
+        (4, 1, [0, 2, 4, 6, 8, 10]),  # above k + 1: the bound pushes every k + 1 steps
+        (2, 3, [0, 2, 4, 6, 8, 10]),
+        (4, 3, [0, 4, 8]),
+        (4, 0, list(range(12))),  # no lag allowed: every step's batch needs that step's weights
+    ],
+)
 def test_sync_every_skips_pushes_within_the_staleness_bound(sync_every, max_staleness, expected):
     assert _pushes(sync_every, max_staleness) == expected
 
@@ -375,17 +433,26 @@ def test_sync_every_2_pushes_every_other_step_and_the_engine_keeps_the_bound(tin
     assert {e["version"] for e in trainer.async_log} <= {0, 2}  # only pushed weights sample
 
 
-@pytest.mark.parametrize("knob, message", [
-    ({"rollout_backend": "trl"}, "its own process or on a server"),
-    ({"max_staleness": -1}, "max_staleness"),
-    ({"sync_every": 0}, "sync_every"),
-    ({"vllm_importance_sampling_correction": False}, "vllm_importance_sampling_correction"),
-    ({"num_iterations": 2}, "num_iterations"),
-])
+@pytest.mark.parametrize(
+    "knob, message",
+    [
+        ({"rollout_backend": "trl"}, "its own process or on a server"),
+        ({"max_staleness": -1}, "max_staleness"),
+        ({"sync_every": 0}, "sync_every"),
+        ({"vllm_importance_sampling_correction": False}, "vllm_importance_sampling_correction"),
+        ({"num_iterations": 2}, "num_iterations"),
+    ],
+)
 def test_settings_async_generation_cannot_run_with_are_one_line_errors(tmp_path, knob, message):
     with pytest.raises(ValueError, match=message) as err:
-        GRPOConfig(output_dir=str(tmp_path), async_generation=True, report_to="none", per_device_train_batch_size=8,
-                   num_generations=4, **knob)
+        GRPOConfig(
+            output_dir=str(tmp_path),
+            async_generation=True,
+            report_to="none",
+            per_device_train_batch_size=8,
+            num_generations=4,
+            **knob,
+        )
     assert "\n" not in str(err.value)
 
 
@@ -396,15 +463,25 @@ def test_build_sampler_puts_a_vllm_server_behind_asynchronous_jobs(tiny):
 
     model = load_model(tiny["model"], dtype="float32")
     with stub_vllm_server(lambda prompt, k, max_tokens: [len(prompt), k]) as url:
-        sampler = build_sampler("vllm-server", {"base_url": url, "timeout": 5}, model, tiny["model"],
-                                tiny["tokenizer"], None, own_process=True, logprobs_kind="sampling")
+        sampler = build_sampler(
+            "vllm-server",
+            {"base_url": url, "timeout": 5},
+            model,
+            tiny["model"],
+            tiny["tokenizer"],
+            None,
+            own_process=True,
+            logprobs_kind="sampling",
+        )
         worker = sampler.engine
         assert isinstance(worker, ServerWorker) and worker.logprobs_kind == "sampling"
         worker.update_weights(iter(()), version=0, send=False)  # a rank that does not send only publishes
         job = worker.submit([[5, 6, 7], [8]], SamplingParams(n=2, max_new_tokens=4, logprobs=False), min_version=0)
         groups, info = worker.result(job, timeout_s=30)
-        assert info["version"] == 0 and [[r.completion_ids for r in g] for g in groups] == [[[3, 0], [3, 1]],
-                                                                                         [[1, 0], [1, 1]]]
+        assert info["version"] == 0 and [[r.completion_ids for r in g] for g in groups] == [
+            [[3, 0], [3, 1]],
+            [[1, 0], [1, 1]],
+        ]
         with pytest.raises(RuntimeError, match="NCCL"):
             worker.update_weights(model.named_parameters(), version=1)
         sampler.close()

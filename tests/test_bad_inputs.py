@@ -54,8 +54,11 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
 
 
 def _pair(q: str, good: str, bad: str) -> dict:
-    return {"prompt": [{"role": "user", "content": q}], "chosen": [{"role": "assistant", "content": good}],
-            "rejected": [{"role": "assistant", "content": bad}]}
+    return {
+        "prompt": [{"role": "user", "content": q}],
+        "chosen": [{"role": "assistant", "content": good}],
+        "rejected": [{"role": "assistant", "content": bad}],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +72,41 @@ def world(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("bad_inputs")
     tasks = make_tasks(["arithmetic", "compare", "count_items"], num=32, split="train", seed=0)
-    pairs = [{"prompt": prompt_messages(r, "no_think"),
-              "chosen": [{"role": "assistant", "content": assistant_text(r, "no_think")}],
-              "rejected": [{"role": "assistant", "content": "I am not sure."}]} for r in tasks]
+    pairs = [
+        {
+            "prompt": prompt_messages(r, "no_think"),
+            "chosen": [{"role": "assistant", "content": assistant_text(r, "no_think")}],
+            "rejected": [{"role": "assistant", "content": "I am not sure."}],
+        }
+        for r in tasks
+    ]
     texts = [m["content"] for p in pairs for m in p["prompt"] + p["chosen"] + p["rejected"]]
     tok = train_tokenizer(texts * 4, vocab_size=300)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
     _jsonl(root / "pairs" / "train.jsonl", pairs)
     prompts = [{k: r[k] for k in ("prompt", "answer", "family", "reward")} for r in tasks]
     _jsonl(root / "prompts" / "train.jsonl", prompts)
-    return {"model": str(root / "model"), "pairs": str(root / "pairs"), "prompts": str(root / "prompts"),
-            "pair_rows": pairs, "prompt_rows": prompts}
+    return {
+        "model": str(root / "model"),
+        "pairs": str(root / "pairs"),
+        "prompts": str(root / "prompts"),
+        "pair_rows": pairs,
+        "prompt_rows": prompts,
+    }
 
 
 def _checkpoint(out: Path, world, complete: bool, optimizer: bytes | None = None, foreign: bool = False) -> None:
@@ -93,8 +115,11 @@ def _checkpoint(out: Path, world, complete: bool, optimizer: bytes | None = None
 
     ckpt = out / "checkpoint-2"
     ckpt.mkdir(parents=True)
-    state = {k: v.contiguous() for k, v in AutoModelForCausalLM.from_pretrained(world["model"]).state_dict().items()
-             if k != "lm_head.weight"}
+    state = {
+        k: v.contiguous()
+        for k, v in AutoModelForCausalLM.from_pretrained(world["model"]).state_dict().items()
+        if k != "lm_head.weight"
+    }
     if foreign:
         state["model.embed_tokens.weight"] = torch.zeros(7, 5)
     save_file(state, ckpt / "model.safetensors")
@@ -106,27 +131,34 @@ def _checkpoint(out: Path, world, complete: bool, optimizer: bytes | None = None
 
 
 def _sorted_pairs(world, d: Path, out: Path):
-    rows = [_pair(f"What is {k} + {k}?", f"The answer is \\boxed{{{2 * k}}}." + " Indeed so." * k, "No.")
-            for k in range(40)]
+    rows = [
+        _pair(f"What is {k} + {k}?", f"The answer is \\boxed{{{2 * k}}}." + " Indeed so." * k, "No.")
+        for k in range(40)
+    ]
     return _jsonl(d / "sorted.jsonl", rows)  # the k-th row is k phrases long: ordered by length
 
 
 SETUPS = {
     "empty_dir": lambda w, d, out: (d / "empty_dir").mkdir(),
     "empty_jsonl": lambda w, d, out: (d / "empty.jsonl").write_text(""),
-    "sft_rows": lambda w, d, out: _jsonl(d / "sft.jsonl", [
-        {"messages": p["prompt"] + p["chosen"]} for p in w["pair_rows"]]),
-    "identical_pairs": lambda w, d, out: _jsonl(d / "identical.jsonl", [
-        {**p, "rejected": p["chosen"]} for p in w["pair_rows"]]),
-    "mistyped_pairs": lambda w, d, out: _jsonl(d / "mistyped.jsonl", [
-        {**p, "chosen": 5} for p in w["pair_rows"]]),
-    "no_assistant": lambda w, d, out: _jsonl(d / "no_assistant.jsonl", [
-        {**p, "chosen": [{**p["chosen"][0], "role": "user"}], "rejected": [{**p["rejected"][0], "role": "user"}]}
-        for p in w["pair_rows"]]),
-    "no_answer": lambda w, d, out: _jsonl(d / "no_answer.jsonl", [
-        {"prompt": r["prompt"]} for r in w["prompt_rows"]]),
-    "always_one": lambda w, d, out: _jsonl(d / "always_one.jsonl", [
-        {**r, "reward": "always_one_reward"} for r in w["prompt_rows"]]),
+    "sft_rows": lambda w, d, out: _jsonl(
+        d / "sft.jsonl", [{"messages": p["prompt"] + p["chosen"]} for p in w["pair_rows"]]
+    ),
+    "identical_pairs": lambda w, d, out: _jsonl(
+        d / "identical.jsonl", [{**p, "rejected": p["chosen"]} for p in w["pair_rows"]]
+    ),
+    "mistyped_pairs": lambda w, d, out: _jsonl(d / "mistyped.jsonl", [{**p, "chosen": 5} for p in w["pair_rows"]]),
+    "no_assistant": lambda w, d, out: _jsonl(
+        d / "no_assistant.jsonl",
+        [
+            {**p, "chosen": [{**p["chosen"][0], "role": "user"}], "rejected": [{**p["rejected"][0], "role": "user"}]}
+            for p in w["pair_rows"]
+        ],
+    ),
+    "no_answer": lambda w, d, out: _jsonl(d / "no_answer.jsonl", [{"prompt": r["prompt"]} for r in w["prompt_rows"]]),
+    "always_one": lambda w, d, out: _jsonl(
+        d / "always_one.jsonl", [{**r, "reward": "always_one_reward"} for r in w["prompt_rows"]]
+    ),
     "output_file": lambda w, d, out: (d / "a_file").write_text("not a directory"),
     "full_disk": lambda w, d, out: None,  # in-process: shutil.disk_usage reports 1 kB free (see the test)
     "partial_checkpoint": lambda w, d, out: _checkpoint(out, w, complete=False),
@@ -155,8 +187,14 @@ def _materialize(name: str, world, tmp_path: Path) -> tuple[dict, str, Path]:
     if meta["setup"]:
         SETUPS[meta["setup"]](world, scratch, out)
     text = (FIXTURES / f"{name}.yaml").read_text()
-    for key, value in {"model": world["model"], "pairs": world["pairs"], "prompts": world["prompts"],
-                       "out": str(out), "dir": str(scratch), "fixtures": str(FIXTURES)}.items():
+    for key, value in {
+        "model": world["model"],
+        "pairs": world["pairs"],
+        "prompts": world["prompts"],
+        "out": str(out),
+        "dir": str(scratch),
+        "fixtures": str(FIXTURES),
+    }.items():
         text = text.replace("{" + key + "}", value)
     recipe = tmp_path / f"{name}.yaml"
     recipe.write_text(text)
@@ -224,8 +262,14 @@ def test_bad_input_through_the_script(name, world, tmp_path):
     meta, recipe, out = _materialize(name, world, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("SMOLALIGN_DEBUG", None)
-    proc = subprocess.run([sys.executable, f"scripts/{meta['stage']}.py", recipe, *shlex.split(meta["args"])],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, f"scripts/{meta['stage']}.py", recipe, *shlex.split(meta["args"])],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     _check(meta, proc.returncode, proc.stderr, out, name)
 
 
@@ -243,13 +287,16 @@ def _valid_recipe(stage: str, world, tmp_path: Path) -> tuple[str, Path]:
     name = {"dpo": "unknown_key", "grpo": "misspelled_dataset_key"}[stage]
     _, recipe, out = _materialize(name, world, tmp_path)
     text = Path(recipe).read_text()
-    Path(recipe).write_text("\n".join(line for line in text.splitlines()
-                                      if not line.startswith(("learnin_rate", "datset_name"))) + "\n")
+    Path(recipe).write_text(
+        "\n".join(line for line in text.splitlines() if not line.startswith(("learnin_rate", "datset_name"))) + "\n"
+    )
     return recipe, out
 
 
-PASSED = (r"preflight passed for stage '{}': output_dir, resume, tokenizer, chat_template, known_answer, data_order, "
-          r"weights, seeds \(1 rank")
+PASSED = (
+    r"preflight passed for stage '{}': output_dir, resume, tokenizer, chat_template, known_answer, data_order, "
+    r"weights, seeds \(1 rank"
+)
 
 
 @pytest.mark.parametrize("stage", ["dpo", "grpo"])
@@ -272,8 +319,14 @@ def test_valid_recipes_pass_the_preflight(stage, world, tmp_path, capsys, monkey
 def test_scripts_preflight_runs_the_stage_named_in_the_header(world, tmp_path):
     recipe, out = _valid_recipe("dpo", world, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "scripts/preflight.py", recipe], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "scripts/preflight.py", recipe],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(PASSED.format("dpo"), proc.stdout)
     assert not (out / "model.safetensors").exists() and latest_checkpoint(out) is None

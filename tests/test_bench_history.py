@@ -29,24 +29,65 @@ CEILING = "rollout: fp32-ceiling/hf-generate tokens-per-s ratio"
 NO_RATIO = dict(name=None, unit=None, ratio=None, target=None, spread=None, num_ratios=None)
 
 
-@pytest.mark.parametrize("line, expected", [
-    (f"{TRL} 1.75 (target >= 1.5) [spread 4.0% of 3 ratios]",
-     dict(suite="sft", name="ours/trl-default", unit="non-pad-tokens-per-s", ratio=1.75, target=1.5,
-          spread=0.04, num_ratios=3)),
-    ("grpo_padding: ours/padded tokens-per-s ratio 1.48 (target >= 1.3) [spread 2.5% of 4 ratios] "
-     "[same loss to 1.0e-07; 2698 real of 4136 padded tokens]",
-     dict(suite="grpo_padding", name="ours/padded", unit="tokens-per-s", ratio=1.48, target=1.3,
-          spread=0.025, num_ratios=4)),
-    (f"{MEMORY} 4.52 (target >= 2) [grads equal to 6.0e-08]",
-     dict(suite="distill_memory", name="ours/whole", unit="peak-MiB", ratio=4.52, target=2.0,
-          spread=None, num_ratios=None)),
-    (f"{CEILING} 3.36 (GEMMs + KV-cache reads only: no exact fp32 engine on this machine passes it)",
-     dict(suite="rollout", name="fp32-ceiling/hf-generate", unit="tokens-per-s", ratio=3.36,
-          target=None, spread=None, num_ratios=None)),
-    ("sft: padding ours 1.2% vs trl-default 30.1% (target < 5%)", dict(suite="sft", **NO_RATIO)),
-    ("grpo_async: async (split cores) / sync (all cores) s-per-step speedup 0.95 (no target: 2 cores)",
-     dict(suite="grpo_async", **NO_RATIO)),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        (
+            f"{TRL} 1.75 (target >= 1.5) [spread 4.0% of 3 ratios]",
+            dict(
+                suite="sft",
+                name="ours/trl-default",
+                unit="non-pad-tokens-per-s",
+                ratio=1.75,
+                target=1.5,
+                spread=0.04,
+                num_ratios=3,
+            ),
+        ),
+        (
+            "grpo_padding: ours/padded tokens-per-s ratio 1.48 (target >= 1.3) [spread 2.5% of 4 ratios] "
+            "[same loss to 1.0e-07; 2698 real of 4136 padded tokens]",
+            dict(
+                suite="grpo_padding",
+                name="ours/padded",
+                unit="tokens-per-s",
+                ratio=1.48,
+                target=1.3,
+                spread=0.025,
+                num_ratios=4,
+            ),
+        ),
+        (
+            f"{MEMORY} 4.52 (target >= 2) [grads equal to 6.0e-08]",
+            dict(
+                suite="distill_memory",
+                name="ours/whole",
+                unit="peak-MiB",
+                ratio=4.52,
+                target=2.0,
+                spread=None,
+                num_ratios=None,
+            ),
+        ),
+        (
+            f"{CEILING} 3.36 (GEMMs + KV-cache reads only: no exact fp32 engine on this machine passes it)",
+            dict(
+                suite="rollout",
+                name="fp32-ceiling/hf-generate",
+                unit="tokens-per-s",
+                ratio=3.36,
+                target=None,
+                spread=None,
+                num_ratios=None,
+            ),
+        ),
+        ("sft: padding ours 1.2% vs trl-default 30.1% (target < 5%)", dict(suite="sft", **NO_RATIO)),
+        (
+            "grpo_async: async (split cores) / sync (all cores) s-per-step speedup 0.95 (no target: 2 cores)",
+            dict(suite="grpo_async", **NO_RATIO),
+        ),
+    ],
+)
 def test_parse_summary(line, expected):
     assert history.parse_summary(line) == expected
 
@@ -54,8 +95,7 @@ def test_parse_summary(line, expected):
 def test_summary_line_carries_the_spread_of_its_ratios_and_parses_back():
     assert common.relative_spread([1.7]) is None and common.relative_spread([]) is None
     assert common.relative_spread([1.8, 1.7, 1.75]) == pytest.approx(0.1 / 1.75)
-    line = common.summary_line("sft", "ours/plain-loop", "non-pad-tokens-per-s", 0.82, 0.9,
-                               [0.80, 0.82, 0.85])
+    line = common.summary_line("sft", "ours/plain-loop", "non-pad-tokens-per-s", 0.82, 0.9, [0.80, 0.82, 0.85])
     assert line == f"{PLAIN} 0.82 (target >= 0.9) [spread 6.1% of 3 ratios]"
     assert history.parse_summary(line)["spread"] == 0.061
     # one measurement: no spread to state, the line keeps its plain shape
@@ -63,12 +103,29 @@ def test_summary_line_carries_the_spread_of_its_ratios_and_parses_back():
     assert one == f"{TINY} 1.37 (target >= 1.5)"
 
 
-def _run(run: str, commit: str, lines: list[str], cpu: str = AMD, quick: bool = False,
-         load: dict = IDLE, invocation: str = "all", suites: list[str] | None = None) -> list[dict]:
+def _run(
+    run: str,
+    commit: str,
+    lines: list[str],
+    cpu: str = AMD,
+    quick: bool = False,
+    load: dict = IDLE,
+    invocation: str = "all",
+    suites: list[str] | None = None,
+) -> list[dict]:
     """The entries one planted run appends (no git, no clock: a fixed context)."""
     suites = suites if suites is not None else sorted({line.split(":")[0] for line in lines})
-    context = dict(run=run, invocation=invocation, run_suites=suites, quick=quick, commit=commit,
-                   dirty=False, cpu=cpu, cores=2, date=f"2026-01-0{run[-1]}T10:00:00+0000")
+    context = dict(
+        run=run,
+        invocation=invocation,
+        run_suites=suites,
+        quick=quick,
+        commit=commit,
+        dirty=False,
+        cpu=cpu,
+        cores=2,
+        date=f"2026-01-0{run[-1]}T10:00:00+0000",
+    )
     return history.entries(context, lines, load)
 
 
@@ -96,8 +153,12 @@ QUICK_RUN = [f"{TRL} 2.50 (target >= 1.5) [spread 9.0% of 2 ratios]"]
 
 
 def _planted() -> list[dict]:
-    return (_run("run1", "aaa1111", OLD_AMD) + _run("run2", "bbb2222", INTEL_RUN, cpu=INTEL)
-            + _run("run3", "ccc3333", QUICK_RUN, quick=True) + _run("run4", "ddd4444", NEW_AMD))
+    return (
+        _run("run1", "aaa1111", OLD_AMD)
+        + _run("run2", "bbb2222", INTEL_RUN, cpu=INTEL)
+        + _run("run3", "ccc3333", QUICK_RUN, quick=True)
+        + _run("run4", "ddd4444", NEW_AMD)
+    )
 
 
 def test_compare_flags_the_planted_slowdown_only_against_the_same_machine_kind():
@@ -128,8 +189,7 @@ def test_busy_lines_are_neither_judged_nor_the_earlier_run():
     slow = [f"{TRL} 0.90 (target >= 1.5)"]
     planted = _run("run1", "aaa1111", OLD_AMD[:1]) + _run("run2", "bbb2222", slow, load=BUSY)
     lines, dropped = history.compare(planted)
-    assert not dropped and lines[1:] == [
-        f"{TRL} 0.90: busy (load 1.70 before, others 0.90 during), not compared"]
+    assert not dropped and lines[1:] == [f"{TRL} 0.90: busy (load 1.70 before, others 0.90 during), not compared"]
     lines, _ = history.compare(planted + _run("run3", "ccc3333", OLD_AMD[:1]))
     assert lines[1] == f"{TRL} 1.75 -> 1.75 (+0%, spread 4%; aaa1111 -> ccc3333): ok"
 
@@ -146,7 +206,8 @@ def test_compare_command_exit_status(tmp_path, capsys):
     capsys.readouterr()
     assert bench.main(["compare", "--history", str(tmp_path / "none.jsonl")]) == 2
     assert capsys.readouterr().err.startswith(
-        "benchmark.py compare: error: no benchmark run in the history: run `python scripts/benchmark.py all`")
+        "benchmark.py compare: error: no benchmark run in the history: run `python scripts/benchmark.py all`"
+    )
     path.write_text(path.read_text() + "{not json\n")
     assert bench.main(["compare", "--history", str(path)]) == 2
     assert "history.jsonl:16: not a JSON history entry" in capsys.readouterr().err
@@ -154,8 +215,10 @@ def test_compare_command_exit_status(tmp_path, capsys):
 
 def test_a_run_appends_every_summary_line_with_its_machine_and_load(tmp_path, monkeypatch, capsys):
     bench = runner()
-    lines = ["fake: ours/plain tokens-per-s ratio 1.10 (target >= 1.0) [spread 2.0% of 3 ratios]",
-             "fake: peak RSS 100 MiB"]
+    lines = [
+        "fake: ours/plain tokens-per-s ratio 1.10 (target >= 1.0) [spread 2.0% of 3 ratios]",
+        "fake: peak RSS 100 MiB",
+    ]
     fake = types.SimpleNamespace(run=lambda quick: {"rows": [{"stack": "ours"}], "summary": lines})
     monkeypatch.setitem(__import__("sys").modules, "benchmarks.fake", fake)
     monkeypatch.setattr(bench, "SUITES", ["fake"])
@@ -173,10 +236,25 @@ def test_a_run_appends_every_summary_line_with_its_machine_and_load(tmp_path, mo
     assert [e["line"] for e in entries] == lines * 2
     first, second = entries[0], entries[2]
     expected = dict(
-        suite="fake", name="ours/plain", unit="tokens-per-s", ratio=1.1, target=1.0, spread=0.02,
-        num_ratios=3, commit="abc1234", dirty=True, cpu=bench.cpu_model(), cores=os.cpu_count(),
-        quick=False, invocation="all", run_suites=["fake"], load_before=0.1, load_after=1.9,
-        load_of_others_during=0.05, busy=False)
+        suite="fake",
+        name="ours/plain",
+        unit="tokens-per-s",
+        ratio=1.1,
+        target=1.0,
+        spread=0.02,
+        num_ratios=3,
+        commit="abc1234",
+        dirty=True,
+        cpu=bench.cpu_model(),
+        cores=os.cpu_count(),
+        quick=False,
+        invocation="all",
+        run_suites=["fake"],
+        load_before=0.1,
+        load_after=1.9,
+        load_of_others_during=0.05,
+        busy=False,
+    )
     assert {k: first[k] for k in expected} == expected
     assert entries[1]["ratio"] is None and entries[1]["suite"] == "fake"  # kept as text
     assert first["run"] == entries[1]["run"] != second["run"]
@@ -185,30 +263,36 @@ def test_a_run_appends_every_summary_line_with_its_machine_and_load(tmp_path, mo
     # the busy run left no JSON result behind, the idle one did
     assert json.loads((tmp_path / "out" / "fake.json").read_text())["load_before"] == 0.1
     assert "fake: NOT written: the machine was busy" in capsys.readouterr().out
-    assert bench.main(["all", "--history", str(tmp_path / "other.jsonl"), "--no-history", "--out",
-                       str(tmp_path / "out")]) == 0
+    assert (
+        bench.main(["all", "--history", str(tmp_path / "other.jsonl"), "--no-history", "--out", str(tmp_path / "out")])
+        == 0
+    )
     assert not (tmp_path / "other.jsonl").exists()
 
 
 def test_table_is_the_last_complete_run_naming_its_commit_and_cpu(tmp_path, capsys):
-    planted = (_run("run1", "aaa1111", OLD_AMD)
-               + _run("run2", "bbb2222", OLD_AMD[:1], suites=["sft", "grpo"])  # grpo crashed
-               + _run("run3", "ccc3333", QUICK_RUN, quick=True)
-               + _run("run4", "ddd4444", OLD_AMD, load=BUSY)
-               + _run("run5", "eee5555", INTEL_RUN, invocation="sft"))
+    planted = (
+        _run("run1", "aaa1111", OLD_AMD)
+        + _run("run2", "bbb2222", OLD_AMD[:1], suites=["sft", "grpo"])  # grpo crashed
+        + _run("run3", "ccc3333", QUICK_RUN, quick=True)
+        + _run("run4", "ddd4444", OLD_AMD, load=BUSY)
+        + _run("run5", "eee5555", INTEL_RUN, invocation="sft")
+    )
     table = history.table(planted, source="docs/research/bench/history.jsonl")
-    assert table == "\n".join([
-        f"`make bench` at commit aaa1111: {AMD}, 2 cores, 2026-01-01T10:00:00+0000 "
-        "(docs/research/bench/history.jsonl).",
-        "",
-        "| suite | comparison | unit | ratio | spread | target | met |",
-        "|---|---|---|---:|---:|---:|---|",
-        "| sft | ours/trl-default | non-pad-tokens-per-s | 1.75 | 4% | >= 1.5 | yes |",
-        "| sft | ours/plain-loop | non-pad-tokens-per-s | 1.00 | 2% | >= 0.9 | yes |",
-        "| grpo | ours/trl-default[tiny] | s-per-step | 1.88 | 10% | >= 1.5 | yes |",
-        "| distill_memory | ours/whole | peak-MiB | 4.52 | - | >= 2 | yes |",
-        "| rollout | fp32-ceiling/hf-generate | tokens-per-s | 4.18 | - | - | - |",
-    ])
+    assert table == "\n".join(
+        [
+            f"`make bench` at commit aaa1111: {AMD}, 2 cores, 2026-01-01T10:00:00+0000 "
+            "(docs/research/bench/history.jsonl).",
+            "",
+            "| suite | comparison | unit | ratio | spread | target | met |",
+            "|---|---|---|---:|---:|---:|---|",
+            "| sft | ours/trl-default | non-pad-tokens-per-s | 1.75 | 4% | >= 1.5 | yes |",
+            "| sft | ours/plain-loop | non-pad-tokens-per-s | 1.00 | 2% | >= 0.9 | yes |",
+            "| grpo | ours/trl-default[tiny] | s-per-step | 1.88 | 10% | >= 1.5 | yes |",
+            "| distill_memory | ours/whole | peak-MiB | 4.52 | - | >= 2 | yes |",
+            "| rollout | fp32-ceiling/hf-generate | tokens-per-s | 4.18 | - | - | - |",
+        ]
+    )
     below = history.table(_run("run1", "aaa1111", NEW_AMD[:1]))
     assert below.endswith("| ours/trl-default | non-pad-tokens-per-s | 1.40 | 3% | >= 1.5 | **no** |")
     with pytest.raises(ValueError, match="no complete `make bench` run in the history"):

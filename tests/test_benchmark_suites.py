@@ -40,7 +40,8 @@ def test_time_to_accuracy_clock_counts_training_not_evaluation_and_stops_at_the_
 def test_summary_line_shape():
     common = _suite("common")
     assert common.summary_line("grpo_tta", "ours/trl-default", "seconds-to-target", 1.54, 1.5) == (
-        "grpo_tta: ours/trl-default seconds-to-target ratio 1.54 (target >= 1.5)")
+        "grpo_tta: ours/trl-default seconds-to-target ratio 1.54 (target >= 1.5)"
+    )
 
 
 def test_rollout_ceiling_products_are_exact_and_its_clock_is_prefill_plus_decode_steps(monkeypatch):
@@ -57,8 +58,14 @@ def test_rollout_ceiling_products_are_exact_and_its_clock_is_prefill_plus_decode
             out = fn(x[:rows])
             assert torch.equal(out, reference) if name != "onednn" else torch.allclose(out, reference, atol=1e-5)
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = LlamaForCausalLM(config).eval()
     calls = []
 

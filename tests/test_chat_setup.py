@@ -1,5 +1,5 @@
-"""Base-model chat setup (align.data.chat.setup_chat_format + the SFT stage): a tokenizer with no template gets SmolLM3's
-think/no_think template or ChatML and <|im_end|> as EOS, on the tokenizer and in the saved model's config and
+"""Base-model chat setup (align.data.chat.setup_chat_format + the SFT stage): a tokenizer with no template gets
+SmolLM3's think/no_think template or ChatML and <|im_end|> as EOS, on the tokenizer and in the saved model's config and
 generation_config, so generate() and vLLM stop at the end of a turn in every later stage.
 
 Run: pytest tests/test_chat_setup.py -q   (~15 s; a tiny random SmolLM3, no network)
@@ -30,10 +30,18 @@ def test_the_base_tokenizer_fixture_has_no_template_and_a_document_eos():
     "name, kwargs, text",
     [
         ("chatml", {}, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"),
-        ("smollm3", {}, "<|im_start|>system\n/think<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
-                        "<|im_start|>assistant\n4<|im_end|>\n"),
-        ("smollm3", {"enable_thinking": False}, "<|im_start|>system\n/no_think<|im_end|>\n<|im_start|>user\n"
-                                                "2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n4<|im_end|>\n"),
+        (
+            "smollm3",
+            {},
+            "<|im_start|>system\n/think<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n4<|im_end|>\n",
+        ),
+        (
+            "smollm3",
+            {"enable_thinking": False},
+            "<|im_start|>system\n/no_think<|im_end|>\n<|im_start|>user\n"
+            "2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n4<|im_end|>\n",
+        ),
     ],
 )
 def test_setup_installs_a_builtin_template_and_the_end_of_turn_eos(name, kwargs, text):
@@ -65,14 +73,26 @@ def test_sft_of_a_base_model_saves_a_model_that_stops_at_im_end(tmp_path):
     tok = base_tokenizer()
     tiny_model(tok).save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
-    rows = [{"messages": [{"role": "user", "content": f"{i}+1?"}, {"role": "assistant", "content": str(i + 1)}]}
-            for i in range(16)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"{i}+1?"}, {"role": "assistant", "content": str(i + 1)}]}
+        for i in range(16)
+    ]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     recipe = {
-        "model_name_or_path": str(tmp_path / "base"), "dataset_name": str(tmp_path / "train.jsonl"),
-        "output_dir": str(tmp_path / "sft"), "chat_template_path": "smollm3", "eos_token": "<|im_end|>",
-        "assistant_only_loss": True, "max_steps": 2, "per_device_train_batch_size": 4, "bf16": False,
-        "report_to": "none", "save_strategy": "no", "eval_strategy": "no", "eval_after": False, "max_length": 128,
+        "model_name_or_path": str(tmp_path / "base"),
+        "dataset_name": str(tmp_path / "train.jsonl"),
+        "output_dir": str(tmp_path / "sft"),
+        "chat_template_path": "smollm3",
+        "eos_token": "<|im_end|>",
+        "assistant_only_loss": True,
+        "max_steps": 2,
+        "per_device_train_batch_size": 4,
+        "bf16": False,
+        "report_to": "none",
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "eval_after": False,
+        "max_length": 128,
     }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     main(*parse(ScriptArguments, SFTConfig, ModelConfig, args=[str(tmp_path / "r.yaml")]))

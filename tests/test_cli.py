@@ -28,7 +28,10 @@ def recipe(tmp_path):
 
 
 def test_precedence_defaults_yaml_cli(recipe, tmp_path):
-    path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\nlearning_rate: 1e-5\nnum_train_epochs: 3\ndataset_name: builtin:news\n")
+    path = recipe(
+        f"output_dir: {tmp_path}/o\nuse_cpu: true\nlearning_rate: 1e-5\n"
+        "num_train_epochs: 3\ndataset_name: builtin:news\n"
+    )
     s, t, m = parse(*TYPES, args=[path, "--num_train_epochs", "5"])
     assert t.learning_rate == 1e-5  # YAML beats the default (and '1e-5', a YAML string, became a float)
     assert t.num_train_epochs == 5  # the command line beats YAML
@@ -44,7 +47,11 @@ def test_precedence_defaults_yaml_cli(recipe, tmp_path):
         ("num_train_epochs: [1, 2]\n", [], "key 'num_train_epochs'"),
         ("a: [1, 2\n", [], "not valid YAML at line"),
         ("- 1\n- 2\n", [], "must be a YAML mapping"),
-        ("learning_rate: 1.0\n", ["--learnig_rate", "3"], "unknown key 'learnig_rate' in the command line.*learning_rate"),
+        (
+            "learning_rate: 1.0\n",
+            ["--learnig_rate", "3"],
+            "unknown key 'learnig_rate' in the command line.*learning_rate",
+        ),
     ],
 )
 def test_recipe_errors_name_the_problem(recipe, text, args, message):
@@ -99,11 +106,15 @@ def test_every_script_help_lists_its_fields(script, monkeypatch, capsys):
     assert exit_.value.code in (0, None), out.err[-2000:]
     assert "error" not in out.err.lower(), out.err[-2000:]
     namespace = runpy.run_path(str(script))  # not as __main__: only its definitions
-    types = namespace.get("CONFIG_TYPES") or tuple(v for k, v in namespace.items()
-                                                   if dataclasses.is_dataclass(v) and k.endswith("Config")
-                                                   and v.__module__ == "<run_path>")
+    types = namespace.get("CONFIG_TYPES") or tuple(
+        v
+        for k, v in namespace.items()
+        if dataclasses.is_dataclass(v) and k.endswith("Config") and v.__module__ == "<run_path>"
+    )
     fields = [f.name for t in types for f in dataclasses.fields(t) if f.init]
-    assert out.out.strip() and all(f"--{name}" in out.out for name in fields), [n for n in fields if f"--{n}" not in out.out]
+    assert out.out.strip() and all(f"--{name}" in out.out for name in fields), [
+        n for n in fields if f"--{n}" not in out.out
+    ]
     if namespace.get("CONFIG_TYPES"):  # a recipe script (align.cli.parse): the recipe first, our fields first
         usage = out.out.splitlines()[0]
         assert usage.startswith("usage: python ") and usage.endswith(f"{script.name} [RECIPE.yaml] [--key value ...]")
@@ -178,9 +189,13 @@ def test_list_fields_in_trl_configs_and_bad_lists(recipe, tmp_path):
     from align.grpo.config import GRPOConfig
 
     path = recipe(f"output_dir: {tmp_path}/o\nuse_cpu: true\n")
-    _, t, _ = parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "[math_reward, think_format_reward]"])
+    _, t, _ = parse(
+        ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "[math_reward, think_format_reward]"]
+    )
     assert t.reward_funcs == ["math_reward", "think_format_reward"]
-    _, t, _ = parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "math_reward", "think_format_reward"])
+    _, t, _ = parse(
+        ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "math_reward", "think_format_reward"]
+    )
     assert t.reward_funcs == ["math_reward", "think_format_reward"]
     with pytest.raises(RecipeError, match="--reward_funcs .* is not a valid YAML list"):
         parse(ScriptArguments, GRPOConfig, ModelConfig, args=[path, "--reward_funcs", "[a, [b]"])
@@ -198,7 +213,12 @@ def test_old_key_names_still_load_as_the_new_ones_with_one_warning(recipe, caplo
     assert [r.message for r in caplog.records if "'backend' is deprecated, use 'rollout_backend'" in r.message]
     path = recipe("method: graded\npolicy_model: p\nbackend: hf\nengine_kwargs: {batch_size: 4}\n")
     _, cfg = parse(ScriptArguments, PreferenceDataConfig, args=[path])
-    assert (cfg.rollout_backend, cfg.rollout_kwargs, cfg.backend, cfg.engine_kwargs) == ("hf", {"batch_size": 4}, None, None)
+    assert (cfg.rollout_backend, cfg.rollout_kwargs, cfg.backend, cfg.engine_kwargs) == (
+        "hf",
+        {"batch_size": 4},
+        None,
+        None,
+    )
     with pytest.raises(ValueError, match="rollout_backend"):
         EvalConfig(model_name_or_path="m", rollout_backend="vlm")
 
@@ -212,12 +232,17 @@ def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expec
     from align.config import apply_global_batch
     from align.sft.config import SFTConfig as OurSFTConfig
 
-    _, t, _ = parse(ScriptArguments, OurSFTConfig, ModelConfig,
-                    args=[str(ROOT / "recipes" / "smollm3/sft.yaml"), "--output_dir", str(tmp_path / "o")])
+    _, t, _ = parse(
+        ScriptArguments,
+        OurSFTConfig,
+        ModelConfig,
+        args=[str(ROOT / "recipes" / "smollm3/sft.yaml"), "--output_dir", str(tmp_path / "o")],
+    )
     assert t.global_batch_size == 128 and t.gradient_accumulation_steps == 128  # this process: one rank
     monkeypatch.setenv("WORLD_SIZE", str(world))  # what the launcher announces to every rank
-    args = SimpleNamespace(global_batch_size=t.global_batch_size, per_device_train_batch_size=1,
-                           gradient_accumulation_steps=1)
+    args = SimpleNamespace(
+        global_batch_size=t.global_batch_size, per_device_train_batch_size=1, gradient_accumulation_steps=1
+    )
     apply_global_batch(args)
     assert args.gradient_accumulation_steps == expected and world * expected == 128
     monkeypatch.setenv("WORLD_SIZE", "3")
@@ -225,10 +250,16 @@ def test_global_batch_size_sets_accumulation_for_the_launched_world(world, expec
         apply_global_batch(args)
 
 
-@pytest.mark.parametrize("recipe, world, accumulation", [
-    ("pretrain", 8, 24), ("pretrain", 192, 1), ("long_context_32k", 8, 9), ("long_context_64k", 8, 4),
-    ("long_context_64k", 16, 2),
-])
+@pytest.mark.parametrize(
+    "recipe, world, accumulation",
+    [
+        ("pretrain", 8, 24),
+        ("pretrain", 192, 1),
+        ("long_context_32k", 8, 9),
+        ("long_context_64k", 8, 4),
+        ("long_context_64k", 16, 2),
+    ],
+)
 def test_pretraining_states_its_global_batch_too(recipe, world, accumulation, monkeypatch):
     """SmolLM3's pretraining recipes name rows per step, not an accumulation for the published 192 or 12 ranks: the
     pipeline's one-node launch (8 processes) and a cluster's train at the same tokens a step."""
@@ -259,7 +290,10 @@ def test_a_launch_prints_one_error_line_rank_0s_and_another_rank_still_speaks_al
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(SystemExit) as alone:
         cli.fail("only rank 1 has this problem")
-    assert alone.value.code == 1 and capsys.readouterr().err == "smolalign: error: [rank 1] only rank 1 has this problem\n"
+    assert (
+        alone.value.code == 1
+        and capsys.readouterr().err == "smolalign: error: [rank 1] only rank 1 has this problem\n"
+    )
 
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(SystemExit):
@@ -271,12 +305,15 @@ def test_a_launch_prints_one_error_line_rank_0s_and_another_rank_still_speaks_al
     assert silent.value.code == 2 and capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("text, args, expected", [
-    ("", [], False),                                           # unset: off on a CPU
-    ("gradient_checkpointing: true\n", [], True),              # the recipe asked: kept on a CPU (it was dropped)
-    ("gradient_checkpointing: true\n", ["--gradient_checkpointing", "false"], False),
-    ("", ["--gradient_checkpointing", "true"], True),
-])
+@pytest.mark.parametrize(
+    "text, args, expected",
+    [
+        ("", [], False),  # unset: off on a CPU
+        ("gradient_checkpointing: true\n", [], True),  # the recipe asked: kept on a CPU (it was dropped)
+        ("gradient_checkpointing: true\n", ["--gradient_checkpointing", "false"], False),
+        ("", ["--gradient_checkpointing", "true"], True),
+    ],
+)
 def test_gradient_checkpointing_a_recipe_asks_for_is_kept_on_a_cpu(text, args, expected, recipe, tmp_path):
     """Until 2026-11-28 every stage turned checkpointing off without CUDA, asked for or not: a rehearsal of the
     smollm3 recipes never ran the GPU's checkpointed path, and the 135M GRPO recipe could not trade compute for

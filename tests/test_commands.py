@@ -1,6 +1,6 @@
 """align/commands.py, the `smolalign` command: its registry, its entry point, `smolalign recipes`, the launch split.
 
-    python -m pytest -q tests/test_commands.py                       # ~1 min; the 2-rank launches are marked slow
+python -m pytest -q tests/test_commands.py                       # ~1 min; the 2-rank launches are marked slow
 """
 
 from __future__ import annotations
@@ -35,8 +35,26 @@ def test_the_console_script_is_the_entry_point():
 def test_every_command_runs_a_script_and_every_script_has_a_command():
     """The registry is the one map: no script of scripts/ without a command, no command without its script."""
     assert sorted(c.script for c in COMMANDS.values()) == sorted(p.stem for p in (ROOT / "scripts").glob("*.py"))
-    assert {"sft", "dpo", "kto", "orpo", "grpo", "distill", "pretrain", "tokenizer", "preferences", "answers",
-            "eval", "pipeline", "ablate", "merge", "compare", "preflight", "passk", "bench"} <= set(COMMANDS)
+    assert {
+        "sft",
+        "dpo",
+        "kto",
+        "orpo",
+        "grpo",
+        "distill",
+        "pretrain",
+        "tokenizer",
+        "preferences",
+        "answers",
+        "eval",
+        "pipeline",
+        "ablate",
+        "merge",
+        "compare",
+        "preflight",
+        "passk",
+        "bench",
+    } <= set(COMMANDS)
     assert all(c.help and c.section in commands.SECTIONS for c in COMMANDS.values())
 
 
@@ -55,7 +73,8 @@ def test_an_unknown_command_is_one_error_line(capsys):
     out = capsys.readouterr()
     assert exit_.value.code == 2 and out.out == ""
     assert out.err.splitlines() == [
-        "smolalign: error: unknown command 'gpro'; did you mean 'grpo'? run `smolalign --help` for the list"]
+        "smolalign: error: unknown command 'gpro'; did you mean 'grpo'? run `smolalign --help` for the list"
+    ]
 
 
 def test_a_command_help_shows_the_recipe_first_and_our_fields_before_trls(capsys):
@@ -64,8 +83,13 @@ def test_a_command_help_shows_the_recipe_first_and_our_fields_before_trls(capsys
     out = capsys.readouterr().out
     assert out.startswith("usage: smolalign grpo [RECIPE.yaml] [--key value ...]")
     headers = [line[:-1] for line in out.splitlines() if line.endswith("):") and not line.startswith(" ")]
-    assert headers[:5] == ["ScriptArguments (smolalign)", "GRPOConfig (smolalign)", "StageArgs (smolalign)",
-                           "AsyncArgs (smolalign)", "ReplayArgs (smolalign)"]
+    assert headers[:5] == [
+        "ScriptArguments (smolalign)",
+        "GRPOConfig (smolalign)",
+        "StageArgs (smolalign)",
+        "AsyncArgs (smolalign)",
+        "ReplayArgs (smolalign)",
+    ]
     assert headers[-1] == "TrainingArguments (transformers)" and "GRPOConfig (trl)" in headers
     assert out.index("--reward_funcs") < out.index("--replay_data") < out.index("GRPOConfig (trl):")
     assert out.index("GRPOConfig (trl):") < out.index("--num_generations") < out.index("--weight_decay")
@@ -86,13 +110,31 @@ def _root_logging():
 def tiny_sft_recipe(tmp_path_factory, tiny_model):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("commands")
-    model = tiny_model(root / "model", build_tokenizer("smollm3"), arch="smollm3", num_attention_heads=4,
-                       num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None)
-    recipe = {"model_name_or_path": model, "dataset_name": "builtin:tasks",
-              "dataset_args": {"num": 16, "mode": "mixed", "families": ["arithmetic"]}, "eval_after": False,
-              "output_dir": str(root / "sft"), "max_steps": 3, "per_device_train_batch_size": 4,
-              "save_strategy": "no", "eval_strategy": "no", "report_to": "none", "max_length": 256, "bf16": False,
-              "assistant_only_loss": True, "logging_steps": 1}
+    model = tiny_model(
+        root / "model",
+        build_tokenizer("smollm3"),
+        arch="smollm3",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+    )
+    recipe = {
+        "model_name_or_path": model,
+        "dataset_name": "builtin:tasks",
+        "dataset_args": {"num": 16, "mode": "mixed", "families": ["arithmetic"]},
+        "eval_after": False,
+        "output_dir": str(root / "sft"),
+        "max_steps": 3,
+        "per_device_train_batch_size": 4,
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "report_to": "none",
+        "max_length": 256,
+        "bf16": False,
+        "assistant_only_loss": True,
+        "logging_steps": 1,
+    }
     path = root / "sft.yaml"
     path.write_text("# python scripts/sft.py sft.yaml\n" + yaml.safe_dump(recipe))
     return path
@@ -146,8 +188,11 @@ def test_recipes_filters_by_stage_and_scale_and_refuses_an_unknown_word(capsys):
     "layout, head, expected",
     [  # where a file lives and what its header says -> (stage, scale), in today's flat layout or in folders
         (("tiny", "sft.yaml"), "# python scripts/sft.py recipes/tiny/sft.yaml\n# SFT of x.\n", ("sft", "tiny")),
-        (("smollm3/pretrain.yaml",), "# accelerate launch --num_processes 8 scripts/run_pretrain.py r.yaml\n",
-         ("pretrain", "smollm3")),
+        (
+            ("smollm3/pretrain.yaml",),
+            "# accelerate launch --num_processes 8 scripts/run_pretrain.py r.yaml\n",
+            ("pretrain", "smollm3"),
+        ),
         (("ablations", "smol135m_pairs.yaml"), "# python scripts/ablate.py r.yaml\n", ("ablate", "smol135m")),
         (("smol135m", "apo.yaml"), "# smolalign dpo recipes/smol135m/apo.yaml\n", ("dpo", "smol135m")),
         (("x.yaml",), "# python scripts/preflight.py x.yaml, then python scripts/grpo.py x.yaml\n", ("grpo", "")),
@@ -165,8 +210,10 @@ def test_stage_and_scale_come_from_the_header_and_the_place(tmp_path, layout, he
 @pytest.mark.parametrize(
     "lines, purpose",
     [
-        (["python scripts/sft.py r.yaml", "GRPO for the tiny world on 2 CPU cores (~2 min): the tiny model, think"],
-         "GRPO for the tiny world on 2 CPU cores (~2 min)"),
+        (
+            ["python scripts/sft.py r.yaml", "GRPO for the tiny world on 2 CPU cores (~2 min): the tiny model, think"],
+            "GRPO for the tiny world on 2 CPU cores (~2 min)",
+        ),
         (["cmd", "CPU: `--num_processes 2` works too. More."], "CPU: `--num_processes 2` works too"),
         (["cmd", "APO (apo_zero: a loss) on pairs; rest"], "APO (apo_zero: a loss) on pairs"),
         (["cmd", "Version 0.9 of it, see github.com/x/y.yaml"], "Version 0.9 of it, see github.com/x/y.yaml"),
@@ -190,15 +237,27 @@ SFT = COMMANDS["sft"]
     "args, launch, rest",
     [
         (["r.yaml", "--learning_rate", "1e-4"], [], ["r.yaml", "--learning_rate", "1e-4"]),
-        (["r.yaml", "--num_processes", "2", "--max_steps", "1"], ["--num_processes", "2"],
-         ["r.yaml", "--max_steps", "1"]),
-        (["r.yaml", "--num-processes=2", "--use_deepspeed", "--seed", "3"], ["--num-processes=2", "--use_deepspeed"],
-         ["r.yaml", "--seed", "3"]),
+        (
+            ["r.yaml", "--num_processes", "2", "--max_steps", "1"],
+            ["--num_processes", "2"],
+            ["r.yaml", "--max_steps", "1"],
+        ),
+        (
+            ["r.yaml", "--num-processes=2", "--use_deepspeed", "--seed", "3"],
+            ["--num-processes=2", "--use_deepspeed"],
+            ["r.yaml", "--seed", "3"],
+        ),
         # a key the stage's configs define stays the stage's, though accelerate knows the name too
-        (["r.yaml", "--gradient_accumulation_steps", "4", "--num_processes", "2"], ["--num_processes", "2"],
-         ["r.yaml", "--gradient_accumulation_steps", "4"]),
-        (["r.yaml", "--accelerate_config", "ddp", "--num_processes", "2"],
-         ["--config_file", str(RECIPES / "accelerate" / "ddp.yaml"), "--num_processes", "2"], ["r.yaml"]),
+        (
+            ["r.yaml", "--gradient_accumulation_steps", "4", "--num_processes", "2"],
+            ["--num_processes", "2"],
+            ["r.yaml", "--gradient_accumulation_steps", "4"],
+        ),
+        (
+            ["r.yaml", "--accelerate_config", "ddp", "--num_processes", "2"],
+            ["--config_file", str(RECIPES / "accelerate" / "ddp.yaml"), "--num_processes", "2"],
+            ["r.yaml"],
+        ),
         (["r.yaml", "--num_processes", "2", "--help"], [], ["r.yaml", "--num_processes", "2", "--help"]),
     ],
 )
@@ -213,8 +272,13 @@ def test_a_command_without_launch_keeps_every_key():
     assert split_launch(Command("x", "sft", "", "train"), args) == ([], args)
 
 
-@pytest.mark.parametrize("value, message", [("zero4", "is neither a file nor one accelerate config"),
-                                            ("tiny_sft", "is neither a file nor one accelerate config")])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("zero4", "is neither a file nor one accelerate config"),
+        ("tiny_sft", "is neither a file nor one accelerate config"),
+    ],
+)
 def test_an_unknown_accelerate_config_names_the_valid_ones(value, message):
     with pytest.raises(ValueError, match=f"{message}.*'ddp'.*'zero3'"):
         split_launch(SFT, ["r.yaml", "--accelerate_config", value])
@@ -244,8 +308,14 @@ def test_smolalign_sft_on_two_ranks(form, tiny_sft_recipe, tmp_path):
     [project.scripts]), and `smolalign sft ... --num_processes 2 --accelerate_config ddp`."""
     out = tmp_path / "sft"
     stage = ["sft", str(tiny_sft_recipe), "--max_steps", "2", "--output_dir", str(out)]
-    launch = ["--config_file", str(RECIPES / "accelerate" / "ddp.yaml"), "--num_processes", "2",
-              "--main_process_port", str(free_port())]
+    launch = [
+        "--config_file",
+        str(RECIPES / "accelerate" / "ddp.yaml"),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+    ]
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", *launch]
     if form == "module":
         cmd = [*accelerate, "-m", "align.commands", *stage]
@@ -253,8 +323,18 @@ def test_smolalign_sft_on_two_ranks(form, tiny_sft_recipe, tmp_path):
         (tmp_path / "smolalign").write_text(CONSOLE_SCRIPT)
         cmd = [*accelerate, str(tmp_path / "smolalign"), *stage]
     else:
-        cmd = [sys.executable, "-m", "align.commands", *stage, "--accelerate_config", "ddp", "--num_processes", "2",
-               "--main_process_port", str(free_port())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "align.commands",
+            *stage,
+            "--accelerate_config",
+            "ddp",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(free_port()),
+        ]
     proc = subprocess.run(cmd, cwd=ROOT, env=launch_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
     report = json.loads((out / "sft_eval.json").read_text())

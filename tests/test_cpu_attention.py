@@ -1,5 +1,5 @@
-"""Attention in fp32 inside a CPU bf16 autocast (align/modeling/cpu_attention.py): closer to fp32, the same outside autocast,
-consistent under gradient checkpointing, and restored afterwards."""
+"""Attention in fp32 inside a CPU bf16 autocast (align/modeling/cpu_attention.py): closer to fp32, the same outside
+autocast, consistent under gradient checkpointing, and restored afterwards."""
 
 from __future__ import annotations
 
@@ -12,9 +12,17 @@ def _model(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         attn_implementation="sdpa", initializer_range=0.2)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        attn_implementation="sdpa",
+        initializer_range=0.2,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -114,9 +122,17 @@ def test_stage_train_trains_in_fp32_attention_and_restores_sdpa(tmp_path):
     model = _model()
     ids, _ = _batch()
     rows = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, learning_rate=1e-3, bf16=True, use_cpu=True,
-                             per_device_train_batch_size=2, report_to="none", save_strategy="no",
-                             remove_unused_columns=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        learning_rate=1e-3,
+        bf16=True,
+        use_cpu=True,
+        per_device_train_batch_size=2,
+        report_to="none",
+        save_strategy="no",
+        remove_unused_columns=False,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=rows)
     seen = _record_attention(model)
     metrics = stage.train(trainer, args)

@@ -1,4 +1,5 @@
-"""Tests for align/data/loading.py: builtin sources (columns, exact row counts, stable order), local files, mixtures, errors.
+"""Tests for align/data/loading.py: builtin sources (columns, exact row counts, stable order), local files, mixtures,
+errors.
 
 Run: pytest tests/test_data.py -q   (about 20 s on 2 cores; no network)
 """

@@ -29,20 +29,29 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def eval_sets() -> dict[str, list[dict]]:
     gsm = real_items("gsm8k", 10, "dev")  # what the eval suite scores by default: the dev split
-    return {"eval:gen/tasks": make_tasks(num=70, split="dev", seed=0),
-            "eval:gen/gsm8k": [{"prompt": q} for q in gsm["question"]]}
+    return {
+        "eval:gen/tasks": make_tasks(num=70, split="dev", seed=0),
+        "eval:gen/gsm8k": [{"prompt": q} for q in gsm["question"]],
+    }
 
 
 def _user(text: str) -> dict:
-    return {"messages": [{"role": "system", "content": "/think"}, {"role": "user", "content": text},
-                         {"role": "assistant", "content": "The answer is \\boxed{1}."}]}
+    return {
+        "messages": [
+            {"role": "system", "content": "/think"},
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": "The answer is \\boxed{1}."},
+        ]
+    }
 
 
 def planted(eval_sets) -> dict[str, str]:
     """Training prompts that overlap the eval sets, by the way they overlap."""
     tasks = {r["family"]: r["prompt"] for r in eval_sets["eval:gen/tasks"]}
     gsm = eval_sets["eval:gen/gsm8k"][0]["prompt"]  # "Melanie is a door-to-door saleswoman. ..."
-    word = next(r["prompt"] for r in eval_sets["eval:gen/tasks"] if " gets " in r["prompt"] or " gives " in r["prompt"])
+    word = next(
+        r["prompt"] for r in eval_sets["eval:gen/tasks"] if " gets " in r["prompt"] or " gives " in r["prompt"]
+    )
     name, item = word.split()[0], word.split()[3]
     sort = tasks["sort"]
     direction = "descending" if "ascending" in sort else "ascending"
@@ -51,8 +60,9 @@ def planted(eval_sets) -> dict[str, str]:
         "verbatim task": tasks["count_letters"],
         "verbatim gsm8k": gsm,
         "gsm8k, another name": gsm.replace("Melanie", "Rosalind"),
-        "word problem, another name and item": word.replace(name, "Ann" if name != "Ann" else "Tom")
-                                                   .replace(item, "marbles"),
+        "word problem, another name and item": word.replace(name, "Ann" if name != "Ann" else "Tom").replace(
+            item, "marbles"
+        ),
         "sort, other direction and order": f"Sort in {direction} order: {', '.join(reversed(numbers))}.",
     }
 
@@ -60,8 +70,9 @@ def planted(eval_sets) -> dict[str, str]:
 def clean(n: int = 120) -> list[str]:
     """Prompts that overlap nothing: training problems of the same families (templated like the eval prompts) and
     tool-use letter counts in the eval prompts' words."""
-    return ([r["prompt"] for r in make_tasks(num=n, split="train", seed=0)]
-            + [r["prompt"] for r in make_tool_tasks(["tool_count"], num=20, split="train")])
+    return [r["prompt"] for r in make_tasks(num=n, split="train", seed=0)] + [
+        r["prompt"] for r in make_tool_tasks(["tool_count"], num=20, split="train")
+    ]
 
 
 def test_planted_overlaps_are_found_in_a_hub_shaped_dataset_and_dropped(tmp_path, eval_sets):
@@ -93,20 +104,33 @@ def test_warn_keeps_the_rows_and_refuse_names_them(eval_sets):
         decontaminate(train, eval_sets, mode="delete")
 
 
-@pytest.mark.parametrize("shape", ["messages", "prompt string", "prompt messages + chosen/rejected", "chosen only",
-                                   "text", "family column", "another family's name"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "messages",
+        "prompt string",
+        "prompt messages + chosen/rejected",
+        "chosen only",
+        "text",
+        "family column",
+        "another family's name",
+    ],
+)
 def test_every_hub_shape_is_read(shape, eval_sets):
     prompt = planted(eval_sets)["word problem, another name and item"]
     user = [{"role": "user", "content": prompt}]
     answer = [{"role": "assistant", "content": "42"}]
     verbatim = planted(eval_sets)["verbatim task"]
-    row = {"messages": {"messages": user + answer}, "prompt string": {"prompt": prompt},
-           "prompt messages + chosen/rejected": {"prompt": user, "chosen": answer, "rejected": answer},
-           "chosen only": {"chosen": user + answer, "rejected": user + answer},
-           # a document holding an eval prompt is no longer in its family's form: its n-grams find it
-           "text": {"text": f"Question: {verbatim}\nAnswer: 3."},
-           "family column": {"prompt": prompt, "family": "word_problem"},
-           "another family's name": {"prompt": prompt, "family": "maths"}}[shape]
+    row = {
+        "messages": {"messages": user + answer},
+        "prompt string": {"prompt": prompt},
+        "prompt messages + chosen/rejected": {"prompt": user, "chosen": answer, "rejected": answer},
+        "chosen only": {"chosen": user + answer, "rejected": user + answer},
+        # a document holding an eval prompt is no longer in its family's form: its n-grams find it
+        "text": {"text": f"Question: {verbatim}\nAnswer: 3."},
+        "family column": {"prompt": prompt, "family": "word_problem"},
+        "another family's name": {"prompt": prompt, "family": "maths"},
+    }[shape]
     _, report = decontaminate(datasets.Dataset.from_list([row]), eval_sets, mode="warn")
     assert report["overlapping"] == 1, shape
 
@@ -118,15 +142,20 @@ def test_the_family_column_decides_the_problem_and_a_prompt_in_a_form_is_recogni
     assert both == {("count_letters", "abcab"), ("tool_count", "abcab")}  # one form, two families
     assert problems_of(["Tell me a story."]) == frozenset()
     assert prompt_texts([{"role": "system", "content": "/think"}, {"role": "user", "content": "hi"}]) == ["hi"]
-    assert tokens("What is 3 + 5 - 2? It's \"fine\".") == ["what", "is", "3", "+", "5", "-", "2", "it", "s", "fine"]
+    assert tokens('What is 3 + 5 - 2? It\'s "fine".') == ["what", "is", "3", "+", "5", "-", "2", "it", "s", "fine"]
 
 
 def test_boilerplate_is_no_evidence_and_the_check_is_linear():
     preamble = "Answer the following question with care and show every step of your reasoning please."
-    evals = {"eval:few-shot": [{"prompt": f"{preamble} Question {i}: what is the colour of object number {i}?"}
-                               for i in range(BOILERPLATE + 5)]}
-    train = datasets.Dataset.from_list([{"prompt": preamble + " What is the capital of France?"},
-                                        {"prompt": " ".join(["word"] * 200_000)}])
+    evals = {
+        "eval:few-shot": [
+            {"prompt": f"{preamble} Question {i}: what is the colour of object number {i}?"}
+            for i in range(BOILERPLATE + 5)
+        ]
+    }
+    train = datasets.Dataset.from_list(
+        [{"prompt": preamble + " What is the capital of France?"}, {"prompt": " ".join(["word"] * 200_000)}]
+    )
     start = time.perf_counter()
     _, report = decontaminate(train, evals, mode="warn")
     assert report["overlapping"] == 0 and time.perf_counter() - start < 20
@@ -141,17 +170,36 @@ def test_a_stage_checks_its_rows_against_the_pipelines_sets_and_its_own_held_out
     rows = [_user(p) for p in [*plants.values(), held_out[0]["prompt"], own, *clean(40)]]
     repo = write_repo(tmp_path / "org" / "sft", {"default": {"train": rows, "test": [_user(own)]}})
     sets = tmp_path / "eval_sets.json"
-    sets.write_text(json.dumps({
-        "eval": [{"suites": ["generative"], "gen_sets": ["tasks:70", "gsm8k:10"], "seed": 0},
-                 {"suites": ["loss"], "loss_num_texts": 4, "chat_loss_data": str(tmp_path / "not_yet.jsonl")}],
-        "held_out": {"grpo": {"dataset_name": "builtin:tasks", "dataset_args": {"num": 30, "seed": 4}},
-                     "apo": {"dataset_name": str(tmp_path / "preferences")}},
-    }))
-    args = SimpleNamespace(dataset_name=str(repo), dataset_args=None, dataset_mixture=None, dataset_config=None,
-                           dataset_train_split="train", dataset_test_split="test", test_split_size=None,
-                           max_train_samples=None, max_eval_samples=None, seed=0, decontamination="drop",
-                           decontamination_eval_sets=str(sets), decontamination_ngram=8,
-                           decontamination_threshold=0.5)
+    sets.write_text(
+        json.dumps(
+            {
+                "eval": [
+                    {"suites": ["generative"], "gen_sets": ["tasks:70", "gsm8k:10"], "seed": 0},
+                    {"suites": ["loss"], "loss_num_texts": 4, "chat_loss_data": str(tmp_path / "not_yet.jsonl")},
+                ],
+                "held_out": {
+                    "grpo": {"dataset_name": "builtin:tasks", "dataset_args": {"num": 30, "seed": 4}},
+                    "apo": {"dataset_name": str(tmp_path / "preferences")},
+                },
+            }
+        )
+    )
+    args = SimpleNamespace(
+        dataset_name=str(repo),
+        dataset_args=None,
+        dataset_mixture=None,
+        dataset_config=None,
+        dataset_train_split="train",
+        dataset_test_split="test",
+        test_split_size=None,
+        max_train_samples=None,
+        max_eval_samples=None,
+        seed=0,
+        decontamination="drop",
+        decontamination_eval_sets=str(sets),
+        decontamination_ngram=8,
+        decontamination_threshold=0.5,
+    )
     data = stage.load_data(args, str(tmp_path / "out"))
     report = json.loads((tmp_path / "out" / "decontamination.json").read_text())
     assert report["dropped"] == len(plants) + 2 and len(data["train"]) == len(rows) - len(plants) - 2
@@ -167,13 +215,25 @@ def test_a_stage_checks_its_rows_against_the_pipelines_sets_and_its_own_held_out
 def test_the_pipeline_hands_every_training_stage_its_eval_sets(tmp_path):
     (tmp_path / "sft.yaml").write_text("dataset_name: builtin:tasks\ndataset_args: {num: 10}\noutput_dir: x\n")
     (tmp_path / "gen.yaml").write_text("output_dir: y\n")
-    stages = [{"name": "sft", "script": "sft", "recipe": str(tmp_path / "sft.yaml"), "overrides": {"output_dir": "${run_dir}/sft"}},
-              {"name": "grpo", "script": "grpo", "recipe": str(tmp_path / "sft.yaml"),
-               "overrides": {"output_dir": "${run_dir}/grpo", "decontamination": "refuse"},
-               "eval_overrides": {"gen_sets": ["tasks:8"]}},
-              {"name": "answers", "script": "generate_answers", "recipe": str(tmp_path / "gen.yaml")}]
-    cfg = PipelineConfig(stages=stages, run_dir=str(tmp_path / "run"), eval_recipe=str(ROOT / "recipes/tiny/eval.yaml"),
-                         tracking="none")
+    stages = [
+        {
+            "name": "sft",
+            "script": "sft",
+            "recipe": str(tmp_path / "sft.yaml"),
+            "overrides": {"output_dir": "${run_dir}/sft"},
+        },
+        {
+            "name": "grpo",
+            "script": "grpo",
+            "recipe": str(tmp_path / "sft.yaml"),
+            "overrides": {"output_dir": "${run_dir}/grpo", "decontamination": "refuse"},
+            "eval_overrides": {"gen_sets": ["tasks:8"]},
+        },
+        {"name": "answers", "script": "generate_answers", "recipe": str(tmp_path / "gen.yaml")},
+    ]
+    cfg = PipelineConfig(
+        stages=stages, run_dir=str(tmp_path / "run"), eval_recipe=str(ROOT / "recipes/tiny/eval.yaml"), tracking="none"
+    )
     sft, grpo, answers = resolve_stages(cfg)
     path = sft.config["decontamination_eval_sets"]
     assert path == grpo.config["decontamination_eval_sets"] and "decontamination_eval_sets" not in answers.config
@@ -193,14 +253,34 @@ def test_the_pipeline_hands_every_training_stage_its_eval_sets(tmp_path):
 def test_the_report_lists_overlap_per_source_with_examples(tmp_path):
     out = tmp_path / "sft"
     out.mkdir()
-    (out / "decontamination.json").write_text(json.dumps({
-        "mode": "drop", "rows": 100, "overlapping": 3, "dropped": 3, "eval_sets": {"eval:gen/tasks": 70},
-        "sources": {"eval:gen/tasks": {"rows": 3, "by_problem": 2, "by_ngram": 1, "examples": [
-            {"row": 4, "train": "What is 5 + `3`?", "eval": "What is 3 + 5?", "match": "problem"}]}},
-        "not_made_yet": ["held-out:apo"]}))
-    lines = decontamination_lines([{"name": "sft", "output_dir": str(out), "makes_model": True, "script": "sft"},
-                                   {"name": "pretrain", "output_dir": str(tmp_path / "p"), "makes_model": True,
-                                    "script": "pretrain"}])
+    (out / "decontamination.json").write_text(
+        json.dumps(
+            {
+                "mode": "drop",
+                "rows": 100,
+                "overlapping": 3,
+                "dropped": 3,
+                "eval_sets": {"eval:gen/tasks": 70},
+                "sources": {
+                    "eval:gen/tasks": {
+                        "rows": 3,
+                        "by_problem": 2,
+                        "by_ngram": 1,
+                        "examples": [
+                            {"row": 4, "train": "What is 5 + `3`?", "eval": "What is 3 + 5?", "match": "problem"}
+                        ],
+                    }
+                },
+                "not_made_yet": ["held-out:apo"],
+            }
+        )
+    )
+    lines = decontamination_lines(
+        [
+            {"name": "sft", "output_dir": str(out), "makes_model": True, "script": "sft"},
+            {"name": "pretrain", "output_dir": str(tmp_path / "p"), "makes_model": True, "script": "pretrain"},
+        ]
+    )
     text = "\n".join(lines)
     assert "| sft | drop | 100 | 3 | 3 | 1 |" in text
     assert "`sft` vs `eval:gen/tasks`: 3 rows (2 the same problem, 1 by n-grams)" in text

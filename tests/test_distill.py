@@ -50,17 +50,38 @@ def tiny(tmp_path_factory, tiny_model):
     tiny_model(root / "cross_teacher", other, seed=2, hidden_size=48)
     (root / "no_tokenizer").mkdir()
     (root / "no_tokenizer" / "config.json").write_text((root / "teacher" / "config.json").read_text())
-    return {"root": root, "ours": ours, "other": other, **{k: str(root / k) for k in (
-        "student", "teacher", "cross_teacher", "no_tokenizer")}}
+    return {
+        "root": root,
+        "ours": ours,
+        "other": other,
+        **{k: str(root / k) for k in ("student", "teacher", "cross_teacher", "no_tokenizer")},
+    }
 
 
 def _configs(tiny, out, teacher, **kw):
-    script = ScriptArguments(dataset_name="builtin:tasks", eval_num_prompts=6,
-                             dataset_args={"families": FAMILIES, "num": 32, "mode": "no_think"})
-    base = dict(output_dir=str(out), teacher_model_name_or_path=teacher, max_steps=5, per_device_train_batch_size=4,
-                learning_rate=5e-3, lr_scheduler_type="constant", temperature=1.0, max_completion_length=12,
-                max_length=128, distill_eval_max_new_tokens=12, logging_steps=1, save_strategy="no",
-                report_to="none", seed=0, bf16=False, rollout_backend="hf")
+    script = ScriptArguments(
+        dataset_name="builtin:tasks",
+        eval_num_prompts=6,
+        dataset_args={"families": FAMILIES, "num": 32, "mode": "no_think"},
+    )
+    base = dict(
+        output_dir=str(out),
+        teacher_model_name_or_path=teacher,
+        max_steps=5,
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+        lr_scheduler_type="constant",
+        temperature=1.0,
+        max_completion_length=12,
+        max_length=128,
+        distill_eval_max_new_tokens=12,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        bf16=False,
+        rollout_backend="hf",
+    )
     base.update(kw)
     return script, DistillConfig(**base), ModelConfig(model_name_or_path=tiny["student"], dtype="float32")
 
@@ -95,8 +116,16 @@ def test_same_tokenizer_on_policy_distill_lowers_divergence(tiny, tmp_path):
     script, args, _ = _configs(tiny, tmp_path / "x", tiny["teacher"])
     teacher, tok = load_model(tiny["teacher"], dtype="float32"), load_tokenizer(tiny["student"])
     rows = get_dataset(script)["test"].select(range(6)).to_list()
-    as_student = evaluate(teacher, teacher, tok, tok, rows, mode="same", max_new_tokens=args.distill_eval_max_new_tokens,
-                          teacher_prompts={})
+    as_student = evaluate(
+        teacher,
+        teacher,
+        tok,
+        tok,
+        rows,
+        mode="same",
+        max_new_tokens=args.distill_eval_max_new_tokens,
+        teacher_prompts={},
+    )
     assert saved["teacher_accuracy"] == metrics["teacher_accuracy"] == as_student["accuracy"]
     assert metrics["engine_calls"] == 5  # the student sampled through our engine, every step
 
@@ -118,8 +147,15 @@ def test_a_bfloat16_teacher_hands_float32_logits_to_gold_and_it_learns(tiny, tmp
     seen = []
     load = distill.load_teacher
     monkeypatch.setattr(distill, "load_teacher", lambda *a, **k: seen.append(load(*a, **k)) or seen[-1])
-    metrics = main(*_configs(tiny, tmp_path / "gold_bf16", tiny["cross_teacher"], teacher_strip_mode_flags=True,
-                             teacher_dtype="bfloat16"))
+    metrics = main(
+        *_configs(
+            tiny,
+            tmp_path / "gold_bf16",
+            tiny["cross_teacher"],
+            teacher_strip_mode_flags=True,
+            teacher_dtype="bfloat16",
+        )
+    )
     teacher = seen[0]
     assert teacher.dtype == torch.bfloat16
     ids = torch.tensor([[1, 2, 3]])
@@ -166,7 +202,8 @@ def test_teacher_few_shot_shows_solved_conversations_of_the_same_family_and_mode
     # a prompt with no group (an eval row without the column) still gets k demonstrations of its system turn
     free = pool.demos(convs[0][:-1], None)
     assert len(free) == 4 and all(
-        next(c for c in convs if c[1]["content"] == q["content"])[0] == convs[0][0] for q in free[::2])
+        next(c for c in convs if c[1]["content"] == q["content"])[0] == convs[0][0] for q in free[::2]
+    )
 
     args = DistillConfig(output_dir="/tmp/unused", teacher_strip_mode_flags=True)
     [teacher_text] = teacher_prompt_map(convs[:1], tiny["ours"], tiny["other"], args, pool, groups[:1]).values()
@@ -246,16 +283,25 @@ def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny
     convs = [to_messages(r, "no_think")[:-1] for r in rows]
     prompts = render_prompts(tok, convs)
     assert len({len(p) for p in prompts}) > 1  # prompts of different lengths: left padding is exercised
-    completions = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                   for t in ("The answer is \\boxed{4}.", "\\boxed{12}", "It is \\boxed{7}")]
+    completions = [
+        tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        for t in ("The answer is \\boxed{4}.", "\\boxed{12}", "It is \\boxed{7}")
+    ]
     batch = _on_policy_batch(tok, prompts, completions)
     texts = [tok.decode(p, skip_special_tokens=False) for p in prompts]
 
     def loss_with(view: dict[str, str], chunk: int = 0):
-        fake = SimpleNamespace(processing_class=tok, teacher_model=teacher, pad_token_id=tok.pad_token_id, beta=1.0,
-                               temperature=1.0, generalized_jsd_loss=GOLDTrainer.generalized_jsd_loss,
-                               teacher_prompts=view, teacher_prompt_misses=0,
-                               args=SimpleNamespace(loss="reverse_kl", loss_chunk_tokens=chunk))
+        fake = SimpleNamespace(
+            processing_class=tok,
+            teacher_model=teacher,
+            pad_token_id=tok.pad_token_id,
+            beta=1.0,
+            temperature=1.0,
+            generalized_jsd_loss=GOLDTrainer.generalized_jsd_loss,
+            teacher_prompts=view,
+            teacher_prompt_misses=0,
+            args=SimpleNamespace(loss="reverse_kl", loss_chunk_tokens=chunk),
+        )
         fake._teacher_prompt_text = lambda text: DistillTrainer._teacher_prompt_text(fake, text)
         fake._chunked_loss = lambda *a: DistillTrainer._chunked_loss(fake, *a)
         with torch.no_grad():
@@ -265,13 +311,20 @@ def test_same_tokenizer_teacher_view_loss_is_gkd_on_the_teachers_own_prompt(tiny
     with torch.no_grad():  # TRL's GKD path: the teacher reads exactly the student's tokens
         s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        gkd = float(GOLDTrainer.generalized_jsd_loss(s_logits[:, :-1], t_logits[:, :-1], batch["labels"][:, 1:], beta=1.0))
+        gkd = float(
+            GOLDTrainer.generalized_jsd_loss(s_logits[:, :-1], t_logits[:, :-1], batch["labels"][:, 1:], beta=1.0)
+        )
     same, misses = loss_with({t: t for t in texts})
     assert misses == 0 and same == pytest.approx(gkd, rel=1e-4)
 
     args = DistillConfig(output_dir="/tmp/unused", teacher_hint=" (answer: {answer})")
-    view = teacher_prompt_map([c + [{"role": "assistant", "content": "x"}] for c in convs], tok, tok, args,
-                              hints=teacher_hints(rows, args.teacher_hint))
+    view = teacher_prompt_map(
+        [c + [{"role": "assistant", "content": "x"}] for c in convs],
+        tok,
+        tok,
+        args,
+        hints=teacher_hints(rows, args.teacher_hint),
+    )
     assert set(view) == set(texts)
     hinted, misses = loss_with(view)
     total, count = 0.0, 0
@@ -306,19 +359,27 @@ def test_chunked_loss_gives_the_whole_logits_loss_and_gradients(tiny, beta):
     student, teacher = load_model(tiny["student"], dtype="float32"), load_model(tiny["teacher"], dtype="float32")
     rows = make_tasks(FAMILIES, num=3, seed=3)
     prompts = render_prompts(tok, [to_messages(r, "no_think")[:-1] for r in rows])
-    completions = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                   for t in ("The answer is \\boxed{4}.", "\\boxed{12}", "so it is \\boxed{7} then")]
+    completions = [
+        tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        for t in ("The answer is \\boxed{4}.", "\\boxed{12}", "so it is \\boxed{7} then")
+    ]
     batch = _on_policy_batch(tok, prompts, completions)
     params = [p for p in student.parameters() if p.requires_grad]
     s_logits = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     with torch.no_grad():
         t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    whole = GOLDTrainer.generalized_jsd_loss(s_logits[:, :-1], t_logits[:, :-1], batch["labels"][:, 1:], beta=beta,
-                                             temperature=0.9)
+    whole = GOLDTrainer.generalized_jsd_loss(
+        s_logits[:, :-1], t_logits[:, :-1], batch["labels"][:, 1:], beta=beta, temperature=0.9
+    )
     grads = torch.autograd.grad(whole, params)
     for chunk in (4, 7, 1000):
-        fake = SimpleNamespace(teacher_model=teacher, beta=beta, temperature=0.9, teacher_prompts={},
-                               args=SimpleNamespace(loss="reverse_kl", loss_chunk_tokens=chunk))
+        fake = SimpleNamespace(
+            teacher_model=teacher,
+            beta=beta,
+            temperature=0.9,
+            teacher_prompts={},
+            args=SimpleNamespace(loss="reverse_kl", loss_chunk_tokens=chunk),
+        )
         fake._chunked_loss = lambda *a, fake=fake: DistillTrainer._chunked_loss(fake, *a)
         chunked = DistillTrainer.compute_loss(fake, student, batch)
         assert chunked.item() == pytest.approx(whole.item(), rel=1e-5, abs=1e-7)
@@ -349,7 +410,7 @@ def test_teacher_accuracy_scores_the_teachers_own_greedy_answers(tiny, monkeypat
     monkeypatch.setattr(dm, "model_generate", fake_engine)
     assert all(r["answer"] != "12345" for r in rows)
     assert dm.teacher_accuracy("the-teacher", tok, rows, 7) == 0.5
-    (model, prompts, max_new), = called
+    ((model, prompts, max_new),) = called
     assert (model, len(prompts), max_new) == ("the-teacher", 4, 7)
     assert all(r["prompt"] in p and "(answer:" not in p for p, r in zip(prompts, rows, strict=True))
     # with its own view (teacher_prompts: student text -> teacher text) the teacher answers the prompts it grades
@@ -381,10 +442,21 @@ def _best_of_engine(tok, rows_by_prompt: dict, n: int, calls: list):
                 seen[question] = k + 1
                 mode = "no_think" if "/no_think" in text else "think"
                 right_bare = f"The answer is \\boxed{{{row['answer']}}}."
-                answer = (assistant_text(row, mode) if k == i % n and i % 3 != 2 else
-                          right_bare if k == (i + 1) % n and mode == "think" else "\\boxed{12345}")
-                out.append([SimpleNamespace(completion_ids=tok(answer, add_special_tokens=False)["input_ids"]
-                                            + [tok.eos_token_id], finish_reason="stop")])
+                answer = (
+                    assistant_text(row, mode)
+                    if k == i % n and i % 3 != 2
+                    else right_bare
+                    if k == (i + 1) % n and mode == "think"
+                    else "\\boxed{12345}"
+                )
+                out.append(
+                    [
+                        SimpleNamespace(
+                            completion_ids=tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
+                            finish_reason="stop",
+                        )
+                    ]
+                )
             return out
 
         return generate
@@ -399,11 +471,29 @@ def test_rejection_sampling_teacher_keeps_its_first_verified_answer_in_the_asked
 
     rows = make_tasks(FAMILIES, num=9, seed=7)
     modes = ["think", "no_think", "think"] * 3
-    data = {"train": __import__("datasets").Dataset.from_list([
-        {"prompt_messages": to_messages(r, m)[:2], "answer": r["answer"], "reward": "math_reward",
-         "prompt": r["prompt"], "family": r["family"], "think": r.get("think", "")} for r, m in zip(rows, modes)])}
-    args = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=3, temperature=0.8,
-                         max_completion_length=24, seed=5)
+    data = {
+        "train": __import__("datasets").Dataset.from_list(
+            [
+                {
+                    "prompt_messages": to_messages(r, m)[:2],
+                    "answer": r["answer"],
+                    "reward": "math_reward",
+                    "prompt": r["prompt"],
+                    "family": r["family"],
+                    "think": r.get("think", ""),
+                }
+                for r, m in zip(rows, modes)
+            ]
+        )
+    }
+    args = DistillConfig(
+        output_dir="/tmp/unused",
+        loss="rejection_sampling",
+        teacher_best_of=3,
+        temperature=0.8,
+        max_completion_length=24,
+        seed=5,
+    )
     conv = prepare_conversations(data, args, 0)
     kept = [i for i in range(9) if i % 3 != 2]  # every third row: no verified answer, dropped
     # a prompt is sampled until its first accepted answer: row i's is sample i % 3 (none for i % 3 == 2), so the 9
@@ -411,8 +501,11 @@ def test_rejection_sampling_teacher_keeps_its_first_verified_answer_in_the_asked
     for per_call, sizes in ((512, [9, 6, 3]), (4, [4, 4, 1, 4, 2, 3])):
         calls = []
         monkeypatch.setattr(dt, "SAMPLES_PER_LOG", per_call)
-        monkeypatch.setattr(dt, "model_generate", _best_of_engine(
-            tiny["ours"], {r["prompt"]: (i, r) for i, r in enumerate(rows)}, 3, calls))
+        monkeypatch.setattr(
+            dt,
+            "model_generate",
+            _best_of_engine(tiny["ours"], {r["prompt"]: (i, r) for i, r in enumerate(rows)}, 3, calls),
+        )
         train = teacher_answers(conv, torch.nn.Linear(1, 1), tiny["ours"], args)
         seeds = [5 + sum(sizes[:j]) for j in range(len(sizes))]
         assert [(c[0], c[3], c[1], c[2]) for c in calls] == [(n, s, 0.8, 24) for n, s in zip(sizes, seeds)]
@@ -432,8 +525,15 @@ def test_teacher_thinks_answers_no_think_prompts_thinking_and_the_student_learns
 
     rows = make_tasks(FAMILIES, num=6, seed=3)
     modes = ["think", "no_think"] * 3
-    table = [{"prompt_messages": to_messages(r, m)[:2], "answer": r["answer"], "reward": "math_reward",
-              "prompt": r["prompt"]} for r, m in zip(rows, modes)]
+    table = [
+        {
+            "prompt_messages": to_messages(r, m)[:2],
+            "answer": r["answer"],
+            "reward": "math_reward",
+            "prompt": r["prompt"],
+        }
+        for r, m in zip(rows, modes)
+    ]
     tok, shown = tiny["ours"], []
 
     def make(model, tokenizer, *a):
@@ -444,30 +544,44 @@ def test_teacher_thinks_answers_no_think_prompts_thinking_and_the_student_learns
                 shown.append(text)
                 row = next(r for r in rows if r["prompt"] in text)
                 answer = "\\boxed{12345}" if "/no_think" in text else assistant_text(row, "think")
-                out.append([SimpleNamespace(completion_ids=tok(answer, add_special_tokens=False)["input_ids"]
-                                            + [tok.eos_token_id], finish_reason="stop")])
+                out.append(
+                    [
+                        SimpleNamespace(
+                            completion_ids=tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id],
+                            finish_reason="stop",
+                        )
+                    ]
+                )
             return out
+
         return generate
 
     monkeypatch.setattr(dt, "model_generate", make)
     convs = [r["prompt_messages"] for r in table]
-    asked = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=2,
-                          max_completion_length=48)
+    asked = DistillConfig(
+        output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=2, max_completion_length=48
+    )
     answers = dt.best_of_samples(torch.nn.Linear(1, 1), tok, table, convs, asked)
     assert answers == [assistant_text(r, "think") if m == "think" else None for r, m in zip(rows, modes)]
     assert sum("/no_think" in t for t in shown) == 6  # 3 no_think prompts x 2 samples, shown as asked
 
     shown.clear()
-    thinking = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_best_of=2,
-                             max_completion_length=48, teacher_thinks=True)
+    thinking = DistillConfig(
+        output_dir="/tmp/unused",
+        loss="rejection_sampling",
+        teacher_best_of=2,
+        max_completion_length=48,
+        teacher_thinks=True,
+    )
     answers = dt.best_of_samples(torch.nn.Linear(1, 1), tok, table, convs, thinking)
     assert not any("/no_think" in t for t in shown) and len(shown) == 6  # each right at its first sample
     # think rows: the whole think answer; no_think rows: its conclusion alone, the no_think form
     assert answers == [assistant_text(r, m) for r, m in zip(rows, modes)]
     assert [convs[i][0]["content"] for i in (0, 1)] == ["/think", "/no_think"]  # the rows themselves untouched
     with pytest.raises(ValueError, match="teacher_thinks.*rejection_sampling.*teacher_strip_mode_flags"):
-        DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling", teacher_thinks=True,
-                      teacher_strip_mode_flags=True)
+        DistillConfig(
+            output_dir="/tmp/unused", loss="rejection_sampling", teacher_thinks=True, teacher_strip_mode_flags=True
+        )
 
 
 def test_rejection_sampling_needs_verifiable_rows_and_a_positive_best_of():
@@ -476,7 +590,9 @@ def test_rejection_sampling_needs_verifiable_rows_and_a_positive_best_of():
     from align.distill.trainer import prepare_conversations
 
     args = DistillConfig(output_dir="/tmp/unused", loss="rejection_sampling")
-    chat = Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])
+    chat = Dataset.from_list(
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    )
     with pytest.raises(ValueError, match="rejection_sampling.*'answer' and 'reward' columns.*messages"):
         prepare_conversations({"train": chat}, args, 0)
     with pytest.raises(ValueError, match="teacher_best_of must be >= 1"):
@@ -488,16 +604,27 @@ def test_rejection_sampling_replay_rows_join_the_verified_answers(tmp_path):
 
     from align.distill.trainer import add_replay_conversations
 
-    answer = [{"role": "system", "content": "/think"}, {"role": "user", "content": "2+2?"},
-              {"role": "assistant", "content": "<think>\n2 + 2 = 4\n</think>\nThe answer is \\boxed{4}."}]
+    answer = [
+        {"role": "system", "content": "/think"},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\n2 + 2 = 4\n</think>\nThe answer is \\boxed{4}."},
+    ]
     verified = Dataset.from_list([{"messages": answer}])
-    chat = [{"messages": [{"role": "user", "content": f"Tell me about {x}."},
-                          {"role": "assistant", "content": f"{x} is nice.", "name": "bot"}]} for x in ("tea", "rain")]
+    chat = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Tell me about {x}."},
+                {"role": "assistant", "content": f"{x} is nice.", "name": "bot"},
+            ]
+        }
+        for x in ("tea", "rain")
+    ]
     path = tmp_path / "replay.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in chat))
     train = add_replay_conversations(verified, str(path))
-    assert train["messages"] == [answer] + [[{k: m[k] for k in ("role", "content")} for m in r["messages"]]
-                                            for r in chat]
+    assert train["messages"] == [answer] + [
+        [{k: m[k] for k in ("role", "content")} for m in r["messages"]] for r in chat
+    ]
     assert add_replay_conversations(verified, str(path), limit=1)["messages"][1][0]["content"] == "Tell me about tea."
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     with pytest.raises(ValueError, match=r"row 0 is not a conversation \(\{role, content\} turns\) ending in an"):
@@ -509,8 +636,9 @@ def test_rejection_sampling_replay_rows_join_the_verified_answers(tmp_path):
         DistillConfig(output_dir="/tmp/unused", replay_data=str(path))
 
 
-def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_teacher_per_mode(tiny, tmp_path,
-                                                                                                  monkeypatch):
+def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_teacher_per_mode(
+    tiny, tmp_path, monkeypatch
+):
     import align.distill.rejection as dt
     from align.data.loading import get_dataset
     from align.distill.trainer import DistillTrainer
@@ -519,11 +647,24 @@ def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_tea
 
     replay = tmp_path / "replay"  # the replay stage's shape: a directory with train.jsonl
     replay.mkdir()
-    (replay / "train.jsonl").write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w}!"}]}) + "\n"
-        for w in ("yes", "no", "maybe")))
-    script, args, model = _configs(tiny, tmp_path / "out", tiny["student"], loss="rejection_sampling",
-                                   teacher_best_of=2, max_steps=8, replay_data=str(replay))
+    (replay / "train.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w}!"}]}
+            )
+            + "\n"
+            for w in ("yes", "no", "maybe")
+        )
+    )
+    script, args, model = _configs(
+        tiny,
+        tmp_path / "out",
+        tiny["student"],
+        loss="rejection_sampling",
+        teacher_best_of=2,
+        max_steps=8,
+        replay_data=str(replay),
+    )
     script.dataset_args = {**script.dataset_args, "mode": "mixed"}
     data = get_dataset(script)
     index = {r["prompt"]: (i, r) for split in ("train", "test") for i, r in enumerate(data[split].to_list())}
@@ -534,7 +675,10 @@ def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_tea
     metrics = main(script, args, model)
     train = seen[0]
     assert len(train) == sum(1 for i in range(len(data["train"])) if i % 3 != 2) + 3  # + the replay rows
-    assert train["messages"][-1] == [{"role": "user", "content": "Say maybe."}, {"role": "assistant", "content": "maybe!"}]
+    assert train["messages"][-1] == [
+        {"role": "user", "content": "Say maybe."},
+        {"role": "assistant", "content": "maybe!"},
+    ]
     # the held-out teacher: its verified best of 2 on the 6 held-out rows, per asked mode, from its own samples
     best = metrics["teacher_best_of"]
     assert best["correct"] == [int(i % 3 != 2) for i in range(6)] and best["accuracy"] == 4 / 6
@@ -562,10 +706,10 @@ def test_rejection_sampling_run_learns_the_verified_answers_and_measures_the_tea
     assert nll(str(tmp_path / "out")) < 0.8 * nll(tiny["student"])
 
 
-
 @pytest.mark.parametrize("student,bf16", [("previous", False), ("start", True)])
-def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(student, bf16, tiny, tmp_path,
-                                                                              monkeypatch):
+def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(
+    student, bf16, tiny, tmp_path, monkeypatch
+):
     """rejection_rounds: 2: round 2's teacher is round 1's saved model (output_dir/round-1), and so is its student
     ('previous') or the stage's starting model again ('start', ReST-EM); the stage's report judges round 1's before
     against round 2's after; a rerun skips the finished round."""
@@ -574,8 +718,17 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
     from align.eval.statistics import paired_change
 
     out = tmp_path / "out"
-    script, args, model = _configs(tiny, out, tiny["student"], loss="rejection_sampling", teacher_best_of=2,
-                                   max_steps=4, rejection_rounds=2, rejection_round_student=student, bf16=bf16)
+    script, args, model = _configs(
+        tiny,
+        out,
+        tiny["student"],
+        loss="rejection_sampling",
+        teacher_best_of=2,
+        max_steps=4,
+        rejection_rounds=2,
+        rejection_round_student=student,
+        bf16=bf16,
+    )
     script.dataset_args = {**script.dataset_args, "mode": "mixed"}
     data = get_dataset(script)
     index = {r["prompt"]: (i, r) for split in ("train", "test") for i, r in enumerate(data[split].to_list())}
@@ -618,9 +771,10 @@ def test_expert_iteration_samples_each_round_from_the_model_the_last_one_made(st
     # round 2's teacher is round 1's saved model, answered in round 1's after; its student round 1's or the start's
     assert first["reused"] == {"before": {"teacher": str(Path(tiny["student"]).resolve())}}
     assert first["teacher_accuracy"] == first["before"]["accuracy"]
-    assert metrics["reused"]["before"] == {"student": str((out / "round-1").resolve() if student == "previous"
-                                                          else Path(tiny["student"]).resolve()),
-                                           "teacher": str((out / "round-1").resolve())}
+    assert metrics["reused"]["before"] == {
+        "student": str((out / "round-1").resolve() if student == "previous" else Path(tiny["student"]).resolve()),
+        "teacher": str((out / "round-1").resolve()),
+    }
     # round 1 before and after, round 2 before (handed round 1's answers), round 2 after: three greedy passes made
     assert [given for given, _ in answered] == [False, False, True, False]
     # ... and what was read equals what the saved round-1 model answers when loaded and asked again
@@ -694,8 +848,9 @@ def test_rejection_sampling_loss_is_the_models_own_next_token_loss_on_the_answer
     reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss  # transformers' own causal LM loss
     assert torch.allclose(ours, reference, atol=1e-6)
     # with the trainer's count of answer tokens over the accumulated batches, the sum is divided by that instead
-    summed = DistillTrainer.compute_loss(fake, model, {"input_ids": ids, "attention_mask": mask, "labels": labels},
-                                         num_items_in_batch=torch.tensor(20))
+    summed = DistillTrainer.compute_loss(
+        fake, model, {"input_ids": ids, "attention_mask": mask, "labels": labels}, num_items_in_batch=torch.tensor(20)
+    )
     assert torch.allclose(summed, reference * 7 / 20, atol=1e-6)  # 7 answer tokens
 
 
@@ -753,8 +908,9 @@ def test_engine_adapter_samples_per_unique_prompt_and_syncs():
     model = torch.nn.Linear(2, 2)
     engine = FakeEngine()
     trainer = SimpleNamespace(model_wrapped=model, state=SimpleNamespace(global_step=0))
-    gen = EngineGeneration(Sampler(engine, None, seed=0), trainer, DistillConfig(output_dir="/tmp/unused"),
-                           stop_token_ids=[0])
+    gen = EngineGeneration(
+        Sampler(engine, None, seed=0), trainer, DistillConfig(output_dir="/tmp/unused"), stop_token_ids=[0]
+    )
     prompts, completions, _, _ = gen.generate([[5], [5], [7], [7]], num_generations=2)
     assert completions == [[5, 0], [5, 1, 0], [7, 0], [7, 1, 0]]  # stop token appended once
     gen.sync_weights()
@@ -776,9 +932,12 @@ def test_the_smollm3_pipeline_places_its_teacher_where_the_launch_allows(monkeyp
     for s in stages:
         zero = yaml.safe_load((REPO_ROOT / s["accelerate_config"]).read_text()).get("deepspeed_config", {})
         recipe = yaml.safe_load((REPO_ROOT / s["recipe"]).read_text())
-        args = DistillConfig(output_dir="/tmp/unused", teacher_model_name_or_path=recipe["teacher_model_name_or_path"],
-                             teacher_device=recipe.get("teacher_device"),
-                             teacher_quantization=recipe.get("teacher_quantization"))
+        args = DistillConfig(
+            output_dir="/tmp/unused",
+            teacher_model_name_or_path=recipe["teacher_model_name_or_path"],
+            teacher_device=recipe.get("teacher_device"),
+            teacher_quantization=recipe.get("teacher_quantization"),
+        )
         monkeypatch.setattr(distill, "is_zero3", lambda stage=zero.get("zero_stage"): stage == 3)
         monkeypatch.setenv("WORLD_SIZE", "8")
         distill.check_teacher_placement(args)  # one node of 8 GPUs: accepted

@@ -32,16 +32,34 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "recipes" / "accelerate"
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
+
 def launch(script: str, *args: str, config: str = "zero3", nproc: int = 2, timeout: int = 400):
     """`accelerate launch --config_file recipes/accelerate/<config>.yaml --num_processes <nproc> script ...`"""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-           "--num_processes", str(nproc), "--main_process_port", str(free_port()), script, *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / f"{config}.yaml"),
+        "--num_processes",
+        str(nproc),
+        "--main_process_port",
+        str(free_port()),
+        script,
+        *map(str, args),
+    ]
     return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def python(script: str, *args: str, timeout: int = 300, **env: str):
-    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, env={**_env(), **env},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, script, *map(str, args)],
+        cwd=ROOT,
+        env={**_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def ok(proc) -> None:
@@ -70,10 +88,17 @@ def test_micro_pipeline_under_zero3_on_two_ranks(micro):
     manifest = json.loads((micro / "manifest.json").read_text())
     assert [s["status"] for s in manifest["stages"]] == ["done"] * len(manifest["stages"])
     trainer_stages = [s for s in manifest["stages"] if s["script"] not in ("train_tokenizer", "tokenizer")]
-    assert all("accelerate.commands.launch" in " ".join(s["command"]) and "zero3.yaml" in " ".join(s["command"])
-               for s in trainer_stages)
+    assert all(
+        "accelerate.commands.launch" in " ".join(s["command"]) and "zero3.yaml" in " ".join(s["command"])
+        for s in trainer_stages
+    )
     # every stage ran on two DeepSpeed ranks (each writes what it ran on)
-    reports = {"sft": "sft_eval.json", "apo": "preference_eval.json", "grpo": "grpo_eval.json", "gold": "distill_eval.json"}
+    reports = {
+        "sft": "sft_eval.json",
+        "apo": "preference_eval.json",
+        "grpo": "grpo_eval.json",
+        "gold": "distill_eval.json",
+    }
     for stage, name in reports.items():
         assert json.loads((micro / stage / name).read_text())["world_size"] == 2, stage
     assert json.loads((micro / "sft" / "sft_eval.json").read_text())["distributed_type"].endswith("DEEPSPEED")
@@ -112,45 +137,102 @@ def test_apo_with_replay_rows_under_zero3(micro, tmp_path):
     from align.preference.data import replay_pairs
 
     chats = [("Who are you?", "I am a small assistant."), ("Say hello.", "Hello there!")]
-    rows = [{"messages": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q},
-                          {"role": "assistant", "content": a}]} for q, a in chats * 8]
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "/no_think"},
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": a},
+            ]
+        }
+        for q, a in chats * 8
+    ]
     replay = tmp_path / "replay.jsonl"
     replay.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "apo"
-    proc = launch("scripts/dpo.py", micro / "configs" / "apo.yaml", "--output_dir", out, "--replay_data", replay,
-                  "--loss_type", "apo_zero", "sft", "--loss_weights", "1.0", "1.0", "--learning_rate", "1e-3",
-                  "--max_steps", "4", "--save_steps", "4")
+    proc = launch(
+        "scripts/dpo.py",
+        micro / "configs" / "apo.yaml",
+        "--output_dir",
+        out,
+        "--replay_data",
+        replay,
+        "--loss_type",
+        "apo_zero",
+        "sft",
+        "--loss_weights",
+        "1.0",
+        "1.0",
+        "--learning_rate",
+        "1e-3",
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "4",
+    )
     ok(proc)
     assert "replay: 16 conversations" in proc.stdout + proc.stderr
     assert json.loads((out / "preference_eval.json").read_text())["world_size"] == 2
     tok = AutoTokenizer.from_pretrained(micro / "sft")
     pairs = replay_pairs([{"messages": r["messages"]} for r in rows[:2]])
-    start, trained = (pair_logps(AutoModelForCausalLM.from_pretrained(m), tok, pairs, 2, None)[0]
-                      for m in (micro / "sft", out))
+    start, trained = (
+        pair_logps(AutoModelForCausalLM.from_pretrained(m), tok, pairs, 2, None)[0] for m in (micro / "sft", out)
+    )
     assert (trained > start).all(), (start, trained)
 
 
 def test_iterative_apo_samples_each_rounds_pairs_from_the_round_before_under_zero3(micro, tmp_path):
-    """`preference_rounds: 2` as users launch APO (2 ZeRO-3 ranks): round 1 trains on the stage's pairs, round 2's pairs
-    are sampled by round 1's saved model inside the stage (the ranks split the prompts) and round 2 trains that model;
-    a rerun skips the finished round and its pairs."""
+    """`preference_rounds: 2` as users launch APO (2 ZeRO-3 ranks): round 1 trains on the stage's pairs, round 2's
+    pairs are sampled by round 1's saved model inside the stage (the ranks split the prompts) and round 2 trains that
+    model; a rerun skips the finished round and its pairs."""
     import torch
     from safetensors.torch import load_file
 
     verifier = tmp_path / "verifier.py"  # micro models answer nothing right: a score that varies from sample to sample
-    verifier.write_text("def e_share_reward(completions, **kwargs):\n"
-                        "    texts = [c if isinstance(c, str) else c[-1]['content'] for c in completions]\n"
-                        "    return [t.count('e') / (len(t) + 1) for t in texts]\n")
+    verifier.write_text(
+        "def e_share_reward(completions, **kwargs):\n"
+        "    texts = [c if isinstance(c, str) else c[-1]['content'] for c in completions]\n"
+        "    return [t.count('e') / (len(t) + 1) for t in texts]\n"
+    )
     recipe = tmp_path / "pairs.yaml"
-    recipe.write_text(json.dumps({
-        "dataset_name": "builtin:tasks", "dataset_args": {"num": 16, "seed": 1, "mode": "think"}, "max_eval_samples": 8,
-        "method": "graded", "policy_model": "set-by-the-round", "num_samples": 3, "temperature": 1.0,
-        "max_new_tokens": 16, "rewards": [f"{verifier}:e_share_reward"], "verify_chosen": False, "mode_format": False,
-        "batch_size": 8, "seed": 4, "rollout_backend": "hf", "output_dir": "set-by-the-round"}))
+    recipe.write_text(
+        json.dumps(
+            {
+                "dataset_name": "builtin:tasks",
+                "dataset_args": {"num": 16, "seed": 1, "mode": "think"},
+                "max_eval_samples": 8,
+                "method": "graded",
+                "policy_model": "set-by-the-round",
+                "num_samples": 3,
+                "temperature": 1.0,
+                "max_new_tokens": 16,
+                "rewards": [f"{verifier}:e_share_reward"],
+                "verify_chosen": False,
+                "mode_format": False,
+                "batch_size": 8,
+                "seed": 4,
+                "rollout_backend": "hf",
+                "output_dir": "set-by-the-round",
+            }
+        )
+    )
     out = tmp_path / "apo"
-    args = ["scripts/dpo.py", micro / "configs" / "apo.yaml", "--output_dir", out, "--max_steps", "2",
-            "--save_steps", "2", "--preference_rounds", "2", "--round_pairs_recipe", recipe,
-            "--round_pairs_overrides", '{"dataset_args": {"num": 16, "seed": 3, "mode": "think"}}']
+    args = [
+        "scripts/dpo.py",
+        micro / "configs" / "apo.yaml",
+        "--output_dir",
+        out,
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--preference_rounds",
+        "2",
+        "--round_pairs_recipe",
+        recipe,
+        "--round_pairs_overrides",
+        '{"dataset_args": {"num": 16, "seed": 3, "mode": "think"}}',
+    ]
     ok(launch(*args))
     card = json.loads((out / "pairs-round-2" / "card.json").read_text())
     assert card["models"]["policy"].startswith(str(out / "round-1")), card["models"]
@@ -176,8 +258,17 @@ def test_iterative_apo_samples_each_rounds_pairs_from_the_round_before_under_zer
 
 
 def _pretrain_args(micro: Path, out: Path, **extra) -> list[str]:
-    args = [micro / "configs" / "pretrain_small.yaml", "--output_dir", out, "--max_steps", "4", "--save_steps", "2",
-            "--mixed_precision", "no"]
+    args = [
+        micro / "configs" / "pretrain_small.yaml",
+        "--output_dir",
+        out,
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "2",
+        "--mixed_precision",
+        "no",
+    ]
     for k, v in extra.items():
         args += [f"--{k}", str(v)]
     return [str(a) for a in args]
@@ -191,9 +282,18 @@ def test_pretrain_ddp_equals_one_process_and_resumes(micro, tmp_path):
     """2 ranks x micro batch 2 == 1 process x micro batch 4, step for step, across a stop and a resume."""
     ok(python("scripts/run_pretrain.py", *_pretrain_args(micro, tmp_path / "one", micro_batch_size=4)))
     ddp = tmp_path / "ddp"
-    ok(launch("scripts/run_pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2, stop_after_steps=2), config="ddp"))
-    resumed = launch("scripts/run_pretrain.py", *_pretrain_args(micro, ddp, micro_batch_size=2,
-                                                         resume_from_checkpoint="auto"), config="ddp")
+    ok(
+        launch(
+            "scripts/run_pretrain.py",
+            *_pretrain_args(micro, ddp, micro_batch_size=2, stop_after_steps=2),
+            config="ddp",
+        )
+    )
+    resumed = launch(
+        "scripts/run_pretrain.py",
+        *_pretrain_args(micro, ddp, micro_batch_size=2, resume_from_checkpoint="auto"),
+        config="ddp",
+    )
     ok(resumed)
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert _pretrain_losses(ddp) == pytest.approx(_pretrain_losses(tmp_path / "one"), rel=1e-5)
@@ -214,8 +314,20 @@ def test_pretrain_zero2_resumes_exactly(micro, tmp_path):
 
 
 def _sft(micro: Path, out: Path, *extra: str) -> list[str]:
-    return [str(micro / "configs" / "sft.yaml"), "--output_dir", str(out), "--logging_steps", "1", "--bf16", "false",
-            "--save_steps", "3", "--max_steps", "3", *extra]
+    return [
+        str(micro / "configs" / "sft.yaml"),
+        "--output_dir",
+        str(out),
+        "--logging_steps",
+        "1",
+        "--bf16",
+        "false",
+        "--save_steps",
+        "3",
+        "--max_steps",
+        "3",
+        *extra,
+    ]
 
 
 def test_sft_two_ddp_ranks_equal_one_process_with_twice_the_batch(micro, tmp_path):
@@ -238,11 +350,28 @@ def test_sft_lora_under_zero3_saves_the_merged_model(micro, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "lora"
-    ok(launch("scripts/sft.py", *_sft(micro, out, "--use_peft", "true", "--lora_r", "4", "--lora_target_modules",
-                                      "all-linear", "--learning_rate", "1e-2")))
+    ok(
+        launch(
+            "scripts/sft.py",
+            *_sft(
+                micro,
+                out,
+                "--use_peft",
+                "true",
+                "--lora_r",
+                "4",
+                "--lora_target_modules",
+                "all-linear",
+                "--learning_rate",
+                "1e-2",
+            ),
+        )
+    )
     load = lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # noqa: E731
     merged = load(out).state_dict()
-    reference = PeftModel.from_pretrained(load(micro / "pretrain_reasoning"), out / "adapter").merge_and_unload().state_dict()
+    reference = (
+        PeftModel.from_pretrained(load(micro / "pretrain_reasoning"), out / "adapter").merge_and_unload().state_dict()
+    )
     base_state = load(micro / "pretrain_reasoning").state_dict()
     assert set(merged) == set(reference)
     assert all(torch.allclose(merged[k], reference[k], atol=1e-6) for k in merged)  # base + the trained adapter
@@ -255,10 +384,34 @@ def test_sft_lora_under_zero3_saves_the_merged_model(micro, tmp_path):
 @pytest.mark.parametrize("stage", ["kto", "orpo"])
 def test_kto_and_orpo_under_zero3(micro, tmp_path, stage):
     out = tmp_path / stage
-    ok(launch(f"scripts/{stage}.py", ROOT / "recipes" / "tiny" / f"{stage}.yaml", "--model_name_or_path", micro / "sft",
-              "--dataset_name", micro / "preferences", "--dataset_args", "null", "--output_dir", out, "--max_steps", "2",
-              "--per_device_train_batch_size", "2", "--max_length", "128", "--report_to", "none",
-              "--save_strategy", "no", "--eval_strategy", "no", "--learning_rate", "1e-3"))
+    ok(
+        launch(
+            f"scripts/{stage}.py",
+            ROOT / "recipes" / "tiny" / f"{stage}.yaml",
+            "--model_name_or_path",
+            micro / "sft",
+            "--dataset_name",
+            micro / "preferences",
+            "--dataset_args",
+            "null",
+            "--output_dir",
+            out,
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "2",
+            "--max_length",
+            "128",
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+            "--eval_strategy",
+            "no",
+            "--learning_rate",
+            "1e-3",
+        )
+    )
     metrics = json.loads((out / "preference_eval.json").read_text())
     assert metrics["world_size"] == 2
     assert metrics["before"]["num_pairs"] == metrics["after"]["num_pairs"] == 8  # the test pairs of both ranks
@@ -269,8 +422,22 @@ def test_kto_and_orpo_under_zero3(micro, tmp_path, stage):
 
 
 def _grpo_worker(micro: Path, out: Path, *extra: str):
-    return launch("tests/workers/grpo_sync.py", out, micro / "configs" / "grpo.yaml", "--output_dir", out / "train",
-                  "--bf16", "false", "--save_strategy", "no", "--learning_rate", "1e-3", "--report_to", "none", *extra)
+    return launch(
+        "tests/workers/grpo_sync.py",
+        out,
+        micro / "configs" / "grpo.yaml",
+        "--output_dir",
+        out / "train",
+        "--bf16",
+        "false",
+        "--save_strategy",
+        "no",
+        "--learning_rate",
+        "1e-3",
+        "--report_to",
+        "none",
+        *extra,
+    )
 
 
 def _check_sync(out: Path) -> dict:
@@ -298,12 +465,15 @@ def test_grpo_vllm_under_zero3_pushes_gathered_weights(micro, tmp_path):
 
 @pytest.mark.vllm
 def test_grpo_bf16_vllm_under_zero3_corrects_in_the_loss_pass(micro, tmp_path, keep_bf16):
-    """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16 (align.grpo.trainer.rollout_knobs),
-    and the trainer corrects the engine/trainer mismatch with truncated importance sampling built from its own loss
-    pass, on every rank, without TRL's extra no-grad pass."""
+    """`scripts/grpo.py` under bf16 with a vLLM engine on CPU ranks: the engine samples in bf16
+    (align.grpo.trainer.rollout_knobs), and the trainer corrects the engine/trainer mismatch with truncated importance
+    sampling built from its own loss pass, on every rank, without TRL's extra no-grad pass."""
     pytest.importorskip("vllm")
-    ok(_grpo_worker(micro, tmp_path, "--rollout_backend", "vllm", "--rollout_kwargs", "{kv_cache_gib: 0.25}",
-                    "--bf16", "true"))
+    ok(
+        _grpo_worker(
+            micro, tmp_path, "--rollout_backend", "vllm", "--rollout_kwargs", "{kv_cache_gib: 0.25}", "--bf16", "true"
+        )
+    )
     result = _check_sync(tmp_path)
     for rank in result["ranks"]:
         assert rank["engine_dtype"] == "bfloat16" and rank["is_in_loss_pass"]
@@ -317,9 +487,24 @@ def test_grpo_bf16_vllm_under_zero3_corrects_in_the_loss_pass(micro, tmp_path, k
 @pytest.mark.vllm
 def test_grpo_lora_vllm_under_zero3_pushes_the_merged_adapter(micro, tmp_path):
     pytest.importorskip("vllm")
-    ok(_grpo_worker(micro, tmp_path, "--rollout_backend", "vllm", "--rollout_kwargs", "{kv_cache_gib: 0.25}",
-                    "--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear",
-                    "--learning_rate", "5e-2"))
+    ok(
+        _grpo_worker(
+            micro,
+            tmp_path,
+            "--rollout_backend",
+            "vllm",
+            "--rollout_kwargs",
+            "{kv_cache_gib: 0.25}",
+            "--use_peft",
+            "true",
+            "--lora_r",
+            "4",
+            "--lora_target_modules",
+            "all-linear",
+            "--learning_rate",
+            "5e-2",
+        )
+    )
     _check_sync(tmp_path)
     from transformers import AutoModelForCausalLM
 
@@ -342,9 +527,28 @@ def test_grpo_bf16_hf_copy_of_a_zero3_policy_is_built_whole_and_kept_in_step(mic
 
 def test_grpo_hf_engine_with_dynamic_sampling_under_zero3(micro, tmp_path):
     out = tmp_path / "ds"
-    ok(launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "hf",
-              "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "2", "--max_steps", "2", "--save_steps", "2",
-              "--eval_after", "true", "--eval_num_prompts", "4"))
+    ok(
+        launch(
+            "scripts/grpo.py",
+            micro / "configs" / "grpo.yaml",
+            "--output_dir",
+            out,
+            "--rollout_backend",
+            "hf",
+            "--dynamic_sampling",
+            "true",
+            "--dynamic_sampling_max_rounds",
+            "2",
+            "--max_steps",
+            "2",
+            "--save_steps",
+            "2",
+            "--eval_after",
+            "true",
+            "--eval_num_prompts",
+            "4",
+        )
+    )
     history = log_history(out)
     rounds = [h["dynamic_sampling/rounds"] for h in history if "dynamic_sampling/rounds" in h]
     assert rounds and all(1 <= r <= 2 for r in rounds)
@@ -378,9 +582,27 @@ def test_async_grpo_under_zero3_keeps_the_staleness_bound_and_resumes(micro, tmp
     by the engine processes when needed): every trained batch is at most max_staleness steps old, and a rerun with
     more steps resumes from the checkpoint, regenerating the batches that were in flight."""
     out = tmp_path / "async"
-    args = [micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "hf", "--async_generation", "true",
-            "--max_staleness", "1", "--save_steps", "2", "--eval_after", "true", "--eval_num_prompts", "4",
-            "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "2"]
+    args = [
+        micro / "configs" / "grpo.yaml",
+        "--output_dir",
+        out,
+        "--rollout_backend",
+        "hf",
+        "--async_generation",
+        "true",
+        "--max_staleness",
+        "1",
+        "--save_steps",
+        "2",
+        "--eval_after",
+        "true",
+        "--eval_num_prompts",
+        "4",
+        "--dynamic_sampling",
+        "true",
+        "--dynamic_sampling_max_rounds",
+        "2",
+    ]
     ok(launch("scripts/grpo.py", *args, "--max_steps", "4"))
     first = json.loads((out / "grpo_eval.json").read_text())["async"]
     assert first["batches"] == 4 and first["staleness_max"] == 1  # the engine ran a step ahead
@@ -400,14 +622,41 @@ def test_async_grpo_lora_with_a_vllm_engine_process_under_zero3(micro, tmp_path)
     """The vllm engine in a process of its own, fed the merged LoRA weights gathered from 2 ZeRO-3 ranks."""
     pytest.importorskip("vllm")
     out = tmp_path / "async_lora"
-    ok(launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", out, "--rollout_backend", "vllm",
-              "--rollout_kwargs", "{kv_cache_gib: 0.25}", "--async_generation", "true", "--max_staleness", "1",
-              "--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "all-linear", "--max_steps", "3",
-              "--save_steps", "3", "--learning_rate", "5e-2"))
+    ok(
+        launch(
+            "scripts/grpo.py",
+            micro / "configs" / "grpo.yaml",
+            "--output_dir",
+            out,
+            "--rollout_backend",
+            "vllm",
+            "--rollout_kwargs",
+            "{kv_cache_gib: 0.25}",
+            "--async_generation",
+            "true",
+            "--max_staleness",
+            "1",
+            "--use_peft",
+            "true",
+            "--lora_r",
+            "4",
+            "--lora_target_modules",
+            "all-linear",
+            "--max_steps",
+            "3",
+            "--save_steps",
+            "3",
+            "--learning_rate",
+            "5e-2",
+        )
+    )
     report = json.loads((out / "grpo_eval.json").read_text())
     assert report["async"]["batches"] == 3 and report["async"]["staleness_max"] <= 1
-    ratios = [h["sampling/importance_sampling_ratio/mean"] for h in log_history(out)
-              if "sampling/importance_sampling_ratio/mean" in h]
+    ratios = [
+        h["sampling/importance_sampling_ratio/mean"]
+        for h in log_history(out)
+        if "sampling/importance_sampling_ratio/mean" in h
+    ]
     assert len(ratios) == 3 and all(abs(r - 1) < 0.2 for r in ratios)  # the engine samples (nearly) the policy
 
 
@@ -423,8 +672,9 @@ def test_grpo_padding_free_under_zero3_trains_as_the_padded_pass(micro, tmp_path
     assert packed["loss"] == pytest.approx(padded["loss"], rel=1e-4, abs=1e-6)
 
 
-@pytest.mark.parametrize("lora, asynchronous", [(False, False), (True, False), (False, True)],
-                         ids=["full", "lora", "async"])
+@pytest.mark.parametrize(
+    "lora, asynchronous", [(False, False), (True, False), (False, True)], ids=["full", "lora", "async"]
+)
 def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
     """Tool-use GRPO on 2 ZeRO-3 ranks (tests/workers/tools_grpo.py): scripted first turns call the calculator, the
     sharded model writes the turns after the tool's reply (async: each rank's engine process, fed the gathered
@@ -434,11 +684,40 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
     if lora:
         extra += ["--replay_data", "builtin:tool_tasks", "--replay_args", "{families: [tool_arithmetic], num: 8}"]
     if asynchronous:
-        extra += ["--async_generation", "true", "--max_staleness", "1", "--vllm_importance_sampling_correction", "true"]
-    ok(launch("tests/workers/tools_grpo.py", tmp_path, micro / "configs" / "grpo.yaml", "--output_dir",
-              tmp_path / "train", "--bf16", "false", "--save_strategy", "no", "--report_to", "none", "--max_steps", "2",
-              "--tools", "[calculator]", "--max_turns", "2", "--max_completion_length", "128",
-              "--dynamic_sampling", "false", *extra))
+        extra += [
+            "--async_generation",
+            "true",
+            "--max_staleness",
+            "1",
+            "--vllm_importance_sampling_correction",
+            "true",
+        ]
+    ok(
+        launch(
+            "tests/workers/tools_grpo.py",
+            tmp_path,
+            micro / "configs" / "grpo.yaml",
+            "--output_dir",
+            tmp_path / "train",
+            "--bf16",
+            "false",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            "--max_steps",
+            "2",
+            "--tools",
+            "[calculator]",
+            "--max_turns",
+            "2",
+            "--max_completion_length",
+            "128",
+            "--dynamic_sampling",
+            "false",
+            *extra,
+        )
+    )
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2 and result["distributed_type"].endswith("DEEPSPEED") and result["lora"] == lora
     assert result["calls_per_rollout"] and all(c == 0.5 for c in result["calls_per_rollout"])
@@ -456,12 +735,35 @@ def test_tool_use_grpo_under_zero3(micro, tmp_path, lora, asynchronous):
 
 
 def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path):
-    args = [ROOT / "recipes" / "tiny/distill.yaml", "--model_name_or_path", micro / "pretrain_reasoning",
-            "--teacher_model_name_or_path", micro / "sft_strong", "--max_steps", "1", "--per_device_train_batch_size",
-            "2", "--max_completion_length", "16", "--max_length", "128", "--distill_eval_max_new_tokens", "16",
-            "--eval_num_prompts", "6", "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1",
-            "--report_to", "none",
-            "--dataset_args", "{num: 32, mode: mixed, seed: 0}"]
+    args = [
+        ROOT / "recipes" / "tiny/distill.yaml",
+        "--model_name_or_path",
+        micro / "pretrain_reasoning",
+        "--teacher_model_name_or_path",
+        micro / "sft_strong",
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_completion_length",
+        "16",
+        "--max_length",
+        "128",
+        "--distill_eval_max_new_tokens",
+        "16",
+        "--eval_num_prompts",
+        "6",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--logging_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--dataset_args",
+        "{num: 32, mode: mixed, seed: 0}",
+    ]
     ok(python("scripts/distill.py", *args, "--output_dir", tmp_path / "one"))
     ok(launch("scripts/distill.py", *args, "--output_dir", tmp_path / "two"))
     one, two = (json.loads((tmp_path / d / "distill_eval.json").read_text()) for d in ("one", "two"))
@@ -476,16 +778,39 @@ def test_distill_under_zero3_measures_what_one_process_measures(micro, tmp_path)
     assert chunked == pytest.approx(whole, rel=1e-4)
 
 
-
 def launch_distill_rounds(micro, tmp_path, out, *args):
     """tests/workers/distill_rounds.py on 2 ZeRO-3 ranks: rejection sampling from the micro SFT model (its own
     teacher), 16 mixed-mode prompts, 2 steps; `args` add to or override the recipe's."""
-    return launch("tests/workers/distill_rounds.py", tmp_path, ROOT / "recipes" / "tiny/distill.yaml",
-                  "--model_name_or_path", micro / "sft", "--teacher_model_name_or_path", micro / "sft",
-                  "--loss", "rejection_sampling", "--teacher_best_of", "2", "--max_steps", "2",
-                  "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
-                  "--distill_eval_max_new_tokens", "8", "--eval_num_prompts", "4", "--report_to", "none",
-                  "--dataset_args", "{num: 16, mode: mixed, seed: 0}", "--output_dir", out, *args)
+    return launch(
+        "tests/workers/distill_rounds.py",
+        tmp_path,
+        ROOT / "recipes" / "tiny/distill.yaml",
+        "--model_name_or_path",
+        micro / "sft",
+        "--teacher_model_name_or_path",
+        micro / "sft",
+        "--loss",
+        "rejection_sampling",
+        "--teacher_best_of",
+        "2",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "2",
+        "--learning_rate",
+        "1e-3",
+        "--distill_eval_max_new_tokens",
+        "8",
+        "--eval_num_prompts",
+        "4",
+        "--report_to",
+        "none",
+        "--dataset_args",
+        "{num: 16, mode: mixed, seed: 0}",
+        "--output_dir",
+        out,
+        *args,
+    )
 
 
 def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, tmp_path):
@@ -516,7 +841,9 @@ def test_expert_iteration_rounds_under_zero3_each_build_their_own_engine(micro, 
     assert moved and any(not torch.equal(one[n], two[n]) for n in one)  # both rounds trained ('previous')
 
 
-def test_teacher_thinks_under_zero3_shows_the_teacher_think_prompts_and_the_student_learns_conclusions(micro, tmp_path):
+def test_teacher_thinks_under_zero3_shows_the_teacher_think_prompts_and_the_student_learns_conclusions(
+    micro, tmp_path
+):
     """`teacher_thinks` (recipes/smol135m/distill.yaml) the way users launch it, on 2 ZeRO-3 ranks
     (tests/workers/distill_rounds.py's oracle answers each prompt in the mode it was shown): every prompt the teacher
     samples, training and held-out, carries /think; the student learns its no_think prompts (flag kept) with the
@@ -553,9 +880,25 @@ def test_teacher_thinks_under_zero3_shows_the_teacher_think_prompts_and_the_stud
 
 
 def test_evaluation_on_two_ranks_equals_one_process(micro, tmp_path):
-    args = [ROOT / "recipes" / "tiny/eval.yaml", "--model_name_or_path", micro / "sft", "--loss_num_texts", "6",
-            "--mc_sets", "tasks:5", "--gen_sets", "tasks:5", "--max_new_tokens", "8", "--backend", "hf",
-            "--suites", "loss", "mc", "generative"]
+    args = [
+        ROOT / "recipes" / "tiny/eval.yaml",
+        "--model_name_or_path",
+        micro / "sft",
+        "--loss_num_texts",
+        "6",
+        "--mc_sets",
+        "tasks:5",
+        "--gen_sets",
+        "tasks:5",
+        "--max_new_tokens",
+        "8",
+        "--backend",
+        "hf",
+        "--suites",
+        "loss",
+        "mc",
+        "generative",
+    ]
     ok(python("scripts/evaluate.py", *args, "--output_dir", tmp_path / "one"))
     ok(launch("scripts/evaluate.py", *args, "--output_dir", tmp_path / "two"))
     one, two = (json.loads((tmp_path / d / "eval_results.json").read_text())["metrics"] for d in ("one", "two"))
@@ -585,21 +928,55 @@ def test_two_machines_on_one_host_run_a_pipeline_and_resume_after_a_kill(micro, 
     """Two pipeline processes (machine 0 and 1, one rank each, rendezvous on 127.0.0.1) train one stage; both are
     killed after its first checkpoint; the same two commands then resume it from that checkpoint."""
     recipe = {
-        "name": "two-machines", "run_dir": str(tmp_path / "run"), "launcher": "accelerate", "eval_recipe": None,
-        "tracking": "none", "accelerate_config": str(CONFIGS / "ddp.yaml"), "num_processes": 2,
-        "stages": [{"name": "sft", "script": "sft", "recipe": str(micro / "configs" / "sft.yaml"),
-                    "overrides": {"output_dir": str(tmp_path / "run" / "sft"), "max_steps": 60, "save_steps": 2,
-                                  "save_total_limit": 40, "logging_steps": 1}}],
+        "name": "two-machines",
+        "run_dir": str(tmp_path / "run"),
+        "launcher": "accelerate",
+        "eval_recipe": None,
+        "tracking": "none",
+        "accelerate_config": str(CONFIGS / "ddp.yaml"),
+        "num_processes": 2,
+        "stages": [
+            {
+                "name": "sft",
+                "script": "sft",
+                "recipe": str(micro / "configs" / "sft.yaml"),
+                "overrides": {
+                    "output_dir": str(tmp_path / "run" / "sft"),
+                    "max_steps": 60,
+                    "save_steps": 2,
+                    "save_total_limit": 40,
+                    "logging_steps": 1,
+                },
+            }
+        ],
     }
     path = tmp_path / "pipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     port = free_port()
 
     def start(rank: int) -> subprocess.Popen:
-        cmd = [sys.executable, "scripts/pipeline.py", str(path), "--num_machines", "2", "--machine_rank", str(rank),
-               "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
-        return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        cmd = [
+            sys.executable,
+            "scripts/pipeline.py",
+            str(path),
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            str(rank),
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+        ]
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     first = [start(0), start(1)]
     _wait_for(tmp_path / "run" / "sft", "checkpoint-*", 240)
@@ -607,14 +984,19 @@ def test_two_machines_on_one_host_run_a_pipeline_and_resume_after_a_kill(micro, 
         os.kill(p.pid, signal.SIGTERM)
     assert [p.wait(timeout=120) for p in first] == [130, 130]
     assert not (tmp_path / "run" / "sft" / ".smolalign_stage.json").exists()
-    killed_at = max(int(p.name.split("-")[1]) for p in (tmp_path / "run" / "sft").glob("checkpoint-*")
-                    if (p / "smolalign_complete.json").exists())
+    killed_at = max(
+        int(p.name.split("-")[1])
+        for p in (tmp_path / "run" / "sft").glob("checkpoint-*")
+        if (p / "smolalign_complete.json").exists()
+    )
     second = [start(0), start(1)]
     outs = [p.communicate(timeout=400)[0] for p in second]
     assert [p.returncode for p in second] == [0, 0], outs
     assert "resuming from" in outs[0]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["stages"][0]["status"] == "done" and manifest["stages"][0]["resumed_from"].endswith(f"-{killed_at}")
+    assert manifest["stages"][0]["status"] == "done" and manifest["stages"][0]["resumed_from"].endswith(
+        f"-{killed_at}"
+    )
     history = log_history(tmp_path / "run" / "sft")
     assert history[-1]["step"] == 60 and min(h["step"] for h in history) == 1  # one history, the killed part kept
     sft_log = (tmp_path / "run" / "logs" / "sft.log").read_text()
@@ -629,19 +1011,43 @@ def test_launches_a_stage_cannot_honour_end_in_one_line(micro, tmp_path):
     `smolalign: error:` line naming the fix, a non-zero exit, and no rank left waiting (the launch returns)."""
     fsdp = launch("scripts/sft.py", *_sft(micro, tmp_path / "fsdp"), config="fsdp2", timeout=180)
     assert fsdp.returncode != 0 and len(error_lines(fsdp)) == 1 and "ddp.yaml" in error_lines(fsdp)[0]
-    groups = launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", tmp_path / "g",
-                    "--per_device_train_batch_size", "2", "--num_generations", "3", timeout=180)
+    groups = launch(
+        "scripts/grpo.py",
+        micro / "configs" / "grpo.yaml",
+        "--output_dir",
+        tmp_path / "g",
+        "--per_device_train_batch_size",
+        "2",
+        "--num_generations",
+        "3",
+        timeout=180,
+    )
     assert groups.returncode != 0 and len(error_lines(groups)) == 1 and "num_generations" in error_lines(groups)[0]
-    server = launch("scripts/grpo.py", micro / "configs" / "grpo.yaml", "--output_dir", tmp_path / "s",
-                    "--rollout_backend", "vllm-server", "--rollout_kwargs", "{base_url: 'http://127.0.0.1:9', timeout: 2}",
-                    timeout=180)
+    server = launch(
+        "scripts/grpo.py",
+        micro / "configs" / "grpo.yaml",
+        "--output_dir",
+        tmp_path / "s",
+        "--rollout_backend",
+        "vllm-server",
+        "--rollout_kwargs",
+        "{base_url: 'http://127.0.0.1:9', timeout: 2}",
+        timeout=180,
+    )
     assert server.returncode != 0 and len(error_lines(server)) == 1 and "vllm-serve" in error_lines(server)[0]
     assert not (tmp_path / "s" / "model.safetensors").exists()
 
 
 def test_multi_node_pipeline_without_an_address_is_refused(tmp_path):
-    proc = python("scripts/pipeline.py", ROOT / "recipes" / "tiny/micro_pipeline.yaml", "--num_machines", "2",
-                  "--run_dir", tmp_path / "run", timeout=60)
+    proc = python(
+        "scripts/pipeline.py",
+        ROOT / "recipes" / "tiny/micro_pipeline.yaml",
+        "--num_machines",
+        "2",
+        "--run_dir",
+        tmp_path / "run",
+        timeout=60,
+    )
     assert proc.returncode == 2 and len(error_lines(proc)) == 1 and "main_process_ip" in error_lines(proc)[0]
     assert not (tmp_path / "run").exists()
 
@@ -649,6 +1055,8 @@ def test_multi_node_pipeline_without_an_address_is_refused(tmp_path):
 @pytest.mark.gpu
 def test_fsdp2_runs_on_gpus():
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("FSDP needs CUDA GPUs: accelerate runs an FSDP config as plain DDP on a CPU, so a CPU run "
-                    "would prove nothing (recipes/accelerate/fsdp2.yaml is for GPU machines)")
+        pytest.skip(
+            "FSDP needs CUDA GPUs: accelerate runs an FSDP config as plain DDP on a CPU, so a CPU run "
+            "would prove nothing (recipes/accelerate/fsdp2.yaml is for GPU machines)"
+        )
     ok(launch("scripts/sft.py", ROOT / "recipes" / "tiny/sft.yaml", "--max_steps", "2", config="fsdp2"))

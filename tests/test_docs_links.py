@@ -44,7 +44,7 @@ def _prose_lines(text: str) -> list[tuple[int, str]]:
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: its text lower-cased, punctuation but `-` and `_` dropped, spaces as `-`."""
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)      # a link in a heading keeps its text
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
     text = re.sub(r"<[^>]+>", "", text).strip().lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
@@ -81,7 +81,7 @@ def links(page: Path) -> list[tuple[int, str]]:
 
 def broken(page: Path, target: str) -> str | None:
     """Why a link does not resolve, or None when it does."""
-    if re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):      # http:, https:, mailto:
+    if re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):  # http:, https:, mailto:
         return None
     path, _, anchor = target.partition("#")
     dest = (page.parent / unquote(path)).resolve() if path else page
@@ -95,20 +95,26 @@ def broken(page: Path, target: str) -> str | None:
 
 
 def test_every_relative_link_resolves() -> None:
-    bad = [f"{page.relative_to(ROOT)}:{n}: ({target}) {why}"
-           for page in pages() for n, target in links(page)
-           if (why := broken(page, target))]
+    bad = [
+        f"{page.relative_to(ROOT)}:{n}: ({target}) {why}"
+        for page in pages()
+        for n, target in links(page)
+        if (why := broken(page, target))
+    ]
     assert not bad, "broken links:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize(("heading", "anchor"), [
-    ("The embedded default (`make demo`), stage by stage", "the-embedded-default-make-demo-stage-by-stage"),
-    ("Ablations (`scripts/ablate.py`)", "ablations-scriptsablatepy"),
-    ("Replay rows: an NLL anchor beside the rewards", "replay-rows-an-nll-anchor-beside-the-rewards"),
-    ("Tokenizer report", "tokenizer-report"),
-    ("[GRPO](grpo.md) on the tiny model", "grpo-on-the-tiny-model"),
-    ("Format, length and repetition: what each accepts", "format-length-and-repetition-what-each-accepts"),
-])
+@pytest.mark.parametrize(
+    ("heading", "anchor"),
+    [
+        ("The embedded default (`make demo`), stage by stage", "the-embedded-default-make-demo-stage-by-stage"),
+        ("Ablations (`scripts/ablate.py`)", "ablations-scriptsablatepy"),
+        ("Replay rows: an NLL anchor beside the rewards", "replay-rows-an-nll-anchor-beside-the-rewards"),
+        ("Tokenizer report", "tokenizer-report"),
+        ("[GRPO](grpo.md) on the tiny model", "grpo-on-the-tiny-model"),
+        ("Format, length and repetition: what each accepts", "format-length-and-repetition-what-each-accepts"),
+    ],
+)
 def test_slug_is_githubs(heading: str, anchor: str) -> None:
     assert slug(heading) == anchor
 

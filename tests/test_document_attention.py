@@ -10,7 +10,9 @@ from pretrain.model import ModelArguments, build_model
 
 @pytest.fixture(scope="module")
 def model():
-    args = ModelArguments(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128)
+    args = ModelArguments(
+        num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128
+    )
     return build_model(args, 300, seed=0)
 
 
@@ -18,7 +20,11 @@ def packed(lengths_per_row: list[list[int]], seed: int = 0):
     """Rows of documents (positions restart at 0), each row filled to the longest with a padding 'document'."""
     g = torch.Generator().manual_seed(seed)
     width = max(sum(r) for r in lengths_per_row)
-    ids, pos, docs = torch.zeros(len(lengths_per_row), width, dtype=torch.long), torch.zeros(len(lengths_per_row), width, dtype=torch.long), []
+    ids, pos, docs = (
+        torch.zeros(len(lengths_per_row), width, dtype=torch.long),
+        torch.zeros(len(lengths_per_row), width, dtype=torch.long),
+        [],
+    )
     for b, row in enumerate(lengths_per_row):
         start = 0
         for n in [*row, width - sum(row)]:
@@ -128,7 +134,9 @@ def test_bf16_autocast_on_the_cpu(model):
 
 def test_bf16_weights_without_autocast():
     """DeepSpeed's bf16 keeps bf16 weights and no autocast: the attention must hand bf16 back to o_proj."""
-    args = ModelArguments(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128)
+    args = ModelArguments(
+        num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1, head_dim=16, intermediate_size=128
+    )
     model = build_model(args, 300, seed=0).to(torch.bfloat16)
     ids, pos, _ = packed([[6, 20], [30]], seed=3)
     masked = model(input_ids=ids, position_ids=pos, use_cache=False).logits

@@ -35,9 +35,17 @@ def model(tok):
 
     torch.manual_seed(0)
     cfg = SmolLM3Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
     )
     m = SmolLM3ForCausalLM(cfg)
     with torch.no_grad():  # a sharper random model: log-likelihoods then differ clearly between choices
@@ -57,7 +65,11 @@ def _direct_logprob(model, tok, context: str, continuation: str) -> float:
 
 
 def test_sequence_logprobs_match_direct_computation_despite_padding(model, tok):
-    pairs = [("Question: What is 2 + 3?", " The answer is 5."), ("A", " cat sat on the mat and then ran away"), ("B ", "dog")]
+    pairs = [
+        ("Question: What is 2 + 3?", " The answer is 5."),
+        ("A", " cat sat on the mat and then ran away"),
+        ("B ", "dog"),
+    ]
     seqs = [(c + x, len(x)) for c, x in (pair_ids(tok, ctx, cont) for ctx, cont in pairs)]
     got = sequence_logprobs(model, seqs, batch_size=3)  # one padded batch of different lengths
     for (ctx, cont), (s, n) in zip(pairs, got):
@@ -151,7 +163,9 @@ class ScriptedEngine:
             text = self.reply(self.tok.decode(ids))
             done = not text.endswith("...")
             comp = self.tok(text + ("<|im_end|>" if done else ""), add_special_tokens=False)["input_ids"]
-            out.append([SimpleNamespace(prompt_ids=ids, completion_ids=comp, finish_reason="stop" if done else "length")])
+            out.append(
+                [SimpleNamespace(prompt_ids=ids, completion_ids=comp, finish_reason="stop" if done else "length")]
+            )
         return out
 
     def close(self):
@@ -180,7 +194,10 @@ def test_generative_accuracy_format_and_lengths_are_hand_checkable(tok):
     assert stats["num"] == 4
     assert engine.calls[0].temperature == 0.0 and engine.calls[0].max_new_tokens == 64
     assert tok.convert_tokens_to_ids("<|im_end|>") in engine.calls[0].stop_token_ids
-    lens = [len(tok(s["completion"] + ("<|im_end|>" if i < 3 else ""), add_special_tokens=False)["input_ids"]) for i, s in enumerate(samples)]
+    lens = [
+        len(tok(s["completion"] + ("<|im_end|>" if i < 3 else ""), add_special_tokens=False)["input_ids"])
+        for i, s in enumerate(samples)
+    ]
     assert stats["len_mean"] == pytest.approx(sum(lens) / 4)
     assert "<|im_end|>" not in samples[0]["completion"]
 
@@ -198,16 +215,31 @@ def test_evaluate_writes_results_and_vibes(model, tok, tmp_path):
         return "The answer is \\boxed{4}."
 
     cfg = EvalConfig(
-        model_name_or_path="unused", output_dir=str(tmp_path / "ev"), stage="sft", loss_num_texts=4,
-        mc_sets=["tasks:4", "hellaswag:2", "truthfulqa:2"], gen_sets=["tasks:4", "gsm8k:2"], modes=["no_think", "plain"],
-        max_new_tokens=16, vibe_max_new_tokens=8,
+        model_name_or_path="unused",
+        output_dir=str(tmp_path / "ev"),
+        stage="sft",
+        loss_num_texts=4,
+        mc_sets=["tasks:4", "hellaswag:2", "truthfulqa:2"],
+        gen_sets=["tasks:4", "gsm8k:2"],
+        modes=["no_think", "plain"],
+        max_new_tokens=16,
+        vibe_max_new_tokens=8,
     )
     res = evaluate(cfg, model=model, tokenizer=tok, engine=ScriptedEngine(tok, reply))
     saved = json.loads((tmp_path / "ev" / "eval_results.json").read_text())
     assert saved["metrics"] == pytest.approx(res["metrics"])
     m = res["metrics"]
-    for key in ("loss/tasks", "ppl/tasks", "cf/tasks", "mcf/hellaswag", "cf/truthfulqa", "acc/tasks/no_think",
-                "format/gsm8k/plain", "len_mean/tasks/no_think", "truncated/gsm8k/no_think"):
+    for key in (
+        "loss/tasks",
+        "ppl/tasks",
+        "cf/tasks",
+        "mcf/hellaswag",
+        "cf/truthfulqa",
+        "acc/tasks/no_think",
+        "format/gsm8k/plain",
+        "len_mean/tasks/no_think",
+        "truncated/gsm8k/no_think",
+    ):
         assert key in m, key
     assert m["format/tasks/no_think"] == 1.0 and m["ppl/tasks"] == pytest.approx(math.exp(m["loss/tasks"]))
     vibes = (tmp_path / "ev" / "vibes.md").read_text()
@@ -224,13 +256,18 @@ def test_chat_loss_scores_the_answer_after_its_prompt_and_the_report_pairs_it(mo
     from align.eval.suite import chat_loss
 
     setup_chat_format(tok)
-    convs = [[{"role": "user", "content": f"What is {i} + {i}?"},
-              {"role": "assistant", "content": f"It is {2 * i}, since {i} and {i} make {2 * i}."}] for i in range(6)]
+    convs = [
+        [
+            {"role": "user", "content": f"What is {i} + {i}?"},
+            {"role": "assistant", "content": f"It is {2 * i}, since {i} and {i} make {2 * i}."},
+        ]
+        for i in range(6)
+    ]
     items = chat_loss(model, tok, convs)
     prompt = tok.apply_chat_template(convs[0][:-1], add_generation_prompt=True, tokenize=False)
     full = tok.apply_chat_template(convs[0], tokenize=False)
     p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    a_ids = tok(full[len(prompt):].rstrip("\n"), add_special_tokens=False)["input_ids"]
+    a_ids = tok(full[len(prompt) :].rstrip("\n"), add_special_tokens=False)["input_ids"]
     ids = torch.tensor([p_ids + a_ids])
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
@@ -238,8 +275,14 @@ def test_chat_loss_scores_the_answer_after_its_prompt_and_the_report_pairs_it(mo
     assert len(items) == 6 and items[0] == pytest.approx(ref, abs=1e-4)
     data = tmp_path / "heldout.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
-    cfg = EvalConfig(model_name_or_path="unused", output_dir=str(tmp_path / "ev"), suites=["loss"], loss_num_texts=2,
-                     chat_loss_data=str(data), chat_loss_num=5)
+    cfg = EvalConfig(
+        model_name_or_path="unused",
+        output_dir=str(tmp_path / "ev"),
+        suites=["loss"],
+        loss_num_texts=2,
+        chat_loss_data=str(data),
+        chat_loss_num=5,
+    )
     res = evaluate(cfg, model=model, tokenizer=tok)
     assert res["metrics"]["loss/chat"] == pytest.approx(sum(items[:5]) / 5, abs=1e-5)
     assert res["stats"]["loss/chat"]["num"] == 5 and res["details"]["loss/chat"]["items"] == pytest.approx(items[:5])
@@ -263,7 +306,9 @@ def test_a_vllm_eval_engine_holds_the_prompt_and_the_whole_generation_budget():
     def cfg(**kw):
         return EvalConfig(model_name_or_path="m", rollout_backend="vllm", max_new_tokens=4096, **kw)
 
-    assert engine_knobs(cfg(), "m", SimpleNamespace(max_position_embeddings=65536)) == {"max_model_len": 4096 + PROMPT_ROOM}
+    assert engine_knobs(cfg(), "m", SimpleNamespace(max_position_embeddings=65536)) == {
+        "max_model_len": 4096 + PROMPT_ROOM
+    }
     assert engine_knobs(cfg(), "m", SimpleNamespace(max_position_embeddings=2048)) == {"max_model_len": 2048}
     assert engine_knobs(cfg(rollout_kwargs={"max_model_len": 9000}), "m", None) == {"max_model_len": 9000}
     hf = EvalConfig(model_name_or_path="m", rollout_backend="hf", max_new_tokens=4096)
@@ -316,9 +361,14 @@ def test_real_engine_answers_are_the_models_greedy_answers(model, tok):
     for row, sample in zip(rows, samples):
         ids = tok(build_prompt(tok, row["prompt"], "no_think"), add_special_tokens=False)["input_ids"]
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=stop_ids(tok),
-                                 pad_token_id=tok.pad_token_id)
-        assert sample["completion"] == decode_completion(tok, out[0, len(ids):].tolist(), "no_think")
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=8,
+                do_sample=False,
+                eos_token_id=stop_ids(tok),
+                pad_token_id=tok.pad_token_id,
+            )
+        assert sample["completion"] == decode_completion(tok, out[0, len(ids) :].tolist(), "no_think")
     assert 0 < stats["len_mean"] <= 8
 
 
@@ -331,8 +381,13 @@ def test_compare_pairs_two_evaluations_on_their_items(model, tok, tmp_path, caps
     from align.eval.compare import compare
     from align.eval.suite import gen_rows
 
-    cfg = EvalConfig(model_name_or_path="unused", suites=["generative"], gen_sets=["tasks:12"],
-                     modes=["think", "no_think"], max_new_tokens=32)
+    cfg = EvalConfig(
+        model_name_or_path="unused",
+        suites=["generative"],
+        gen_sets=["tasks:12"],
+        modes=["think", "no_think"],
+        max_new_tokens=32,
+    )
     answers = {r["prompt"]: r["answer"] for r in gen_rows("tasks", 12, cfg)}
     order = list(answers)
 
@@ -341,10 +396,19 @@ def test_compare_pairs_two_evaluations_on_their_items(model, tok, tmp_path, caps
             i = order.index(next(p for p in order if p in text))
             ans = answers[order[i]] if i < num_right else "no idea"
             think = "" if "/no_think" in text else "<think>\nwork\n</think>\n"  # the prompt's mode flag
-            return f"{think}The answer is {ans}." if i in unboxed and not think else f"{think}The answer is \\boxed{{{ans}}}."
+            return (
+                f"{think}The answer is {ans}."
+                if i in unboxed and not think
+                else f"{think}The answer is \\boxed{{{ans}}}."
+            )
+
         out = tmp_path / name
-        evaluate(EvalConfig(**{**cfg.__dict__, "output_dir": str(out)}), model=model, tokenizer=tok,
-                 engine=ScriptedEngine(tok, reply))
+        evaluate(
+            EvalConfig(**{**cfg.__dict__, "output_dir": str(out)}),
+            model=model,
+            tokenizer=tok,
+            engine=ScriptedEngine(tok, reply),
+        )
         return out
 
     before, after = run("a", 3), run("b", 9, unboxed=(11,))  # prompt 11: wrong in both, unboxed in the second
@@ -357,7 +421,9 @@ def test_compare_pairs_two_evaluations_on_their_items(model, tok, tmp_path, caps
     assert (fmt["before"], fmt["gained"], fmt["lost"], fmt["word"]) == (1.0, 0, 1, "within noise")
     assert rows["format/tasks/think"]["after"] == 1.0
 
-    spec = importlib.util.spec_from_file_location("compare_script", Path(__file__).parents[1] / "scripts" / "compare.py")
+    spec = importlib.util.spec_from_file_location(
+        "compare_script", Path(__file__).parents[1] / "scripts" / "compare.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     md = script.main([str(before), str(after / "eval_results.json"), "--out", str(tmp_path / "cmp.md")])
@@ -374,8 +440,12 @@ def test_compare_pairs_two_evaluations_on_their_items(model, tok, tmp_path, caps
         compare(before, after, first=0)
 
     other = tmp_path / "c"
-    evaluate(EvalConfig(**{**cfg.__dict__, "gen_sets": ["tasks:8"], "output_dir": str(other)}), model=model,
-             tokenizer=tok, engine=ScriptedEngine(tok, lambda text: "\\boxed{1}"))
+    evaluate(
+        EvalConfig(**{**cfg.__dict__, "gen_sets": ["tasks:8"], "output_dir": str(other)}),
+        model=model,
+        tokenizer=tok,
+        engine=ScriptedEngine(tok, lambda text: "\\boxed{1}"),
+    )
     with pytest.raises(ValueError, match="different items"):
         compare(before, other)
     with pytest.raises(SystemExit, match="no eval results"):

@@ -75,12 +75,16 @@ NO_THINK_ATTACKS = [
     ("think_block_with_reasoning", f"<think>\n5 + 4 = 9\n</think>\n{ANSWER}"),
     ("second_think_block", f"<think>\n\n</think>\n<think>5 + 4 = 9</think>{ANSWER}"),
     ("renamed_behind_empty_think", f"<think>\n\n</think>\n<no_think>5 + 4 = 9</no_think>\n{BOX}"),
-    ("prose_derivation", "First I add 5 and 4, which gives 9. Then I check it: 9 - 4 = 5, which is right, so "
-                         f"{ANSWER}"),
+    (
+        "prose_derivation",
+        f"First I add 5 and 4, which gives 9. Then I check it: 9 - 4 = 5, which is right, so {ANSWER}",
+    ),
     ("prose_after_answer", f"{ANSWER} To see why, add five and four together and then check the sum twice over."),
     ("reasoning_in_box_text", "\\boxed{\\text{I add five and four, which gives nine, and I checked it twice, so} 9}"),
-    ("tag_names_spell_reasoning", "<five/><plus/><four/><is/><nine/><so/><the/><answer/><is/><nine/><ok/><x/><y/>"
-                                  f" {BOX}"),
+    (
+        "tag_names_spell_reasoning",
+        f"<five/><plus/><four/><is/><nine/><so/><the/><answer/><is/><nine/><ok/><x/><y/> {BOX}",
+    ),
     ("guillemet_words", "«five» «plus» «four» «is» «nine» «so» «the» «answer» «is» «nine» «done» «ok» «yes» " + BOX),
     ("no_box", "The answer is 9."),
     ("placeholder_box", "The answer is \\boxed{?}."),
@@ -202,11 +206,12 @@ PLACEHOLDER_BOXES = [
 
 ANSWER_BOXES = [
     "3", "-3", "x", "x = 7", "\\frac{1}{2}", "\\text{yes}", "\\text{none}", "\\text{undefined}", "\\text{no solution}",
-    "\\text{(B)}", "(A)", "\\textbf{(C)}", "\\text{I}", "\\pi", "\\infty", "\\emptyset", "\\varnothing", "\\{\\}", "[]",
-    "\\alpha", "\\geq", "<", "=", "-", "\\pm 2", "\\times", "\\sin", "\\mathbb{R}", "\\sqrt{2}", "0.\\overline{3}",
-    "0.333\\ldots", "1, 2, \\ldots, 10", "50\\%", "\\$5", "(1, 2]", "\\text{Paris}", "七", "Ⅻ", "½", "\\checkmark",
-    "\\begin{pmatrix}1&2\\end{pmatrix}", "\\mathbf{v}", "\\hat{x}", "\\overline{AB}", "\\phantom{-}3", "1{,}000",
-    "\\left(1, 2\\right)", "\\dfrac{\\sqrt{3}}{2}", "\\text{12 cm}", "\\operatorname{id}", "\\text{$x$}", "∞",
+    "\\text{(B)}", "(A)", "\\textbf{(C)}", "\\text{I}", "\\pi", "\\infty", "\\emptyset", "\\varnothing", "\\{\\}",
+    "[]", "\\alpha", "\\geq", "<", "=", "-", "\\pm 2", "\\times", "\\sin", "\\mathbb{R}", "\\sqrt{2}",
+    "0.\\overline{3}", "0.333\\ldots", "1, 2, \\ldots, 10", "50\\%", "\\$5", "(1, 2]", "\\text{Paris}", "七", "Ⅻ", "½",
+    "\\checkmark", "\\begin{pmatrix}1&2\\end{pmatrix}", "\\mathbf{v}", "\\hat{x}", "\\overline{AB}", "\\phantom{-}3",
+    "1{,}000", "\\left(1, 2\\right)", "\\dfrac{\\sqrt{3}}{2}", "\\text{12 cm}", "\\operatorname{id}", "\\text{$x$}",
+    "∞",
 ]  # fmt: skip
 
 
@@ -321,6 +326,7 @@ def test_the_packed_table_keeps_the_rules_invariants():
 
 # ------------------------------------------------------------------------------------------ length
 
+
 @pytest.mark.parametrize(
     "text, tokens",
     [
@@ -377,9 +383,13 @@ SHAPES = {
     "words": _fill("w "),
 }
 # Each shape again with an answer after it, so that no early refusal hides the parser's cost.
-SHAPES.update({f"{name}_then_answer": text + " The answer is \\boxed{9}." for name, text in list(SHAPES.items())
-               if name in ("fences", "comment_openings", "self_closing_tags", "whitespace", "nested_braces",
-                           "tag_pairs")})
+SHAPES.update(
+    {
+        f"{name}_then_answer": text + " The answer is \\boxed{9}."
+        for name, text in list(SHAPES.items())
+        if name in ("fences", "comment_openings", "self_closing_tags", "whitespace", "nested_braces", "tag_pairs")
+    }
+)
 
 BUDGET = {"max_completion_len": 100, "soft_punish_cache": 10}
 REWARDS = {

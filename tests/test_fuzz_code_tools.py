@@ -16,10 +16,44 @@ from rewards.code import code_reward, extract_code  # noqa: E402
 from rewards.fences import fences  # noqa: E402
 from rewards.tools import tool_call_reward  # noqa: E402
 
-PIECES = ["```", "~~~", "````", "```python", "```py", " ", "\t", "\n", "\r\n", "\r", "'", '"', "'''", '"""', "\\",
-          "#", "def f():", "def add(a, b):", "    return 1", "x = 1", "print(f())", "assert f() == 1", "<think>",
-          "</think>", "<code>", "</code>", "<tool_call>", "</tool_call>", '{"name": "python", "arguments": ',
-          '{"code": "print(1)"}}', "[", "{", "}", "a", "é", "\x00"]
+PIECES = [
+    "```",
+    "~~~",
+    "````",
+    "```python",
+    "```py",
+    " ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r",
+    "'",
+    '"',
+    "'''",
+    '"""',
+    "\\",
+    "#",
+    "def f():",
+    "def add(a, b):",
+    "    return 1",
+    "x = 1",
+    "print(f())",
+    "assert f() == 1",
+    "<think>",
+    "</think>",
+    "<code>",
+    "</code>",
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "python", "arguments": ',
+    '{"code": "print(1)"}}',
+    "[",
+    "{",
+    "}",
+    "a",
+    "é",
+    "\x00",
+]
 TEXT = st.lists(st.sampled_from(PIECES) | st.text(max_size=5), max_size=200).map("".join)
 FUZZ = settings(max_examples=150, deadline=2000)
 
@@ -43,8 +77,22 @@ def test_parse_tool_calls_returns_calls_or_malformed_ones(text, python_tool):
         assert call.error is None or isinstance(call.error, str)
 
 
-STATUS = st.sampled_from(["ok", "error", "malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "memory",
-                          "crashed", "unanswered", "", "OK"])
+STATUS = st.sampled_from(
+    [
+        "ok",
+        "error",
+        "malformed",
+        "unknown_tool",
+        "bad_arguments",
+        "raised",
+        "timeout",
+        "memory",
+        "crashed",
+        "unanswered",
+        "",
+        "OK",
+    ]
+)
 
 
 @FUZZ
@@ -60,9 +108,21 @@ def test_tool_call_reward_is_a_bounded_mean_or_none(rollouts):
 
 
 @FUZZ
-@given(TEXT, st.sampled_from(["assert f() == 1", "def check(candidate):\n    assert candidate() == 1\n", "x = 1",
-                              '[{"input": "1", "output": "1"}]', None, "assert (", ["assert add(1, 2) == 3"]]),
-       st.sampled_from([None, "", "f", "add"]))
+@given(
+    TEXT,
+    st.sampled_from(
+        [
+            "assert f() == 1",
+            "def check(candidate):\n    assert candidate() == 1\n",
+            "x = 1",
+            '[{"input": "1", "output": "1"}]',
+            None,
+            "assert (",
+            ["assert add(1, 2) == 3"],
+        ]
+    ),
+    st.sampled_from([None, "", "f", "add"]),
+)
 def test_code_reward_returns_a_score_or_abstains(text, tests, entry_point):
     import warnings
     from unittest import mock
@@ -71,9 +131,11 @@ def test_code_reward_returns_a_score_or_abstains(text, tests, entry_point):
         passed = True
 
     seen = []
-    with mock.patch("rewards.code.execute", lambda c, *a, **k: seen.append(c) or Passed()), \
-            mock.patch("rewards.code.passes_io", lambda c, *a, **k: seen.append(c) or True), \
-            warnings.catch_warnings():
+    with (
+        mock.patch("rewards.code.execute", lambda c, *a, **k: seen.append(c) or Passed()),
+        mock.patch("rewards.code.passes_io", lambda c, *a, **k: seen.append(c) or True),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
         (score,) = code_reward([text], tests=[tests], entry_point=entry_point, num_workers=1)
     assert score in (None, 0.0, 1.0)

@@ -93,12 +93,19 @@ def test_strong_weak_filters_and_counts(tmp_path, tok):
     def weak(q, k):
         return "no idea"
 
-    gens = {"strong": Generator("strong-m", ScriptedEngine(tok, strong), tok, "think"),
-            "weak": Generator("weak-m", ScriptedEngine(tok, weak), tok, "no_think")}
+    gens = {
+        "strong": Generator("strong-m", ScriptedEngine(tok, strong), tok, "think"),
+        "weak": Generator("weak-m", ScriptedEngine(tok, weak), tok, "no_think"),
+    }
     card = generate_preferences(_cfg(tmp_path, weak_mode="no_think"), {"test": rows}, gens)
     c = card["counts"]["test"]
     assert {k: c[k] for k in ("prompts", "kept", "empty", "chosen_wrong", "identical")} == {
-        "prompts": 12, "kept": 6, "empty": 2, "chosen_wrong": 2, "identical": 2}
+        "prompts": 12,
+        "kept": 6,
+        "empty": 2,
+        "chosen_wrong": 2,
+        "identical": 2,
+    }
     pairs = [json.loads(x) for x in (tmp_path / "out" / "test.jsonl").read_text().splitlines()]
     assert [p["prompt"][-1]["content"] for p in pairs] == order[:6]
     for p in pairs:
@@ -117,14 +124,18 @@ def test_strong_weak_filters_and_counts(tmp_path, tok):
 def test_each_model_keeps_its_own_chat_template(tmp_path, tok):
     from transformers import PreTrainedTokenizerFast
 
-    other = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token="<|im_end|>",
-                                    pad_token="<|pad|>")
+    other = PreTrainedTokenizerFast(
+        tokenizer_object=tok.backend_tokenizer, eos_token="<|im_end|>", pad_token="<|pad|>"
+    )
     other.chat_template = (TEMPLATES / "chatml_default_system.jinja").read_text()
     rows = _rows(4)
-    gens = {"strong": Generator("s", ScriptedEngine(tok, lambda q, k: "A"), tok, "no_think"),
-            "weak": Generator("w", ScriptedEngine(other, lambda q, k: "B"), other, "none")}
-    generate_preferences(_cfg(tmp_path, verify_chosen=False, strong_mode="no_think", weak_mode="none"),
-                         {"test": rows}, gens)
+    gens = {
+        "strong": Generator("s", ScriptedEngine(tok, lambda q, k: "A"), tok, "no_think"),
+        "weak": Generator("w", ScriptedEngine(other, lambda q, k: "B"), other, "none"),
+    }
+    generate_preferences(
+        _cfg(tmp_path, verify_chosen=False, strong_mode="no_think", weak_mode="none"), {"test": rows}, gens
+    )
     strong_seen, weak_seen = gens["strong"].engine.seen[0], gens["weak"].engine.seen[0]
     assert strong_seen.startswith("<|im_start|>system\n/no_think<|im_end|>")
     assert "/think" not in weak_seen and "/no_think" not in weak_seen  # mode "none": no flag for a foreign model
@@ -140,10 +151,17 @@ def test_graded_pairs_best_vs_worst_and_all_equal_dropped(tmp_path, tok):
         i = order.index(q)
         return _boxed(gold[q]) if (i % 2 == 0 and k == 1) else _boxed(int(gold[q]) + 1 + k)
 
-    cfg = PreferenceDataConfig(method="graded", policy_model="p", num_samples=3, output_dir=str(tmp_path / "g"),
-                               batch_size=3, mode_format=False)  # ranked by score alone (the mode's form: below)
-    card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy), tok,
-                                                                            "think")})
+    cfg = PreferenceDataConfig(
+        method="graded",
+        policy_model="p",
+        num_samples=3,
+        output_dir=str(tmp_path / "g"),
+        batch_size=3,
+        mode_format=False,
+    )  # ranked by score alone (the mode's form: below)
+    card = generate_preferences(
+        cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy), tok, "think")}
+    )
     c = card["counts"]["train"]
     assert (c["prompts"], c["kept"], c["all_equal"], c["unscored"]) == (8, 4, 4, 0)
     pairs = [json.loads(x) for x in (tmp_path / "g" / "train.jsonl").read_text().splitlines()]
@@ -179,9 +197,16 @@ def test_graded_pairs_in_both_modes_keep_each_rows_mode_budget_and_measure_both_
             return super().generate(prompts, params)
 
     engine = Budgeted(tok, policy)
-    cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=4, mode_format=False,
-                               max_new_tokens_by_mode={"think": 40, "no_think": 12},
-                               output_dir=str(tmp_path / "g"), batch_size=8)
+    cfg = PreferenceDataConfig(
+        method="graded",
+        policy_model="p",
+        policy_mode="row",
+        num_samples=4,
+        mode_format=False,
+        max_new_tokens_by_mode={"think": 40, "no_think": 12},
+        output_dir=str(tmp_path / "g"),
+        batch_size=8,
+    )
     card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", engine, tok, "row")})
     by_text = dict(zip(engine.seen, engine.budgets))
     for text, budget in by_text.items():
@@ -218,10 +243,18 @@ def test_graded_pairs_of_two_wrong_answers_are_dropped_unless_verify_chosen_is_o
     kept = {}
     for verify in (True, False):
         out = tmp_path / str(verify)
-        cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=2,
-                                   output_dir=str(out), batch_size=4, verify_chosen=verify)
-        card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy),
-                                                                                tok, "row")})
+        cfg = PreferenceDataConfig(
+            method="graded",
+            policy_model="p",
+            policy_mode="row",
+            num_samples=2,
+            output_dir=str(out),
+            batch_size=4,
+            verify_chosen=verify,
+        )
+        card = generate_preferences(
+            cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy), tok, "row")}
+        )
         pairs = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
         kept[verify] = sorted(order.index(p["prompt"][-1]["content"]) for p in pairs)
         assert card["counts"]["train"].get("chosen_wrong", 0) == (2 if verify else 0)
@@ -235,8 +268,10 @@ def test_resume_after_interruption_duplicates_nothing(tmp_path, tok):
     gold = {r["prompt"]: r["answer"] for r in rows}
 
     def gens(fail_after=None):
-        return {"strong": Generator("s", ScriptedEngine(tok, lambda q, k: _boxed(gold[q]), fail_after), tok, "think"),
-                "weak": Generator("w", ScriptedEngine(tok, lambda q, k: "no"), tok, "think")}
+        return {
+            "strong": Generator("s", ScriptedEngine(tok, lambda q, k: _boxed(gold[q]), fail_after), tok, "think"),
+            "weak": Generator("w", ScriptedEngine(tok, lambda q, k: "no"), tok, "think"),
+        }
 
     full = generate_preferences(_cfg(tmp_path / "a"), {"train": rows}, gens())
     with pytest.raises(KeyboardInterrupt):  # dies in the third batch
@@ -262,8 +297,10 @@ def test_max_pairs_and_output_formats_load_back(tmp_path, tok):
     rows = {"train": _rows(10, "train"), "test": _rows(6)}
     gold = {r["prompt"]: r["answer"] for split in rows.values() for r in split}
     for fmt in ("parquet", "disk"):
-        gens = {"strong": Generator("s", ScriptedEngine(tok, lambda q, k: _boxed(gold[q])), tok, "think"),
-                "weak": Generator("w", ScriptedEngine(tok, lambda q, k: "no"), tok, "think")}
+        gens = {
+            "strong": Generator("s", ScriptedEngine(tok, lambda q, k: _boxed(gold[q])), tok, "think"),
+            "weak": Generator("w", ScriptedEngine(tok, lambda q, k: "no"), tok, "think"),
+        }
         cfg = _cfg(tmp_path / fmt, output_format=fmt, max_pairs=5, batch_size=4)
         card = generate_preferences(cfg, rows, gens)
         assert card["counts"]["train"]["kept"] == 5 and card["counts"]["train"]["over_max_pairs"] == 3
@@ -279,8 +316,10 @@ def test_pairs_feed_the_preference_trainers(tmp_path, tok):
 
     rows = _rows(8)
     gold = {r["prompt"]: r["answer"] for r in rows}
-    gens = {"strong": Generator("s", ScriptedEngine(tok, lambda q, k: _boxed(gold[q])), tok, "think"),
-            "weak": Generator("w", ScriptedEngine(tok, lambda q, k: "no"), tok, "think")}
+    gens = {
+        "strong": Generator("s", ScriptedEngine(tok, lambda q, k: _boxed(gold[q])), tok, "think"),
+        "weak": Generator("w", ScriptedEngine(tok, lambda q, k: "no"), tok, "think"),
+    }
     generate_preferences(_cfg(tmp_path), {"train": rows}, gens)
     from align.data.loading import load_source
 
@@ -297,8 +336,7 @@ def test_main_loads_prompts_and_builds_one_engine_per_model(tmp_path, tok, monke
         return Generator(model, ScriptedEngine(tok, lambda q, k: "x" if model == "weak" else "y"), tok, mode)
 
     monkeypatch.setattr(prefs, "build_generator", fake_build)
-    script = ScriptArguments(dataset_name="builtin:tasks",
-                             dataset_args={"families": ["compare"], "num": 6, "seed": 1})
+    script = ScriptArguments(dataset_name="builtin:tasks", dataset_args={"families": ["compare"], "num": 6, "seed": 1})
     cfg = _cfg(tmp_path, weak_mode="no_think", verify_chosen=False)
     card = prefs.main(script, cfg)
     assert built == [("strong", "think"), ("weak", "no_think")]
@@ -333,8 +371,15 @@ def test_real_tiny_models_through_the_rollout_engine(tmp_path, tok):
     gens = {}
     for name, seed in (("strong", 0), ("weak", 1)):
         torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+        cfg = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=256,
+        )
         model = LlamaForCausalLM(cfg).eval()
         gens[name] = Generator(name, get_engine(model, backend="hf", tokenizer=tok), tok, "no_think")
     card = generate_preferences(_cfg(tmp_path, max_new_tokens=6, verify_chosen=False), {"test": _rows(6)}, gens)
@@ -349,7 +394,11 @@ def test_tiny_preferences_recipe_parses():
     path = Path(__file__).resolve().parents[1] / "recipes" / "tiny/preferences.yaml"
     assert path.read_text().startswith("# python scripts/generate_preferences.py recipes/tiny/preferences.yaml")
     script, cfg = parse(ScriptArguments, PreferenceDataConfig, args=[str(path)])
-    assert (cfg.method, cfg.strong_model, cfg.weak_model) == ("strong_weak", "outputs/tiny/sft_strong", "outputs/tiny/sft")
+    assert (cfg.method, cfg.strong_model, cfg.weak_model) == (
+        "strong_weak",
+        "outputs/tiny/sft_strong",
+        "outputs/tiny/sft",
+    )
     assert script.dataset_name == "builtin:tasks" and cfg.prompt_mode == "think" and cfg.temperature == 0.0
 
 
@@ -367,17 +416,28 @@ def test_a_chosen_answer_is_right_and_in_its_modes_form(tmp_path, tok):
     def policy(q, k):
         right, i = _boxed(gold[q]), order.index(q)
         think = "<think>\nlet me see\n</think>\n"
-        table = [[think + right, right, _boxed(int(gold[q]) + 1)],            # right off-mode, right, wrong
-                 [think + right, think + right, _boxed(int(gold[q]) + 1)],    # right only off-mode
-                 [think + right, right, think + _boxed(int(gold[q]) + 1)]]    # wrong off-mode is the worst
+        table = [
+            [think + right, right, _boxed(int(gold[q]) + 1)],  # right off-mode, right, wrong
+            [think + right, think + right, _boxed(int(gold[q]) + 1)],  # right only off-mode
+            [think + right, right, think + _boxed(int(gold[q]) + 1)],
+        ]  # wrong off-mode is the worst
         return table[i][k]
 
-    cfg = PreferenceDataConfig(method="graded", policy_model="p", policy_mode="row", num_samples=3,
-                               output_dir=str(tmp_path / "g"), batch_size=3)
-    card = generate_preferences(cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy), tok,
-                                                                            "row")})
-    pairs = {order.index(json.loads(x)["prompt"][-1]["content"]): json.loads(x)
-             for x in (tmp_path / "g" / "train.jsonl").read_text().splitlines()}
+    cfg = PreferenceDataConfig(
+        method="graded",
+        policy_model="p",
+        policy_mode="row",
+        num_samples=3,
+        output_dir=str(tmp_path / "g"),
+        batch_size=3,
+    )
+    card = generate_preferences(
+        cfg, {"train": rows}, {"policy": Generator("pol", ScriptedEngine(tok, policy), tok, "row")}
+    )
+    pairs = {
+        order.index(json.loads(x)["prompt"][-1]["content"]): json.loads(x)
+        for x in (tmp_path / "g" / "train.jsonl").read_text().splitlines()
+    }
     assert sorted(pairs) == [0, 2] and card["counts"]["train"]["chosen_off_mode"] == 1
     for i in (0, 2):
         assert pairs[i]["chosen"][0]["content"] == _boxed(gold[order[i]])  # right, no think block

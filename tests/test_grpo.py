@@ -1,5 +1,6 @@
-"""align/grpo/trainer.py: GRPO on a tiny random model — rewards get the right columns, the policy moves, dynamic sampling
-drops zero-variance groups, truncated completions are masked, outside verifiers plug in, bad names are clear."""
+"""align/grpo/trainer.py: GRPO on a tiny random model — rewards get the right columns, the policy moves, dynamic
+sampling drops zero-variance groups, truncated completions are masked, outside verifiers plug in, bad names are
+clear."""
 
 from __future__ import annotations
 
@@ -60,8 +61,11 @@ class ScriptedEngine:
             group = []
             for k in range(params.n):
                 truncated = self.truncate_every and (len(self.calls) + k) % self.truncate_every == 0
-                length = params.max_new_tokens if truncated else int(torch.randint(2, params.max_new_tokens, (1,),
-                                                                                       generator=self.gen))
+                length = (
+                    params.max_new_tokens
+                    if truncated
+                    else int(torch.randint(2, params.max_new_tokens, (1,), generator=self.gen))
+                )
                 ids = torch.randint(self.vocab.start, self.vocab.stop, (length,), generator=self.gen).tolist()
                 if not truncated and not self.stop_without_token:
                     ids[-1] = params.stop_token_ids[0]
@@ -86,9 +90,21 @@ def _train_rows(n: int = 32) -> datasets.Dataset:
 
 
 def _args(out, **kw) -> GRPOConfig:
-    base = dict(output_dir=str(out), max_steps=3, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=12, learning_rate=5e-2, logging_steps=1, save_strategy="no", report_to="none",
-                seed=0, bf16=False, lr_scheduler_type="constant", reward_funcs=["math_reward"])
+    base = dict(
+        output_dir=str(out),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        learning_rate=5e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        bf16=False,
+        lr_scheduler_type="constant",
+        reward_funcs=["math_reward"],
+    )
     base.update(kw)
     return GRPOConfig(**base)
 
@@ -99,8 +115,14 @@ def _trainer(tiny, args, reward_funcs, engine, rows=None):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny["model"])
     train = prepare_prompts(rows if rows is not None else _train_rows(), args.prompt_mode)
-    return GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train,
-                       processing_class=tiny["tokenizer"], engine=engine)
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train,
+        processing_class=tiny["tokenizer"],
+        engine=engine,
+    )
 
 
 def length_reward(completions, **kwargs):
@@ -111,15 +133,18 @@ def length_reward(completions, **kwargs):
 # ----------------------------------------------------------------------------------------------- pure functions
 
 
-@pytest.mark.parametrize("rewards, g, expected", [
-    ([1, 1, 0, 1], 2, [False, True]),
-    ([0, 0, 0, 0.5, 0.5, 0.5], 3, [False, False]),
-    ([0, 0, 1, 2, 2, 2], 3, [True, False]),
-    ([NAN, 1, NAN, NAN], 2, [False, False]),          # one scored completion: no variance to learn from
-    ([NAN, 1, 0, 1], 2, [False, True]),
-    ([0.3] * 8, 4, [False, False]),                   # identical floats: no signal, whatever the rounding
-    ([1e-9, 0, 0, 0], 4, [False]),                    # below the tolerance
-])
+@pytest.mark.parametrize(
+    "rewards, g, expected",
+    [
+        ([1, 1, 0, 1], 2, [False, True]),
+        ([0, 0, 0, 0.5, 0.5, 0.5], 3, [False, False]),
+        ([0, 0, 1, 2, 2, 2], 3, [True, False]),
+        ([NAN, 1, NAN, NAN], 2, [False, False]),  # one scored completion: no variance to learn from
+        ([NAN, 1, 0, 1], 2, [False, True]),
+        ([0.3] * 8, 4, [False, False]),  # identical floats: no signal, whatever the rounding
+        ([1e-9, 0, 0, 0], 4, [False]),  # below the tolerance
+    ],
+)
 def test_group_has_signal(rewards, g, expected):
     assert group_has_signal(torch.tensor(rewards, dtype=torch.float64), g).tolist() == expected
 
@@ -130,28 +155,40 @@ def test_group_has_signal_rejects_partial_groups():
 
 
 def test_merge_batches_pads_and_recounts():
-    a = {"prompt_ids": torch.tensor([[5, 6], [7, 8]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
-         "completion_ids": torch.tensor([[1, 2, 3], [4, 0, 0]]),
-         "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]), "advantages": torch.tensor([1.0, -1.0]),
-         "num_items_in_batch": torch.tensor(4)}
-    b = {"prompt_ids": torch.tensor([[9, 9, 9]]), "prompt_mask": torch.ones(1, 3, dtype=torch.long),
-         "completion_ids": torch.tensor([[7]]), "completion_mask": torch.tensor([[1]]),
-         "advantages": torch.tensor([0.5]), "num_items_in_batch": torch.tensor(1)}
+    a = {
+        "prompt_ids": torch.tensor([[5, 6], [7, 8]]),
+        "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+        "completion_ids": torch.tensor([[1, 2, 3], [4, 0, 0]]),
+        "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
+        "advantages": torch.tensor([1.0, -1.0]),
+        "num_items_in_batch": torch.tensor(4),
+    }
+    b = {
+        "prompt_ids": torch.tensor([[9, 9, 9]]),
+        "prompt_mask": torch.ones(1, 3, dtype=torch.long),
+        "completion_ids": torch.tensor([[7]]),
+        "completion_mask": torch.tensor([[1]]),
+        "advantages": torch.tensor([0.5]),
+        "num_items_in_batch": torch.tensor(1),
+    }
     m = merge_batches([(a, torch.tensor([1])), (b, torch.tensor([0]))], pad_token_id=0, gather=lambda t: t[None])
-    assert m["prompt_ids"].tolist() == [[0, 7, 8], [9, 9, 9]]            # prompts left-padded
+    assert m["prompt_ids"].tolist() == [[0, 7, 8], [9, 9, 9]]  # prompts left-padded
     assert m["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
-    assert m["completion_ids"].tolist() == [[4, 0, 0], [7, 0, 0]]        # completions right-padded
+    assert m["completion_ids"].tolist() == [[4, 0, 0], [7, 0, 0]]  # completions right-padded
     assert m["completion_mask"].tolist() == [[1, 0, 0], [1, 0, 0]]
     assert m["advantages"].tolist() == [-1.0, 0.5]
-    assert int(m["num_items_in_batch"]) == 2                            # recounted from the kept rows
+    assert int(m["num_items_in_batch"]) == 2  # recounted from the kept rows
 
 
-@pytest.mark.parametrize("tokens, expected", [
-    ([6, 2], [1.5, 0.5]),   # every token weighs 1/8 on every rank: the losses average to the global token mean
-    ([4, 4], [1.0, 1.0]),
-    ([5], [1.0]),           # one process: this rank's tokens
-    ([3, 0, 1], [2.25, 0.0, 0.75]),
-])
+@pytest.mark.parametrize(
+    "tokens, expected",
+    [
+        ([6, 2], [1.5, 0.5]),  # every token weighs 1/8 on every rank: the losses average to the global token mean
+        ([4, 4], [1.0, 1.0]),
+        ([5], [1.0]),  # one process: this rank's tokens
+        ([3, 0, 1], [2.25, 0.0, 0.75]),
+    ],
+)
 def test_merged_batches_count_every_ranks_tokens_for_trls_dapo_normaliser(tokens, expected):
     """Each simulated rank merges its kept rows; `num_items_in_batch` is every rank's loss tokens (TRL gathers the
     count), so TRL's dapo/cispo loss, sum(per-token loss) / (num_items_in_batch / num_processes), averaged over ranks
@@ -162,8 +199,13 @@ def test_merged_batches_count_every_ranks_tokens_for_trls_dapo_normaliser(tokens
     for n in tokens:
         width = max(tokens)
         mask = (torch.arange(width) < n).long()[None]
-        part = {"prompt_ids": torch.tensor([[5]]), "prompt_mask": torch.ones(1, 1, dtype=torch.long),
-                "completion_ids": torch.full((1, width), 7), "completion_mask": mask, "advantages": torch.ones(1)}
+        part = {
+            "prompt_ids": torch.tensor([[5]]),
+            "prompt_mask": torch.ones(1, 1, dtype=torch.long),
+            "completion_ids": torch.full((1, width), 7),
+            "completion_mask": mask,
+            "advantages": torch.ones(1),
+        }
         merged = merge_batches([(part, torch.tensor([0]))], pad_token_id=0, gather=lambda t: counts)
         assert int(merged["num_items_in_batch"]) == sum(tokens)
         per_token_loss = torch.ones(1, width)
@@ -177,7 +219,7 @@ def test_prepare_prompts_modes_and_columns():
     rows = _train_rows(4)
     out = prepare_prompts(rows, prompt_mode="think", system_prompt="Be brief.")
     r = out[0]
-    assert r["prompt"][0] == {"role": "system", "content": "Be brief. /think"}   # the no_think flag is replaced
+    assert r["prompt"][0] == {"role": "system", "content": "Be brief. /think"}  # the no_think flag is replaced
     assert r["prompt"][1]["content"] == rows[0]["prompt"] and r["question"] == rows[0]["prompt"]
     assert r["mode"] == "think" and r["answer"] == rows[0]["answer"]
     assert "messages" not in out.column_names and "prompt_messages" not in out.column_names
@@ -207,9 +249,12 @@ def test_config_errors_name_the_field(tmp_path):
 def test_outside_verifier_by_file_and_dotted_path(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
     by_file = f"{FIXTURES / 'my_verifiers.py'}:palindrome_reward"
-    args = _args(tmp_path, reward_funcs=[by_file, "my_verifiers:palindrome_reward", "soft_overlong_reward"],
-                 reward_kwargs={"soft_overlong_reward": {"max_completion_len": 10, "soft_punish_cache": 4}},
-                 reward_weights=[1.0, 0.5, 1.0])
+    args = _args(
+        tmp_path,
+        reward_funcs=[by_file, "my_verifiers:palindrome_reward", "soft_overlong_reward"],
+        reward_kwargs={"soft_overlong_reward": {"max_completion_len": 10, "soft_punish_cache": 4}},
+        reward_weights=[1.0, 0.5, 1.0],
+    )
     funcs = build_rewards(args)
     assert [f.__name__ for f in funcs] == ["palindrome_reward", "palindrome_reward", "soft_overlong_reward"]
     assert [f(completions=["Never odd or even"])[0] for f in funcs[:2]] == [1.0, 1.0]
@@ -248,12 +293,15 @@ def test_completion_budget_of_tool_rows_counts_every_turn_and_the_tools_replies(
     assert check_completion_budget(odd, tok, 4096)["median"] < short["median"]  # the answers alone, with a warning
 
 
-@pytest.mark.parametrize("knobs, message", [
-    ({"rollout_backend": "hf", "generation_kwargs": {"presence_penalty": 0.5}}, "hf engine samples with"),
-    ({"generation_kwargs": {"n": 2}}, "num_generations"),
-    ({"generation_kwargs": {"max_tokens": 9}}, "max_completion_length"),
-    ({"generation_kwargs": {"seed": 1}}, "seed"),
-])
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        ({"rollout_backend": "hf", "generation_kwargs": {"presence_penalty": 0.5}}, "hf engine samples with"),
+        ({"generation_kwargs": {"n": 2}}, "num_generations"),
+        ({"generation_kwargs": {"max_tokens": 9}}, "max_completion_length"),
+        ({"generation_kwargs": {"seed": 1}}, "seed"),
+    ],
+)
 def test_generation_kwargs_the_engine_cannot_take_are_one_line_errors(tmp_path, knobs, message):
     with pytest.raises(ValueError, match=message) as err:
         _args(tmp_path, **knobs)
@@ -265,11 +313,12 @@ def test_trls_sampling_settings_reach_the_shared_engine(tiny, tmp_path):
     are vLLM SamplingParams arguments) are in the params the engine is called with; greedy evaluation stays plain.
     An hf engine chosen by `auto` refuses the vLLM-only ones as the trainer is built."""
     engine = ScriptedEngine(rollout, range(10, len(tiny["tokenizer"])))
-    args = _args(tmp_path, min_p=0.05, repetition_penalty=1.2, top_k=20,
-                 generation_kwargs={"top_k": 7, "presence_penalty": 0.3})
+    args = _args(
+        tmp_path, min_p=0.05, repetition_penalty=1.2, top_k=20, generation_kwargs={"top_k": 7, "presence_penalty": 0.3}
+    )
     trainer = _trainer(tiny, args, [length_reward], engine)
     trainer._generate_single_turn([[5, 6, 7]] * 4, None, None, 4)
-    (num_prompts, params), = engine.calls
+    ((num_prompts, params),) = engine.calls
     assert (num_prompts, params.n, params.min_p, params.repetition_penalty, params.top_k) == (1, 4, 0.05, 1.2, 7)
     assert params.vllm_kwargs == {"presence_penalty": 0.3} and params.temperature == args.temperature
     greedy = trainer.sampling_params(1, greedy=True)
@@ -332,15 +381,25 @@ def test_dynamic_sampling_drops_zero_variance_groups(tiny, tmp_path, monkeypatch
         return [1.0 if f == "compare" else d for f, d in zip(family, length_reward(completions))]
 
     engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
-    trainer = _trainer(tiny, _args(tmp_path, dynamic_sampling=True, per_device_train_batch_size=12,
-                                   num_generations=4, dynamic_sampling_max_rounds=4), [family_reward], engine)
+    trainer = _trainer(
+        tiny,
+        _args(
+            tmp_path,
+            dynamic_sampling=True,
+            per_device_train_batch_size=12,
+            num_generations=4,
+            dynamic_sampling_max_rounds=4,
+        ),
+        [family_reward],
+        engine,
+    )
     trainer.model.train()
     rows = [dict(r) for r in trainer.train_dataset.filter(lambda r: r["family"] == "compare").select([0, 1])]
     rows += [dict(trainer.train_dataset.filter(lambda r: r["family"] != "compare")[0])]
-    inputs = [dict(r) for r in rows for _ in range(4)]               # 3 groups, 2 of them without signal
+    inputs = [dict(r) for r in rows for _ in range(4)]  # 3 groups, 2 of them without signal
     out = trainer._generate_and_score_completions(inputs)
     assert out["advantages"].shape == (12,) and out["completion_ids"].shape[0] == 12
-    assert len(engine.calls) >= 2                                    # refilled from fresh prompts
+    assert len(engine.calls) >= 2  # refilled from fresh prompts
     # every kept group has signal: its advantages are not all zero
     assert (out["advantages"].view(3, 4).abs().sum(dim=1) > 0).all()
     assert trainer._metrics["train"]["dynamic_sampling/kept_ratio"][-1] == 1.0
@@ -381,9 +440,20 @@ def test_overlong_penalty_pushes_long_completions_down(tiny, tmp_path, monkeypat
     advantages, those within it positive; the `mode` column from prompt_mode picks the budget."""
     mod = rollout
     engine = ScriptedEngine(mod, range(10, len(tiny["tokenizer"])))
-    args = _args(tmp_path, prompt_mode="no_think", max_completion_length=12, reward_funcs=["soft_overlong_reward"],
-                 reward_kwargs={"soft_overlong_reward": {"max_completion_len": 6, "soft_punish_cache": 2,
-                                                         "think_max_completion_len": 100, "think_soft_punish_cache": 2}})
+    args = _args(
+        tmp_path,
+        prompt_mode="no_think",
+        max_completion_length=12,
+        reward_funcs=["soft_overlong_reward"],
+        reward_kwargs={
+            "soft_overlong_reward": {
+                "max_completion_len": 6,
+                "soft_punish_cache": 2,
+                "think_max_completion_len": 100,
+                "think_soft_punish_cache": 2,
+            }
+        },
+    )
     trainer = _trainer(tiny, args, build_rewards(args), engine)
     trainer.model.train()
     out = trainer._generate_and_score_completions([dict(trainer.train_dataset[i // 4 * 4]) for i in range(8)])
@@ -406,17 +476,30 @@ def test_mixed_mode_batches_log_reward_accuracy_format_and_length_per_asked_mode
     for i, r in enumerate(rows):
         r["prompt_messages"] = prompt_messages(r, "think" if i % 2 else "no_think")
     engine = ScriptedEngine(rollout, range(10, len(tiny["tokenizer"])))
-    args = _args(tmp_path, max_completion_length=12,
-                 reward_funcs=["math_reward", "mode_format_reward", "soft_overlong_reward"], reward_weights=[1, 0.5, 1],
-                 reward_kwargs={"soft_overlong_reward": {"max_completion_len": 6, "soft_punish_cache": 2,
-                                                         "think_max_completion_len": 12, "think_soft_punish_cache": 2}})
+    args = _args(
+        tmp_path,
+        max_completion_length=12,
+        reward_funcs=["math_reward", "mode_format_reward", "soft_overlong_reward"],
+        reward_weights=[1, 0.5, 1],
+        reward_kwargs={
+            "soft_overlong_reward": {
+                "max_completion_len": 6,
+                "soft_punish_cache": 2,
+                "think_max_completion_len": 12,
+                "think_soft_punish_cache": 2,
+            }
+        },
+    )
     trainer = _trainer(tiny, args, build_rewards(args), engine, rows=datasets.Dataset.from_list(rows))
     trainer.model.train()
     batch = [dict(trainer.train_dataset[i // 4 * 4 + (i // 4) % 2]) for i in range(16)]  # 2 groups of each mode
     out = trainer._generate_and_score_completions(batch)
     logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("mode/")}
-    assert {f"mode/{m}/{k}" for m in ("think", "no_think") for k in ("reward", "accuracy", "format", "length",
-                                                                     "soft_overlong_reward")} <= set(logged)
+    assert {
+        f"mode/{m}/{k}"
+        for m in ("think", "no_think")
+        for k in ("reward", "accuracy", "format", "length", "soft_overlong_reward")
+    } <= set(logged)
     lengths = out["completion_mask"].sum(dim=1).float()
     modes = [r["mode"] for r in batch]
     for m in ("think", "no_think"):
@@ -435,8 +518,13 @@ def test_a_form_gated_reward_alone_still_logs_each_modes_accuracy_from_the_rows_
     for i, r in enumerate(rows):
         r["prompt_messages"] = prompt_messages(r, "think" if i % 2 else "no_think")
     args = _args(tmp_path, max_completion_length=12, reward_funcs=["mode_math_reward"])
-    trainer = _trainer(tiny, args, build_rewards(args), ScriptedEngine(rollout, range(10, len(tiny["tokenizer"]))),
-                       rows=datasets.Dataset.from_list(rows))
+    trainer = _trainer(
+        tiny,
+        args,
+        build_rewards(args),
+        ScriptedEngine(rollout, range(10, len(tiny["tokenizer"]))),
+        rows=datasets.Dataset.from_list(rows),
+    )
     trainer.model.train()
     batch = [dict(trainer.train_dataset[i // 4 * 4 + (i // 4) % 2]) for i in range(16)]
     trainer._generate_and_score_completions(batch)
@@ -469,7 +557,7 @@ def test_cli_end_to_end_with_outside_verifier(tiny, tmp_path, monkeypatch):
         "reward_funcs: [math_reward, 'my_verifiers:palindrome_reward']\n"
         "reward_kwargs: {palindrome_reward: {min_length: 2}}\n"
         "rollout_backend: hf\n"
-        "eval_num_prompts: 4\nprompt_mode: no_think\n"      # no_think: the 24-token budget fits the answers
+        "eval_num_prompts: 4\nprompt_mode: no_think\n"  # no_think: the 24-token budget fits the answers
     )
     report = run(main, *CONFIG_TYPES, args=[str(recipe)])
     logged = [h for h in report["log_history"] if "rewards/palindrome_reward/mean" in h]
@@ -556,8 +644,9 @@ def _is_metric(trainer, name: str) -> list[float]:
 
 def test_importance_sampling_is_a_no_op_when_engine_and_trainer_agree(tiny, tmp_path):
     def run(correction: bool):
-        args = _args(tmp_path / str(correction), max_steps=2, temperature=1.0,
-                     vllm_importance_sampling_correction=correction)
+        args = _args(
+            tmp_path / str(correction), max_steps=2, temperature=1.0, vllm_importance_sampling_correction=correction
+        )
         trainer = _trainer(tiny, args, [length_reward], TemperedEngine(_model(tiny), temperature=1.0))
         trainer.train()
         return trainer
@@ -571,8 +660,14 @@ def test_importance_sampling_is_a_no_op_when_engine_and_trainer_agree(tiny, tmp_
 
 
 def test_importance_sampling_corrects_an_engine_that_samples_another_distribution(tiny, tmp_path):
-    args = _args(tmp_path, max_steps=2, temperature=1.0, vllm_importance_sampling_correction=True,
-                 vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0)
+    args = _args(
+        tmp_path,
+        max_steps=2,
+        temperature=1.0,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=3.0,
+    )
     trainer = _trainer(tiny, args, [length_reward], TemperedEngine(_model(tiny), temperature=2.0))
     trainer.train()
     low, mean, high = (_is_metric(trainer, f"sampling/importance_sampling_ratio/{k}") for k in ("min", "mean", "max"))
@@ -586,8 +681,14 @@ def test_the_ratio_built_in_the_loss_pass_equals_trls_own_pass_which_is_skipped(
     no-grad forward TRL runs for them is skipped; losses and the logged correction are TRL's, to float precision."""
 
     def run(defer: bool):
-        args = _args(tmp_path / str(defer), max_steps=2, temperature=1.0, vllm_importance_sampling_correction=True,
-                     vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0)
+        args = _args(
+            tmp_path / str(defer),
+            max_steps=2,
+            temperature=1.0,
+            vllm_importance_sampling_correction=True,
+            vllm_importance_sampling_mode="token_truncate",
+            vllm_importance_sampling_clip_max=3.0,
+        )
         trainer = _trainer(tiny, args, [length_reward], TemperedEngine(_model(tiny), temperature=2.0))
         trainer.defer_importance_sampling = defer
         passes = []
@@ -604,13 +705,20 @@ def test_the_ratio_built_in_the_loss_pass_equals_trls_own_pass_which_is_skipped(
     (ours, our_passes), (trls, trl_passes) = run(True), run(False)
     assert our_passes.count(False) == 0 and trl_passes.count(False) == 2  # one no-grad pass per generation batch
     assert our_passes.count(True) == trl_passes.count(True) == 2
-    for name in ("loss", "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max",
-                 "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean"):
+    for name in (
+        "loss",
+        "sampling/importance_sampling_ratio/min",
+        "sampling/importance_sampling_ratio/max",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/sampling_logp_difference/mean",
+    ):
         assert _is_metric(ours, name) == pytest.approx(_is_metric(trls, name), rel=1e-4, abs=1e-6), name
     assert min(_is_metric(ours, "sampling/importance_sampling_ratio/min")) < 0.9  # the correction is really applied
 
 
-def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_sharing_the_model(tiny, tmp_path, keep_bf16):
+def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_sharing_the_model(
+    tiny, tmp_path, keep_bf16
+):
     from align.grpo.trainer import rollout_knobs
 
     model = _model(tiny)
@@ -629,7 +737,9 @@ def test_a_vllm_engine_on_a_cpu_samples_in_the_trainers_precision_and_hf_keeps_s
     assert "head_dtype" not in rollout_knobs(head, model)
 
 
-def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sampling_corrects_it(tiny, tmp_path, keep_bf16):
+def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sampling_corrects_it(
+    tiny, tmp_path, keep_bf16
+):
     """On a CPU the hf engine that shares the trained model samples in its fp32 weights while the trainer computes
     under accelerate's bf16 autocast (align.rollout.hf): a small, real mismatch, corrected in the loss pass (no
     no-grad pass). Without mixed precision the engine samples what the trainer computes: no correction."""
@@ -637,11 +747,18 @@ def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sam
     from align.rollout.sampler import build_sampler
 
     def run(bf16: bool):
-        args = _args(tmp_path / str(bf16), max_steps=2, temperature=1.0, bf16=bf16,
-                     vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
+        args = _args(
+            tmp_path / str(bf16),
+            max_steps=2,
+            temperature=1.0,
+            bf16=bf16,
+            vllm_importance_sampling_correction=True,
+            vllm_importance_sampling_mode="token_truncate",
+        )
         trainer = _trainer(tiny, args, [length_reward], None)
-        trainer.sampler = build_sampler("hf", {}, trainer.model, tiny["model"], tiny["tokenizer"], trainer.accelerator,
-                                        logprobs_kind="sampling")
+        trainer.sampler = build_sampler(
+            "hf", {}, trainer.model, tiny["model"], tiny["tokenizer"], trainer.accelerator, logprobs_kind="sampling"
+        )
         assert trainer.sampler.shares(trainer.model) and not trainer.importance_sampling  # no autocast before train()
         passes, trainer.attention = [], set()
         inner = trainer._get_per_token_logps_and_entropies
@@ -659,8 +776,10 @@ def test_a_shared_hf_engine_samples_outside_the_bf16_autocast_and_importance_sam
     (mixed, mixed_passes), (plain, plain_passes) = run(True), run(False)
     assert mixed.attention == plain.attention == {"sdpa_cpu_fp32"}  # the loss pass (align/modeling/cpu_attention.py)
     assert mixed.importance_sampling and mixed.engine.bypasses_autocast()
-    low, high = _is_metric(mixed, "sampling/importance_sampling_ratio/min"), \
-        _is_metric(mixed, "sampling/importance_sampling_ratio/max")
+    low, high = (
+        _is_metric(mixed, "sampling/importance_sampling_ratio/min"),
+        _is_metric(mixed, "sampling/importance_sampling_ratio/max"),
+    )
     assert len(low) == 2 and min(low) < 1 < max(high)  # bf16 vs fp32: a real difference, corrected
     assert min(low) > 0.9 and max(high) < 1.1  # and a small one
     assert 0 < _is_metric(mixed, "sampling/sampling_logp_difference/mean")[0] < 0.05
@@ -726,8 +845,11 @@ def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradi
 
     from align.grpo.packing import pack, packed_attention, packed_logps
 
-    padded_pass = getattr(trl.GRPOTrainer._get_per_token_logps_and_entropies, "__wrapped__",
-                          trl.GRPOTrainer._get_per_token_logps_and_entropies)  # without TRL's profiling wrapper
+    padded_pass = getattr(
+        trl.GRPOTrainer._get_per_token_logps_and_entropies,
+        "__wrapped__",
+        trl.GRPOTrainer._get_per_token_logps_and_entropies,
+    )  # without TRL's profiling wrapper
     model = AutoModelForCausalLM.from_pretrained(tiny["model"], attn_implementation="sdpa")
     trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     if gradient_checkpointing:
@@ -745,11 +867,14 @@ def test_a_padding_free_pass_gives_the_padded_passs_logprobs_entropies_and_gradi
                 (lp.sum() + 0.1 * ent.sum()).backward()
         else:
             fake = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext))
-            lp, ent, _ = padded_pass(fake, model, ids, mask, keep,
-                                                                             compute_entropy=True)
+            lp, ent, _ = padded_pass(fake, model, ids, mask, keep, compute_entropy=True)
             (lp * mask[:, -keep:]).sum().add(0.1 * (ent * mask[:, -keep:]).sum()).backward()
             lp, ent = lp * mask[:, -keep:], ent * mask[:, -keep:]  # TRL's loss masks these positions
-        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return (
+            lp.detach(),
+            ent.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
 
     padded_lp, padded_ent, padded_grads = run(False)
     packed_lp, packed_ent, packed_grads = run(True)
@@ -777,14 +902,27 @@ def test_chunked_padding_free_passes_give_trls_chunked_padded_logprobs():
     from align.grpo.loss import LossPassImportanceSampling
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+    )
     model = LlamaForCausalLM(config).eval()
     trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    padded_pass = getattr(trl.GRPOTrainer._get_per_token_logps_and_entropies, "__wrapped__",
-                          trl.GRPOTrainer._get_per_token_logps_and_entropies)  # without TRL's profiling wrapper
-    trainer = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext),
-                                    args=types.SimpleNamespace(padding_free=True), _pending_importance=None)
+    padded_pass = getattr(
+        trl.GRPOTrainer._get_per_token_logps_and_entropies,
+        "__wrapped__",
+        trl.GRPOTrainer._get_per_token_logps_and_entropies,
+    )  # without TRL's profiling wrapper
+    trainer = types.SimpleNamespace(
+        accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext),
+        args=types.SimpleNamespace(padding_free=True),
+        _pending_importance=None,
+    )
     trainer._padding_free = lambda a, k: LossPassImportanceSampling._padding_free(trainer, a, k)
     ours_pass = LossPassImportanceSampling._get_per_token_logps_and_entropies
     g = torch.Generator().manual_seed(0)
@@ -813,13 +951,20 @@ def test_padding_free_grpo_trains_as_the_padded_trainer(tiny, tmp_path, beta, mo
 
     packed_rows = []
     real = importance.packed_logps
-    monkeypatch.setattr(importance, "packed_logps", lambda model, ids, *a, **k: packed_rows.append(len(ids)) or
-                        real(model, ids, *a, **k))
+    monkeypatch.setattr(
+        importance,
+        "packed_logps",
+        lambda model, ids, *a, **k: packed_rows.append(len(ids)) or real(model, ids, *a, **k),
+    )
     runs = {}
     for padding_free in (False, True):
         engine = ScriptedEngine(rollout, range(10, len(tiny["tokenizer"])))
-        trainer = _trainer(tiny, _args(tmp_path / str(padding_free), padding_free=padding_free, beta=beta,
-                                       max_completion_length=24), [length_reward], engine)
+        trainer = _trainer(
+            tiny,
+            _args(tmp_path / str(padding_free), padding_free=padding_free, beta=beta, max_completion_length=24),
+            [length_reward],
+            engine,
+        )
         trainer.train()
         logs = [h for h in trainer.state.log_history if "loss" in h]
         runs[padding_free] = logs, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -6,8 +6,9 @@ its `lighteval.metrics.metrics` refuses to import on that same latex2sympy2_exte
 its published formulas (each function below names the file of the lighteval 0.13.0 wheel it comes from) and
 compare our scorer with them; where lighteval itself imports (a side environment), its own classes are checked too.
 
-- Log-likelihood of an option (`_lighteval_loglik`): one request at a time, tokenized as `tok_encode_pair(pairwise=True)`
-  does, log-softmax at the continuation positions (`TransformersModel._loglikelihood_tokens`).
+- Log-likelihood of an option (`_lighteval_loglik`): one request at a time, tokenized as
+  `tok_encode_pair(pairwise=True)` does, log-softmax at the continuation positions
+  (`TransformersModel._loglikelihood_tokens`).
 - HellaSwag / our tasks, cloze: `LoglikelihoodAcc(LogProbCharNorm())` (acc_norm: log-likelihood per character of
   the option text " " + option). Letter (MCF): `LoglikelihoodAcc()` over " A", " B", ...
 - TruthfulQA MC1: `TruthfulqaMCMetrics.mc1`: argmax of the raw log-likelihoods, the true answer listed first (we
@@ -75,8 +76,12 @@ def _extractive_match(gold: str, prediction: str) -> float:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     golds = parse(gold, extraction_config=[ExprExtractionConfig()], fallback_mode="first_match") or [gold]
-    preds = parse(prediction, extraction_config=[ExprExtractionConfig(), LatexExtractionConfig(boxed_match_priority=0)],
-                  fallback_mode="first_match", extraction_mode="any_match")
+    preds = parse(
+        prediction,
+        extraction_config=[ExprExtractionConfig(), LatexExtractionConfig(boxed_match_priority=0)],
+        fallback_mode="first_match",
+        extraction_mode="any_match",
+    )
     return float(verify(golds, preds, float_rounding=5))
 
 
@@ -107,7 +112,9 @@ def _agree_on_mc(lm, tokenizer, name: str, num: int) -> dict:
         conts = [" " + c.strip() for c in it["choices"]]
         lls = [_lighteval_loglik(lm, tokenizer, it["context"], c) for c in conts]
         letter_conts = [f" {L}" for L in LETTERS[: len(conts)]]
-        letters = [_lighteval_loglik(lm, tokenizer, letter_prompt(it["context"], it["choices"]), c) for c in letter_conts]
+        letters = [
+            _lighteval_loglik(lm, tokenizer, letter_prompt(it["context"], it["choices"]), c) for c in letter_conts
+        ]
         assert pick["cloze_logprobs"] == pytest.approx(lls, abs=2e-4)
         assert pick["letter_logprobs"] == pytest.approx(letters, abs=2e-4)
         if MC_NORM[name] is None:  # TruthfulQA MC1: put the options back in the source order, true answer first
@@ -125,7 +132,9 @@ def _agree_on_mc(lm, tokenizer, name: str, num: int) -> dict:
                 assert bool(mc().mc1(source)) == bool(cf_ref[-1])
             else:
                 d = doc(query=it["context"], choices=conts, gold_index=it["label"])
-                assert acc(char_norm()).compute(d, response(logprobs=lls, output_tokens=[[0]] * len(lls))) == cf_ref[-1]
+                assert (
+                    acc(char_norm()).compute(d, response(logprobs=lls, output_tokens=[[0]] * len(lls))) == cf_ref[-1]
+                )
             d = doc(query=letter_prompt(it["context"], it["choices"]), choices=letter_conts, gold_index=it["label"])
             assert acc(None).compute(d, response(logprobs=letters, output_tokens=[[0]] * len(letters))) == mcf_ref[-1]
         assert int(pick["cf"] == pick["label"]) == cf_ref[-1], (name, it, pick)
@@ -183,7 +192,10 @@ def test_builtin_smollm2_agrees_with_lighteval_on_the_same_items():
     from align.eval.suite import gen_rows
     from align.modeling.loading import load_model, load_tokenizer
 
-    smol, tokenizer = load_model("builtin:smollm2-135m-instruct", dtype="float32"), load_tokenizer("builtin:smollm2-135m-instruct")
+    smol, tokenizer = (
+        load_model("builtin:smollm2-135m-instruct", dtype="float32"),
+        load_tokenizer("builtin:smollm2-135m-instruct"),
+    )
     for name in ("hellaswag", "truthfulqa"):
         res = _agree_on_mc(smol, tokenizer, name, 12)
         assert 0.0 <= res["mcf"] <= 1.0
@@ -199,7 +211,8 @@ import json, os, sys
 out = sys.argv[sys.argv.index("--output-dir") + 1]
 os.makedirs(os.path.join(out, "results", "m"), exist_ok=True)
 json.dump({{"argv": sys.argv[1:], "rank": os.environ.get("RANK")}}, open(os.path.join(out, "argv.json"), "w"))
-results = {{"gsm8k|5": {{"extractive_match": 0.25, "extractive_match_stderr": 0.1}}, "all": {{"extractive_match": 0.25}}}}
+results = {{"gsm8k|5": {{"extractive_match": 0.25, "extractive_match_stderr": 0.1}},
+           "all": {{"extractive_match": 0.25}}}}
 json.dump({{"results": results}}, open(os.path.join(out, "results", "m", "results_2026.json"), "w"))
 """
 
@@ -215,16 +228,38 @@ def test_checkpoint_evaluation_hands_hub_benchmarks_to_lighteval(model, tok, tmp
     fake.chmod(0o755)
     monkeypatch.setenv("RANK", "0")  # a launcher's variable: lighteval must not inherit it
     (tmp_path / "config.json").write_text("{}")  # the checkpoint directory handed over
-    cfg = EvalConfig(model_name_or_path=str(tmp_path), output_dir=str(tmp_path / "ev"), suites=["loss"], loss_num_texts=2,
-                     lighteval_tasks=["gsm8k|5"], lighteval_bin=str(fake), lighteval_backend="vllm",
-                     lighteval_model_args="dtype=bfloat16")
+    cfg = EvalConfig(
+        model_name_or_path=str(tmp_path),
+        output_dir=str(tmp_path / "ev"),
+        suites=["loss"],
+        loss_num_texts=2,
+        lighteval_tasks=["gsm8k|5"],
+        lighteval_bin=str(fake),
+        lighteval_backend="vllm",
+        lighteval_model_args="dtype=bfloat16",
+    )
     metrics = evaluate(cfg, model=model, tokenizer=tok)["metrics"]
     assert metrics["lighteval/gsm8k|5/extractive_match"] == 0.25 and "loss/tasks" in metrics
     assert metrics["lighteval/gsm8k|5/extractive_match_stderr"] == 0.1 and not any("/all/" in k for k in metrics)
     seen = json.loads((tmp_path / "ev" / "lighteval" / "argv.json").read_text())
-    assert seen["argv"] == ["vllm", f"model_name={tmp_path},dtype=bfloat16", "gsm8k|5", "--output-dir",
-                            str(tmp_path / "ev" / "lighteval")]
+    assert seen["argv"] == [
+        "vllm",
+        f"model_name={tmp_path},dtype=bfloat16",
+        "gsm8k|5",
+        "--output-dir",
+        str(tmp_path / "ev" / "lighteval"),
+    ]
     assert seen["rank"] is None
     with pytest.raises(ValueError, match="lighteval_bin='no-such-lighteval' is not an executable"):
-        evaluate(EvalConfig(model_name_or_path="m", output_dir=str(tmp_path / "x"), suites=["loss"], loss_num_texts=1,
-                            lighteval_tasks=["gsm8k|5"], lighteval_bin="no-such-lighteval"), model=model, tokenizer=tok)
+        evaluate(
+            EvalConfig(
+                model_name_or_path="m",
+                output_dir=str(tmp_path / "x"),
+                suites=["loss"],
+                loss_num_texts=1,
+                lighteval_tasks=["gsm8k|5"],
+                lighteval_bin="no-such-lighteval",
+            ),
+            model=model,
+            tokenizer=tok,
+        )

@@ -85,13 +85,15 @@ def generated(spec: str, split: str, args: dict) -> tuple:
     return spec, split, tuple(families or ()), num, args.get("seed", 0), json.dumps(args.get("difficulty", 1)), apart
 
 
-def rows_of(spec: str, split: str, families: tuple, num: int, seed: int, difficulty: str,
-            apart: str = "null") -> list[dict]:
+def rows_of(
+    spec: str, split: str, families: tuple, num: int, seed: int, difficulty: str, apart: str = "null"
+) -> list[dict]:
     if spec == "builtin:tool_tasks":
         return make_tool_tasks(list(families) or None, num=num, split=split, seed=seed)
     exclude = training_problems(json.loads(apart)) if split == "train" else frozenset()
-    return make_tasks(list(families) or None, num=num, split=split, seed=seed, difficulty=json.loads(difficulty),
-                      exclude=exclude)
+    return make_tasks(
+        list(families) or None, num=num, split=split, seed=seed, difficulty=json.loads(difficulty), exclude=exclude
+    )
 
 
 def problem(row: dict) -> tuple[str, str]:
@@ -139,8 +141,16 @@ def test_no_recipe_trains_on_a_problem_any_recipe_evaluates():
         data_sets(config, sets)
         if config.get("skill_eval_num"):
             families = [f for f in str(config.get("skill_families") or "").split(",") if f.strip()] or None
-            sets.add(("builtin:tasks", HELD_OUT, json.dumps({"families": families, "num": config["skill_eval_num"],
-                                                            "seed": SKILL_SEED}, sort_keys=True), "eval"))
+            sets.add(
+                (
+                    "builtin:tasks",
+                    HELD_OUT,
+                    json.dumps(
+                        {"families": families, "num": config["skill_eval_num"], "seed": SKILL_SEED}, sort_keys=True
+                    ),
+                    "eval",
+                )
+            )
     trained: dict[tuple[str, str], str] = {}
     evaluated: dict[tuple[str, str], str] = {}
     for role in ("train", "eval"):
@@ -167,16 +177,28 @@ def test_no_recipe_trains_on_a_problem_any_recipe_evaluates():
 def test_the_walk_finds_every_kind_of_data_key():
     """The walker itself: a set read through each key is found, with its split (so the check above can fail)."""
     found: set = set()
-    data_sets({"dataset_name": "builtin:tasks", "dataset_args": {"num": 5}, "dataset_train_split": "test",
-               "replay_data": "builtin:tasks", "replay_args": {"seed": 5},
-               "dataset_mixture": {"datasets": [{"id": "builtin:tool_tasks", "args": {"num": 3}}]},
-               "stages": [{"sources": {"tasks": {"spec": "builtin:tasks", "num": 7, "formatter": "x"}}}],
-               "round_pairs_overrides": {"dataset_args": {"num": 9}}}, found)
+    data_sets(
+        {
+            "dataset_name": "builtin:tasks",
+            "dataset_args": {"num": 5},
+            "dataset_train_split": "test",
+            "replay_data": "builtin:tasks",
+            "replay_args": {"seed": 5},
+            "dataset_mixture": {"datasets": [{"id": "builtin:tool_tasks", "args": {"num": 3}}]},
+            "stages": [{"sources": {"tasks": {"spec": "builtin:tasks", "num": 7, "formatter": "x"}}}],
+            "round_pairs_overrides": {"dataset_args": {"num": 9}},
+        },
+        found,
+    )
     assert found == {
-        ("builtin:tasks", "test", '{"num": 5}', "train"), ("builtin:tasks", "validation", '{"num": 5}', "eval"),
-        ("builtin:tasks", "train", '{"num": 9}', "train"), ("builtin:tasks", "validation", '{"num": 9}', "eval"),
-        ("builtin:tasks", "train", '{"seed": 5}', "train"), ("builtin:tool_tasks", "train", '{"num": 3}', "train"),
-        ("builtin:tool_tasks", "validation", '{"num": 3}', "eval"), ("builtin:tasks", "train", '{"num": 7}', "train"),
+        ("builtin:tasks", "test", '{"num": 5}', "train"),
+        ("builtin:tasks", "validation", '{"num": 5}', "eval"),
+        ("builtin:tasks", "train", '{"num": 9}', "train"),
+        ("builtin:tasks", "validation", '{"num": 9}', "eval"),
+        ("builtin:tasks", "train", '{"seed": 5}', "train"),
+        ("builtin:tool_tasks", "train", '{"num": 3}', "train"),
+        ("builtin:tool_tasks", "validation", '{"num": 3}', "eval"),
+        ("builtin:tasks", "train", '{"num": 7}', "train"),
     }
     # a recipe that trains on the test split: its rows are the eval rows' problems
     rows = rows_of(*generated("builtin:tasks", "test", {"num": 20}))
@@ -190,12 +212,17 @@ def sft_and_grpo_pairs() -> list[tuple[str, dict, dict]]:
     for path in sorted((ROOT / "recipes").rglob("*grpo.yaml")):
         sft = path.with_name(path.name.replace("grpo", "sft"))
         if sft.is_file():
-            pairs.append((str(path.relative_to(ROOT)), yaml.safe_load(sft.read_text()), yaml.safe_load(path.read_text())))
+            pairs.append(
+                (str(path.relative_to(ROOT)), yaml.safe_load(sft.read_text()), yaml.safe_load(path.read_text()))
+            )
     keys = set(PipelineConfig.__dataclass_fields__)
     for path in sorted((ROOT / "recipes").rglob("*.yaml")):
         raw = yaml.safe_load(path.read_text()) or {}
-        if not (isinstance(raw, dict) and isinstance(raw.get("stages"), list)
-                and all(isinstance(s, dict) and "script" in s for s in raw["stages"])):
+        if not (
+            isinstance(raw, dict)
+            and isinstance(raw.get("stages"), list)
+            and all(isinstance(s, dict) and "script" in s for s in raw["stages"])
+        ):
             continue
         stages = {s.name: s for s in resolve_stages(PipelineConfig(**{k: v for k, v in raw.items() if k in keys}))}
         for stage in stages.values():
@@ -212,8 +239,11 @@ def training_problems_of(config: dict) -> set[tuple[str, str]]:
     """The problems of the builtin task rows a config trains on (its replay rows, SFT's own by design, left out)."""
     sets: set = set()
     data_sets({k: v for k, v in config.items() if k not in ("replay_data", "replay_args")}, sets)
-    return {problem(row) for key in {generated(spec, split, json.loads(args)) for spec, split, args, role in sets
-                                     if role == "train"} for row in rows_of(*key)}
+    return {
+        problem(row)
+        for key in {generated(spec, split, json.loads(args)) for spec, split, args, role in sets if role == "train"}
+        for row in rows_of(*key)
+    }
 
 
 def test_grpo_trains_on_problems_its_sft_stage_never_saw():
@@ -221,8 +251,13 @@ def test_grpo_trains_on_problems_its_sft_stage_never_saw():
     recipe draws its prompts apart from its SFT's by problem, or declares the reuse (`reuse_sft_prompts`)."""
     pairs = sft_and_grpo_pairs()
     names = [n for n, _, _ in pairs]
-    assert {"recipes/tiny/grpo.yaml", "recipes/smol135m/grpo.yaml", "recipes/tiny/pipeline.yaml:grpo",
-            "recipes/smol135m/pipeline.yaml:grpo", "recipes/tiny/micro_pipeline.yaml:grpo"} <= set(names), names
+    assert {
+        "recipes/tiny/grpo.yaml",
+        "recipes/smol135m/grpo.yaml",
+        "recipes/tiny/pipeline.yaml:grpo",
+        "recipes/smol135m/pipeline.yaml:grpo",
+        "recipes/tiny/micro_pipeline.yaml:grpo",
+    } <= set(names), names
     for name, sft, grpo in pairs:
         shared = training_problems_of(sft) & training_problems_of(grpo)
         if grpo.get("reuse_sft_prompts"):

@@ -1,5 +1,6 @@
-"""Hub-shaped data (align/data/hub.py through align/data/loading.py): named configs, per-source splits picked and weighted in a
-mixture, only the requested split read, one-line errors listing the real configs/splits, streaming, the mirror.
+"""Hub-shaped data (align/data/hub.py through align/data/loading.py): named configs, per-source splits picked and
+weighted in a mixture, only the requested split read, one-line errors listing the real configs/splits, streaming, the
+mirror.
 
 Run: pytest tests/test_hub_data.py -q   (a few seconds; local fixture repos, no network)
 """
@@ -46,7 +47,12 @@ def test_only_the_requested_split_is_prepared(repo, tmp_path):
 @pytest.mark.parametrize(
     "split, config, error, message",
     [
-        ("train", "SFT", SplitNotFoundError, r"config 'SFT' has no split 'train'; its splits: alpha_no_think, beta_think$"),
+        (
+            "train",
+            "SFT",
+            SplitNotFoundError,
+            r"config 'SFT' has no split 'train'; its splits: alpha_no_think, beta_think$",
+        ),
         ("x", "Nope", ValueError, r"has no config 'Nope'; its configs: SFT, Mid$"),
         ("x", None, ValueError, r"several configs and none was chosen; .* one of: SFT, Mid$"),
     ],

@@ -19,10 +19,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("align", "pretrain", "rewards", "data_gen")
 
-# The stages: each runs one job from a recipe. A stage is a package of align/ (every module in it belongs to that stage),
-# or one module (the eval suite, pretraining's loop). align.stage holds the steps every stage shares.
-STAGE_PACKAGES = {"align.sft": "sft", "align.preference": "preference", "align.grpo": "grpo",
-                  "align.distill": "distill", "align.pipeline": "pipeline"}
+# The stages: each runs one job from a recipe. A stage is a package of align/ (every module in it belongs to that
+# stage), or one module (the eval suite, pretraining's loop). align.stage holds the steps every stage shares.
+STAGE_PACKAGES = {
+    "align.sft": "sft",
+    "align.preference": "preference",
+    "align.grpo": "grpo",
+    "align.distill": "distill",
+    "align.pipeline": "pipeline",
+}
 STAGE_MODULES = {"align.stage": None, "align.eval.suite": "evaluate", "pretrain.train": "pretrain"}
 FLOORS = {"rewards": 0, "core": 1, "data": 2, "stage": 3}
 MAX_SCRIPT_LINES = 150
@@ -78,9 +83,13 @@ def imports(module: str) -> dict[str, int]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([node.module] if node.module else [])])
             names = [f"{base}.{a.name}" for a in node.names] + [base]
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) == "__import__")):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (getattr(node.func, "attr", None) == "import_module" or getattr(node.func, "id", None) == "__import__")
+        ):
             names = [node.args[0].value]
         for name in names:
             target = _ours(name)
@@ -133,9 +142,14 @@ def test_no_import_circles():
 
 
 def test_floors_point_down():
-    """rewards <- align core <- data (data_gen, pretrain's library) <- stages: nothing imports a floor above its own."""
-    up = [f"{m} (floor {floor(m)}) imports {t} (floor {floor(t)}) at line {line}"
-          for m, targets in GRAPH.items() for t, line in targets.items() if floor(t) > floor(m)]
+    """rewards <- align core <- data (data_gen, pretrain's library) <- stages: nothing imports a floor above its
+    own."""
+    up = [
+        f"{m} (floor {floor(m)}) imports {t} (floor {floor(t)}) at line {line}"
+        for m, targets in GRAPH.items()
+        for t, line in targets.items()
+        if floor(t) > floor(m)
+    ]
     assert not up, "imports that point up:\n" + "\n".join(up)
 
 
@@ -148,20 +162,35 @@ def test_the_command_registry_is_core_and_imports_no_stage():
 
 
 def test_rewards_import_nothing_of_ours_but_rewards():
-    out = [f"{m} imports {t}" for m, targets in GRAPH.items() if m.startswith("rewards")
-           for t in targets if not t.startswith("rewards")]
+    out = [
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if m.startswith("rewards")
+        for t in targets
+        if not t.startswith("rewards")
+    ]
     assert not out, out
 
 
 def test_the_core_never_imports_data_gen_or_a_stage():
-    out = [f"{m} imports {t}" for m, targets in GRAPH.items() if floor(m) == FLOORS["core"]
-           for t in targets if t.startswith("data_gen") or stage_of(t) is not False]
+    out = [
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if floor(m) == FLOORS["core"]
+        for t in targets
+        if t.startswith("data_gen") or stage_of(t) is not False
+    ]
     assert not out, out
 
 
 def test_no_stage_imports_another_stage():
-    out = [f"{m} imports {t}" for m, targets in GRAPH.items() if stage_of(m)
-           for t in targets if stage_of(t) and stage_of(t) != stage_of(m)]
+    out = [
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if stage_of(m)
+        for t in targets
+        if stage_of(t) and stage_of(t) != stage_of(m)
+    ]
     assert not out, out
 
 

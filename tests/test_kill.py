@@ -55,8 +55,9 @@ def _signal_at(cmd: list[str], step_seen, at: int, sig: int, timeout: int = 400)
     `step_seen(text)` (the steps finished so far) reaches `at`; return (exit code, console)."""
     import select
 
-    job = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           start_new_session=True)
+    job = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     fd = job.stdout.fileno()
     console, piece, sent = [], b"", False
 
@@ -113,43 +114,111 @@ def _history(out: Path) -> list[dict]:
 
 
 def _trl_args(out: Path) -> list[str]:
-    return ["--output_dir", str(out), "--max_steps", str(MAX_STEPS), "--save_strategy", "steps", "--save_steps",
-            str(SAVE_STEPS), "--save_total_limit", "2", "--logging_steps", "1", "--report_to", "none",
-            "--disable_tqdm", "false"]
+    return [
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(MAX_STEPS),
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        str(SAVE_STEPS),
+        "--save_total_limit",
+        "2",
+        "--logging_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "false",
+    ]
 
 
 def _command(micro: Path, stage: str, out: Path) -> list[str]:
     """The stage's command as a user runs it in one process (`_launched` makes it an accelerate launch)."""
     configs = micro / "configs"
     if stage == "pretrain":
-        return [sys.executable, "scripts/run_pretrain.py", str(configs / "pretrain_small.yaml"), "--output_dir",
-                str(out), "--max_steps", str(MAX_STEPS), "--save_steps", str(SAVE_STEPS), "--micro_batch_size", "2",
-                "--mixed_precision", "no", "--resume_from_checkpoint", "auto"]
+        return [
+            sys.executable,
+            "scripts/run_pretrain.py",
+            str(configs / "pretrain_small.yaml"),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            str(MAX_STEPS),
+            "--save_steps",
+            str(SAVE_STEPS),
+            "--micro_batch_size",
+            "2",
+            "--mixed_precision",
+            "no",
+            "--resume_from_checkpoint",
+            "auto",
+        ]
     if stage == "sft":
         return [sys.executable, "scripts/sft.py", str(configs / "sft.yaml"), *_trl_args(out), "--eval_after", "false"]
     if stage == "apo":
-        return [sys.executable, "scripts/dpo.py", str(configs / "apo.yaml"), *_trl_args(out),
-                "--per_device_train_batch_size", "2"]
+        return [
+            sys.executable,
+            "scripts/dpo.py",
+            str(configs / "apo.yaml"),
+            *_trl_args(out),
+            "--per_device_train_batch_size",
+            "2",
+        ]
     if stage.startswith("grpo"):
         engine = stage.split("_")[1]
         extra = ["--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "2"]  # micro groups are all wrong:
         extra += ["--rollout_kwargs", "{kv_cache_gib: 0.25}"] if engine == "vllm" else []  # refills every step
-        return [sys.executable, "scripts/grpo.py", str(configs / "grpo.yaml"), *_trl_args(out), "--rollout_backend",
-                engine, "--eval_after", "false", *extra]
+        return [
+            sys.executable,
+            "scripts/grpo.py",
+            str(configs / "grpo.yaml"),
+            *_trl_args(out),
+            "--rollout_backend",
+            engine,
+            "--eval_after",
+            "false",
+            *extra,
+        ]
     if stage == "distill":
-        return [sys.executable, "scripts/distill.py", str(ROOT / "recipes" / "tiny/distill.yaml"),
-                "--model_name_or_path", str(micro / "pretrain_reasoning"), "--teacher_model_name_or_path",
-                str(micro / "sft_strong"), "--per_device_train_batch_size", "2", "--max_completion_length", "16",
-                "--max_length", "128", "--eval_after", "false", "--dataset_args", "{num: 32, mode: mixed, seed: 0}",
-                *_trl_args(out)]
+        return [
+            sys.executable,
+            "scripts/distill.py",
+            str(ROOT / "recipes" / "tiny/distill.yaml"),
+            "--model_name_or_path",
+            str(micro / "pretrain_reasoning"),
+            "--teacher_model_name_or_path",
+            str(micro / "sft_strong"),
+            "--per_device_train_batch_size",
+            "2",
+            "--max_completion_length",
+            "16",
+            "--max_length",
+            "128",
+            "--eval_after",
+            "false",
+            "--dataset_args",
+            "{num: 32, mode: mixed, seed: 0}",
+            *_trl_args(out),
+        ]
     raise KeyError(stage)
 
 
 def _launched(cmd: list[str], config: str) -> list[str]:
     """`python scripts/x.py ...` as `accelerate launch --config_file <config>.yaml --num_processes 2 ...`."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-            str(ROOT / "recipes" / "accelerate" / f"{config}.yaml"), "--num_processes", "2",
-            "--main_process_port", str(free_port()), *cmd[1:]]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "recipes" / "accelerate" / f"{config}.yaml"),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        *cmd[1:],
+    ]
 
 
 def _stage_command(micro: Path, stage: str, out: Path, ranks: int) -> list[str]:
@@ -167,7 +236,9 @@ def _steps_seen(stage: str, resumed_at: int = 0):
 def _records(stage: str, out: Path) -> list[dict]:
     """Per step: the loss (GRPO: and the rewards), from the final metrics (pretraining) or the last checkpoint."""
     if stage == "pretrain":
-        return [{"step": h["step"], "loss": h["loss"]} for h in json.loads((out / "metrics.json").read_text())["history"]]
+        return [
+            {"step": h["step"], "loss": h["loss"]} for h in json.loads((out / "metrics.json").read_text())["history"]
+        ]
     keys = ["step", "loss"] + (["reward", "reward_std"] if stage.startswith("grpo") else [])
     return [{k: h[k] for k in keys} for h in _history(out)]
 
@@ -223,7 +294,8 @@ def _killed_at(cmd: list[str], out: Path, stage: str, ranks: int, kill_at: int, 
     assert max(SAVE_STEPS, resumed_at) <= held <= kill_at + 1, (resumed_at, kill_at, held)
     if stage in ("grpo_hf", "grpo_vllm", "distill"):  # the sampler's state, one file per rank
         assert sorted(p.name for p in Path(latest).glob("smolalign_rank*.json")) == [
-            f"smolalign_rank{r}.json" for r in range(ranks)]
+            f"smolalign_rank{r}.json" for r in range(ranks)
+        ]
     return held
 
 
@@ -264,8 +336,10 @@ def test_rerunning_a_finished_run_trains_nothing(micro, reference, stage):
     final = (out / "model.safetensors").read_bytes()
     _run(_stage_command(micro, stage, out, 1))  # (SFT's 6 steps end an epoch: HF's loop would not step there)
     assert (out / "model.safetensors").read_bytes() == final
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{MAX_STEPS - SAVE_STEPS}",
-                                                                f"checkpoint-{MAX_STEPS}"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        f"checkpoint-{MAX_STEPS - SAVE_STEPS}",
+        f"checkpoint-{MAX_STEPS}",
+    ]
     assert _records(stage, out) == want
 
 
@@ -292,7 +366,9 @@ def _stopped_then_killed_then_finished(micro, reference, tmp_path, stage: str, r
     kill_at = random.Random().randint(SAVE_STEPS + 1, MAX_STEPS - 1)  # a step past the SIGTERM checkpoint
     held = _killed_at(cmd, out, stage, ranks, kill_at, resumed_at=stopped)
     _rerun_after_a_kill(cmd, out, stage)
-    _same_run(stage, _records(stage, out), want, ranks, f"stopped at step {stopped}, killed at {kill_at} (held {held})")
+    _same_run(
+        stage, _records(stage, out), want, ranks, f"stopped at step {stopped}, killed at {kill_at} (held {held})"
+    )
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -313,16 +389,25 @@ def test_sigterm_then_sigkill_on_two_ranks_then_rerun_gives_the_uninterrupted_ru
 # ----------------------------------------------------------------------------------------------- preference pairs
 
 
-@pytest.mark.parametrize("sig, ranks", [
-    (signal.SIGKILL, 1), (signal.SIGTERM, 1),
-    pytest.param(signal.SIGKILL, 2, marks=pytest.mark.distributed)], ids=["sigkill", "sigterm", "sigkill-2-ranks"])
+@pytest.mark.parametrize(
+    "sig, ranks",
+    [(signal.SIGKILL, 1), (signal.SIGTERM, 1), pytest.param(signal.SIGKILL, 2, marks=pytest.mark.distributed)],
+    ids=["sigkill", "sigterm", "sigkill-2-ranks"],
+)
 def test_preference_generation_stopped_then_rerun_writes_every_row_once(micro, tmp_path, sig, ranks):
     """One process, or 2 ranks (each rank its own share and files; the launcher and both ranks killed at once)."""
     from align.runtime.checkpoint import PREEMPTED_EXIT_CODE
 
     def command(out: Path) -> list[str]:
-        cmd = [sys.executable, "scripts/generate_preferences.py", str(micro / "configs" / "preferences.yaml"),
-               "--output_dir", str(out), "--batch_size", "4"]
+        cmd = [
+            sys.executable,
+            "scripts/generate_preferences.py",
+            str(micro / "configs" / "preferences.yaml"),
+            "--output_dir",
+            str(out),
+            "--batch_size",
+            "4",
+        ]
         return cmd if ranks == 1 else _launched(cmd, "zero3")
 
     def rows(out: Path, split: str) -> list[dict]:
@@ -330,8 +415,10 @@ def test_preference_generation_stopped_then_rerun_writes_every_row_once(micro, t
 
     _run(command(tmp_path / "whole"))
     out = tmp_path / "stopped"
-    progress = [out / ".work" / ("train.progress.jsonl" if ranks == 1 else f"train.rank{r}-of-2.progress.jsonl")
-                for r in range(ranks)]
+    progress = [
+        out / ".work" / ("train.progress.jsonl" if ranks == 1 else f"train.rank{r}-of-2.progress.jsonl")
+        for r in range(ranks)
+    ]
     stop_after = random.Random().randint(1, 3 if ranks == 1 else 2)  # batches of 4 of the 24 train prompts
 
     def batches_done(_console: str) -> int:  # the slowest rank's

@@ -1,5 +1,6 @@
-"""Long-context stages (pretraining with init_from, a longer seq_len and a raised RoPE theta, as SmolLM3's 4k->32k->64k)
-and YaRN `rope_scaling` written into the final config: a model trained at length L, extended to 2L, then read at 4L.
+"""Long-context stages (pretraining with init_from, a longer seq_len and a raised RoPE theta, as SmolLM3's
+4k->32k->64k) and YaRN `rope_scaling` written into the final config: a model trained at length L, extended to 2L, then
+read at 4L.
 
 Run: pytest tests/test_long_context.py -q   (~10 s; tiny models, no network)
 """
@@ -21,7 +22,9 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pretrain_script_lc", os.path.join(ROOT, "scripts", "run_pretrain.py"))
+    spec = importlib.util.spec_from_file_location(
+        "pretrain_script_lc", os.path.join(ROOT, "scripts", "run_pretrain.py")
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["pretrain_script_lc"] = module
     spec.loader.exec_module(module)
@@ -44,8 +47,13 @@ def test_a_model_trained_at_L_extends_to_2L_and_reads_4L_with_yarn_in_its_config
     base = tiny_config(tmp_path / "base", seq_len=L, max_steps=3, eval_steps=0)
     script.main(tiny_model_args(max_position_embeddings=L), base, skill)
     long = tiny_config(
-        tmp_path / "long", init_from=str(tmp_path / "base"), tokenizer_path="", seq_len=2 * L, max_steps=3,
-        eval_steps=0, warmup_steps=1,
+        tmp_path / "long",
+        init_from=str(tmp_path / "base"),
+        tokenizer_path="",
+        seq_len=2 * L,
+        max_steps=3,
+        eval_steps=0,
+        warmup_steps=1,
     )
     yarn = {"rope_type": "yarn", "factor": 2.0}
     args = tiny_model_args(rope_theta=2_000_000.0, max_position_embeddings=2 * L, rope_scaling=yarn)
@@ -56,7 +64,10 @@ def test_a_model_trained_at_L_extends_to_2L_and_reads_4L_with_yarn_in_its_config
 
     config = AutoConfig.from_pretrained(tmp_path / "long")
     assert config.rope_parameters == {
-        "rope_type": "yarn", "rope_theta": 2_000_000.0, "factor": 2.0, "original_max_position_embeddings": 2 * L,
+        "rope_type": "yarn",
+        "rope_theta": 2_000_000.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": 2 * L,
     }
     assert config.max_position_embeddings == 4 * L
     loss, model = _eval_loss(str(tmp_path / "long"), 4 * L)  # twice the trained length, without error
@@ -88,10 +99,20 @@ def _vocab_heavy_model(vocab: int = 8192, seed: int = 0):
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
     torch.manual_seed(seed)
-    config = SmolLM3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=8192,
-                           tie_word_embeddings=True, no_rope_layers=[1, 0], pad_token_id=0, bos_token_id=None,
-                           eos_token_id=1)
+    config = SmolLM3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        no_rope_layers=[1, 0],
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=1,
+    )
     return SmolLM3ForCausalLM(config)
 
 

@@ -1,6 +1,6 @@
-"""Model merging (align/pipeline/merge.py, scripts/merge.py): soups and linear merges equal the formula, tied embeddings stay
-tied, the output is an HF model (tokenizer, chat template, generation_config, YaRN) that transformers and vLLM load,
-and MergeKit (when installed) computes the same tensors.
+"""Model merging (align/pipeline/merge.py, scripts/merge.py): soups and linear merges equal the formula, tied
+embeddings stay tied, the output is an HF model (tokenizer, chat template, generation_config, YaRN) that transformers
+and vLLM load, and MergeKit (when installed) computes the same tensors.
 
 Run: pytest tests/test_merge.py -q   (~10 s; the vllm test ~60 s more: -m vllm)
 """
@@ -57,8 +57,9 @@ def test_a_soup_is_the_mean_and_a_linear_merge_is_the_weighted_sum(models, tmp_p
     got = _state(tmp_path / "soup")
     for name, value in got.items():
         torch.testing.assert_close(value, sum(s[name] for s in states) / 3, rtol=0, atol=1e-6)
-    linear = merge(MergeConfig(models=[str(tmp_path / "soup"), ckpts[0]], weights=[0.9, 0.1],
-                               output_dir=str(tmp_path / "linear")))
+    linear = merge(
+        MergeConfig(models=[str(tmp_path / "soup"), ckpts[0]], weights=[0.9, 0.1], output_dir=str(tmp_path / "linear"))
+    )
     assert linear["weights"] == pytest.approx([0.9, 0.1])
     merged = _state(tmp_path / "linear")
     for name, value in merged.items():
@@ -66,7 +67,9 @@ def test_a_soup_is_the_mean_and_a_linear_merge_is_the_weighted_sum(models, tmp_p
     raw = merge(MergeConfig(models=ckpts[:2], weights=[2.0, 1.0], normalize=False, output_dir=str(tmp_path / "raw")))
     assert raw["weights"] == [2.0, 1.0]
     name = "model.layers.0.mlp.up_proj.weight"
-    torch.testing.assert_close(_state(tmp_path / "raw")[name], 2 * states[0][name] + states[1][name], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        _state(tmp_path / "raw")[name], 2 * states[0][name] + states[1][name], rtol=0, atol=1e-6
+    )
 
 
 def test_the_merged_model_is_a_complete_hf_model_with_tied_embeddings_and_yarn(models, tmp_path):
@@ -74,8 +77,15 @@ def test_the_merged_model_is_a_complete_hf_model_with_tied_embeddings_and_yarn(m
 
     out = tmp_path / "final"
     yarn = {"rope_type": "yarn", "factor": 2.0}
-    merge(MergeConfig(models=models["checkpoints"][:2], weights=[0.9, 0.1], rope_scaling=yarn, dtype="bfloat16",
-                      output_dir=str(out)))
+    merge(
+        MergeConfig(
+            models=models["checkpoints"][:2],
+            weights=[0.9, 0.1],
+            rope_scaling=yarn,
+            dtype="bfloat16",
+            output_dir=str(out),
+        )
+    )
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.dtype == torch.bfloat16
     config = AutoConfig.from_pretrained(out)
@@ -121,8 +131,11 @@ def test_a_hub_id_merges_as_its_directory_does(models, tmp_path, monkeypatch):
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
     soup, base = models["checkpoints"][:2]
     snapshot = cache_model(tmp_path / "cache", "org/base", base)
-    by_id = merge(MergeConfig(models=[soup, "org/base"], weights=[0.9, 0.1], base_model="org/base",
-                              output_dir=str(tmp_path / "by_id")))
+    by_id = merge(
+        MergeConfig(
+            models=[soup, "org/base"], weights=[0.9, 0.1], base_model="org/base", output_dir=str(tmp_path / "by_id")
+        )
+    )
     merge(MergeConfig(models=[soup, base], weights=[0.9, 0.1], output_dir=str(tmp_path / "by_dir")))
     assert by_id["models"] == [soup, str(snapshot)] and by_id["base_model"] == str(snapshot)
     a, b = _state(tmp_path / "by_id"), _state(tmp_path / "by_dir")
@@ -150,13 +163,24 @@ def test_vllm_loads_the_merged_model_and_generates_what_transformers_does(models
     merge(MergeConfig(models=models["checkpoints"][:2], weights=[0.9, 0.1], output_dir=str(out)))
     engine = vllm_engine(str(out))
     prompts = [[5, 9, 11, 20], [7, 7, 30]]
-    got = [r[0].completion_ids for r in engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=8,
-                                                                                 stop_token_ids=[]))]
+    got = [
+        r[0].completion_ids
+        for r in engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=[]))
+    ]
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     fix_vllm_patched_model(model)
     with torch.no_grad():
-        want = [model.generate(torch.tensor([p]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
-                               eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        want = [
+            model.generate(
+                torch.tensor([p]),
+                max_new_tokens=8,
+                min_new_tokens=8,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
+            for p in prompts
+        ]
     assert got == want and os.path.isdir(out)

@@ -96,8 +96,14 @@ def test_kept_freed_memory_means_a_training_step_does_not_fault_again():
     # The least-faulting step: with glibc's default every step faults its 64 MB again; with the setting the steady
     # state faults nothing, and a one-off growth of the heap (fragmentation by small allocations, seen in a step or
     # three of a busy machine's run) is not the steady state.
-    counts = {flag: int(subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True,
-                                       check=True).stdout.split()[-1]) for flag in "01"}
+    counts = {
+        flag: int(
+            subprocess.run(
+                [sys.executable, "-c", code, flag], capture_output=True, text=True, check=True
+            ).stdout.split()[-1]
+        )
+        for flag in "01"
+    }
     pages = (64 << 20) // 4096
     assert counts["0"] > pages, counts  # glibc's default: unmapped on free, faulted again every step
     assert counts["1"] < pages // 20, counts
@@ -121,9 +127,10 @@ def test_kept_freed_memory_still_gives_back_blocks_above_its_ceiling():
         "del kept\n"
         "print(rss() - before)\n"
     )
-    grown = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1])
+    grown = int(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1]
+    )
     assert grown < (128 << 20), grown  # the 64 MB block is kept; none of the four > 256 MB ones (1.1 GB together)
-
 
 
 def test_kept_freed_memory_goes_back_when_the_machine_runs_low():
@@ -175,8 +182,9 @@ print(resolve_model_path("builtin:smollm2-135m-instruct"))
 
 def _converter(mode: str, cache) -> subprocess.Popen:
     env = {**os.environ, "SMOLALIGN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", _CONVERT, mode], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _CONVERT, mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.slow
@@ -213,25 +221,32 @@ def test_a_killed_converter_leaves_no_lock_and_no_half_model_and_racers_convert_
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
 
 
-@pytest.mark.parametrize("name, flash_attn, cuda, expected", [
-    ("auto", False, False, "sdpa"),
-    ("auto", False, True, "sdpa"),                  # a GPU without flash-attn: sdpa, not an import error
-    ("auto", True, False, "sdpa"),                  # flash-attn's kernels run on CUDA tensors only
-    ("auto", True, True, "flash_attention_2"),
-    (None, True, True, "flash_attention_2"),        # unset means auto
-    ("sdpa", True, True, "sdpa"),                   # a named kernel is kept
-    ("eager", False, False, "eager"),
-    ("flash_attention_2", True, True, "flash_attention_2"),
-])
-def test_auto_attention_takes_flash_attn_when_installed_on_cuda_else_sdpa(monkeypatch, name, flash_attn, cuda,
-                                                                          expected):
+@pytest.mark.parametrize(
+    "name, flash_attn, cuda, expected",
+    [
+        ("auto", False, False, "sdpa"),
+        ("auto", False, True, "sdpa"),  # a GPU without flash-attn: sdpa, not an import error
+        ("auto", True, False, "sdpa"),  # flash-attn's kernels run on CUDA tensors only
+        ("auto", True, True, "flash_attention_2"),
+        (None, True, True, "flash_attention_2"),  # unset means auto
+        ("sdpa", True, True, "sdpa"),  # a named kernel is kept
+        ("eager", False, False, "eager"),
+        ("flash_attention_2", True, True, "flash_attention_2"),
+    ],
+)
+def test_auto_attention_takes_flash_attn_when_installed_on_cuda_else_sdpa(
+    monkeypatch, name, flash_attn, cuda, expected
+):
     import importlib.util
 
     from align.modeling import loading
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda mod, *a: (object() if flash_attn else None) if mod == "flash_attn" else real(mod, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda mod, *a: (object() if flash_attn else None) if mod == "flash_attn" else real(mod, *a),
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(loading, "_attention_logged", [])
     assert loading.resolve_attn_implementation(name) == expected
@@ -248,6 +263,9 @@ def test_auto_attention_is_logged_once_and_a_missing_flash_attn_is_one_error(mon
     with caplog.at_level(logging.INFO, logger=loading.__name__):
         assert [loading.resolve_attn_implementation("auto") for _ in range(3)] == ["sdpa"] * 3
     assert [r.getMessage() for r in caplog.records] == ["attn_implementation auto -> sdpa (flash-attn not installed)"]
-    with pytest.raises(ValueError, match="flash_attention_2 needs flash-attn.*pip install flash-attn --no-build-iso"
-                                         "lation, or write attn_implementation: auto"):
+    with pytest.raises(
+        ValueError,
+        match="flash_attention_2 needs flash-attn.*pip install flash-attn --no-build-iso"
+        "lation, or write attn_implementation: auto",
+    ):
         loading.resolve_attn_implementation("flash_attention_2")

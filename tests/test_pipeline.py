@@ -1,4 +1,5 @@
-"""align/pipeline/run.py + align/pipeline/report.py: references, skip/resume, manifest, report; the micro pipeline end to end.
+"""align/pipeline/run.py + align/pipeline/report.py: references, skip/resume, manifest, report; the micro pipeline end
+to end.
 
 Most tests run fake stage scripts (a few lines of Python that write checkpoints and a "model"), so the
 pipeline's own logic is tested in seconds; the slow test runs recipes/tiny/micro_pipeline.yaml for real.
@@ -34,7 +35,9 @@ start = int(resume.rsplit("-", 1)[1]) if resume else 0
 for step in range(start + 1, cfg["steps"] + 1):
     ck = os.path.join(out, f"checkpoint-{step}")
     os.makedirs(ck, exist_ok=True)
-    hist = [{"step": s, "loss": 2.0 / s, "reward": s / 10, "completions/mean_length": 10 + s} for s in range(1, step + 1)]
+    hist = [
+        {"step": s, "loss": 2.0 / s, "reward": s / 10, "completions/mean_length": 10 + s} for s in range(1, step + 1)
+    ]
     json.dump({"log_history": hist}, open(os.path.join(ck, "trainer_state.json"), "w"))
     write_marker(ck, step)  # a finished save, as align.runtime.checkpoint writes it
     print(f"step {step}", flush=True)
@@ -60,7 +63,8 @@ stats = {"acc/tasks/think": {"num": 100, "ci_low": low, "ci_high": high}}
 split = cfg.get("eval_split", "dev")
 items = [f"{split}{i}" for i in range(100)]  # 100 items, the first q of them right; the rule gets the first 30
 details = {"gen/tasks/think": {"items": items, "families": ["ab"[i % 2] for i in range(100)],
-                               "outcomes": {"correct": [int(i < 100 * q) for i in range(100)], "formatted": [1] * 100}},
+                               "outcomes": {"correct": [int(i < 100 * q) for i in range(100)],
+                                            "formatted": [1] * 100}},
            "baseline/tasks": {"outcomes": [int(i < 30) for i in range(100)],
                               "rules": {"a": {"rule": "constant"}, "b": {"rule": "first_number"}}}}
 if "mc" in cfg.get("suites", []):  # the real items: hellaswag read by cloze and letter
@@ -83,14 +87,36 @@ def fake(tmp_path):
 
     def config(**kw) -> PipelineConfig:
         stages = [
-            {"name": "base", "script": stage, "recipe": str(tmp_path / "base.yaml"), "resume": True,
-             "overrides": {"output_dir": "${run_dir}/base"}, "target": "loss/tasks"},
-            {"name": "sft", "script": stage, "recipe": str(tmp_path / "base.yaml"), "resume": True, "target": "acc/tasks/think",
-             "overrides": {"output_dir": "${run_dir}/sft", "model_name_or_path": "${base.output_dir}", "quality": 0.6,
-                           "crash_at": 2}},
+            {
+                "name": "base",
+                "script": stage,
+                "recipe": str(tmp_path / "base.yaml"),
+                "resume": True,
+                "overrides": {"output_dir": "${run_dir}/base"},
+                "target": "loss/tasks",
+            },
+            {
+                "name": "sft",
+                "script": stage,
+                "recipe": str(tmp_path / "base.yaml"),
+                "resume": True,
+                "target": "acc/tasks/think",
+                "overrides": {
+                    "output_dir": "${run_dir}/sft",
+                    "model_name_or_path": "${base.output_dir}",
+                    "quality": 0.6,
+                    "crash_at": 2,
+                },
+            },
         ]
-        args = dict(stages=stages, run_dir=str(tmp_path / "run"), launcher="python", eval_recipe=str(tmp_path / "eval.yaml"),
-                    eval_script=str(tmp_path / "fake_eval.py"), tracking="none")
+        args = dict(
+            stages=stages,
+            run_dir=str(tmp_path / "run"),
+            launcher="python",
+            eval_recipe=str(tmp_path / "eval.yaml"),
+            eval_script=str(tmp_path / "fake_eval.py"),
+            tracking="none",
+        )
         return PipelineConfig(**{**args, **kw})
 
     return config
@@ -106,7 +132,9 @@ def test_references_resolve_with_types_text_and_nesting():
     value = {"a": "${sft.output_dir}", "b": "${sft.max_steps}", "c": "from ${sft.output_dir}/x", "d": ["${run_dir}/y"]}
     assert resolve_refs(value, known, "s", used) == {"a": "/o/sft", "b": 7, "c": "from /o/sft/x", "d": ["/r/y"]}
     assert used == {"sft"}
-    with pytest.raises(ValueError, match="'\\$\\{grpo.output_dir\\}' names no earlier stage; earlier stages: \\['sft'\\]"):
+    with pytest.raises(
+        ValueError, match="'\\$\\{grpo.output_dir\\}' names no earlier stage; earlier stages: \\['sft'\\]"
+    ):
         resolve_refs("${grpo.output_dir}", known, "s")
     with pytest.raises(ValueError, match="stage 'sft' has no key 'lr'"):
         resolve_refs("${sft.lr}", known, "s")
@@ -115,13 +143,19 @@ def test_references_resolve_with_types_text_and_nesting():
             resolve_refs(typo, known, "s")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("distributed_type: DEEPSPEED\n  zero_stage: 3\n", "is not valid YAML at line 2"),
-    ("- DEEPSPEED\n", "must be a mapping of accelerate keys"),
-    ("distributed_type: DEEPSPEED\nnum_procesess: 2\n", "unknown key 'num_procesess' \\(did you mean 'num_processes'\\?\\)"),
-    ("distributed_type: DEEPSPEEDX\n", "distributed_type 'DEEPSPEEDX' is not one of \\['NO', 'MULTI_CPU'"),
-    ("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 4}\n", "zero_stage 4 is not 0, 1, 2 or 3"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("distributed_type: DEEPSPEED\n  zero_stage: 3\n", "is not valid YAML at line 2"),
+        ("- DEEPSPEED\n", "must be a mapping of accelerate keys"),
+        (
+            "distributed_type: DEEPSPEED\nnum_procesess: 2\n",
+            "unknown key 'num_procesess' \\(did you mean 'num_processes'\\?\\)",
+        ),
+        ("distributed_type: DEEPSPEEDX\n", "distributed_type 'DEEPSPEEDX' is not one of \\['NO', 'MULTI_CPU'"),
+        ("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 4}\n", "zero_stage 4 is not 0, 1, 2 or 3"),
+    ],
+)
 def test_a_broken_accelerate_config_is_one_line_at_start(fake, tmp_path, text, message):
     """What `accelerate launch` would fail on with a traceback on every rank when the stage starts, the pipeline
     names at start (the shipped configs pass: test_shipped_accelerate_configs_pass_the_check)."""
@@ -149,8 +183,13 @@ def test_shipped_accelerate_configs_pass_the_check():
 def test_stage_resolution_merges_recipe_and_overrides_and_checks_input(fake, tmp_path):
     cfg = fake(tracking="wandb")
     base, sft = resolve_stages(cfg)
-    assert sft.config == {"steps": 3, "quality": 0.6, "output_dir": f"{tmp_path}/run/sft",
-                          "model_name_or_path": f"{tmp_path}/run/base", "crash_at": 2}  # no report_to: not a TRL script
+    assert sft.config == {
+        "steps": 3,
+        "quality": 0.6,
+        "output_dir": f"{tmp_path}/run/sft",
+        "model_name_or_path": f"{tmp_path}/run/base",
+        "crash_at": 2,
+    }  # no report_to: not a TRL script
     assert sft.refs == {"base"} and base.refs == set() and sft.eval and sft.resume
     bad = fake()
     bad.stages[1]["overrides"]["model_name_or_path"] = "${sft.output_dir}"  # itself: not earlier
@@ -245,9 +284,19 @@ def _three(fake, tmp_path, **kw) -> PipelineConfig:
     """base -> sft -> apo: apo reads sft's model and base's output dir."""
     cfg = fake(**kw)
     cfg.stages[1]["overrides"].pop("crash_at")
-    cfg.stages.append({"name": "apo", "script": cfg.stages[1]["script"], "recipe": str(tmp_path / "base.yaml"),
-                       "overrides": {"output_dir": "${run_dir}/apo", "model_name_or_path": "${sft.output_dir}",
-                                     "quality": 0.7, "note": "after ${base.output_dir}"}})
+    cfg.stages.append(
+        {
+            "name": "apo",
+            "script": cfg.stages[1]["script"],
+            "recipe": str(tmp_path / "base.yaml"),
+            "overrides": {
+                "output_dir": "${run_dir}/apo",
+                "model_name_or_path": "${sft.output_dir}",
+                "quality": 0.7,
+                "note": "after ${base.output_dir}",
+            },
+        }
+    )
     return cfg
 
 
@@ -270,8 +319,11 @@ def test_start_at_runs_from_a_stage_reading_its_declared_input(fake, tmp_path):
 
 def test_start_at_reads_a_skipped_stages_finished_output_and_refuses_a_missing_one(fake, tmp_path):
     run = tmp_path / "run"
-    with pytest.raises(ValueError, match="stage 'sft' reads '\\$\\{base.output_dir\\}': start_at='sft' skips stage "
-                                         "'base'.*holds no finished output; declare.*inputs: \\{base: \\{output_dir:"):
+    with pytest.raises(
+        ValueError,
+        match="stage 'sft' reads '\\$\\{base.output_dir\\}': start_at='sft' skips stage "
+        "'base'.*holds no finished output; declare.*inputs: \\{base: \\{output_dir:",
+    ):
         resolve_stages(_three(fake, tmp_path, start_at="sft"))
     assert not run.exists()
     run_pipeline(_three(fake, tmp_path, until="base"))  # an earlier run finished base
@@ -281,14 +333,20 @@ def test_start_at_reads_a_skipped_stages_finished_output_and_refuses_a_missing_o
     assert m["stages"][0]["skipped_this_run"] and m["stages"][1]["parent"] == "base"
 
 
-@pytest.mark.parametrize("keys, message", [
-    ({"start_at": "dpo"}, "start_at='dpo' is not a stage; stages: \\['base', 'sft', 'apo'\\]"),
-    ({"inputs": {"base": {"output_dir": "x"}}}, "inputs names \\['base'\\] but start_at is not set"),
-    ({"start_at": "sft", "inputs": {"apo": {"output_dir": "x"}}}, "inputs names 'apo', which is not a stage before"),
-    ({"start_at": "sft", "inputs": {"base": "x"}}, "must map a stage to its keys"),
-    ({"start_at": "sft", "until": "base"}, "until names \\['base'\\], before start_at='sft'"),
-    ({"start_at": "apo", "rerun": ["sft"], "inputs": {"sft": {"output_dir": "x"}}}, "rerun names \\['sft'\\]"),
-])
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"start_at": "dpo"}, "start_at='dpo' is not a stage; stages: \\['base', 'sft', 'apo'\\]"),
+        ({"inputs": {"base": {"output_dir": "x"}}}, "inputs names \\['base'\\] but start_at is not set"),
+        (
+            {"start_at": "sft", "inputs": {"apo": {"output_dir": "x"}}},
+            "inputs names 'apo', which is not a stage before",
+        ),
+        ({"start_at": "sft", "inputs": {"base": "x"}}, "must map a stage to its keys"),
+        ({"start_at": "sft", "until": "base"}, "until names \\['base'\\], before start_at='sft'"),
+        ({"start_at": "apo", "rerun": ["sft"], "inputs": {"sft": {"output_dir": "x"}}}, "rerun names \\['sft'\\]"),
+    ],
+)
 def test_start_at_and_inputs_are_checked_before_anything_runs(fake, tmp_path, keys, message):
     with pytest.raises(ValueError, match=message):
         resolve_stages(_three(fake, tmp_path, **keys))
@@ -312,8 +370,19 @@ def test_launch_commands(fake, tmp_path):
     (tmp_path / "z3.yaml").write_text("distributed_type: DEEPSPEED\n")
     sft.accelerate_config, sft.num_processes = str(tmp_path / "z3.yaml"), 2
     cmd = stage_command(sft, cfg, path, "ck/checkpoint-4")
-    assert cmd == [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "z3.yaml"),
-                   "--num_processes", "2", sft.script, str(path), "--resume_from_checkpoint", "ck/checkpoint-4"]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(tmp_path / "z3.yaml"),
+        "--num_processes",
+        "2",
+        sft.script,
+        str(path),
+        "--resume_from_checkpoint",
+        "ck/checkpoint-4",
+    ]
     base.launcher = "accelerate"
     assert stage_command(base, cfg, path, None)[1:3] == ["-m", "accelerate.commands.launch"]
 
@@ -375,18 +444,28 @@ def test_report_table_targets_and_plots(fake, tmp_path):
     # every evaluation's per-item outcomes beside the report; the report's p-values recompute from them alone
     from align.eval.compare import compare
 
-    for name in ("base.jsonl", "sft.jsonl", "sft.test.jsonl", "sft.grpo_eval.before.jsonl",
-                 "sft.grpo_eval.after.jsonl"):
+    for name in (
+        "base.jsonl",
+        "sft.jsonl",
+        "sft.test.jsonl",
+        "sft.grpo_eval.before.jsonl",
+        "sft.grpo_eval.after.jsonl",
+    ):
         assert (run / "outcomes" / name).is_file() and f"`outcomes/{name}`" in text, name
     assert "python scripts/compare.py outcomes/base.jsonl outcomes/sft.jsonl" in text
-    row = next(r for r in compare(run / "outcomes/base.jsonl", run / "outcomes/sft.jsonl")["rows"]
-               if r["metric"] == "acc/tasks/think")
+    row = next(
+        r
+        for r in compare(run / "outcomes/base.jsonl", run / "outcomes/sft.jsonl")["rows"]
+        if r["metric"] == "acc/tasks/think"
+    )
     assert (row["gained"], row["lost"]) == (50, 0) and f"50 gained, 0 lost, McNemar p={row['p_value']:.2g}" in text
     own = compare(run / "outcomes/sft.grpo_eval.before.jsonl", run / "outcomes/sft.grpo_eval.after.jsonl")["rows"]
     assert [(r["metric"], r["gained"], r["lost"]) for r in own] == [("grpo_eval/accuracy", 6, 0)]
     run_pipeline(fake())  # the sealed test is evaluated once: its model and config did not change
-    assert json.loads((run / "manifest.json").read_text())["sealed_test"]["sft"]["duration_s"] == \
-        m["sealed_test"]["sft"]["duration_s"]
+    assert (
+        json.loads((run / "manifest.json").read_text())["sealed_test"]["sft"]["duration_s"]
+        == m["sealed_test"]["sft"]["duration_s"]
+    )
 
 
 def test_relative_paths_mean_the_same_place_to_the_pipeline_and_its_stages(fake, tmp_path, monkeypatch):
@@ -407,8 +486,12 @@ def test_targets_compare_with_the_parent_stage_not_a_side_branch():
         {"name": "sft_strong", "metrics": {"acc": 0.5}, "target": "acc", "parent": None},  # from scratch, in between
         {"name": "apo", "metrics": {"acc": 0.3}, "target": "acc", "parent": "sft"},
         {"name": "grpo", "metrics": {"acc": 0.25}, "target": "acc"},  # no parent recorded: the previous stage
-        {"name": "gold", "metrics": {"acc": 0.2}, "target": "distill_eval/divergence",  # its own before/after
-         "train_metrics": {"distill_eval/before/divergence": 0.9, "distill_eval/after/divergence": 0.4}},
+        {
+            "name": "gold",
+            "metrics": {"acc": 0.2},
+            "target": "distill_eval/divergence",  # its own before/after
+            "train_metrics": {"distill_eval/before/divergence": 0.9, "distill_eval/after/divergence": 0.4},
+        },
     ]
     lines = target_lines(stages)
     assert "**gold** targets `distill_eval/divergence` (its own held-out eval): 0.900 -> 0.400: improved" in lines[4]
@@ -421,15 +504,23 @@ def test_accuracy_guard_flags_only_drops_beyond_noise_at_the_best_form():
 
     def stage(name, accs, parent=None, num=128):
         ms = {f"acc/tasks/{m}": a for m, a in accs.items()}
-        return {"name": name, "parent": parent, "metrics": {**ms, "loss/tasks": 1.0},
-                "stats": {k: dict(zip(("ci_low", "ci_high"), wilson_interval(round(v * num), num)), num=num)
-                          for k, v in ms.items()}}
+        return {
+            "name": name,
+            "parent": parent,
+            "metrics": {**ms, "loss/tasks": 1.0},
+            "stats": {
+                k: dict(zip(("ci_low", "ci_high"), wilson_interval(round(v * num), num)), num=num)
+                for k, v in ms.items()
+            },
+        }
 
-    stages = [stage("base", {"plain": 0.30, "think": 0.05}),
-              stage("sft", {"plain": 0.05, "think": 0.40}, "base"),  # left the plain form, better in chat form
-              stage("apo", {"plain": 0.05, "think": 0.35}, "sft"),
-              stage("grpo", {"plain": 0.05, "think": 0.10}, "apo"),
-              stage("side", {"plain": 0.9, "think": 0.9})]
+    stages = [
+        stage("base", {"plain": 0.30, "think": 0.05}),
+        stage("sft", {"plain": 0.05, "think": 0.40}, "base"),  # left the plain form, better in chat form
+        stage("apo", {"plain": 0.05, "think": 0.35}, "sft"),
+        stage("grpo", {"plain": 0.05, "think": 0.10}, "apo"),
+        stage("side", {"plain": 0.9, "think": 0.9}),
+    ]
     lines = accuracy_guard_lines(stages)
     assert len(lines) == 3  # stages without a parent have nothing to compare with
     assert lines[0].startswith("- **sft** (from base): best form 0.300") and "(think)" in lines[0]
@@ -450,23 +541,34 @@ def test_accuracy_guard_uses_the_paired_test_on_the_same_prompts(tmp_path):
         gen = {"outcomes": {"correct": correct, "formatted": formatted}, "prompts_sha": prompts_digest(prompts)}
         results.write_text(json.dumps({"details": {"gen/tasks/think": gen}}))
         ms = {"acc/tasks/think": sum(correct) / num, "format/tasks/think": sum(formatted) / num}
-        return {"name": name, "parent": parent, "metrics": ms, "eval": {"results": str(results)},
-                "stats": {k: dict(zip(("ci_low", "ci_high"), wilson_interval(round(v * num), num)), num=num)
-                          for k, v in ms.items()}}
+        return {
+            "name": name,
+            "parent": parent,
+            "metrics": ms,
+            "eval": {"results": str(results)},
+            "stats": {
+                k: dict(zip(("ci_low", "ci_high"), wilson_interval(round(v * num), num)), num=num)
+                for k, v in ms.items()
+            },
+        }
 
     before = [1] * 40 + [0] * 88
     after = [0] * 14 + [1] * 26 + [1] * 2 + [0] * 86
     fmt = [1] * 100 + [0] * 28
-    lines = accuracy_guard_lines([stage("sft", before, fmt), stage("apo", after, fmt, "sft"),
-                                  stage("other", after, fmt, "sft", prompts="xyz")])
+    lines = accuracy_guard_lines(
+        [stage("sft", before, fmt), stage("apo", after, fmt, "sft"), stage("other", after, fmt, "sft", prompts="xyz")]
+    )
     assert "**got worse beyond noise**" in lines[0] and "paired: 2 gained, 14 lost, McNemar p=0.0042" in lines[0]
     assert "acc think 0.312 -> 0.219 (**worse**, p=0.0042)" in lines[0]
     assert "format think 0.781 -> 0.781 (within noise, p=1)" in lines[0]
     assert "no drop beyond noise" in lines[1] and "intervals overlap" in lines[1]  # other prompts: not paired
     # a target on the suite is judged by the same paired test: 28 -> 40 of 128, 14 gained and 2 lost, overlaps in
     # the intervals (the old verdict: within noise) but not in the pairs; on other prompts the intervals decide
-    stages = [stage("sft", after, fmt), {**stage("apo", before, fmt, "sft"), "target": "acc/tasks/think"},
-              {**stage("other", before, fmt, "sft", prompts="xyz"), "target": "acc/tasks/think"}]
+    stages = [
+        stage("sft", after, fmt),
+        {**stage("apo", before, fmt, "sft"), "target": "acc/tasks/think"},
+        {**stage("other", before, fmt, "sft", prompts="xyz"), "target": "acc/tasks/think"},
+    ]
     assert overlaps(wilson_interval(28, 128), wilson_interval(40, 128))
     lines = target_lines(stages)
     assert lines[0].endswith(": improved (paired: 14 gained, 2 lost, McNemar p=0.0042)"), lines[0]
@@ -481,13 +583,23 @@ def test_the_real_items_are_guarded_like_the_task_suite(tmp_path):
     def stage(name, cf, parent=None):
         results = tmp_path / f"{name}.json"
         picks = [{"cf": 0 if ok else 1, "mcf": 0, "label": 0} for ok in cf]
-        results.write_text(json.dumps({"details": {"mc/hellaswag": {"items": [f"h{i}" for i in range(len(cf))],
-                                                                    "picks": picks}}}))
-        return {"name": name, "parent": parent, "eval": {"results": str(results)},
-                "metrics": {"cf/hellaswag": sum(cf) / len(cf), "mcf/hellaswag": 1.0}}
+        results.write_text(
+            json.dumps({"details": {"mc/hellaswag": {"items": [f"h{i}" for i in range(len(cf))], "picks": picks}}})
+        )
+        return {
+            "name": name,
+            "parent": parent,
+            "eval": {"results": str(results)},
+            "metrics": {"cf/hellaswag": sum(cf) / len(cf), "mcf/hellaswag": 1.0},
+        }
 
-    lines = mc_guard_lines([stage("sft", [1] * 20 + [0] * 20), stage("apo", [0] * 12 + [1] * 8 + [0] * 20, "sft"),
-                            stage("grpo", [0] * 12 + [1] * 8 + [0] * 20, "apo")])
+    lines = mc_guard_lines(
+        [
+            stage("sft", [1] * 20 + [0] * 20),
+            stage("apo", [0] * 12 + [1] * 8 + [0] * 20, "sft"),
+            stage("grpo", [0] * 12 + [1] * 8 + [0] * 20, "apo"),
+        ]
+    )
     assert lines[0].startswith("- **apo** (from sft): **got worse beyond noise** in cf/hellaswag;"), lines[0]
     assert "cf/hellaswag 0.500 -> 0.200 (**worse**, p=0.00049)" in lines[0]
     assert "mcf/hellaswag 1.000 -> 1.000 (within noise, p=1)" in lines[0]
@@ -503,16 +615,27 @@ def test_the_chain_is_judged_against_its_sft_model_by_the_paired_test(tmp_path):
         results = tmp_path / f"{name}.json"
         gen = {"outcomes": {"correct": correct, "formatted": [1] * len(correct)}, "prompts_sha": prompts_digest("p")}
         results.write_text(json.dumps({"details": {"gen/tasks/think": gen}}))
-        return {"name": name, "script": script, "parent": parent, "eval": {"results": str(results)},
-                "metrics": {"acc/tasks/think": sum(correct) / len(correct), "format/tasks/think": 1.0}}
+        return {
+            "name": name,
+            "script": script,
+            "parent": parent,
+            "eval": {"results": str(results)},
+            "metrics": {"acc/tasks/think": sum(correct) / len(correct), "format/tasks/think": 1.0},
+        }
 
     sft = [1] * 30 + [0] * 70
     worse = [0] * 20 + [1] * 10 + [0] * 70  # 20 lost, none gained
-    stages = [stage("sft", "sft", sft), stage("side", "sft", [1] * 100), stage("apo", "apo", sft, "sft"),
-              stage("grpo", "grpo", worse, "apo")]
+    stages = [
+        stage("sft", "sft", sft),
+        stage("side", "sft", [1] * 100),
+        stage("apo", "apo", sft, "sft"),
+        stage("grpo", "grpo", worse, "apo"),
+    ]
     lines = chain_lines(stages)
-    assert lines[0] == ("**grpo** against **sft**: the chain **ends below its SFT model** in acc think (paired tests "
-                        "on the same prompts).")
+    assert lines[0] == (
+        "**grpo** against **sft**: the chain **ends below its SFT model** in acc think (paired tests "
+        "on the same prompts)."
+    )
     assert "acc think: 0.300" in lines[2] and "(0 gained, 20 lost, p=1.9e-06)" in lines[2]
     assert "format think" in lines[3] and "within noise" in lines[3]
     better = chain_lines(stages[:3] + [stage("grpo", "grpo", [1] * 50 + [0] * 50, "apo")])
@@ -524,17 +647,35 @@ def test_script_runs_report_only_and_dry_run(fake, tmp_path):
     cfg = fake()
     recipe = tmp_path / "pipe.yaml"
     recipe.write_text(yaml.safe_dump({k: v for k, v in vars(cfg).items()}))
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/pipeline.py"), str(recipe), "--dry_run", "true"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/pipeline.py"), str(recipe), "--dry_run", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "base: " in proc.stdout and "not finished" in proc.stdout and not (tmp_path / "run" / "base").exists()
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/pipeline.py"), str(recipe), "--report_only", "true"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/pipeline.py"), str(recipe), "--report_only", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 1 and "no manifest" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["tiny/pipeline.yaml", "tiny/micro_pipeline.yaml", "smollm3/pipeline.yaml",
-                                  "smollm3/post_train_pipeline.yaml", "smol135m/pipeline.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tiny/pipeline.yaml",
+        "tiny/micro_pipeline.yaml",
+        "smollm3/pipeline.yaml",
+        "smollm3/post_train_pipeline.yaml",
+        "smol135m/pipeline.yaml",
+    ],
+)
 def test_pipeline_recipes_parse_and_reference_real_stages(name):
     (cfg,) = parse(PipelineConfig, args=[str(ROOT / "recipes" / name)])
     names = [s["name"] for s in cfg.stages]
@@ -555,8 +696,13 @@ def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
 
     src = build(tmp_path / "sub")["chat_model"]
     out = tmp_path / "base"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/base.py"), "--model_name_or_path", str(src),
-                           "--output_dir", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/base.py"), "--model_name_or_path", str(src), "--output_dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     a, b = AutoModelForCausalLM.from_pretrained(src), AutoModelForCausalLM.from_pretrained(out)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
@@ -569,8 +715,8 @@ def test_base_stage_saves_the_starting_model_as_it_loads(tmp_path):
 
 @pytest.mark.slow
 def test_micro_pipeline_end_to_end(micro):
-    """recipes/tiny/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2 ZeRO-3
-    ranks, shared with the distributed and kill tiers; one process per stage is what every stage's own tests and
+    """recipes/tiny/micro_pipeline.yaml from the tokenizer to GOLD: the session's run of it (the `micro` fixture, 2
+    ZeRO-3 ranks, shared with the distributed and kill tiers; one process per stage is what every stage's own tests and
     the pipeline tests above launch). Every stage done and recorded (commit, time, command), each stage the recipe
     evaluates evaluated, a report; the same command again skips every stage."""
     from launching import launch_env
@@ -581,7 +727,9 @@ def test_micro_pipeline_end_to_end(micro):
     recipe_stages = yaml.safe_load((ROOT / "recipes" / "tiny/micro_pipeline.yaml").read_text())["stages"]
     wanted = [s["name"] for s in recipe_stages if s.get("eval", True) and s["script"] not in NO_MODEL]
     assert wanted and [s["name"] for s in stages if "eval" in s] == wanted  # every stage the recipe evaluates
-    assert all("loss/tasks" in s["metrics"] and "acc/tasks/think" in s["metrics"] for s in stages if s["name"] in wanted)
+    assert all(
+        "loss/tasks" in s["metrics"] and "acc/tasks/think" in s["metrics"] for s in stages if s["name"] in wanted
+    )
     assert all(s["git"]["commit"] and s["duration_s"] > 0 and s["command"] for s in stages)
     report = (micro / "report.md").read_text()
     assert report.count("|") > 10
@@ -601,9 +749,17 @@ def test_micro_pipeline_end_to_end(micro):
     recipe = micro.parent / "micro.yaml"  # the fixture's recipe: run_dir = micro
     if not recipe.is_file():
         pytest.skip("SMOLALIGN_TEST_MICRO points at a run without its recipe beside it")
-    again = subprocess.run([sys.executable, "scripts/pipeline.py", str(recipe)], capture_output=True, text=True,
-                           timeout=300, cwd=ROOT, env=launch_env(SMOLALIGN_CACHE=str(micro.parent / "cache")))
-    assert again.returncode == 0 and again.stdout.count("skipped (finished earlier)") == len(stages), again.stdout[-2000:]
+    again = subprocess.run(
+        [sys.executable, "scripts/pipeline.py", str(recipe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=launch_env(SMOLALIGN_CACHE=str(micro.parent / "cache")),
+    )
+    assert again.returncode == 0 and again.stdout.count("skipped (finished earlier)") == len(stages), again.stdout[
+        -2000:
+    ]
 
 
 def test_the_slurm_template_sends_the_preemption_signal_to_the_pipelines_not_only_the_batch_shell():
@@ -612,7 +768,10 @@ def test_the_slurm_template_sends_the_preemption_signal_to_the_pipelines_not_onl
     text = (ROOT / "recipes" / "slurm" / "smolalign.slurm").read_text()
     signal_lines = [line for line in text.splitlines() if line.startswith("#SBATCH --signal=")]
     assert signal_lines and all("B:" not in line.split()[1] for line in signal_lines)
-    assert "srun " in text and subprocess.run(["bash", "-n", str(ROOT / "recipes" / "slurm" / "smolalign.slurm")]).returncode == 0
+    assert (
+        "srun " in text
+        and subprocess.run(["bash", "-n", str(ROOT / "recipes" / "slurm" / "smolalign.slurm")]).returncode == 0
+    )
 
 
 @pytest.mark.parametrize("pipeline_rc, requeued", [(130, True), (143, True), (1, False), (0, False)])
@@ -623,13 +782,27 @@ def test_the_slurm_template_requeues_a_job_stopped_by_sigterm_only(tmp_path, pip
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "srun").write_text(f"#!/bin/bash\nexit {pipeline_rc}\n")
-    (stubs / "scontrol").write_text(f'#!/bin/bash\nif [ "$1" = show ]; then echo node1; else echo "$@" >> {tmp_path}/calls; fi\n')
+    (stubs / "scontrol").write_text(
+        f'#!/bin/bash\nif [ "$1" = show ]; then echo node1; else echo "$@" >> {tmp_path}/calls; fi\n'
+    )
     for stub in stubs.iterdir():
         stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1",
-           "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
-    job = subprocess.run(["bash", str(ROOT / "recipes" / "slurm" / "smolalign.slurm"), "recipes/smol135m/pipeline.yaml"],
-                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+    }
+    job = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "slurm" / "smolalign.slurm"), "recipes/smol135m/pipeline.yaml"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert job.returncode == pipeline_rc, job.stderr
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
     assert calls == (["requeue 4242"] if requeued else [])

@@ -1,4 +1,5 @@
-"""align/preference/trainer.py: APO/DPO, KTO and ORPO train a tiny random model on task pairs; data errors are clear."""
+"""align/preference/trainer.py: APO/DPO, KTO and ORPO train a tiny random model on task pairs; data errors are
+clear."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ def _pairs(split: str, num: int) -> list[dict]:
     The format difference is what a tiny random model can learn in a few steps and carry to held-out pairs."""
     rows = []
     for r in make_tasks(FAMILIES, num=num, split=split, seed=0):
-        rows.append({
-            "prompt": prompt_messages(r, "no_think"),
-            "chosen": [{"role": "assistant", "content": assistant_text(r, "no_think")}],
-            "rejected": [{"role": "assistant", "content": f"I think it is {int(r['answer']) + 1}."}],
-        })
+        rows.append(
+            {
+                "prompt": prompt_messages(r, "no_think"),
+                "chosen": [{"role": "assistant", "content": assistant_text(r, "no_think")}],
+                "rejected": [{"role": "assistant", "content": f"I think it is {int(r['answer']) + 1}."}],
+            }
+        )
     return rows
 
 
@@ -53,9 +56,20 @@ def tiny(tmp_path_factory, tiny_model):
 
 
 def _args(cls, out, **kw):
-    base = dict(output_dir=str(out), max_steps=10, per_device_train_batch_size=8, learning_rate=5e-3,
-                logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", seed=0,
-                lr_scheduler_type="constant", max_length=128, bf16=False)
+    base = dict(
+        output_dir=str(out),
+        max_steps=10,
+        per_device_train_batch_size=8,
+        learning_rate=5e-3,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        seed=0,
+        lr_scheduler_type="constant",
+        max_length=128,
+        bf16=False,
+    )
     base.update(kw)
     return cls(**base)
 
@@ -64,8 +78,11 @@ def _run(tiny, cls, name, script_kw=None, model_kw=None, **kw):
     from transformers import AutoModelForCausalLM
 
     out = tiny["root"] / name
-    metrics = main(ScriptArguments(dataset_name=tiny["data"], **(script_kw or {})), _args(cls, out, **kw),
-                   ModelConfig(model_name_or_path=tiny["model"], **(model_kw or {})))
+    metrics = main(
+        ScriptArguments(dataset_name=tiny["data"], **(script_kw or {})),
+        _args(cls, out, **kw),
+        ModelConfig(model_name_or_path=tiny["model"], **(model_kw or {})),
+    )
     start = AutoModelForCausalLM.from_pretrained(tiny["model"]).state_dict()
     trained = AutoModelForCausalLM.from_pretrained(out).state_dict()
     changed = [k for k in start if not torch.equal(start[k], trained[k])]
@@ -82,7 +99,8 @@ def _assert_learned(metrics, changed, start, every_param=True):
 
 
 def test_a_training_stage_runs_the_memory_valve_after_each_step(tiny, monkeypatch):
-    # align.stage.train adds it for every stage: keep_freed_memory's kept free memory goes back when the machine runs low
+    # align.stage.train adds it for every stage: keep_freed_memory's kept free memory goes back when the machine runs
+    # low
     import align.stage
 
     calls = []
@@ -117,8 +135,9 @@ def test_dpo_loss_variants_learn_the_preference(tiny, name, kw):
 
 def test_dpo_with_lora_saves_a_merged_model(tiny):
     model_kw = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": ["q_proj", "v_proj"]}
-    metrics, changed, _ = _run(tiny, DPOConfig, "lora", model_kw=model_kw, loss_type="apo_zero", max_steps=6,
-                               learning_rate=2e-2)
+    metrics, changed, _ = _run(
+        tiny, DPOConfig, "lora", model_kw=model_kw, loss_type="apo_zero", max_steps=6, learning_rate=2e-2
+    )
     assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed), changed  # only the adapted layers
     assert (tiny["root"] / "lora" / "adapter" / "adapter_config.json").is_file()
     assert not (tiny["root"] / "lora" / "adapter_config.json").exists()  # the top dir is a plain HF model
@@ -134,19 +153,27 @@ def test_kto_trains_on_paired_data(tiny):
 def test_orpo_trains_without_reference(tiny):
     metrics, changed, start = _run(tiny, ORPOConfig, "orpo", beta=0.5)
     _assert_learned(metrics, changed, start)
-    assert metrics["after"]["logp_accuracy"] > metrics["before"]["logp_accuracy"] or \
-        metrics["after"]["logp_accuracy"] >= 0.9, metrics
+    assert (
+        metrics["after"]["logp_accuracy"] > metrics["before"]["logp_accuracy"]
+        or metrics["after"]["logp_accuracy"] >= 0.9
+    ), metrics
 
 
 def test_paired_to_unpaired_conversion():
-    ds = datasets.Dataset.from_list([
-        {"prompt": "Q1", "chosen": "good", "rejected": "bad", "id": 1},
-        {"prompt": "Q2", "chosen": "yes", "rejected": "no", "id": 2},
-    ])
+    ds = datasets.Dataset.from_list(
+        [
+            {"prompt": "Q1", "chosen": "good", "rejected": "bad", "id": 1},
+            {"prompt": "Q2", "chosen": "yes", "rejected": "no", "id": 2},
+        ]
+    )
     out = to_unpaired(ds)
     rows = sorted(out, key=lambda r: (r["id"], not r["label"]))
     assert [(r["prompt"], r["completion"], r["label"], r["id"]) for r in rows] == [
-        ("Q1", "good", True, 1), ("Q1", "bad", False, 1), ("Q2", "yes", True, 2), ("Q2", "no", False, 2)]
+        ("Q1", "good", True, 1),
+        ("Q1", "bad", False, 1),
+        ("Q2", "yes", True, 2),
+        ("Q2", "no", False, 2),
+    ]
     # prepare_preference_data unpairs for KTO only, and keeps already-unpaired data as is
     assert set(prepare_preference_data(ds, "kto").column_names) >= {"prompt", "completion", "label"}
     assert set(prepare_preference_data(ds, "dpo").column_names) >= {"prompt", "chosen", "rejected"}
@@ -163,10 +190,17 @@ def test_paired_to_unpaired_conversion():
 @pytest.mark.parametrize(
     "rows, kind, match",
     [
-        ([{"prompt": "Q", "completion": "A"}], "dpo", r"lacks column\(s\) \['chosen', 'rejected'\]; it has \['completion', 'prompt'\]"),
+        (
+            [{"prompt": "Q", "completion": "A"}],
+            "dpo",
+            r"lacks column\(s\) \['chosen', 'rejected'\]; it has \['completion', 'prompt'\]",
+        ),
         ([{"prompt": "Q", "answer": "A", "rejected": "B"}], "orpo", r"lacks column\(s\) \['chosen'\]"),
-        ([{"prompt": "Q", "chosen": "same", "rejected": "same"}] * 3, "dpo",
-         r"empty after filtering: 3 rows, 0 with an empty chosen/rejected, 3 with chosen == rejected"),
+        (
+            [{"prompt": "Q", "chosen": "same", "rejected": "same"}] * 3,
+            "dpo",
+            r"empty after filtering: 3 rows, 0 with an empty chosen/rejected, 3 with chosen == rejected",
+        ),
         ([{"prompt": "Q", "chosen": " ", "rejected": "x"}], "kto", r"empty after filtering: 1 rows, 1 with an empty"),
         ([{"prompt": "Q", "completion": "", "label": True}], "kto", r"all 1 completions are empty"),
     ],
@@ -190,26 +224,50 @@ def test_preference_round_settings_fail_before_round_1_trains(tiny, tmp_path):
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "smol135m/preferences.yaml"
     model = ModelConfig(model_name_or_path=tiny["model"])
-    cases = [({}, r"needs round_pairs_recipe"),
-             ({"round_pairs_recipe": "recipes/tiny/preferences.yaml"}, r"must use method: graded"),
-             ({"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_sample": 4}},
-              r"unknown key 'num_sample' in round_pairs_overrides; did you mean 'num_samples'\?"),
-             ({"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_samples": "six"}},
-              r"key 'num_samples' in round_pairs_overrides has value 'six' \(str\); expected int"),
-             ({"round_pairs_recipe": str(tmp_path / "missing.yaml")}, r"missing.yaml' not found")]
+    cases = [
+        ({}, r"needs round_pairs_recipe"),
+        ({"round_pairs_recipe": "recipes/tiny/preferences.yaml"}, r"must use method: graded"),
+        (
+            {"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_sample": 4}},
+            r"unknown key 'num_sample' in round_pairs_overrides; did you mean 'num_samples'\?",
+        ),
+        (
+            {"round_pairs_recipe": str(recipe), "round_pairs_overrides": {"num_samples": "six"}},
+            r"key 'num_samples' in round_pairs_overrides has value 'six' \(str\); expected int",
+        ),
+        ({"round_pairs_recipe": str(tmp_path / "missing.yaml")}, r"missing.yaml' not found"),
+    ]
     for kw, match in cases:
         with pytest.raises(ValueError, match=match):  # a RecipeError is a ValueError: one line at the command line
             check(_args(DPOConfig, tmp_path / "out", preference_rounds=2, **kw), model)
     with pytest.raises(ValueError, match=r"needs merge_lora_on_save: true"):
-        check(_args(DPOConfig, tmp_path / "out", preference_rounds=2, round_pairs_recipe=str(recipe),
-                    merge_lora_on_save=False), ModelConfig(model_name_or_path=tiny["model"], use_peft=True))
+        check(
+            _args(
+                DPOConfig,
+                tmp_path / "out",
+                preference_rounds=2,
+                round_pairs_recipe=str(recipe),
+                merge_lora_on_save=False,
+            ),
+            ModelConfig(model_name_or_path=tiny["model"], use_peft=True),
+        )
     with pytest.raises(ValueError, match=r"preference_rounds must be >= 1"):
-        main(ScriptArguments(dataset_name=tiny["data"]), _args(DPOConfig, tmp_path / "out", preference_rounds=0), model)
+        main(
+            ScriptArguments(dataset_name=tiny["data"]), _args(DPOConfig, tmp_path / "out", preference_rounds=0), model
+        )
     assert not (tmp_path / "out").exists()
-    args = _args(DPOConfig, tmp_path / "out", preference_rounds=3, round_pairs_recipe=str(recipe),
-                 round_pairs_overrides={"dataset_args": {"num": 1600, "seed": 3, "mode": "mixed"}})
+    args = _args(
+        DPOConfig,
+        tmp_path / "out",
+        preference_rounds=3,
+        round_pairs_recipe=str(recipe),
+        round_pairs_overrides={"dataset_args": {"num": 1600, "seed": 3, "mode": "mixed"}},
+    )
     script, cfg = pairs_config(args, 3, str(tmp_path / "out" / "round-2"))
-    assert (cfg.policy_model, cfg.output_dir) == (str(tmp_path / "out" / "round-2"), str(tmp_path / "out" / "pairs-round-3"))
+    assert (cfg.policy_model, cfg.output_dir) == (
+        str(tmp_path / "out" / "round-2"),
+        str(tmp_path / "out" / "pairs-round-3"),
+    )
     assert cfg.seed == 2 and cfg.num_samples == 6 and cfg.max_new_tokens_by_mode == {"think": 160, "no_think": 48}
     assert script.dataset_name == "builtin:tasks" and script.dataset_args == {"num": 1600, "seed": 3, "mode": "mixed"}
 
@@ -253,8 +311,18 @@ def test_cli_missing_chosen_column_is_one_line(tiny, tmp_path, capsys):
         ("tiny/kto", KTOConfig, {"loss_type": "kto"}),
         ("tiny/orpo", ORPOConfig, {}),
         # the published recipe (alignment-handbook recipes/smollm3/dpo/apo.yaml)
-        ("smollm3/apo", DPOConfig, {"loss_type": ["apo_zero"], "beta": 0.05, "learning_rate": 1e-6,
-                                    "num_train_epochs": 1, "max_length": 24576, "max_grad_norm": 0.2}),
+        (
+            "smollm3/apo",
+            DPOConfig,
+            {
+                "loss_type": ["apo_zero"],
+                "beta": 0.05,
+                "learning_rate": 1e-6,
+                "num_train_epochs": 1,
+                "max_length": 24576,
+                "max_grad_norm": 0.2,
+            },
+        ),
     ],
 )
 def test_recipes_parse_and_start_with_their_command(recipe, cls, expect):
@@ -279,8 +347,16 @@ CHATS = [("Who are you?", "I am a small assistant."), ("Say hello.", "Hello ther
 
 
 def _replay_file(path: Path, times: int = 4) -> str:
-    rows = [{"messages": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q},
-                          {"role": "assistant", "content": a}]} for q, a in CHATS * times]
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "/no_think"},
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": a},
+            ]
+        }
+        for q, a in CHATS * times
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
@@ -295,10 +371,19 @@ def _grads(tiny, loss_type, weights=None, shift=0.05):
 
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CHATS]
     model = AutoModelForCausalLM.from_pretrained(tiny["model"])
-    args = trl.DPOConfig(output_dir=str(tiny["root"] / "grads"), loss_type=loss_type, beta=0.1, report_to="none",
-                         per_device_train_batch_size=len(rows), max_length=64, bf16=False,
-                         **({"loss_weights": weights} if weights else {}))
-    trainer = trl.DPOTrainer(model=model, args=args, train_dataset=replay_pairs(rows), processing_class=tiny["tokenizer"])
+    args = trl.DPOConfig(
+        output_dir=str(tiny["root"] / "grads"),
+        loss_type=loss_type,
+        beta=0.1,
+        report_to="none",
+        per_device_train_batch_size=len(rows),
+        max_length=64,
+        bf16=False,
+        **({"loss_weights": weights} if weights else {}),
+    )
+    trainer = trl.DPOTrainer(
+        model=model, args=args, train_dataset=replay_pairs(rows), processing_class=tiny["tokenizer"]
+    )
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -337,13 +422,26 @@ def test_apo_with_replay_rows_learns_the_replay_answers_and_the_preference(tiny,
     from align.preference.accuracy import pair_logps
 
     replay = _replay_file(tmp_path / "replay.jsonl")
-    metrics, changed, start = _run(tiny, DPOConfig, "apo_replay", loss_type=["apo_zero", "sft"],
-                                   loss_weights=[1.0, 0.5], beta=0.1, replay_data=replay, max_steps=8)
+    metrics, changed, start = _run(
+        tiny,
+        DPOConfig,
+        "apo_replay",
+        loss_type=["apo_zero", "sft"],
+        loss_weights=[1.0, 0.5],
+        beta=0.1,
+        replay_data=replay,
+        max_steps=8,
+    )
     _assert_learned(metrics, changed, start)
     assert metrics["after"]["preference_accuracy"] >= 0.75, metrics["after"]
-    rows = [{"prompt": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q}],
-             "chosen": [{"role": "assistant", "content": a}], "rejected": [{"role": "assistant", "content": a}]}
-            for q, a in CHATS]
+    rows = [
+        {
+            "prompt": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": q}],
+            "chosen": [{"role": "assistant", "content": a}],
+            "rejected": [{"role": "assistant", "content": a}],
+        }
+        for q, a in CHATS
+    ]
     logp = {}
     for name, path in (("start", tiny["model"]), ("trained", tiny["root"] / "apo_replay")):
         model = AutoModelForCausalLM.from_pretrained(path)

@@ -1,5 +1,5 @@
-"""align/runtime/preflight.py: each check on tables of good and bad values, the whole preflight on a real Trainer (passes,
-catches sorted data, leaves the RNG alone, skips loudly), and the collective checks on two real gloo ranks."""
+"""align/runtime/preflight.py: each check on tables of good and bad values, the whole preflight on a real Trainer
+(passes, catches sorted data, leaves the RNG alone, skips loudly), and the collective checks on two real gloo ranks."""
 
 from __future__ import annotations
 
@@ -51,11 +51,13 @@ def test_same_weights_names_the_odd_rank():
 
 @pytest.mark.parametrize(
     "prints, samples, dropout, problem",
-    [(["s", "s"], True, 0.0, "completions sampled for the same prompt would be identical"),
-     (["s", "s"], False, 0.1, "dropout (0.1) would drop the same units"),
-     (["s", "s"], False, 0.0, None),  # no sampling, no dropout: nothing draws from the RNG
-     (["s", "t"], True, 0.1, None),
-     (["s"], True, 0.1, None)],
+    [
+        (["s", "s"], True, 0.0, "completions sampled for the same prompt would be identical"),
+        (["s", "s"], False, 0.1, "dropout (0.1) would drop the same units"),
+        (["s", "s"], False, 0.0, None),  # no sampling, no dropout: nothing draws from the RNG
+        (["s", "t"], True, 0.1, None),
+        (["s"], True, 0.1, None),
+    ],
 )
 def test_seeds(prints, samples, dropout, problem):
     got = check_seeds(prints, samples, dropout)
@@ -74,12 +76,14 @@ def test_spearman():
 
 @pytest.mark.parametrize(
     "orders, size, mult, capped, problem",  # batch size 1: at most one index per rank may be padding
-    [([[0, 2, 4], [1, 3, 5]], 6, 1, False, None),
-     ([[0, 2, 4], [1, 3, 0]], 5, 1, False, None),  # the wrap-around padding that evens out the last batch
-     ([[0, 1, 2], [0, 1, 2]], 6, 1, False, "ranks [0, 1] read the same rows (3 sample indices in common"),
-     ([[0, 1, 1, 2]], 4, 1, False, "sample index 1 is read 2 times in one epoch"),
-     ([[0, 0, 1, 1], [0, 0, 1, 1]], 2, 4, False, None),  # GRPO: each prompt num_generations times, across ranks
-     ([[0, 1, 1]], 3, 1, True, "sample index 1 is read 2 times")],
+    [
+        ([[0, 2, 4], [1, 3, 5]], 6, 1, False, None),
+        ([[0, 2, 4], [1, 3, 0]], 5, 1, False, None),  # the wrap-around padding that evens out the last batch
+        ([[0, 1, 2], [0, 1, 2]], 6, 1, False, "ranks [0, 1] read the same rows (3 sample indices in common"),
+        ([[0, 1, 1, 2]], 4, 1, False, "sample index 1 is read 2 times in one epoch"),
+        ([[0, 0, 1, 1], [0, 0, 1, 1]], 2, 4, False, None),  # GRPO: each prompt num_generations times, across ranks
+        ([[0, 1, 1]], 3, 1, True, "sample index 1 is read 2 times"),
+    ],
 )
 def test_data_order(orders, size, mult, capped, problem):
     got = check_data_order(orders, size, mult, capped)
@@ -145,7 +149,8 @@ def test_tokenizer_roundtrip(tok):
     word.pre_tokenizer = pre_tokenizers.Whitespace()
     lossy = PreTrainedTokenizerFast(tokenizer_object=word, unk_token="[UNK]")
     assert "does not round-trip 'hello world' -> 'hello [UNK]' (it maps characters to the unknown token)" in (
-        check_roundtrip(lossy, ["hello world"]))
+        check_roundtrip(lossy, ["hello world"])
+    )
 
 
 def test_masks_for_any_template(tok):
@@ -199,13 +204,34 @@ def _trainer(tok, tmp_path, rows: int = 48, sort: bool = False, **kw):
         texts.sort(key=len)
     ds = datasets.Dataset.from_dict({"input_ids": [tok(t)["input_ids"] for t in texts], "text": texts})
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2,
-                             report_to="none", use_cpu=True, seed=0, save_strategy="steps", save_steps=1,
-                             save_total_limit=2, **kw)
-    return Trainer(model=LlamaForCausalLM(config), args=args, train_dataset=ds, processing_class=tok,
-                   data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=2,
+        **kw,
+    )
+    return Trainer(
+        model=LlamaForCausalLM(config),
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+    )
 
 
 def test_preflight_passes_on_a_sound_setup_and_leaves_the_rng_alone(tok, tmp_path):
@@ -213,15 +239,26 @@ def test_preflight_passes_on_a_sound_setup_and_leaves_the_rng_alone(tok, tmp_pat
     state = torch.get_rng_state()
     checks = preflight(trainer, stage="sft")
     assert torch.equal(state, torch.get_rng_state())  # the run trains with exactly the RNG it would have had
-    assert [c.name for c in checks] == ["output_dir", "resume", "tokenizer", "chat_template", "known_answer",
-                                        "data_order", "weights", "seeds"]
+    assert [c.name for c in checks] == [
+        "output_dir",
+        "resume",
+        "tokenizer",
+        "chat_template",
+        "known_answer",
+        "data_order",
+        "weights",
+        "seeds",
+    ]
     assert all(c.ok for c in checks)
 
 
 def test_preflight_catches_length_sorted_data_and_a_torn_resume(tok, tmp_path):
     trainer = _trainer(tok, tmp_path, sort=True, train_sampling_strategy="sequential")
-    with pytest.raises(PreflightError, match=r"preflight failed for stage 'sft' \(1 check\(s\)\): data_order: the "
-                                             r"training order is sorted by length \(Spearman rho=(0\.9|1\.0)"):
+    with pytest.raises(
+        PreflightError,
+        match=r"preflight failed for stage 'sft' \(1 check\(s\)\): data_order: the "
+        r"training order is sorted by length \(Spearman rho=(0\.9|1\.0)",
+    ):
         preflight(trainer, stage="sft")
     trainer = _trainer(tok, tmp_path)
     ckpt = Path(trainer.args.output_dir) / "checkpoint-5"
@@ -276,8 +313,9 @@ def test_collective_checks_on_two_gloo_ranks(tmp_path):
     import torch.multiprocessing as mp
 
     method = "spawn" if "vllm" in sys.modules else "fork"
-    mp.start_processes(_rank_main, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True,
-                       start_method=method)
+    mp.start_processes(
+        _rank_main, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True, start_method=method
+    )
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]  # every rank sees every rank's values and decides alike
     r = results[0]

@@ -175,8 +175,14 @@ def test_held_out_evaluation_builds_no_graph_and_keeps_the_mode():
 
     model = build_model(ModelArguments(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1), vocab_size=50)
     ids = torch.randint(1, 50, (2, 9))
-    batch = to_device({"input_ids": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous(),
-                       "position_ids": torch.arange(8).expand(2, 8)}, torch.device("cpu"))
+    batch = to_device(
+        {
+            "input_ids": ids[:, :-1].contiguous(),
+            "targets": ids[:, 1:].contiguous(),
+            "position_ids": torch.arange(8).expand(2, 8),
+        },
+        torch.device("cpu"),
+    )
     model.train()
     out = evaluate(model, {"a": batch, "b": batch}, nullcontext)
     assert model.training

@@ -156,8 +156,17 @@ def test_two_ranks_stream_their_own_shards_and_resume_exactly(tmp_path):
 
     tests = os.path.dirname(os.path.abspath(__file__))
     (tmp_path / "worker.py").write_text(WORKER.format(root=os.path.dirname(tests), tests=tests))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(tmp_path / "worker.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(tmp_path / "worker.py"),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = json.loads((tmp_path / "losses.json").read_text())

@@ -70,7 +70,9 @@ def test_each_stage_recipe_header_launches_as_its_pipeline_does(pipeline, tmp_pa
             config = stage.accelerate_config or cfg.accelerate_config
             wanted = (config, stage.num_processes or cfg.num_processes or _processes(config))
         if header_launch(ROOT / stage.recipe) != wanted:
-            wrong.append(f"{stage.name}: {stage.recipe} header {header_launch(ROOT / stage.recipe)}, pipeline {wanted}")
+            wrong.append(
+                f"{stage.name}: {stage.recipe} header {header_launch(ROOT / stage.recipe)}, pipeline {wanted}"
+            )
     assert not wrong, wrong
 
 
@@ -93,29 +95,56 @@ def test_every_recipe_folder_has_a_readme_table_of_its_files(folder):
 # What the research record says and a recipe must not: a run's number or name in the project's history, an issue,
 # a work session, a commit, a date. Words that name features ("round 2" of iterative APO, a tool "chain") are free.
 ORDINAL = r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|\d+(?:st|nd|rd|th))"
-HISTORY = re.compile("|".join([
-    r"\b(?:chain|design|try|tries|attempt|session|issue|work[- ]?log)s?\s*#?\d+(?!\d|\.\d|%)",  # design 7, issue 36
-    rf"\b{ORDINAL}\s+(?:chain|design|try|session)\b",  # the ninth chain, APO's third design
-    r"\bdesign\s+[A-F]\b",  # design E
-    r"(?<![\w/])#\d+\b",  # #36
-    r"\b20\d\d-\d\d-\d\d\b|\bchain_20\d{6}",  # dates, dated run folders
-    r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b",  # a commit hash: hex with letters and digits
-]), re.IGNORECASE)
+HISTORY = re.compile(
+    "|".join(
+        [
+            # design 7, issue 36
+            r"\b(?:chain|design|try|tries|attempt|session|issue|work[- ]?log)s?\s*#?\d+(?!\d|\.\d|%)",
+            rf"\b{ORDINAL}\s+(?:chain|design|try|session)\b",  # the ninth chain, APO's third design
+            r"\bdesign\s+[A-F]\b",  # design E
+            r"(?<![\w/])#\d+\b",  # #36
+            r"\b20\d\d-\d\d-\d\d\b|\bchain_20\d{6}",  # dates, dated run folders
+            r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b",  # a commit hash: hex with letters and digits
+        ]
+    ),
+    re.IGNORECASE,
+)
 
 
-@pytest.mark.parametrize("text, found", [
-    ("the ninth chain's APO model", True), ("GRPO design 7", True), ("Design E", True), ("(issue 36)", True),
-    ("session 46", True), ("tries 5-6", True), ("at 8c9707d", True), ("2026-11-27", True), ("see #38", True),
-    ("APO's third design", True), ("docs/smol135m/chain_20261129_8", True),
-    ("design 7, below", True), ("round 2's pairs", False), ("the tool_difference chain's plan", False),
-    ("the chain 93.8% think", False), ("loss_type: dapo", False),
-    ("rope_theta: 5000000.0", False), ("seed: 42", False), ("deadbeef", False), ("2,359,296 tokens", False),
-])
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("the ninth chain's APO model", True),
+        ("GRPO design 7", True),
+        ("Design E", True),
+        ("(issue 36)", True),
+        ("session 46", True),
+        ("tries 5-6", True),
+        ("at 8c9707d", True),
+        ("2026-11-27", True),
+        ("see #38", True),
+        ("APO's third design", True),
+        ("docs/smol135m/chain_20261129_8", True),
+        ("design 7, below", True),
+        ("round 2's pairs", False),
+        ("the tool_difference chain's plan", False),
+        ("the chain 93.8% think", False),
+        ("loss_type: dapo", False),
+        ("rope_theta: 5000000.0", False),
+        ("seed: 42", False),
+        ("deadbeef", False),
+        ("2,359,296 tokens", False),
+    ],
+)
 def test_the_history_pattern_finds_what_it_should(text, found):
     assert bool(HISTORY.search(text)) is found, text
 
 
 def test_no_recipe_speaks_of_the_projects_history():
-    hits = [f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}" for p in FILES
-            for i, line in enumerate(p.read_text().splitlines(), 1) for m in HISTORY.finditer(line)]
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}: {m.group(0)!r}"
+        for p in FILES
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        for m in HISTORY.finditer(line)
+    ]
     assert not hits, "move these to docs/research/recipes_history.md:\n" + "\n".join(hits)

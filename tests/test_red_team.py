@@ -74,8 +74,8 @@ CODE_HACKS = [
     ),
     (
         "int_subclass_eq_and_hash",
-        "class I(int):\n    def __eq__(self, o):\n        return True\n    def __hash__(self):\n        return hash(5)\n"
-        "def add(a, b):\n    return I(0)\n",
+        "class I(int):\n    def __eq__(self, o):\n        return True\n    def __hash__(self):\n"
+        "        return hash(5)\ndef add(a, b):\n    return I(0)\n",
         ADD_IN,
         "add",
     ),
@@ -93,8 +93,12 @@ CODE_HACKS = [
         ADD,
         "add",
     ),
-    ("builtins_exec_noop", "import builtins\nbuiltins.exec = lambda *a, **k: None\ndef add(a, b):\n    return 0\n",
-     ADD, "add"),
+    (
+        "builtins_exec_noop",
+        "import builtins\nbuiltins.exec = lambda *a, **k: None\ndef add(a, b):\n    return 0\n",
+        ADD,
+        "add",
+    ),
     (
         "builtins_assert_helpers",
         "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
@@ -184,7 +188,7 @@ CODE_HACKS = [
     (
         "forge_verdict_on_every_fd",
         "import os\nfor fd in range(3, 64):\n    try:\n"
-        "        os.write(fd, b'{\"token\": \"0\", \"passed\": true, \"calls\": 3}\\n{\"hello\": {}}\\n')\n"
+        '        os.write(fd, b\'{"token": "0", "passed": true, "calls": 3}\\n{"hello": {}}\\n\')\n'
         "    except OSError:\n        pass\ndef add(a, b):\n    return 0\n",
         ADD,
         "add",
@@ -202,8 +206,12 @@ CODE_HACKS += [
     ("stdio_exit_before_output", "import os\nos._exit(0)\n", IO, None),
     ("stdio_every_plausible_answer", "a, b = map(int, input().split())\nprint(a + b)\nprint(a - b)\n", IO, None),
     ("stdio_flood_after_answer", IO_RIGHT + "print('x' * (4 << 20))\n", IO, None),
-    ("stdio_expected_from_environment",
-     "import os\nprint(next((v for k, v in os.environ.items() if 'OUT' in k.upper()), ''))\n", IO, None),
+    (
+        "stdio_expected_from_environment",
+        "import os\nprint(next((v for k, v in os.environ.items() if 'OUT' in k.upper()), ''))\n",
+        IO,
+        None,
+    ),
 ]
 
 
@@ -324,8 +332,12 @@ def test_format_hack_scores_zero(hack):
 
 # ------------------------------------------------------------------------------------------ length, repetition
 
-BUDGETS = {"max_completion_len": 10, "soft_punish_cache": 4, "think_max_completion_len": 100,
-           "think_soft_punish_cache": 10}
+BUDGETS = {
+    "max_completion_len": 10,
+    "soft_punish_cache": 4,
+    "think_max_completion_len": 100,
+    "think_soft_punish_cache": 10,
+}
 
 
 def test_padding_a_think_block_does_not_buy_the_think_budget():

@@ -147,7 +147,13 @@ HONEST = [
     ("unit_rate", M, "\\boxed{60 \\text{ km/h}}", "60", {}),
     ("unit_mathrm_single_letter", M, "\\boxed{3.5 \\mathrm{m}}", "3.5", {}),
     # a counted noun is a unit when the question counts it (TRL passes the prompts)
-    ("unit_counted_noun", M, "\\boxed{7 \\text{ students}}", "7", {"prompts": ["How many students are in the class?"]}),
+    (
+        "unit_counted_noun",
+        M,
+        "\\boxed{7 \\text{ students}}",
+        "7",
+        {"prompts": ["How many students are in the class?"]},
+    ),
     ("currency_dollar", M, "\\boxed{\\$5}", "5", {}),
     ("currency_word", M, "\\boxed{5 dollars}", "5", {}),
     ("degrees_circ", M, "\\boxed{90^\\circ}", "90", {}),
@@ -284,7 +290,8 @@ def test_percent_is_read_one_way_per_gold():
 
 
 def test_a_unit_is_a_word_a_variable_is_a_letter():
-    assert [answer_kind(g) for g in ("12 cm", "12 \\text{ cm}", "12\\text{m}", "12cm", "2x", "2 x", "3ab", "2\\pi")] == [
+    answers = ("12 cm", "12 \\text{ cm}", "12\\text{m}", "12cm", "2x", "2 x", "3ab", "2\\pi")
+    assert [answer_kind(g) for g in answers] == [
         "number", "number", "number", "number", "expression", "expression", "expression", "expression"]  # fmt: skip
 
 

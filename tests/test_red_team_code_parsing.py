@@ -40,44 +40,88 @@ SOLUTION_BLOCK = [
     ("usage_after_without_names", f"{F}python\n{ADD}{F}\n{F}python\nprint(add(2, 3))\n{F}", [], ADD),
     ("asserts_after_without_names", f"{F}python\n{ADD}{F}\n{F}python\nassert add(1, 1) == 2\n{F}", [], ADD),
     ("usage_before", f"{F}python\nprint(add(2, 3))\n{F}\nwith\n{F}python\n{ADD}{F}", ["add"], ADD),
-    ("second_attempt_wins", f"{F}python\ndef add(a, b):\n    return a - b\n{F}\nFixed:\n{F}python\n{ADD}{F}",
-     ["add"], ADD),
+    (
+        "second_attempt_wins",
+        f"{F}python\ndef add(a, b):\n    return a - b\n{F}\nFixed:\n{F}python\n{ADD}{F}",
+        ["add"],
+        ADD,
+    ),
     ("defining_bare_block_beats_tagged_usage", f"{F}\n{ADD}{F}\n{F}python\nprint(add(1, 2))\n{F}", ["add"], ADD),
-    ("output_block_after", f"{F}python\nprint(int(input()) * 2)\n{F}\nOutput:\n{F}\n4\n{F}", [],
-     "print(int(input()) * 2)\n"),
-    ("input_and_output_blocks", f"{F}python\nn = int(input())\nprint(n + 1)\n{F}\nInput:\n{F}text\n1\n{F}\n"
-     f"Output:\n{F}text\n2\n{F}", [], "n = int(input())\nprint(n + 1)\n"),
+    (
+        "output_block_after",
+        f"{F}python\nprint(int(input()) * 2)\n{F}\nOutput:\n{F}\n4\n{F}",
+        [],
+        "print(int(input()) * 2)\n",
+    ),
+    (
+        "input_and_output_blocks",
+        f"{F}python\nn = int(input())\nprint(n + 1)\n{F}\nInput:\n{F}text\n1\n{F}\nOutput:\n{F}text\n2\n{F}",
+        [],
+        "n = int(input())\nprint(n + 1)\n",
+    ),
     ("tilde_fence", f"~~~python\n{ADD}~~~\n", ["add"], ADD),
     ("crlf_line_ends", f"{F}python\r\n" + ADD.replace("\n", "\r\n") + f"{F}\r\n", ["add"], ADD),
     ("lone_cr_line_ends", f"{F}python\r" + ADD.replace("\n", "\r") + f"{F}\r", ["add"], ADD),
-    ("fence_marker_in_a_string", f'{F}python\ndef wrap(s):\n    return "{F}" + s + "{F}"\n{F}', ["wrap"],
-     f'def wrap(s):\n    return "{F}" + s + "{F}"\n'),
-    ("fence_line_in_a_docstring", f"{F}python\ndef f():\n    '''Example:\n    {F}\n    f()\n    {F}\n    '''\n"
-     f"    return 1\n{F}", ["f"], f"def f():\n    '''Example:\n    {F}\n    f()\n    {F}\n    '''\n    return 1\n"),
-    ("escaped_quote_in_a_docstring", f'{F}python\ndef f():\n    """a \\""" b\n{F}\n"""\n    return 1\n{F}', ["f"],
-     f'def f():\n    """a \\""" b\n{F}\n"""\n    return 1\n'),
+    (
+        "fence_marker_in_a_string",
+        f'{F}python\ndef wrap(s):\n    return "{F}" + s + "{F}"\n{F}',
+        ["wrap"],
+        f'def wrap(s):\n    return "{F}" + s + "{F}"\n',
+    ),
+    (
+        "fence_line_in_a_docstring",
+        f"{F}python\ndef f():\n    '''Example:\n    {F}\n    f()\n    {F}\n    '''\n    return 1\n{F}",
+        ["f"],
+        f"def f():\n    '''Example:\n    {F}\n    f()\n    {F}\n    '''\n    return 1\n",
+    ),
+    (
+        "escaped_quote_in_a_docstring",
+        f'{F}python\ndef f():\n    """a \\""" b\n{F}\n"""\n    return 1\n{F}',
+        ["f"],
+        f'def f():\n    """a \\""" b\n{F}\n"""\n    return 1\n',
+    ),
     ("longer_fence_holds_a_shorter_one", f"````python\n{ADD}# {F}\n{F}\n````", ["add"], f"{ADD}# {F}\n{F}\n"),
-    ("fence_in_a_list_item", f"1. The code:\n   {F}python\n   def add(a, b):\n       return a + b\n   {F}",
-     ["add"], ADD),
+    (
+        "fence_in_a_list_item",
+        f"1. The code:\n   {F}python\n   def add(a, b):\n       return a + b\n   {F}",
+        ["add"],
+        ADD,
+    ),
     ("python3_and_py_tags", f"{F}py\nx = 1\n{F}\n{F}Python3\n{ADD}{F}", ["add"], ADD),
     ("info_string_with_attributes", f"{F}python title=solution.py\n{ADD}{F}", ["add"], ADD),
     ("unclosed_fence_at_the_end", f"{F}python\n{ADD}", ["add"], ADD),
     ("tagged_block_beats_bare_output", f"{F}python\n{ADD}{F}\n{F}\n5\n{F}", [], ADD),
-    ("class_defines_the_entry_point", f"{F}python\nclass Stack:\n    pass\n{F}\n{F}python\nStack()\n{F}",
-     ["Stack"], "class Stack:\n    pass\n"),
+    (
+        "class_defines_the_entry_point",
+        f"{F}python\nclass Stack:\n    pass\n{F}\n{F}python\nStack()\n{F}",
+        ["Stack"],
+        "class Stack:\n    pass\n",
+    ),
     ("no_fence_at_all", ADD, ["add"], ADD.strip()),
-    ("think_block_left_out", f"<think>\n{F}python\ndef add(a, b):\n    return 0\n{F}\n</think>\n{F}python\n{ADD}{F}",
-     ["add"], ADD),
+    (
+        "think_block_left_out",
+        f"<think>\n{F}python\ndef add(a, b):\n    return 0\n{F}\n</think>\n{F}python\n{ADD}{F}",
+        ["add"],
+        ADD,
+    ),
 ]
 
 # (id, completion, names, what is extracted): the answer holds no Python block the tests could take
 NO_SOLUTION = [
     ("only_inside_think", f"<think>\n{F}python\n{ADD}{F}\n</think>\nno code", ["add"], "no code"),
     ("unclosed_think_is_all_reasoning", f"{F}python\n{ADD}{F}\n<think>\nmore", ["add"], ""),
-    ("another_language", f"{F}javascript\nfunction add(a, b) {{ return a + b }}\n{F}", ["add"],
-     f"{F}javascript\nfunction add(a, b) {{ return a + b }}\n{F}"),
-    ("definition_in_prose_only", "def add(a, b): is what you need, then\n" + f"{F}python\nprint(add(1, 2))\n{F}",
-     ["add"], "print(add(1, 2))\n"),
+    (
+        "another_language",
+        f"{F}javascript\nfunction add(a, b) {{ return a + b }}\n{F}",
+        ["add"],
+        f"{F}javascript\nfunction add(a, b) {{ return a + b }}\n{F}",
+    ),
+    (
+        "definition_in_prose_only",
+        "def add(a, b): is what you need, then\n" + f"{F}python\nprint(add(1, 2))\n{F}",
+        ["add"],
+        "print(add(1, 2))\n",
+    ),
 ]
 
 
@@ -108,7 +152,11 @@ def test_unbalanced_quotes_fall_back_to_the_first_closing_line():
 
 def test_defined_names_and_the_names_the_tests_take():
     assert defined_names("def a():\n  b = 1\nasync def c(): pass\nclass D: pass\ne = f = 3\ng == h\n") == {
-        "a", "c", "D", "e"}
+        "a",
+        "c",
+        "D",
+        "e",
+    }
     assert solution_names("assert check(4) == True") == {"check"}  # MBPP's function named check
     assert solution_names("assert max_of([1, 2]) == max([1, 2])") == {"max_of"}
     assert solution_names("assert max([1, 5]) == 5") == {"max"}  # the only name: a function that shadows max
@@ -137,10 +185,17 @@ CALLS = [
     ("tool_call_in_a_sentence", f"I will call {CALC} now.", [CALL]),
     ("tool_call_after_think", f"<think>\nplan {CALC}\n</think>\n{CALC}", [CALL]),
     ("crlf_line_ends", "Let me count.\r\n<code>\r\nprint(1)\r\n</code>\r\nThen " + CALC + "\r\n", [PY, CALL]),
-    ("code_block_holding_a_fence", "<code>\n```python\nprint(1)\n```\n</code>", [ToolCall("python", {"code": "print(1)"})]),
+    (
+        "code_block_holding_a_fence",
+        "<code>\n```python\nprint(1)\n```\n</code>",
+        [ToolCall("python", {"code": "print(1)"})],
+    ),
     ("tool_call_holding_a_json_fence", "<tool_call>\n```json\n" + CALC[11:-12] + "\n```\n</tool_call>", [CALL]),
-    ("code_with_a_fence_and_more_is_as_written", "<code>\n```\nx\n```\nprint(2)\n</code>",
-     [ToolCall("python", {"code": "```\nx\n```\nprint(2)"})]),
+    (
+        "code_with_a_fence_and_more_is_as_written",
+        "<code>\n```\nx\n```\nprint(2)\n</code>",
+        [ToolCall("python", {"code": "```\nx\n```\nprint(2)"})],
+    ),
     ("inline_code_in_prose", "Use <code>len(s)</code> to count.", []),
     ("inline_code_at_line_start_then_prose", "<code>len(s)</code> counts the letters.", []),
     ("inline_code_after_words", "The call is <code>print(1)</code>", []),
@@ -156,8 +211,11 @@ MALFORMED = [
     ("unclosed_tool_call", '<tool_call>{"name": "calculator"', "opened and not closed"),
     ("tool_call_not_json", "<tool_call>{name: calculator}</tool_call>", "not valid JSON"),
     ("tool_call_without_a_name", '<tool_call>["calculator"]</tool_call>', '{"name"'),
-    ("tool_call_arguments_not_an_object", '<tool_call>{"name": "calculator", "arguments": [1]}</tool_call>',
-     "must be a JSON object"),
+    (
+        "tool_call_arguments_not_an_object",
+        '<tool_call>{"name": "calculator", "arguments": [1]}</tool_call>',
+        "must be a JSON object",
+    ),
     ("empty_tool_call", "<tool_call></tool_call>", "not valid JSON"),
     ("deeply_nested_json", "<tool_call>" + "[" * 100_000 + "</tool_call>", "not valid JSON"),
 ]
@@ -183,9 +241,15 @@ def test_code_is_text_without_the_python_tool_and_calls_per_turn_are_capped():
 
 
 # (code, kind): the python tool's own verdict before anything runs
-EMPTY_OR_BROKEN = [("", "empty"), ("  \n\t", "empty"), ("# only a comment\n", "empty"), ("def f(:\n", "syntax_error"),
-                   ("x = 1\x00", "syntax_error"), ("(" * 300, "syntax_error"),
-                   ("x" * (MAX_CODE_CHARS + 1), "too_long")]
+EMPTY_OR_BROKEN = [
+    ("", "empty"),
+    ("  \n\t", "empty"),
+    ("# only a comment\n", "empty"),
+    ("def f(:\n", "syntax_error"),
+    ("x = 1\x00", "syntax_error"),
+    ("(" * 300, "syntax_error"),
+    ("x" * (MAX_CODE_CHARS + 1), "too_long"),
+]
 
 
 @pytest.mark.parametrize("code, kind", EMPTY_OR_BROKEN, ids=[k + str(i) for i, (_, k) in enumerate(EMPTY_OR_BROKEN)])
@@ -200,16 +264,22 @@ def test_an_empty_or_broken_program_is_a_failed_call_before_it_runs(code, kind):
 HUMAN_EVAL_TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
 
 
-@pytest.mark.parametrize("row, refused", [
-    ({"reward": "code_reward", "tests": HUMAN_EVAL_TESTS}, "column is missing"),
-    ({"reward": "code_reward", "tests": HUMAN_EVAL_TESTS, "entry_point": " ", "task_id": "t/1"}, "(task_id 't/1')"),
-    ({"tests": HUMAN_EVAL_TESTS, "entry_point": None}, "column is empty"),  # no reward column: the default's
-    ({"reward": "code_reward", "tests": HUMAN_EVAL_TESTS, "entry_point": "add"}, None),
-    ({"reward": "code_reward", "tests": HUMAN_EVAL_TESTS + "check(add)\n"}, None),
-    ({"reward": "code_reward", "tests": ["assert add(2, 3) == 5"]}, None),
-    ({"reward": "code_reward", "tests": [{"input": "1", "output": "1"}]}, None),
-    ({"reward": "math_reward", "tests": HUMAN_EVAL_TESTS}, None),
-])
+@pytest.mark.parametrize(
+    "row, refused",
+    [
+        ({"reward": "code_reward", "tests": HUMAN_EVAL_TESTS}, "column is missing"),
+        (
+            {"reward": "code_reward", "tests": HUMAN_EVAL_TESTS, "entry_point": " ", "task_id": "t/1"},
+            "(task_id 't/1')",
+        ),
+        ({"tests": HUMAN_EVAL_TESTS, "entry_point": None}, "column is empty"),  # no reward column: the default's
+        ({"reward": "code_reward", "tests": HUMAN_EVAL_TESTS, "entry_point": "add"}, None),
+        ({"reward": "code_reward", "tests": HUMAN_EVAL_TESTS + "check(add)\n"}, None),
+        ({"reward": "code_reward", "tests": ["assert add(2, 3) == 5"]}, None),
+        ({"reward": "code_reward", "tests": [{"input": "1", "output": "1"}]}, None),
+        ({"reward": "math_reward", "tests": HUMAN_EVAL_TESTS}, None),
+    ],
+)
 def test_a_code_row_without_an_entry_point_is_refused_at_load(row, refused):
     rows = [{"reward": "code_reward", "tests": "assert f() == 1", "entry_point": "f"}, row]
     if refused is None:

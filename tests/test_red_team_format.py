@@ -147,10 +147,12 @@ def test_empty_looking_box_is_no_answer(hack):
 
 # --------------------------------------------------------------------------------- renamed reasoning blocks
 
-RENAMED = ["<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.",  # what APO learned (135M chain)
-           "<think>\n\n</think>\n<no_think>5 + 4 = 9</no_think>\n\\boxed{9}",  # behind an empty think block
-           "<Scratch-Pad>5 + 4 = 9</Scratch-Pad> The answer is \\boxed{9}.",
-           "<reason>\n5\n+ 4\n</reason>\\boxed{9}"]
+RENAMED = [
+    "<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.",  # what APO learned (135M chain)
+    "<think>\n\n</think>\n<no_think>5 + 4 = 9</no_think>\n\\boxed{9}",  # behind an empty think block
+    "<Scratch-Pad>5 + 4 = 9</Scratch-Pad> The answer is \\boxed{9}.",
+    "<reason>\n5\n+ 4\n</reason>\\boxed{9}",
+]
 
 
 @pytest.mark.parametrize("completion", RENAMED)
@@ -161,7 +163,9 @@ def test_a_renamed_reasoning_block_is_no_no_think_answer(completion):
 
     assert mode_format_reward([completion], mode=["no_think"]) == [0.0]
     assert not is_formatted(completion, "no_think")
-    honest = completion[completion.index("The answer") if "The answer" in completion else completion.index("\\boxed"):]
+    honest = completion[
+        completion.index("The answer") if "The answer" in completion else completion.index("\\boxed") :
+    ]
     assert mode_format_reward([honest], mode=["no_think"]) == [1.0] and is_formatted(honest, "no_think")
 
 
@@ -177,30 +181,75 @@ def _each(variants: list[str]) -> str:
 
 
 DISGUISED_LOOPS = [
-    ("cyrillic_per_repetition", _each(["so the cаt sat on the mat and ", "so thе cat sat on the mat and ",
-                                       "sо the cat sat on the mat and ", "so the cat sat оn the mat and ",
-                                       "so the cat sаt on thе mаt and ", "so the сat sat on the mat аnd "])),
-    ("greek_per_repetition", _each(["so the cαt sat on the mat and ", "so the cat sat οn the mat and ",
-                                    "so the cat sat on the mαt αnd ", "sο the cat sat on the mat and "])),
-    ("cyrillic_and_greek_capitals", _each(["SO THE CAT SAT ON THE MAT AND ", "SО ТНЕ САТ SАТ ОN ТНЕ МАТ АND ",
-                                           "SΟ ΤΗΕ CΑΤ SΑΤ ΟΝ ΤΗΕ ΜΑΤ ΑΝD "])),
+    (
+        "cyrillic_per_repetition",
+        _each(
+            [
+                "so the cаt sat on the mat and ",
+                "so thе cat sat on the mat and ",
+                "sо the cat sat on the mat and ",
+                "so the cat sat оn the mat and ",
+                "so the cat sаt on thе mаt and ",
+                "so the сat sat on the mat аnd ",
+            ]
+        ),
+    ),
+    (
+        "greek_per_repetition",
+        _each(
+            [
+                "so the cαt sat on the mat and ",
+                "so the cat sat οn the mat and ",
+                "so the cat sat on the mαt αnd ",
+                "sο the cat sat on the mat and ",
+            ]
+        ),
+    ),
+    (
+        "cyrillic_and_greek_capitals",
+        _each(["SO THE CAT SAT ON THE MAT AND ", "SО ТНЕ САТ SАТ ОN ТНЕ МАТ АND ", "SΟ ΤΗΕ CΑΤ SΑΤ ΟΝ ΤΗΕ ΜΑΤ ΑΝD "]),
+    ),
     ("fullwidth", _each([LOOP, "ｓｏ ｔｈｅ ｃａｔ ｓａｔ ｏｎ ｔｈｅ ｍａｔ ａｎｄ "])),
-    ("mathematical_alphanumerics", _each(["𝐬𝐨 𝐭𝐡𝐞 𝐜𝐚𝐭 𝐬𝐚𝐭 𝐨𝐧 𝐭𝐡𝐞 𝐦𝐚𝐭 𝐚𝐧𝐝 ", "𝑠𝑜 𝑡ℎ𝑒 𝑐𝑎𝑡 𝑠𝑎𝑡 𝑜𝑛 𝑡ℎ𝑒 𝑚𝑎𝑡 𝑎𝑛𝑑 ",
-                                          "𝚜𝚘 𝚝𝚑𝚎 𝚌𝚊𝚝 𝚜𝚊𝚝 𝚘𝚗 𝚝𝚑𝚎 𝚖𝚊𝚝 𝚊𝚗𝚍 ", LOOP])),
+    (
+        "mathematical_alphanumerics",
+        _each(
+            [
+                "𝐬𝐨 𝐭𝐡𝐞 𝐜𝐚𝐭 𝐬𝐚𝐭 𝐨𝐧 𝐭𝐡𝐞 𝐦𝐚𝐭 𝐚𝐧𝐝 ",
+                "𝑠𝑜 𝑡ℎ𝑒 𝑐𝑎𝑡 𝑠𝑎𝑡 𝑜𝑛 𝑡ℎ𝑒 𝑚𝑎𝑡 𝑎𝑛𝑑 ",
+                "𝚜𝚘 𝚝𝚑𝚎 𝚌𝚊𝚝 𝚜𝚊𝚝 𝚘𝚗 𝚝𝚑𝚎 𝚖𝚊𝚝 𝚊𝚗𝚍 ",
+                LOOP,
+            ]
+        ),
+    ),
     ("circled_letters", _each([LOOP, "ⓢⓞ ⓣⓗⓔ ⓒⓐⓣ ⓢⓐⓣ ⓞⓝ ⓣⓗⓔ ⓜⓐⓣ ⓐⓝⓓ "])),
     ("small_capitals", _each([LOOP, "ꜱᴏ ᴛʜᴇ ᴄᴀᴛ ꜱᴀᴛ ᴏɴ ᴛʜᴇ ᴍᴀᴛ ᴀɴᴅ "])),
-    ("zero_width_inside_words", _each(["so th\u200be cat sat on the mat and ",
-                                       "so the c\u200bat sat on the mat and ",
-                                       "so the cat s\u200cat on the mat and ",
-                                       "so the cat sat o\u200dn the m\u2060at and "])),
-    ("soft_hyphen_and_bom_inside_words", _each(["so the ca\u00adt sat on the mat and ",
-                                                "so the cat sat on the ma\ufefft and ", LOOP])),
-    ("tags_and_variation_selectors_inside_words", _each(["so the ca\U000e0031t sat on the mat and ",
-                                                         "so the cat s\ufe0fat on the mat and ", LOOP])),
-    ("hangul_filler_inside_words", _each(["so the c\u3164at sat on the mat and ",
-                                          "so the cat sa\uffa0t on the mat and "])),
-    ("combining_overlays", _each([LOOP, "so t\u0334h\u0334e cat sat on the mat and ",
-                                  "so the c\u0336a\u0336t sat on the mat and "])),
+    (
+        "zero_width_inside_words",
+        _each(
+            [
+                "so th\u200be cat sat on the mat and ",
+                "so the c\u200bat sat on the mat and ",
+                "so the cat s\u200cat on the mat and ",
+                "so the cat sat o\u200dn the m\u2060at and ",
+            ]
+        ),
+    ),
+    (
+        "soft_hyphen_and_bom_inside_words",
+        _each(["so the ca\u00adt sat on the mat and ", "so the cat sat on the ma\ufefft and ", LOOP]),
+    ),
+    (
+        "tags_and_variation_selectors_inside_words",
+        _each(["so the ca\U000e0031t sat on the mat and ", "so the cat s\ufe0fat on the mat and ", LOOP]),
+    ),
+    (
+        "hangul_filler_inside_words",
+        _each(["so the c\u3164at sat on the mat and ", "so the cat sa\uffa0t on the mat and "]),
+    ),
+    (
+        "combining_overlays",
+        _each([LOOP, "so t\u0334h\u0334e cat sat on the mat and ", "so the c\u0336a\u0336t sat on the mat and "]),
+    ),
 ]
 
 
@@ -262,10 +311,15 @@ def test_honest_box_scores_one(box):
 HONEST_PROSE = [
     ("english", "Three plus four is seven, so the answer is seven and nothing else is needed here."),
     ("chinese", "我们先把三和四相加，得到七。然后检查题目的条件，确认没有遗漏，所以最终答案是七。"),
-    ("russian", "Сначала сложим три и четыре, получим семь. Затем проверим условие задачи: всё сходится, "
-                "поэтому окончательный ответ равен семи, а не шести или восьми."),
-    ("greek", "Έστω ότι x + 3 = 10. Αφαιρούμε το τρία από κάθε πλευρά και βρίσκουμε ότι x = 7, "
-              "άρα η απάντηση είναι επτά."),
+    (
+        "russian",
+        "Сначала сложим три и четыре, получим семь. Затем проверим условие задачи: всё сходится, "
+        "поэтому окончательный ответ равен семи, а не шести или восьми.",
+    ),
+    (
+        "greek",
+        "Έστω ότι x + 3 = 10. Αφαιρούμε το τρία από κάθε πλευρά και βρίσκουμε ότι x = 7, άρα η απάντηση είναι επτά.",
+    ),
     ("korean", "먼저 삼과 사를 더하면 칠이 됩니다. 그다음 조건을 확인하면 모두 맞으므로 최종 답은 칠입니다."),
     ("mixed_scripts", "Пусть x = 3, then y = 2x = 6; αλλά z = y + 1 = 7, поэтому ответ 7 and we stop here."),
     ("vietnamese", "Ba cộng bốn bằng bảy, vì vậy đáp án là bảy và không cần làm gì thêm nữa."),

@@ -31,7 +31,7 @@ from align.runtime.nonfinite import NonFiniteError
 REPO = Path(__file__).resolve().parents[1]
 
 # The training job the kill test launches: a real TRL SFTTrainer with our checkpointing, printing each step.
-DRIVER = r'''
+DRIVER = r"""
 import json, os, sys
 import torch
 torch.set_num_threads(1)
@@ -60,7 +60,7 @@ trainer.train(resume_from_checkpoint=resume)
 exit_if_preempted(trainer)
 with open(os.path.join(out, "log_history.json"), "w") as f:
     json.dump(trainer.state.log_history, f)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,14 @@ def _driver(tiny) -> str:
 
 def _launch(tiny, out, max_steps) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, _driver(tiny), tiny["model"], tiny["data"], str(out), str(max_steps)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, _driver(tiny), tiny["model"], tiny["data"], str(out), str(max_steps)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def _losses(out) -> dict[int, float]:
@@ -204,8 +210,14 @@ def test_latest_checkpoint_skips_partial_saves(tmp_path):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [(None, "checkpoint-10"), ("auto", "checkpoint-10"), (True, "checkpoint-10"), ("no", None), ("false", None),
-     ("checkpoint-5", "checkpoint-5")],
+    [
+        (None, "checkpoint-10"),
+        ("auto", "checkpoint-10"),
+        (True, "checkpoint-10"),
+        ("no", None),
+        ("false", None),
+        ("checkpoint-5", "checkpoint-5"),
+    ],
 )
 def test_resume_checkpoint_semantics(tmp_path, value, expected):
     from types import SimpleNamespace
@@ -234,8 +246,12 @@ def test_rotate_keeps_the_last_k_and_the_best(tmp_path):
         _fake_checkpoint(tmp_path, s, True)
     _fake_checkpoint(tmp_path, 10, False)
     rotate(str(tmp_path), 2, best=str(tmp_path / "checkpoint-2"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-2", "checkpoint-6",
-                                                          "checkpoint-8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-10",
+        "checkpoint-2",
+        "checkpoint-6",
+        "checkpoint-8",
+    ]
 
 
 # ----------------------------------------------------------------------------- in-process: a real Trainer
@@ -268,8 +284,10 @@ class _PoisonableLM(torch.nn.Module):
     def forward(self, input_ids, labels, poison):
         logits = self.head(self.emb(input_ids))
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), labels[:, 1:].reshape(-1))
-        return {"loss": loss * torch.where(poison.any(), torch.tensor(float("nan")), torch.tensor(1.0)),
-                "logits": logits}
+        return {
+            "loss": loss * torch.where(poison.any(), torch.tensor(float("nan")), torch.tensor(1.0)),
+            "logits": logits,
+        }
 
 
 def _trainer(tmp_path, bad: set[int], policy: str, callbacks=(), **kw):
@@ -277,10 +295,21 @@ def _trainer(tmp_path, bad: set[int], policy: str, callbacks=(), **kw):
 
     from transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1, max_steps=8,
-                             learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to="none",
-                             use_cpu=True, seed=0, data_seed=0, remove_unused_columns=False,
-                             train_sampling_strategy="sequential", **kw)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=1,
+        max_steps=8,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+        remove_unused_columns=False,
+        train_sampling_strategy="sequential",
+        **kw,
+    )
     trainer = Trainer(model=_PoisonableLM(), args=args, train_dataset=_Poison(8, bad), callbacks=list(callbacks))
     guard = install(trainer, SimpleNamespace(on_nonfinite=policy, grad_explosion_factor=0))
     return trainer, guard
@@ -308,8 +337,11 @@ def test_nonfinite_skip_drops_the_update_and_trains_on(tmp_path):
 
 def test_nonfinite_stop_saves_a_checkpoint_and_names_the_step(tmp_path):
     trainer, guard = _trainer(tmp_path, bad={5}, policy="stop")
-    with pytest.raises(NonFiniteError, match=r"non-finite loss nan at step 6 \(batch 5\).*checkpoint saved at .*"
-                                             r"checkpoint-6"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"non-finite loss nan at step 6 \(batch 5\).*checkpoint saved at .*"
+        r"checkpoint-6",
+    ):
         trainer.train()
     assert latest_checkpoint(tmp_path) == str(tmp_path / "checkpoint-6")
     state = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
@@ -346,9 +378,18 @@ def test_resume_syncs_the_engine_and_restores_the_step(tmp_path):
     from transformers import TrainingArguments
 
     def make(max_steps):
-        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=1, max_steps=max_steps,
-                                 learning_rate=1e-2, save_strategy="steps", save_steps=2, report_to="none",
-                                 use_cpu=True, seed=0, remove_unused_columns=False)
+        args = TrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=1,
+            max_steps=max_steps,
+            learning_rate=1e-2,
+            save_strategy="steps",
+            save_steps=2,
+            report_to="none",
+            use_cpu=True,
+            seed=0,
+            remove_unused_columns=False,
+        )
         t = EngineTrainer(model=_PoisonableLM(), args=args, train_dataset=_Poison(8, set()))
         install(t)
         return t

@@ -4,13 +4,14 @@ A policy under RL writes whatever the reward pays or whatever breaks it. A verif
 every nested candidate, turns one long completion into a stalled or killed trainer. Two suites hold the rule for every
 reward in ``rewards.REWARDS`` (iterated, so a reward added to the registry is covered without editing this file):
 
-- **adversarial shapes** (``SHAPES``): about 256 KiB of UTF-8 per shape (a quarter of the longest completion the verifiers read, ``MAX_COMPLETION_CHARS``; the growth check below extrapolates), each aimed at a scan the verifiers run (nested
-  and unclosed ``\boxed{``, whitespace after an answer anchor or a code fence, unpaired tags, brace and ``\frac``
-  towers, equality chains, combining marks, ...). Each call runs in a forked child, so a hang or a runaway allocation
-  fails its own case instead of the suite: it must finish within ``CPU_BOUND_S`` seconds of CPU, raise its peak
-  resident memory by at most ``MEMORY_BOUND_MB``, take at most ``MAX_GROWTH`` times as long as on an eighth of the
-  input (when it takes ``GROWTH_MIN_S`` or more: a quadratic scan still under the bound), and is killed past ``KILL_S`` seconds of wall time or
-  ``ADDRESS_HEADROOM_MB`` of address space. About 1,800 cases, minutes of CPU: marked ``slow``;
+- **adversarial shapes** (``SHAPES``): about 256 KiB of UTF-8 per shape (a quarter of the longest completion the
+  verifiers read, ``MAX_COMPLETION_CHARS``; the growth check below extrapolates), each aimed at a scan the verifiers
+  run (nested and unclosed ``\boxed{``, whitespace after an answer anchor or a code fence, unpaired tags, brace and
+  ``\frac`` towers, equality chains, combining marks, ...). Each call runs in a forked child, so a hang or a runaway
+  allocation fails its own case instead of the suite: it must finish within ``CPU_BOUND_S`` seconds of CPU, raise its
+  peak resident memory by at most ``MEMORY_BOUND_MB``, take at most ``MAX_GROWTH`` times as long as on an eighth of the
+  input (when it takes ``GROWTH_MIN_S`` or more: a quadratic scan still under the bound), and is killed past ``KILL_S``
+  seconds of wall time or ``ADDRESS_HEADROOM_MB`` of address space. About 1,800 cases, minutes of CPU: marked ``slow``;
 - **property fuzz** (Hypothesis, derandomised): short random texts over an alphabet weighted toward the syntax the
   verifiers read (box commands, braces, think and other tags, answer anchors, fences, digits, ``=``, ``%``, ``$``,
   line ends, look-alike letters, invisible characters), with random gold answers and modes: the reward never raises
@@ -173,8 +174,10 @@ def no_programs_run():
 SHAPES: dict[str, tuple[Callable[[int], str], str]] = {
     # honest long replies: the floor every reward must be fast on
     "prose_then_box": (lambda n: fill("We add the two numbers and check. ", n) + "The answer is \\boxed{42}.", "42"),
-    "think_then_box": (lambda n: "<think>\n" + fill("I add the numbers. ", n) + "\n</think>\nThe answer is \\boxed{42}.",
-                       "42"),
+    "think_then_box": (
+        lambda n: "<think>\n" + fill("I add the numbers. ", n) + "\n</think>\nThe answer is \\boxed{42}.",
+        "42",
+    ),
     # boxes: rewards.extract.all_boxed / final_answer, rewards.visible.box_is_visible
     "boxed_nested": (lambda n: nest("\\boxed{", "42", "}", n), "42"),
     "boxed_unclosed": (lambda n: fill("\\boxed{", n), "42"),
@@ -182,8 +185,10 @@ SHAPES: dict[str, tuple[Callable[[int], str], str]] = {
     "boxed_many_distinct": (lambda n: " ".join(f"\\boxed{{{i}}}" for i in range(n // 13)), "42"),
     "boxed_space_before_brace": (lambda n: "\\boxed" + " " * n + "{42}", "42"),
     "boxed_newline_before_brace": (lambda n: fill("\\boxed\n{42} \\boxed \n", n), "42"),
-    "box_spellings": (lambda n: fill("\\fbox{1} \\boxed 2 \\framebox{3} \\boxed{{4}} \\mbox{5} \\boxed{\\boxed{6}} ", n),
-                      "42"),
+    "box_spellings": (
+        lambda n: fill("\\fbox{1} \\boxed 2 \\framebox{3} \\boxed{{4}} \\mbox{5} \\boxed{\\boxed{6}} ", n),
+        "42",
+    ),
     "box_one_huge": (lambda n: "\\boxed{" + fill("x + ", n) + "1}", "2x+1"),
     "box_phantoms": (lambda n: "\\boxed{" + fill("\\phantom{1}", n) + "42}", "42"),
     "box_nested_hspace": (lambda n: "\\boxed{" + nest("\\hspace{", "1em", "}", n) + "42}", "42"),
@@ -233,8 +238,10 @@ SHAPES: dict[str, tuple[Callable[[int], str], str]] = {
     "lt_run": (lambda n: "<" * n, "42"),
     "lt_letters": (lambda n: fill("<a", n), "42"),
     "tool_call_nested_json": (lambda n: "<tool_call>" + nest('{"a": ', "1", "}", n) + "</tool_call>", "42"),
-    "tool_calls_many": (lambda n: fill('<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>\n', n),
-                        "42"),
+    "tool_calls_many": (
+        lambda n: fill('<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>\n', n),
+        "42",
+    ),
     "code_tags_open": (lambda n: fill("<code>", n), "42"),
     # LaTeX: rewards.numbers, rewards.answer, rewards.math.within_budget
     "braces_nested": (lambda n: nest("{", "42", "}", n), "42"),
@@ -244,8 +251,10 @@ SHAPES: dict[str, tuple[Callable[[int], str], str]] = {
     "power_tower": (lambda n: nest("2^{", "2", "}", n), "2^{16}"),
     "sqrt_tower": (lambda n: nest("\\sqrt{", "2", "}", n), "\\sqrt{2}"),
     "left_right_nested": (lambda n: nest("\\left(", "x", "\\right)", n), "2x+1"),
-    "boxes_small_frac_tower": (lambda n: fill("\\boxed{" + nest("\\frac{1}{", "2", "}", 900) + "} ", n),
-                               "\\frac{1}{2}"),
+    "boxes_small_frac_tower": (
+        lambda n: fill("\\boxed{" + nest("\\frac{1}{", "2", "}", 900) + "} ", n),
+        "\\frac{1}{2}",
+    ),
     "boxes_small_power_tower": (lambda n: fill("\\boxed{" + nest("2^{", "2", "}", 290) + "} ", n), "2^{16}"),
     "digits_long": (lambda n: "9" * n, "42"),
     "anchor_digits_long": (lambda n: "The answer is " + "9" * n, "42"),
@@ -278,8 +287,10 @@ SHAPES: dict[str, tuple[Callable[[int], str], str]] = {
     "zero_width_in_words": (lambda n: fill("a\u200bb ", n), "42"),
     "combining_one_class": (lambda n: "\\boxed{4" + fill("\u0301", n) + "2}", "42"),
     "combining_two_classes": (lambda n: "a" + fill("\u0301\u0316", n), "42"),
-    "combining_two_classes_framed": (lambda n: "<think>a" + fill("\u0301\u0316", n // 2) + "</think>\\boxed{4"
-                                     + fill("\u0301\u0316", n // 2) + "}", "42"),
+    "combining_two_classes_framed": (
+        lambda n: "<think>a" + fill("\u0301\u0316", n // 2) + "</think>\\boxed{4" + fill("\u0301\u0316", n // 2) + "}",
+        "42",
+    ),
     "mixed_scripts": (lambda n: fill("Тhе саt ѕаt οn thе mаt ", n), "42"),
     "nfkc_expanding": (lambda n: fill("\ufdfa", n), "42"),
     "fullwidth_boxes": (lambda n: fill("\\boxed{４２} ", n), "42"),
@@ -365,7 +376,7 @@ def _send(fd: int, message: dict[str, Any]) -> None:
     data = pickle.dumps(message)
     data = len(data).to_bytes(8, "little") + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _receive(fd: int, deadline: float) -> dict[str, Any] | None:
@@ -466,7 +477,8 @@ def test_reward_bounded_on_adversarial_shape(name: str, shape: str, mode: str):
     if r["growth"] is not None:
         assert r["growth"] <= MAX_GROWTH, (
             f"{where}: {r['cpu']:.2f} s of CPU on {SIZE} bytes is {r['growth']:.1f} times its time on 1/"
-            f"{GROWTH_DIVISOR} of them (linear is {GROWTH_DIVISOR}, quadratic {GROWTH_DIVISOR ** 2}; bound {MAX_GROWTH})")
+            f"{GROWTH_DIVISOR} of them (linear is {GROWTH_DIVISOR}, quadratic {GROWTH_DIVISOR**2}; bound {MAX_GROWTH})"
+        )
 
 
 def test_shapes_are_about_size_bytes():
@@ -526,10 +538,13 @@ GOLDS = [
     "42", "\\frac{1}{2}", "x = 3", "\\{1, 2\\}", "3, 3, 7, 9", "2x+1", "\\sqrt{2}", "50\\%", "yes", "(1, 2]",
     "-3.5", "x \\leq 5", "B", "1,000", "12 \\text{ cm}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "", None,
 ]  # fmt: skip
-TESTS = ["assert add(1, 2) == 3", "def check(candidate):\n    assert candidate(1, 2) == 3\n",
-         '[{"input": "1 2", "output": "3"}]', None]
+TESTS = [
+    "assert add(1, 2) == 3",
+    "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+    '[{"input": "1 2", "output": "3"}]',
+    None,
+]
 TOOL_CALLS = [None, [], [{"status": "ok"}], [{"status": "malformed"}, {"status": "ok"}]]
-
 
 
 def _swarm(rng: random.Random) -> str:
@@ -553,8 +568,14 @@ _pieces = st.one_of(
     st.integers(0, 2**32 - 1).map(lambda seed: _swarm(random.Random(seed))),
 )
 # Frames that lead a random body past the first checks (a think block, a box, a fence) into the deeper parsers.
-_FRAMES = ["{0}", "<think>\n{0}\n</think>\n{1}", "The answer is \\boxed{{{0}}}.", "```python\n{0}\n```\n{1}",
-           "<think>\n{0}\n</think>\nThe answer is \\boxed{{{1}}}.", "{0}\\boxed{{{1}}}{0}"]
+_FRAMES = [
+    "{0}",
+    "<think>\n{0}\n</think>\n{1}",
+    "The answer is \\boxed{{{0}}}.",
+    "```python\n{0}\n```\n{1}",
+    "<think>\n{0}\n</think>\nThe answer is \\boxed{{{1}}}.",
+    "{0}\\boxed{{{1}}}{0}",
+]
 texts = st.builds(lambda frame, a, b: frame.format(a, b), st.sampled_from(_FRAMES), _pieces, _pieces)
 
 
@@ -566,10 +587,15 @@ def rows(draw) -> tuple[list, list[dict[str, Any]]]:
         text = draw(texts)
         completions.append([{"role": "assistant", "content": text}] if draw(st.booleans()) else text)
         mode = draw(st.sampled_from([*MODES, None]))
-        row = row_columns(text, draw(st.sampled_from(GOLDS)), mode,
-                          tests=draw(st.sampled_from(TESTS)), tool_calls=draw(st.sampled_from(TOOL_CALLS)),
-                          env_reward=draw(st.sampled_from([None, 0.0, 1.0])),
-                          reward=draw(st.sampled_from([None, "math_reward", "exact_match_reward", "code_reward"])))
+        row = row_columns(
+            text,
+            draw(st.sampled_from(GOLDS)),
+            mode,
+            tests=draw(st.sampled_from(TESTS)),
+            tool_calls=draw(st.sampled_from(TOOL_CALLS)),
+            env_reward=draw(st.sampled_from([None, 0.0, 1.0])),
+            reward=draw(st.sampled_from([None, "math_reward", "exact_match_reward", "code_reward"])),
+        )
         out.append(row)
     if draw(st.booleans()):  # a batch without token ids: the length rewards count words
         for row in out:
@@ -598,8 +624,13 @@ def cpu_bound(seconds: float):
 
 
 @pytest.mark.parametrize("name", sorted(REWARDS))
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(batch=rows())
 def test_reward_fuzz_returns_scores_in_bounded_time(name: str, batch: tuple[list, list[dict[str, Any]]]):
     completions, batch_rows = batch

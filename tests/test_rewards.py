@@ -431,7 +431,6 @@ def test_code_reward_rows_entry_points_and_abstain():
     assert inspect.signature(rewards.code_reward).parameters["tests"].default is inspect.Parameter.empty
 
 
-
 def test_data_error_and_calculator_parse_safely_from_many_threads():
     """CPython 3.11 counts the AST constructor's recursion per interpreter, not per thread (python/cpython#106905):
     a parse that lets another thread run mid-way (here a finalizer that sleeps, run by the garbage collector; in
@@ -452,7 +451,8 @@ def test_data_error_and_calculator_parse_safely_from_many_threads():
             time.sleep(0.0001)
 
     tests = "def check(candidate):\n" + "".join(
-        f"    assert candidate({i}) == [[[{i}]]] and (1 + (2 * (3 - {i})))\n" for i in range(30))
+        f"    assert candidate({i}) == [[[{i}]]] and (1 + (2 * (3 - {i})))\n" for i in range(30)
+    )
 
     def work(k):
         out = []
@@ -535,7 +535,9 @@ def test_verifier_reward_routes_each_row_and_logs_means():
 
 
 def test_verifier_reward_binds_kwargs_and_rejects_bad_columns():
-    out = verifier_reward(["7 then 42"], answer=["42"], verifier_kwargs={"math_reward": {"last_number_fallback": True}})
+    out = verifier_reward(
+        ["7 then 42"], answer=["42"], verifier_kwargs={"math_reward": {"last_number_fallback": True}}
+    )
     assert out == [1.0]
     with pytest.raises(ValueError, match="names verifier_reward itself"):
         verifier_reward(["x"], reward=["verifier_reward"], answer=["1"])
@@ -548,7 +550,9 @@ def test_verifier_reward_binds_kwargs_and_rejects_bad_columns():
 def test_route_accuracy_keeps_name_columns_kwargs_and_pickles():
     from align.grpo.reward_funcs import required_reward_columns
 
-    funcs, _ = get_rewards(["math_reward", "repetition_penalty_reward"], {"math_reward": {"last_number_fallback": True}})
+    funcs, _ = get_rewards(
+        ["math_reward", "repetition_penalty_reward"], {"math_reward": {"last_number_fallback": True}}
+    )
     routed = route_accuracy(funcs)
     assert [f.__name__ for f in routed] == ["math_reward", "repetition_penalty_reward"]
     assert required_reward_columns(checked(routed[0])) == ["answer"]
@@ -562,21 +566,32 @@ def test_route_accuracy_keeps_name_columns_kwargs_and_pickles():
 # ------------------------------------------------------------------------------------- hybrid reasoning format
 
 
-@pytest.mark.parametrize("completion, mode, expected", [
-    ("<think>\nThe word has r at 3, 7 and 9, so three.\n</think>\nThe answer is \\boxed{3}.", "think", 1.0),
-    ("<think>\nthree\n</think>\nThe answer is \\boxed{3}.", "think", 0.0),            # one word: no real reasoning
-    ("<think>\n\u3164 \u3164 \u3164 \u3164 \u3164 \u3164 \u3164 \u3164\n</think>\n\\boxed{3}", "think", 0.0),  # blank letters
-    ("The answer is \\boxed{3}.", "think", 0.0),                                          # asked to think, did not
-    ("The answer is \\boxed{3}.", "no_think", 1.0),
-    ("<think>\n\n</think>\nThe answer is \\boxed{3}.", "no_think", 1.0),                 # an empty block is no reasoning
-    ("<think>\nI count one two three here ok\n</think>\n\\boxed{3}", "no_think", 0.0),   # reasoned when asked not to
-    ("The answer is 3.", "no_think", 0.0),                                                 # no boxed answer
-    ("\\boxed{3} </think>", "no_think", 0.0),
-    # a think block renamed (what APO learned on the 135M chain): reasoning all the same
-    ("<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.", "no_think", 0.0),
-    ("<reasoning>4 + 5</reasoning> \\boxed{9}", "no_think", 0.0),
-    ("Since 3 < 5 and 9 > 2, the answer is \\boxed{3}.", "no_think", 1.0),           # comparisons are no tags
-])
+@pytest.mark.parametrize(
+    "completion, mode, expected",
+    [
+        ("<think>\nThe word has r at 3, 7 and 9, so three.\n</think>\nThe answer is \\boxed{3}.", "think", 1.0),
+        ("<think>\nthree\n</think>\nThe answer is \\boxed{3}.", "think", 0.0),  # one word: no real reasoning
+        (
+            "<think>\n\u3164 \u3164 \u3164 \u3164 \u3164 \u3164 \u3164 \u3164\n</think>\n\\boxed{3}",
+            "think",
+            0.0,
+        ),  # blank letters
+        ("The answer is \\boxed{3}.", "think", 0.0),  # asked to think, did not
+        ("The answer is \\boxed{3}.", "no_think", 1.0),
+        ("<think>\n\n</think>\nThe answer is \\boxed{3}.", "no_think", 1.0),  # an empty block is no reasoning
+        (
+            "<think>\nI count one two three here ok\n</think>\n\\boxed{3}",
+            "no_think",
+            0.0,
+        ),  # reasoned when asked not to
+        ("The answer is 3.", "no_think", 0.0),  # no boxed answer
+        ("\\boxed{3} </think>", "no_think", 0.0),
+        # a think block renamed (what APO learned on the 135M chain): reasoning all the same
+        ("<no_think>\n5 + 4 = 9\n</no_think>\nThe answer is \\boxed{9}.", "no_think", 0.0),
+        ("<reasoning>4 + 5</reasoning> \\boxed{9}", "no_think", 0.0),
+        ("Since 3 < 5 and 9 > 2, the answer is \\boxed{3}.", "no_think", 1.0),  # comparisons are no tags
+    ],
+)
 def test_mode_format_reward_pays_the_shape_the_asked_mode_wants(completion, mode, expected):
     from rewards import mode_format_reward
 

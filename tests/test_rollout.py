@@ -235,16 +235,25 @@ def test_hf_engine_on_a_cpu_samples_in_the_weights_precision_under_a_trainers_au
 
     model, reference = _load(model_dirs["tied"]), _load(model_dirs["tied"])
     rows = Dataset.from_dict({"input_ids": [PROMPTS[0]] * 2, "labels": [PROMPTS[0]] * 2})
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, learning_rate=0.0, bf16=True, use_cpu=True,
-                             per_device_train_batch_size=2, report_to="none", save_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        learning_rate=0.0,
+        bf16=True,
+        use_cpu=True,
+        per_device_train_batch_size=2,
+        report_to="none",
+        save_strategy="no",
+    )
     Trainer(model=model, args=args, train_dataset=rows).train()  # learning rate 0: the weights stay the reference's
     ids = torch.tensor([PROMPTS[2]])
     with torch.no_grad():
         assert has_autocast_forward(model) and not torch.equal(model(ids).logits, reference(ids).logits)
     engine, plain = HFEngine(model), HFEngine(reference)
     assert engine.bypasses_autocast() and not plain.bypasses_autocast()
-    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=MAX_NEW, seed=0, logprobs=True,
-                            logprobs_kind="sampling")
+    params = SamplingParams(
+        n=2, temperature=1.0, max_new_tokens=MAX_NEW, seed=0, logprobs=True, logprobs_kind="sampling"
+    )
     ours, theirs = engine.generate(PROMPTS, params), plain.generate(PROMPTS, params)
     assert [[r.completion_ids for r in g] for g in ours] == [[r.completion_ids for r in g] for g in theirs]
     assert [[r.logprobs for r in g] for g in ours] == [[r.logprobs for r in g] for g in theirs]  # bit for bit
@@ -432,8 +441,10 @@ def test_hf_copy_of_an_fsdp2_sharded_model_is_rebuilt_from_whole_tensors(model_d
     import subprocess
 
     here = Path(__file__).resolve().parent
-    code = (f"import sys; sys.path[:0] = {[str(here.parent), str(here)]!r}; import test_rollout; "
-            f"test_rollout._fsdp2_copy_check({str(model_dirs[kind])!r})")
+    code = (
+        f"import sys; sys.path[:0] = {[str(here.parent), str(here)]!r}; import test_rollout; "
+        f"test_rollout._fsdp2_copy_check({str(model_dirs[kind])!r})"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -495,14 +506,22 @@ def test_hf_repetition_penalty_and_min_p_reach_the_decode_loop(model_dirs):
     repeats itself); min_p 1 keeps only the top token: greedy; arguments only vLLM knows are refused."""
     model = _load(model_dirs["tied"])
     engine = get_engine(model, backend="hf")
-    penalised = engine.generate(PROMPTS, SamplingParams(temperature=0, repetition_penalty=1.5,
-                                                        max_new_tokens=MAX_NEW, stop_token_ids=[]))
+    penalised = engine.generate(
+        PROMPTS, SamplingParams(temperature=0, repetition_penalty=1.5, max_new_tokens=MAX_NEW, stop_token_ids=[])
+    )
     expected = []
     with torch.no_grad():
         for p in PROMPTS:
-            ids = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW, do_sample=False,
-                                 repetition_penalty=1.5, eos_token_id=None, pad_token_id=0)
-            expected.append(ids[0, len(p):].tolist())
+            ids = model.generate(
+                torch.tensor([p]),
+                max_new_tokens=MAX_NEW,
+                min_new_tokens=MAX_NEW,
+                do_sample=False,
+                repetition_penalty=1.5,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            expected.append(ids[0, len(p) :].tolist())
     assert [r[0].completion_ids for r in penalised] == expected != _greedy(engine)
     only_top = SamplingParams(temperature=1.0, min_p=1.0, seed=0, max_new_tokens=MAX_NEW, stop_token_ids=[])
     assert [r[0].completion_ids for r in engine.generate(PROMPTS, only_top)] == _greedy(engine)
@@ -632,14 +651,17 @@ def test_vllm_seeds_a_call_not_each_request_and_gives_the_caller_its_generator_b
     engine.llm.generate = lambda prompts, sampling, **kw: calls.append(sampling) or real(prompts, sampling, **kw)
     try:
         twice = PROMPTS[:3] + PROMPTS[:3]  # identical prompts in one call still draw their own samples
-        params = SamplingParams(n=2, temperature=1.0, max_new_tokens=MAX_NEW, seed=11, stop_token_ids=[],
-                                logprobs=False)
+        params = SamplingParams(
+            n=2, temperature=1.0, max_new_tokens=MAX_NEW, seed=11, stop_token_ids=[], logprobs=False
+        )
         ids = lambda out: [[r.completion_ids for r in rs] for rs in out]  # noqa: E731
         state = torch.get_rng_state()
         first = ids(engine.generate(twice, params))
         assert torch.equal(torch.get_rng_state(), state)  # the trainer's generator is where it was
-        engine.generate(PROMPTS[1:], SamplingParams(n=3, temperature=1.0, max_new_tokens=MAX_NEW, seed=5,
-                                                    stop_token_ids=[], logprobs=False))  # other prefixes cached
+        engine.generate(
+            PROMPTS[1:],
+            SamplingParams(n=3, temperature=1.0, max_new_tokens=MAX_NEW, seed=5, stop_token_ids=[], logprobs=False),
+        )  # other prefixes cached
         torch.manual_seed(1234)  # and the caller's own generator moved on
         assert ids(engine.generate(twice, params)) == first
         other = ids(engine.generate(twice, SamplingParams(**{**vars(params), "seed": 12})))
@@ -655,17 +677,22 @@ def _prompt_logprobs(engine, seqs):
     from vllm import SamplingParams as VSamplingParams
     from vllm.inputs import TokensPrompt
 
-    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
-                               VSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
-    return [torch.tensor([step[t].logprob for step, t in zip(o.prompt_logprobs[1:], s[1:])]) for o, s in zip(outs, seqs)]
+    outs = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=s) for s in seqs],
+        VSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+        use_tqdm=False,
+    )
+    return [
+        torch.tensor([step[t].logprob for step, t in zip(o.prompt_logprobs[1:], s[1:])]) for o, s in zip(outs, seqs)
+    ]
 
 
 @pytest.mark.vllm
 def test_head_dtype_sets_the_precision_of_the_engines_lm_head_projection(vllm_engine, model_dirs):
     # GRPO under bf16 with TRL's `cast_lm_head_to_fp32` starts its vLLM engine with head_dtype float32
-    # (align.grpo.trainer.rollout_knobs; vLLM's hf_overrides). Seen here from the other side, where the difference is the head
-    # alone: an fp32 engine scores like the fp32 model; the same engine with its head projected in bf16 does not
-    # (bf16 logits round at ~|logit| / 256).
+    # (align.grpo.trainer.rollout_knobs; vLLM's hf_overrides). Seen here from the other side, where the difference is
+    # the head alone: an fp32 engine scores like the fp32 model; the same engine with its head projected in bf16
+    # does not (bf16 logits round at ~|logit| / 256).
     model = _load(model_dirs["tied"])
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=MAX_NEW, seed=2, stop_token_ids=[], logprobs=False)
     scored, seqs = {}, None
@@ -675,8 +702,12 @@ def test_head_dtype_sets_the_precision_of_the_engines_lm_head_projection(vllm_en
         scored[head] = torch.cat(_prompt_logprobs(engine, seqs))
         engine.close()  # the next test starts the shared engine afresh
     with torch.no_grad():
-        reference = torch.cat([model(torch.tensor([s])).logits[0, :-1].log_softmax(-1)
-                               .gather(-1, torch.tensor(s[1:])[:, None])[:, 0] for s in seqs])
+        reference = torch.cat(
+            [
+                model(torch.tensor([s])).logits[0, :-1].log_softmax(-1).gather(-1, torch.tensor(s[1:])[:, None])[:, 0]
+                for s in seqs
+            ]
+        )
     gap = {head: (lp - reference).abs().mean().item() for head, lp in scored.items()}
     assert gap[None] < 1e-3 < gap["bfloat16"], gap
     assert gap["bfloat16"] > 10 * gap[None], gap
@@ -780,8 +811,8 @@ def test_under_a_sharded_model_every_rank_runs_the_same_forwards(tmp_path):
     """FSDP all-gathers parameters in every forward: a rank whose rows all stopped (or that has fewer batches) must
     keep stepping until every rank is done, or the others wait in an all-gather forever. Two gloo ranks with 3 and 1
     prompts and stops that end rows at different steps: a plain decode runs different numbers of forwards per rank
-    (the hang), the lockstep decode the same on both, with valid samples and the plain decode's greedy completions. (FSDP itself needs GPUs:
-    HFEngine turns lockstep on when parameters are DTensors across ranks.)"""
+    (the hang), the lockstep decode the same on both, with valid samples and the plain decode's greedy completions.
+    (FSDP itself needs GPUs: HFEngine turns lockstep on when parameters are DTensors across ranks.)"""
     import json
     import socket
     import subprocess
@@ -791,9 +822,23 @@ def test_under_a_sharded_model_every_rank_runs_the_same_forwards(tmp_path):
         port = s.getsockname()[1]
     script = tmp_path / "lockstep.py"
     script.write_text(_LOCKSTEP.format(root=str(Path(__file__).resolve().parents[1])))
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r)}) for r in range(2)]
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "RANK": str(r)},
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     ranks = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
@@ -818,8 +863,9 @@ def test_a_vllm_server_is_not_sent_one_seed_for_every_prompt_of_a_call():
 
     engine = object.__new__(VLLMServerEngine)
     engine.client, engine.default_stop = Client(), [2]
-    out = engine.generate([[1, 5], [1, 5]], SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=3,
-                                                           logprobs=False))
+    out = engine.generate(
+        [[1, 5], [1, 5]], SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=3, logprobs=False)
+    )
     assert sent["prompts"] == [[1, 5], [1, 5]] and "seed" not in sent["generation_kwargs"]
     assert [[r.finish_reason for r in rs] for rs in out] == [["stop", "stop"]] * 2
 
@@ -836,8 +882,12 @@ def test_a_vllm_server_is_sent_min_p_the_repetition_penalty_and_more_sampling_ar
 
     engine = object.__new__(VLLMServerEngine)
     engine.client, engine.default_stop = Client(), [2]
-    engine.generate([[1, 5]], SamplingParams(min_p=0.1, repetition_penalty=1.2, max_new_tokens=4, logprobs=False,
-                                             vllm_kwargs={"presence_penalty": 0.5}))
+    engine.generate(
+        [[1, 5]],
+        SamplingParams(
+            min_p=0.1, repetition_penalty=1.2, max_new_tokens=4, logprobs=False, vllm_kwargs={"presence_penalty": 0.5}
+        ),
+    )
     assert sent["min_p"] == 0.1 and sent["repetition_penalty"] == 1.2
     assert sent["generation_kwargs"] == {"presence_penalty": 0.5, "stop_token_ids": [2], "ignore_eos": False}
 

@@ -1,5 +1,5 @@
-"""align/rollout/sampler.py and align/runtime/distributed.py in one process: when weights are pushed and what they are (LoRA
-merged while the push reads them), per-rank seeds, a server synced from the main process only, rank-split work.
+"""align/rollout/sampler.py and align/runtime/distributed.py in one process: when weights are pushed and what they are
+(LoRA merged while the push reads them), per-rank seeds, a server synced from the main process only, rank-split work.
 The same code on 2 ranks under ZeRO-3 is tested in tests/test_distributed.py."""
 
 from __future__ import annotations
@@ -18,8 +18,16 @@ from align.runtime.distributed import gather_shards, iter_full_params, rank_seed
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -51,8 +59,13 @@ class RecordingEngine:
 
 def accelerator(main: bool = True, index: int = 0):
     waits = []
-    acc = SimpleNamespace(is_main_process=main, process_index=index, unwrap_model=lambda m: m,
-                          wait_for_everyone=lambda: waits.append(1), state=SimpleNamespace(deepspeed_plugin=None))
+    acc = SimpleNamespace(
+        is_main_process=main,
+        process_index=index,
+        unwrap_model=lambda m: m,
+        wait_for_everyone=lambda: waits.append(1),
+        state=SimpleNamespace(deepspeed_plugin=None),
+    )
     return acc, waits
 
 
@@ -93,7 +106,9 @@ def test_push_sends_the_merged_lora_weights_and_leaves_the_adapter_unmerged():
     assert all(torch.allclose(sent[n], reference[n]) for n in sent)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.allclose(sent[q], base_q)  # the adapter is in what was sent...
-    assert torch.allclose(model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight, base_q, atol=1e-6)  # ...and taken out again
+    assert torch.allclose(
+        model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight, base_q, atol=1e-6
+    )  # ...and taken out again
 
 
 def test_server_weight_stream_reads_the_tensors_while_they_are_valid():
@@ -128,7 +143,11 @@ def test_sampling_seeds_differ_per_rank_and_call_and_repeat_for_the_same_ones():
     assert all(abs(a - b) > 1_000 for a in seeds.values() for b in seeds.values() if a != b)  # not seed + j apart
     acc0, _ = accelerator(index=0)
     acc1, _ = accelerator(index=1)
-    s0, s0_again, s1 = Sampler(RecordingEngine(), acc0, 7), Sampler(RecordingEngine(), acc0, 7), Sampler(RecordingEngine(), acc1, 7)
+    s0, s0_again, s1 = (
+        Sampler(RecordingEngine(), acc0, 7),
+        Sampler(RecordingEngine(), acc0, 7),
+        Sampler(RecordingEngine(), acc1, 7),
+    )
     first = [s0.next_seed(), s0.next_seed()]
     assert first == [s0_again.next_seed(), s0_again.next_seed()]
     assert not set(first) & {s1.next_seed(), s1.next_seed()}

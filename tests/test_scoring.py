@@ -16,7 +16,13 @@ from align.pipeline.report import metric_table, target_lines
 
 @pytest.mark.parametrize(
     "k, n, low, high",  # reference: scipy.stats.binomtest(k, n).proportion_ci(method="wilson")
-    [(0, 10, 0.0, 0.2775), (5, 10, 0.2366, 0.7634), (24, 48, 0.3639, 0.6361), (1, 48, 0.0037, 0.1090), (10, 10, 0.7225, 1.0)],
+    [
+        (0, 10, 0.0, 0.2775),
+        (5, 10, 0.2366, 0.7634),
+        (24, 48, 0.3639, 0.6361),
+        (1, 48, 0.0037, 0.1090),
+        (10, 10, 0.7225, 1.0),
+    ],
 )
 def test_wilson_interval_matches_reference_values(k, n, low, high):
     lo, hi = wilson_interval(k, n)
@@ -55,15 +61,19 @@ class Engine:
 
     def generate(self, prompts, params):
         self.calls.append((prompts, params))
-        return [[SimpleNamespace(completion_ids=[p[0]] * (3 + p[0]), finish_reason="length" if p[0] == 0 else "stop")]
-                for p in prompts]
+        return [
+            [SimpleNamespace(completion_ids=[p[0]] * (3 + p[0]), finish_reason="length" if p[0] == 0 else "stop")]
+            for p in prompts
+        ]
 
 
 def test_generate_and_score_checks_each_rows_answer_in_order():
     replies = ["\\boxed{3, 7, 9}", "\\boxed{8}", "The answer is \\boxed{9}.", "\\boxed{1}"]
     engine = Engine(replies)
     params = greedy_params(16, [0])
-    records = generate_and_score(engine.generate, ROWS, [[i, 50] for i in range(4)], params, lambda ids: replies[ids[0]])
+    records = generate_and_score(
+        engine.generate, ROWS, [[i, 50] for i in range(4)], params, lambda ids: replies[ids[0]]
+    )
     assert [r["correct"] for r in records] == [True, False, True, False]
     assert [r["text"] for r in records] == replies and [r["num_tokens"] for r in records] == [3, 4, 5, 6]
     assert engine.calls[0][1].temperature == 0.0 and engine.calls[0][1].max_new_tokens == 16
@@ -122,24 +132,43 @@ def test_always_a_and_uniform_random_land_at_chance_on_shuffled_items(name):
 
 def _stage(name, value, num, parent=None, target=None, **own):
     low, high = wilson_interval(value * num, num)
-    stats = {"acc/tasks/think": {"num": num, "ci_low": low, "ci_high": high},
-             "mcf/truthfulqa": {"num": 32, "ci_low": 0.1, "ci_high": 0.4, "chance": 0.227}}
-    return {"name": name, "parent": parent, "target": target, "metrics": {"acc/tasks/think": value, "mcf/truthfulqa": 0.25},
-            "stats": stats, "train_metrics": own}
+    stats = {
+        "acc/tasks/think": {"num": num, "ci_low": low, "ci_high": high},
+        "mcf/truthfulqa": {"num": 32, "ci_low": 0.1, "ci_high": 0.4, "chance": 0.227},
+    }
+    return {
+        "name": name,
+        "parent": parent,
+        "target": target,
+        "metrics": {"acc/tasks/think": value, "mcf/truthfulqa": 0.25},
+        "stats": stats,
+        "train_metrics": own,
+    }
 
 
 def test_report_shows_intervals_counts_chance_and_within_noise_verdicts():
     stages = [
         _stage("sft", 0.25, 48),
         _stage("apo", 0.2917, 48, parent="sft", target="acc/tasks/think"),  # +2 items of 48: within noise
-        _stage("grpo", 0.75, 48, parent="apo", target="grpo_eval/accuracy", **{
-            "grpo_eval/before/accuracy": 0.25, "grpo_eval/before/num_prompts": 8,
-            "grpo_eval/after/accuracy": 0.5, "grpo_eval/after/num_prompts": 8}),
+        _stage(
+            "grpo",
+            0.75,
+            48,
+            parent="apo",
+            target="grpo_eval/accuracy",
+            **{
+                "grpo_eval/before/accuracy": 0.25,
+                "grpo_eval/before/num_prompts": 8,
+                "grpo_eval/after/accuracy": 0.5,
+                "grpo_eval/after/num_prompts": 8,
+            },
+        ),
         _stage("gold", 0.95, 200, parent="grpo", target="acc/tasks/think"),
     ]
     lines = target_lines(stages)
-    assert lines[0].endswith("**apo** targets `acc/tasks/think`: 0.250 ± 0.119 (n=48) (sft) -> 0.292 ± 0.125 (n=48): "
-                             "within noise")
+    assert lines[0].endswith(
+        "**apo** targets `acc/tasks/think`: 0.250 ± 0.119 (n=48) (sft) -> 0.292 ± 0.125 (n=48): within noise"
+    )
     assert "(its own held-out eval): 0.250 ± 0.260 (n=8) -> 0.500 ± 0.285 (n=8): within noise" in lines[1]
     assert lines[2].endswith(": improved")  # 0.75 of 48 -> 0.95 of 200: the intervals do not overlap
     table = "\n".join(metric_table(stages))
@@ -159,7 +188,7 @@ def test_paired_change_is_the_exact_mcnemar_test_and_sees_what_overlapping_inter
     rng = random.Random(0)
     for gained, lost in [(0, 0), (1, 0), (5, 5), (7, 2), (2, 9), (22, 2), (30, 31)]:
         before = [0] * gained + [1] * lost + [rng.randint(0, 1) for _ in range(40)]
-        after = [1] * gained + [0] * lost + before[gained + lost:]
+        after = [1] * gained + [0] * lost + before[gained + lost :]
         out = paired_change(before, after)
         assert (out["gained"], out["lost"], out["num"]) == (gained, lost, len(before))
         assert abs(out["p_value"] - binomial_two_sided(gained, gained + lost)) < 1e-12, (gained, lost)
@@ -179,16 +208,38 @@ def test_paired_change_is_the_exact_mcnemar_test_and_sees_what_overlapping_inter
 
 
 def test_report_judges_a_stage_own_before_after_by_its_paired_test():
-    own = {"grpo_eval/before/accuracy": 60 / 256, "grpo_eval/before/num_prompts": 256,
-           "grpo_eval/after/accuracy": 80 / 256, "grpo_eval/after/num_prompts": 256}
+    own = {
+        "grpo_eval/before/accuracy": 60 / 256,
+        "grpo_eval/before/num_prompts": 256,
+        "grpo_eval/after/accuracy": 80 / 256,
+        "grpo_eval/after/num_prompts": 256,
+    }
     unpaired = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own)
     assert target_lines([unpaired])[0].endswith(": within noise")  # the intervals overlap
-    paired = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own, **{
-        "grpo_eval/paired/gained": 22, "grpo_eval/paired/lost": 2, "grpo_eval/paired/p_value": 3e-5})
+    paired = _stage(
+        "grpo",
+        0.3,
+        48,
+        target="grpo_eval/accuracy",
+        **own,
+        **{"grpo_eval/paired/gained": 22, "grpo_eval/paired/lost": 2, "grpo_eval/paired/p_value": 3e-5},
+    )
     assert target_lines([paired])[0].endswith(": improved (paired: 22 gained, 2 lost, McNemar p=3e-05)")
-    churn = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own, **{
-        "grpo_eval/paired/gained": 80, "grpo_eval/paired/lost": 60, "grpo_eval/paired/p_value": 0.108})
+    churn = _stage(
+        "grpo",
+        0.3,
+        48,
+        target="grpo_eval/accuracy",
+        **own,
+        **{"grpo_eval/paired/gained": 80, "grpo_eval/paired/lost": 60, "grpo_eval/paired/p_value": 0.108},
+    )
     assert target_lines([churn])[0].endswith(": within noise (paired: 80 gained, 60 lost, McNemar p=0.11)")
-    worse = _stage("grpo", 0.3, 48, target="grpo_eval/accuracy", **own, **{
-        "grpo_eval/paired/gained": 2, "grpo_eval/paired/lost": 22, "grpo_eval/paired/p_value": 3e-5})
+    worse = _stage(
+        "grpo",
+        0.3,
+        48,
+        target="grpo_eval/accuracy",
+        **own,
+        **{"grpo_eval/paired/gained": 2, "grpo_eval/paired/lost": 22, "grpo_eval/paired/p_value": 3e-5},
+    )
     assert ": got worse (paired" in target_lines([worse])[0]

@@ -36,19 +36,38 @@ def tiny(tmp_path_factory, tiny_model):
     torch.set_num_threads(1)  # a 2-thread pool on a loaded 2-core machine spins (see test_preference.py)
     root = tmp_path_factory.mktemp("sft")
     tok = build_tokenizer("smollm3")
-    model = tiny_model(root / "model", tok, arch="smollm3", num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=512, bos_token_id=None)
+    model = tiny_model(
+        root / "model",
+        tok,
+        arch="smollm3",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=None,
+    )
     return {"root": root, "model": model, "tokenizer": tok}
 
 
 def _recipe(tmp: Path, name: str, **overrides) -> list:
     recipe = {
-        "model_name_or_path": None, "dataset_name": "builtin:tasks",
+        "model_name_or_path": None,
+        "dataset_name": "builtin:tasks",
         "dataset_args": {"num": 64, "mode": "mixed", "families": ["arithmetic", "compare"]},
-        "max_eval_samples": 16, "eval_after": False, "output_dir": str(tmp / name), "max_steps": 12,
-        "per_device_train_batch_size": 8, "learning_rate": 3e-3, "lr_scheduler_type": "constant",
-        "logging_steps": 1, "save_strategy": "no", "eval_strategy": "no", "report_to": "none", "seed": 0,
-        "max_length": 256, "bf16": False, "assistant_only_loss": True,
+        "max_eval_samples": 16,
+        "eval_after": False,
+        "output_dir": str(tmp / name),
+        "max_steps": 12,
+        "per_device_train_batch_size": 8,
+        "learning_rate": 3e-3,
+        "lr_scheduler_type": "constant",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "report_to": "none",
+        "seed": 0,
+        "max_length": 256,
+        "bf16": False,
+        "assistant_only_loss": True,
     }
     recipe.update(overrides)
     path = tmp / f"{name}.yaml"
@@ -80,8 +99,15 @@ def test_lora_merge_on_save_round_trip(tiny):
     from transformers import AutoModelForCausalLM
 
     script, training, model = _recipe(
-        tiny["root"], "lora", model_name_or_path=tiny["model"], use_peft=True, lora_r=4, lora_alpha=8,
-        lora_target_modules=["q_proj", "v_proj", "up_proj"], max_steps=6, learning_rate=1e-2,
+        tiny["root"],
+        "lora",
+        model_name_or_path=tiny["model"],
+        use_peft=True,
+        lora_r=4,
+        lora_alpha=8,
+        lora_target_modules=["q_proj", "v_proj", "up_proj"],
+        max_steps=6,
+        learning_rate=1e-2,
     )
     main(script, training, model)
     out = Path(training.output_dir)
@@ -114,8 +140,9 @@ def test_loss_ignores_user_tokens(tiny, tmp_path, assistant_only):
 
     tok = tiny["tokenizer"]
     convs = [MULTI[:3], [*MULTI[:2], {"role": "user", "content": "cutting december metadata tool result 42"}]]
-    ds = tokenize_sft_dataset(Dataset.from_list([{"messages": c} for c in convs]), tok,
-                              assistant_only_loss=assistant_only)
+    ds = tokenize_sft_dataset(
+        Dataset.from_list([{"messages": c} for c in convs]), tok, assistant_only_loss=assistant_only
+    )
     args = SFTConfig(output_dir=str(tmp_path), report_to="none", bf16=False, max_length=None)
     model = AutoModelForCausalLM.from_pretrained(tiny["model"])
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
@@ -144,8 +171,12 @@ def test_packing_keeps_documents_apart(tiny, tmp_path, layout):
     width = max(lengths[2], lengths[0] + lengths[1])  # the two shorter conversations share a bin
     model = AutoModelForCausalLM.from_pretrained(tiny["model"])
     common = dict(output_dir=str(tmp_path), report_to="none", bf16=False, max_length=width)
-    packed = SFTTrainer(model=model, args=SFTConfig(**common, packing=True, packing_layout=layout),
-                        train_dataset=ds, processing_class=tok)
+    packed = SFTTrainer(
+        model=model,
+        args=SFTConfig(**common, packing=True, packing_layout=layout),
+        train_dataset=ds,
+        processing_class=tok,
+    )
     plain = SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=ds, processing_class=tok)
     assert len(packed.train_dataset) == 2
     batch = packed.data_collator([packed.train_dataset[i] for i in range(2)])
@@ -216,13 +247,22 @@ def test_recipes_parse(name):
 def test_two_process_zero2_on_cpu(tiny, tmp_path):
     """accelerate launch with DeepSpeed ZeRO-2 on 2 CPU ranks trains and saves one HF model."""
     pytest.importorskip("deepspeed")
-    _, training, _ = _recipe(tmp_path, "zero2", model_name_or_path=tiny["model"], max_steps=4,
-                             per_device_train_batch_size=4)
+    _, training, _ = _recipe(
+        tmp_path, "zero2", model_name_or_path=tiny["model"], max_steps=4, per_device_train_batch_size=4
+    )
     recipe = tmp_path / "zero2.yaml"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(RECIPES / "accelerate" / "zero2.yaml"), "--num_processes", "2",
-           str(ROOT / "scripts" / "sft.py"), str(recipe)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(RECIPES / "accelerate" / "zero2.yaml"),
+        "--num_processes",
+        "2",
+        str(ROOT / "scripts" / "sft.py"),
+        str(recipe),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((Path(training.output_dir) / "sft_eval.json").read_text())
@@ -273,10 +313,17 @@ def test_compact_lm_head_scores_only_labelled_positions_with_the_same_logprobs_a
         assert torch.allclose(grad, compact_grads[name], atol=1e-5, rtol=1e-4), name
 
 
-@pytest.mark.parametrize("layout, cuda, expected", [
-    ("auto", False, "rows"), ("auto", True, "flat"), ("rows", False, "rows"), ("rows", True, "rows"),
-    ("flat", False, "flat"), ("flat", True, "flat"),
-])
+@pytest.mark.parametrize(
+    "layout, cuda, expected",
+    [
+        ("auto", False, "rows"),
+        ("auto", True, "flat"),
+        ("rows", False, "rows"),
+        ("rows", True, "rows"),
+        ("flat", False, "flat"),
+        ("flat", True, "flat"),
+    ],
+)
 def test_packing_layout_auto_picks_by_device(layout, cuda, expected, caplog):
     """Per-document rows are the CPU's fast path; on a GPU flash-attention's varlen kernel wants the flat row (the
     rows' buckets cost host syncs there), so 'auto' picks by device and an explicit 'rows' on a GPU warns."""

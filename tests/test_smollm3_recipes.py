@@ -42,12 +42,20 @@ def fixtures(tmp_path_factory):
 
 def _hub_reads(recipe: Path) -> list[dict]:
     keys = yaml.safe_load(recipe.read_text())
-    reads = [{"spec": e["id"], "config": e.get("config"), "split": e.get("split", "train")}
-             for e in (keys.get("dataset_mixture") or {}).get("datasets", [])]
+    reads = [
+        {"spec": e["id"], "config": e.get("config"), "split": e.get("split", "train")}
+        for e in (keys.get("dataset_mixture") or {}).get("datasets", [])
+    ]
     for src in (keys.get("sources") or {}).values():
         src = {"spec": src} if isinstance(src, str) else src
-        reads.append({"spec": src["spec"], "config": src.get("config"), "split": src.get("split", "train"),
-                      "data_dir": src.get("data_dir")})
+        reads.append(
+            {
+                "spec": src["spec"],
+                "config": src.get("config"),
+                "split": src.get("split", "train"),
+                "data_dir": src.get("data_dir"),
+            }
+        )
     return [r for r in reads if not r["spec"].startswith("builtin:")]  # builtins ship in pip packages
 
 
@@ -62,11 +70,33 @@ def test_every_dataset_split_a_recipe_names_exists(recipe, fixtures, monkeypatch
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_the_substitutions_touch_only_model_data_kernels_and_run_length(recipe, fixtures, tmp_path):
-    allowed = {"model_name_or_path", "teacher_model_name_or_path", "teacher_device", "teacher_quantization",
-               "tokenizer_path", "init_from", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-               "intermediate_size", "use_liger_kernel", "rollout_backend", "rollout_kwargs",
-               "seq_len", "max_position_embeddings", "max_steps", "output_dir", "report_to", "eval_after",
-               "preference_eval", "distill_eval", "skill_eval_num", "eval_rows"}
+    allowed = {
+        "model_name_or_path",
+        "teacher_model_name_or_path",
+        "teacher_device",
+        "teacher_quantization",
+        "tokenizer_path",
+        "init_from",
+        "num_layers",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "use_liger_kernel",
+        "rollout_backend",
+        "rollout_kwargs",
+        "seq_len",
+        "max_position_embeddings",
+        "max_steps",
+        "output_dir",
+        "report_to",
+        "eval_after",
+        "preference_eval",
+        "distill_eval",
+        "skill_eval_num",
+        "eval_rows",
+    }
     assert set(overrides(recipe, fixtures, tmp_path)) <= allowed
 
 
@@ -86,7 +116,9 @@ def test_the_post_training_pipeline_plans_sft_on_from_the_hub_base_on_one_launch
     run_pipeline(cfg, console)
     lines = console.file.getvalue().splitlines()
     assert [line.split(":")[0] for line in lines] == ["sft", "apo", "apo_soup", "merge", "grpo"]
-    launch = f"-m accelerate.commands.launch --config_file recipes/accelerate/zero3.yaml --num_processes 8 {ROOT}/scripts/"
+    launch = (
+        f"-m accelerate.commands.launch --config_file recipes/accelerate/zero3.yaml --num_processes 8 {ROOT}/scripts/"
+    )
     trained = [line for line in lines if not line.startswith(("apo_soup", "merge"))]
     assert all(launch in line for line in trained) and len(trained) == 3
     assert all("accelerate" not in line and "scripts/merge.py" in line for line in lines if line not in trained)
@@ -132,8 +164,14 @@ def test_the_smollm3_pipeline_runs_end_to_end_on_two_cpu_ranks(fixtures, tmp_pat
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     _, env = command(RECIPES[0], fixtures, tmp_path / "unused")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), str(path)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pipeline.py"), str(path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert [s["status"] for s in manifest["stages"]] == ["done"] * 10
@@ -155,12 +193,19 @@ def test_the_post_training_pipeline_runs_from_the_hub_base_on_two_cpu_ranks(fixt
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     _, env = command(RECIPES[0], fixtures, tmp_path / "unused")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), str(path)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pipeline.py"), str(path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert [(s["name"], s["status"]) for s in manifest["stages"]] == [
-        (n, "done") for n in ("sft", "apo", "apo_soup", "merge", "grpo")]
+        (n, "done") for n in ("sft", "apo", "apo_soup", "merge", "grpo")
+    ]
     launches = [s["command"] for s in manifest["stages"] if s["name"] in ("sft", "apo", "grpo")]
     assert all(c[c.index("--config_file") + 1].endswith("zero3.yaml") for c in launches)
     snapshot = Path(fixtures["hub_cache"]) / f"models--{BASE_MODEL.replace('/', '--')}" / "snapshots"

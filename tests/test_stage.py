@@ -34,8 +34,14 @@ CONFIGS = [SFTConfig, DPOConfig, KTOConfig, ORPOConfig, GRPOConfig, DistillConfi
 def _steps_called(func) -> list[str]:
     """The `stage.<step>(...)` calls in a function's body, in source order."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and isinstance(n.func.value, ast.Name) and n.func.value.id == "stage"]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "stage"
+    ]
     return [c.func.attr for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset)) if c.func.attr in STEPS]
 
 
@@ -107,8 +113,10 @@ def test_qlora_loads_on_this_ranks_gpu(monkeypatch):
     monkeypatch.setattr(stage.models, "load_model", lambda name, **kw: seen.update(kw) or "model")
     assert stage.load_model(ModelConfig(model_name_or_path="unused", load_in_4bit=True, dtype="bfloat16")) == "model"
     assert seen["device_map"] == {"": torch.device("cuda", 2)}
-    assert seen["quantization_config"].load_in_4bit and seen["quantization_config"].bnb_4bit_compute_dtype == \
-        torch.bfloat16
+    assert (
+        seen["quantization_config"].load_in_4bit
+        and seen["quantization_config"].bnb_4bit_compute_dtype == torch.bfloat16
+    )
 
 
 def test_lora_without_target_modules_adapts_every_linear_layer_where_peft_has_no_default(tmp_path):
@@ -120,8 +128,16 @@ def test_lora_without_target_modules_adapts_every_linear_layer_where_peft_has_no
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
     torch.manual_seed(0)
-    config = SmolLM3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, pad_token_id=0,
-                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = SmolLM3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        pad_token_id=0,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     SmolLM3ForCausalLM(config).save_pretrained(tmp_path / "smollm3")
     _tiny_causal_lm().save_pretrained(tmp_path / "llama")
     lora = stage.peft_config(ModelConfig(model_name_or_path=str(tmp_path / "smollm3"), use_peft=True))
@@ -130,8 +146,10 @@ def test_lora_without_target_modules_adapts_every_linear_layer_where_peft_has_no
     names = {n.split(".lora_A")[0].split(".")[-1] for n, _ in adapted.named_parameters() if "lora_A" in n}
     assert names >= {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert not any("lm_head" in n and "lora" in n for n, _ in adapted.named_parameters())
-    assert stage.peft_config(ModelConfig(model_name_or_path=str(tmp_path / "llama"), use_peft=True)).target_modules \
+    assert (
+        stage.peft_config(ModelConfig(model_name_or_path=str(tmp_path / "llama"), use_peft=True)).target_modules
         is None
+    )
 
 
 def _tiny_causal_lm():
@@ -139,8 +157,15 @@ def _tiny_causal_lm():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -156,8 +181,16 @@ def test_own_precision_measures_after_training_in_the_precision_of_before(tmp_pa
     with torch.no_grad():
         before = model(ids).logits
     rows = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, learning_rate=0.0, bf16=True, use_cpu=True,
-                             per_device_train_batch_size=2, report_to="none", save_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        learning_rate=0.0,
+        bf16=True,
+        use_cpu=True,
+        per_device_train_batch_size=2,
+        report_to="none",
+        save_strategy="no",
+    )
     trainer = Trainer(model=model, args=args, train_dataset=rows)
     trainer.train()
     with torch.no_grad():
@@ -172,8 +205,11 @@ def test_own_precision_measures_after_training_in_the_precision_of_before(tmp_pa
 
 @pytest.mark.parametrize("name", MAINS)
 def test_every_stage_measures_after_training_in_its_own_precision(name):
-    calls = [n for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(MAINS[name]))))
-             if isinstance(n, ast.Attribute) and n.attr == "own_precision"]
+    calls = [
+        n
+        for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(MAINS[name]))))
+        if isinstance(n, ast.Attribute) and n.attr == "own_precision"
+    ]
     assert calls, f"{name}.main measures after training without stage.own_precision"
 
 

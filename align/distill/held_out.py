@@ -20,9 +20,19 @@ from align.modeling.loading import has_autocast_forward, native_forward, resolve
 from align.runtime.distributed import full_model
 
 
-def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mode: str, args: DistillConfig,
-                     teacher_prompts: dict[str, str], with_teacher_accuracy: bool = False,
-                     known: dict | None = None, student_path: str | None = None) -> dict:
+def held_out_metrics(
+    trainer,
+    student_tok,
+    teacher_tok,
+    rows: list[dict],
+    *,
+    mode: str,
+    args: DistillConfig,
+    teacher_prompts: dict[str, str],
+    with_teacher_accuracy: bool = False,
+    known: dict | None = None,
+    student_path: str | None = None,
+) -> dict:
     """`distill_metrics.evaluate` (and the teacher's own accuracy) on whole weights: each rank answers and measures
     its share of the rows and every rank gets the result over all of them. Collective.
 
@@ -35,9 +45,19 @@ def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mod
     with full_model(trainer.model_wrapped, acc) as student, full_model(trainer.teacher_model, acc) as teacher:
         skey = None if known is None or student_path is None else answers_key(student_path, student, rows, args)
         records, keep = (known or {}).get(skey), []
-        out = evaluate(student, teacher, student_tok, teacher_tok, rows, mode=mode,
-                       max_new_tokens=args.distill_eval_max_new_tokens, uld_args=args, teacher_prompts=teacher_prompts,
-                       records=records, keep=keep)
+        out = evaluate(
+            student,
+            teacher,
+            student_tok,
+            teacher_tok,
+            rows,
+            mode=mode,
+            max_new_tokens=args.distill_eval_max_new_tokens,
+            uld_args=args,
+            teacher_prompts=teacher_prompts,
+            records=records,
+            keep=keep,
+        )
         reused = {"student": skey[0]} if records is not None else {}
         if skey is not None:
             known[skey] = keep
@@ -51,9 +71,9 @@ def held_out_metrics(trainer, student_tok, teacher_tok, rows: list[dict], *, mod
                     out["teacher_accuracy"] = summarize(known[tkey])["accuracy"]
                     reused["teacher"] = tkey[0]
                 else:
-                    out["teacher_accuracy"] = teacher_accuracy(teacher, student_tok, rows,
-                                                               args.distill_eval_max_new_tokens,
-                                                               teacher_prompts=teacher_prompts)
+                    out["teacher_accuracy"] = teacher_accuracy(
+                        teacher, student_tok, rows, args.distill_eval_max_new_tokens, teacher_prompts=teacher_prompts
+                    )
     if reused:
         out["reused"] = reused
     return out

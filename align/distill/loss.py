@@ -32,8 +32,10 @@ def check_plain_head(model) -> None:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     scaled = [k for k in _SCALED_HEADS if getattr(config, k, None) not in (None, 1, 1.0)]
     if scaled:
-        raise ValueError(f"loss_chunk_tokens needs a plain LM head, but {type(model).__name__} sets {scaled[0]}; "
-                         f"set loss_chunk_tokens: 0 for this model")
+        raise ValueError(
+            f"loss_chunk_tokens needs a plain LM head, but {type(model).__name__} sets {scaled[0]}; "
+            f"set loss_chunk_tokens: 0 for this model"
+        )
 
 
 @contextlib.contextmanager
@@ -55,15 +57,31 @@ def _identity(hidden: torch.Tensor) -> torch.Tensor:
     return hidden
 
 
-def chunked_jsd(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student_head, teacher_head, *,
-                beta: float, temperature: float, chunk: int) -> torch.Tensor:
+def chunked_jsd(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    student_head,
+    teacher_head,
+    *,
+    beta: float,
+    temperature: float,
+    chunk: int,
+) -> torch.Tensor:
     """Summed generalized JSD (TRL's definition: beta=0 forward KL, 1 reverse KL) of (N, H) student and (N, H')
     teacher hidden states at the same N positions, `chunk` positions' logits at a time. Divide by the token count
     (or TRL's `num_items_in_batch`) for the mean the whole-logits loss returns."""
     total = student_hidden.sum() * 0.0  # stays connected to the graph when no position carries loss
     for start in range(0, student_hidden.size(0), chunk):
-        part = checkpoint(_chunk_jsd, student_hidden[start : start + chunk], teacher_hidden[start : start + chunk],
-                          student_head, teacher_head, beta, temperature, use_reentrant=False)
+        part = checkpoint(
+            _chunk_jsd,
+            student_hidden[start : start + chunk],
+            teacher_hidden[start : start + chunk],
+            student_head,
+            teacher_head,
+            beta,
+            temperature,
+            use_reentrant=False,
+        )
         total = total + part
     return total
 
@@ -74,5 +92,6 @@ def _chunk_jsd(student_hidden, teacher_hidden, student_head, teacher_head, beta,
     student_logits = student_head(student_hidden)[None]  # (1, n, V): the only logits alive at once
     with torch.no_grad():
         teacher_logits = teacher_head(teacher_hidden)[None].to(student_logits.device, student_logits.dtype)
-    return GOLDTrainer.generalized_jsd_loss(student_logits, teacher_logits, beta=beta, temperature=temperature,
-                                            reduction="sum")
+    return GOLDTrainer.generalized_jsd_loss(
+        student_logits, teacher_logits, beta=beta, temperature=temperature, reduction="sum"
+    )

@@ -28,31 +28,43 @@ from align.runtime.distributed import gather_objects, shard
 
 def render_prompts(tokenizer, prompts: list[list[dict]], template_kwargs: dict | None = None) -> list[list[int]]:
     """Each conversation rendered with the tokenizer's chat template and a generation prompt, as token ids."""
-    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
-             for p in prompts]
+    texts = [
+        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+        for p in prompts
+    ]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def greedy_token_completions(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
-                             batch_size: int = 16) -> list[list[int]]:
+def greedy_token_completions(
+    model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int = 16
+) -> list[list[int]]:
     """Greedy completion ids (up to and including the first eos) of already-tokenized prompts, through the shared
     engine's decode loop (`align.eval.generation.model_generate`). Local: this process's prompts."""
     if not prompt_ids:
         return []
-    groups = model_generate(model, tokenizer, batch_size)(prompt_ids, greedy_params(max_new_tokens, [tokenizer.eos_token_id]))
+    groups = model_generate(model, tokenizer, batch_size)(
+        prompt_ids, greedy_params(max_new_tokens, [tokenizer.eos_token_id])
+    )
     return [list(g[0].completion_ids) for g in groups]
 
 
-def greedy_completions(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
-                       template_kwargs: dict | None = None) -> tuple[list[list[int]], list[list[int]]]:
+def greedy_completions(
+    model,
+    tokenizer,
+    prompts: list[list[dict]],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    template_kwargs: dict | None = None,
+) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt_ids, completion_ids up to and including the first eos) per prompt, greedy."""
     prompt_ids = render_prompts(tokenizer, prompts, template_kwargs)
     return prompt_ids, greedy_token_completions(model, tokenizer, prompt_ids, max_new_tokens, batch_size)
 
 
 @torch.no_grad()
-def _same_vocab_divergence(student, teacher, prompt_ids, completions,
-                           teacher_prompt_ids: list[list[int]] | None = None) -> dict[str, float]:
+def _same_vocab_divergence(
+    student, teacher, prompt_ids, completions, teacher_prompt_ids: list[list[int]] | None = None
+) -> dict[str, float]:
     rev = fwd = 0.0
     count = 0
     for i, (p, c) in enumerate(zip(prompt_ids, completions, strict=True)):
@@ -73,8 +85,9 @@ def _same_vocab_divergence(student, teacher, prompt_ids, completions,
 
 
 @torch.no_grad()
-def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completions, teacher_prompts,
-                    uld_args) -> dict[str, float]:
+def _uld_divergence(
+    student, teacher, student_tok, teacher_tok, prompt_ids, completions, teacher_prompts, uld_args
+) -> dict[str, float]:
     # lazy: trl.experimental.gold imports vLLM when it is installed (~7 s), and only the cross path needs it
     from trl.experimental.gold.gold_trainer import ULDLoss, build_teacher_inputs_from_texts
     from trl.experimental.utils import encode_with_byte_offsets
@@ -90,8 +103,9 @@ def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, comp
     s_dev, t_dev = next(student.parameters()).device, next(teacher.parameters()).device
     for p, c in zip(prompt_ids, completions, strict=True):
         eos = student_tok.eos_token_id
-        text = student_tok.decode([i for i in c if i != eos], skip_special_tokens=False,
-                                  clean_up_tokenization_spaces=False)
+        text = student_tok.decode(
+            [i for i in c if i != eos], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         prompt_text = student_tok.decode(p, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         [(c_ids, c_offs)] = encode_with_byte_offsets(student_tok.backend_tokenizer, [text], add_special_tokens=False)
         c_ids, c_offs = list(c_ids) + [eos], list(c_offs) + [(len(text.encode()), len(text.encode()))]
@@ -100,7 +114,10 @@ def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, comp
         s_labels[0, : len(p)] = -100
         s_offs = torch.tensor([[(0, 0)] * len(p) + c_offs])
         t_ids, t_labels, t_mask, t_offs = build_teacher_inputs_from_texts(
-            teacher_tok, [teacher_prompts.get(prompt_text, prompt_text)], [text], use_extended_uld=uld_args.use_extended_uld
+            teacher_tok,
+            [teacher_prompts.get(prompt_text, prompt_text)],
+            [text],
+            use_extended_uld=uld_args.use_extended_uld,
         )
         s_logits = student(input_ids=s_ids).logits.float()
         t_logits = teacher(input_ids=t_ids.to(t_dev), attention_mask=t_mask.to(t_dev)).logits.float().to(s_dev)
@@ -111,9 +128,19 @@ def _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, comp
     return {"divergence": total / max(count, 1), "uld_distance": total / max(count, 1), "num_tokens": num_tokens}
 
 
-def divergence(student, teacher, student_tok, teacher_tok, prompts: list[list[dict]], *, mode: str,
-               max_new_tokens: int = 64, uld_args=None, teacher_prompts: dict[str, str] | None = None,
-               completions: tuple[list, list] | None = None) -> dict[str, float]:
+def divergence(
+    student,
+    teacher,
+    student_tok,
+    teacher_tok,
+    prompts: list[list[dict]],
+    *,
+    mode: str,
+    max_new_tokens: int = 64,
+    uld_args=None,
+    teacher_prompts: dict[str, str] | None = None,
+    completions: tuple[list, list] | None = None,
+) -> dict[str, float]:
     """Teacher-student divergence on the student's greedy completions of `prompts` (on-policy, as trained).
 
     same: mean per-token reverse KL(student || teacher) (`divergence`) and forward KL over completion tokens.
@@ -129,13 +156,17 @@ def divergence(student, teacher, student_tok, teacher_tok, prompts: list[list[di
         t_prompts = _teacher_prompt_ids(student_tok, prompt_ids, teacher_prompts) if teacher_prompts else None
         return _same_vocab_divergence(student, teacher, prompt_ids, completion_ids, t_prompts)
     if uld_args is None:
-        raise ValueError("mode='cross' needs uld_args: the GOLDConfig (e.g. DistillConfig) with the run's uld_* settings")
-    return _uld_divergence(student, teacher, student_tok, teacher_tok, prompt_ids, completion_ids,
-                           teacher_prompts or {}, uld_args)
+        raise ValueError(
+            "mode='cross' needs uld_args: the GOLDConfig (e.g. DistillConfig) with the run's uld_* settings"
+        )
+    return _uld_divergence(
+        student, teacher, student_tok, teacher_tok, prompt_ids, completion_ids, teacher_prompts or {}, uld_args
+    )
 
 
 def _teacher_prompt_ids(tokenizer, prompt_ids: list[list[int]], teacher_prompts: dict[str, str]) -> list[list[int]]:
-    """Same tokenizer: each prompt as the teacher sees it (its hint or demonstrations; the student's own if unmapped)."""
+    """Same tokenizer: each prompt as the teacher sees it (its hint or demonstrations; the student's own if
+    unmapped)."""
     out = []
     for p in prompt_ids:
         text = tokenizer.decode(p, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -159,8 +190,9 @@ def verifiable_accuracy(tokenizer, rows: list[dict], completion_ids: list[list[i
     return accuracy([float(c) for c in correct(texts, rows)])["accuracy"]
 
 
-def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,
-                     teacher_prompts: dict[str, str] | None = None) -> float:
+def teacher_accuracy(
+    teacher, tokenizer, rows: list[dict], max_new_tokens: int, teacher_prompts: dict[str, str] | None = None
+) -> float:
     """Same tokenizer: the teacher's own verifiable accuracy on the rows, greedy, on the prompts as it sees them
     while it grades (the student's rendering, or its own view from `teacher_prompts`: hint, demonstrations).
     The level on-policy distillation pulls the student towards. Collective: every rank passes all rows (with the whole
@@ -168,14 +200,30 @@ def teacher_accuracy(teacher, tokenizer, rows: list[dict], max_new_tokens: int,
     prompt_ids = render_prompts(tokenizer, [r["prompt_messages"] for r in rows])
     if teacher_prompts:
         prompt_ids = _teacher_prompt_ids(tokenizer, prompt_ids, teacher_prompts)
-    records = generate_and_score(model_generate(teacher, tokenizer), rows, prompt_ids,
-                                 greedy_params(max_new_tokens, [tokenizer.eos_token_id]), _decode(tokenizer))
+    records = generate_and_score(
+        model_generate(teacher, tokenizer),
+        rows,
+        prompt_ids,
+        greedy_params(max_new_tokens, [tokenizer.eos_token_id]),
+        _decode(tokenizer),
+    )
     return summarize(records)["accuracy"]
 
 
-def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mode: str, max_new_tokens: int,
-             uld_args=None, teacher_prompts: dict[str, str], records: list[dict] | None = None,
-             keep: list[dict] | None = None) -> dict:
+def evaluate(
+    student,
+    teacher,
+    student_tok,
+    teacher_tok,
+    rows: list[dict],
+    *,
+    mode: str,
+    max_new_tokens: int,
+    uld_args=None,
+    teacher_prompts: dict[str, str],
+    records: list[dict] | None = None,
+    keep: list[dict] | None = None,
+) -> dict:
     """Divergence and (when rows carry answer/reward) verifiable accuracy with its item count and the per-row
     `correct` flags, from one greedy pass.
 
@@ -187,18 +235,34 @@ def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mo
     prompt_ids = render_prompts(student_tok, [r["prompt_messages"] for r in rows])
     checkable = _checkable(rows)
     if records is None:
-        records = generate_and_score(model_generate(student, student_tok), rows, prompt_ids,
-                                     greedy_params(max_new_tokens, [student_tok.eos_token_id]),
-                                     _decode(student_tok), check=checkable)
+        records = generate_and_score(
+            model_generate(student, student_tok),
+            rows,
+            prompt_ids,
+            greedy_params(max_new_tokens, [student_tok.eos_token_id]),
+            _decode(student_tok),
+            check=checkable,
+        )
     elif len(records) != len(rows):
         raise ValueError(f"evaluate: {len(records)} known answers for {len(rows)} rows")
     if keep is not None:
         keep.extend(records)
     mine = shard(list(range(len(rows))))
-    part = divergence(student, teacher, student_tok, teacher_tok, [rows[i]["prompt_messages"] for i in mine],
-                      mode=mode, uld_args=uld_args, teacher_prompts=teacher_prompts,
-                      completions=([prompt_ids[i] for i in mine], [records[i]["completion_ids"] for i in mine])
-                      ) if mine else {}
+    part = (
+        divergence(
+            student,
+            teacher,
+            student_tok,
+            teacher_tok,
+            [rows[i]["prompt_messages"] for i in mine],
+            mode=mode,
+            uld_args=uld_args,
+            teacher_prompts=teacher_prompts,
+            completions=([prompt_ids[i] for i in mine], [records[i]["completion_ids"] for i in mine]),
+        )
+        if mine
+        else {}
+    )
     parts = [(n, p) for n, p in zip(gather_objects(len(mine)), gather_objects(part)) if n]
     out: dict[str, float] = {}
     for key in parts[0][1] if parts else []:
@@ -210,6 +274,7 @@ def evaluate(student, teacher, student_tok, teacher_tok, rows: list[dict], *, mo
         out[key] = sum(w * p[key] for w, (_, p) in zip(weights, parts)) / max(sum(weights), 1)
     if checkable:
         summary = summarize(records)
-        out.update(accuracy=summary["accuracy"], num_prompts=summary["num"],
-                   correct=[int(r["correct"]) for r in records])  # per row: the paired before/after test
+        out.update(
+            accuracy=summary["accuracy"], num_prompts=summary["num"], correct=[int(r["correct"]) for r in records]
+        )  # per row: the paired before/after test
     return out

@@ -29,12 +29,19 @@ logger = logging.getLogger(__name__)
 SAMPLES_PER_LOG = 512  # rejection_sampling's progress line: one per this many teacher answers
 
 
-def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: Sequence[Sequence[dict]],
-                    args: DistillConfig, pool: FewShotPool | None = None, groups: Sequence | None = None,
-                    hints: Sequence[str] | None = None) -> list[str | None]:
+def best_of_samples(
+    teacher,
+    teacher_tok,
+    rows: Sequence[dict],
+    conversations: Sequence[Sequence[dict]],
+    args: DistillConfig,
+    pool: FewShotPool | None = None,
+    groups: Sequence | None = None,
+    hints: Sequence[str] | None = None,
+) -> list[str | None]:
     """rejection_sampling: `teacher_best_of` answers per prompt sampled at `temperature` (the teacher's own view of
-    it), and the first that the row's verifier accepts (`align.eval.statistics`, as every accuracy here) in the shape its
-    asked mode wants (`rewards.format.mode_format_reward`: a think block with reasoning in think mode, none in
+    it), and the first that the row's verifier accepts (`align.eval.statistics`, as every accuracy here) in the shape
+    its asked mode wants (`rewards.format.mode_format_reward`: a think block with reasoning in think mode, none in
     no_think); None where no sample is. The teacher's lead is its samples plus the verifier: the student sees
     neither the answer nor the verifier, only what they picked. A prompt is sampled until its first accepted
     answer, at most `teacher_best_of` times: the first accepted of up to n samples, as before, for fewer samples.
@@ -43,30 +50,55 @@ def best_of_samples(teacher, teacher_tok, rows: Sequence[dict], conversations: S
     n = args.teacher_best_of
     asked = [prompt_mode(m) for m in conversations]
     thinks = [args.teacher_thinks and mode == "no_think" for mode in asked]  # answered thinking, learned without it
-    prompts = [_teacher_view(thinking_view(_prompt_part(m)) if thinks[i] else _prompt_part(m), args, pool,
-                             groups[i] if groups is not None else None, hints[i] if hints is not None else None)
-               for i, m in enumerate(conversations)]
+    prompts = [
+        _teacher_view(
+            thinking_view(_prompt_part(m)) if thinks[i] else _prompt_part(m),
+            args,
+            pool,
+            groups[i] if groups is not None else None,
+            hints[i] if hints is not None else None,
+        )
+        for i, m in enumerate(conversations)
+    ]
     if args.teacher_thinks:
-        logger.info("teacher_thinks: %d of %d no_think prompts answered thinking, learned without the think block",
-                    sum(thinks), len(thinks))
+        logger.info(
+            "teacher_thinks: %d of %d no_think prompts answered thinking, learned without the think block",
+            sum(thinks),
+            len(thinks),
+        )
     prompt_ids = render_prompts(teacher_tok, prompts, args.teacher_chat_template_kwargs)
     generate, out = model_generate(teacher, teacher_tok), [None] * len(rows)
     sampled = verified = 0
     for k in range(n):  # sample k of every prompt still without an accepted answer, side by side
         pending = [i for i in range(len(rows)) if out[i] is None]
-        for start in range(0, len(pending), SAMPLES_PER_LOG):  # the same chunks on every rank: collective calls pair up
+        for start in range(
+            0, len(pending), SAMPLES_PER_LOG
+        ):  # the same chunks on every rank: collective calls pair up
             part = pending[start : start + SAMPLES_PER_LOG]
             # a seed of its own per chunk (the engine restarts its random stream at every call): the samples so far
-            params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_completion_length,
-                                    stop_token_ids=[teacher_tok.eos_token_id], seed=args.seed + sampled, logprobs=False)
-            records = generate_and_score(generate, [rows[i] for i in part], [prompt_ids[i] for i in part], params,
-                                         _decode(teacher_tok))
+            params = SamplingParams(
+                temperature=args.temperature,
+                max_new_tokens=args.max_completion_length,
+                stop_token_ids=[teacher_tok.eos_token_id],
+                seed=args.seed + sampled,
+                logprobs=False,
+            )
+            records = generate_and_score(
+                generate, [rows[i] for i in part], [prompt_ids[i] for i in part], params, _decode(teacher_tok)
+            )
             for i, record in zip(part, records, strict=True):
                 out[i] = _accepted(record, "think" if thinks[i] else asked[i], thinks[i])
             sampled, verified = sampled + len(part), verified + sum(r["correct"] for r in records)
-            logger.info("teacher best-of-%d: sample %d of each prompt still without one: %d answers sampled, %d "
-                        "verified, %d of %d prompts answered so far", n, k + 1, sampled, verified,
-                        sum(a is not None for a in out), len(rows))
+            logger.info(
+                "teacher best-of-%d: sample %d of each prompt still without one: %d answers sampled, %d "
+                "verified, %d of %d prompts answered so far",
+                n,
+                k + 1,
+                sampled,
+                verified,
+                sum(a is not None for a in out),
+                len(rows),
+            )
     return out
 
 
@@ -91,14 +123,28 @@ def verified_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
     with full_model(teacher, None) as whole:
         answers = best_of_samples(whole, teacher_tok, conv["rows"], convs, args, conv["pool"], groups, hints)
     kept = [i for i, a in enumerate(answers) if a is not None]
-    logger.info("rejection_sampling: the teacher's best of %d has a verified answer for %d of %d training prompts",
-                args.teacher_best_of, len(kept), len(answers))
+    logger.info(
+        "rejection_sampling: the teacher's best of %d has a verified answer for %d of %d training prompts",
+        args.teacher_best_of,
+        len(kept),
+        len(answers),
+    )
     if not kept:
-        raise ValueError(f"rejection_sampling: none of the teacher's {args.teacher_best_of} samples was accepted "
-                         f"by the verifier on any of the {len(answers)} training prompts; raise teacher_best_of, "
-                         "raise max_completion_length, or check the rows' answer and reward columns")
-    return conv["train"].select(kept).map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
-        {"role": "assistant", "content": answers[kept[i]]}]}, with_indices=True)
+        raise ValueError(
+            f"rejection_sampling: none of the teacher's {args.teacher_best_of} samples was accepted "
+            f"by the verifier on any of the {len(answers)} training prompts; raise teacher_best_of, "
+            "raise max_completion_length, or check the rows' answer and reward columns"
+        )
+    return (
+        conv["train"]
+        .select(kept)
+        .map(
+            lambda row, i: {
+                "messages": _prompt_part(row["messages"]) + [{"role": "assistant", "content": answers[kept[i]]}]
+            },
+            with_indices=True,
+        )
+    )
 
 
 def by_mode(rows: list[dict], flags: list) -> dict[str, float]:
@@ -117,11 +163,17 @@ def teacher_best_of_accuracy(conv: dict, teacher, teacher_tok, args: DistillConf
     hints = teacher_hints(rows, args.teacher_hint) if args.teacher_hint else None
     groups = None if conv["groups"] is None else [r.get(args.teacher_few_shot_group) for r in rows]
     with full_model(teacher, None) as whole:
-        answers = best_of_samples(whole, teacher_tok, rows, [r["prompt_messages"] for r in rows], args, conv["pool"],
-                                  groups, hints)
+        answers = best_of_samples(
+            whole, teacher_tok, rows, [r["prompt_messages"] for r in rows], args, conv["pool"], groups, hints
+        )
     flags = [int(a is not None) for a in answers]
-    return {"n": args.teacher_best_of, "accuracy": sum(flags) / max(len(flags), 1), "num_prompts": len(flags),
-            "by_mode": by_mode(rows, flags), "correct": flags}
+    return {
+        "n": args.teacher_best_of,
+        "accuracy": sum(flags) / max(len(flags), 1),
+        "num_prompts": len(flags),
+        "by_mode": by_mode(rows, flags),
+        "correct": flags,
+    }
 
 
 def add_replay_conversations(train, spec: str, limit: int | None = None):
@@ -132,11 +184,20 @@ def add_replay_conversations(train, spec: str, limit: int | None = None):
     rows = []
     for i, messages in enumerate(replay["messages"]):
         turns = messages if isinstance(messages, list) else []
-        if not (turns and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in turns)
-                and turns[-1]["role"] == "assistant"):
-            raise ValueError(f"replay_data {spec!r} row {i} is not a conversation ({{role, content}} turns) ending "
-                             f"in an assistant turn; got {str(messages)[:60]!r}")
+        if not (
+            turns
+            and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in turns)
+            and turns[-1]["role"] == "assistant"
+        ):
+            raise ValueError(
+                f"replay_data {spec!r} row {i} is not a conversation ({{role, content}} turns) ending "
+                f"in an assistant turn; got {str(messages)[:60]!r}"
+            )
         rows.append({"messages": [{"role": m["role"], "content": m["content"]} for m in messages]})
-    logger.info("replay: %d conversations from %s added to %d verified answers (the same next-token loss)",
-                len(rows), spec, len(train))
+    logger.info(
+        "replay: %d conversations from %s added to %d verified answers (the same next-token loss)",
+        len(rows),
+        spec,
+        len(train),
+    )
     return datasets.concatenate_datasets([train, datasets.Dataset.from_list(rows, features=train.features)])

@@ -6,9 +6,9 @@ round on the same prompts and `max_steps`, and every round after the first takes
 model the round before saved: the samples come from the improved student, so the lead it learns from moves with it
 (expert iteration, as STaR and ReST). `rejection_round_student: start` keeps the teacher moving but trains the
 stage's starting model again each round, on the newest round's answers (ReST-EM: the drift from the starting model,
-e.g. in its chat answers, does not add up over rounds). Rounds before the last save to `output_dir/round-<k>`; the last saves to
-`output_dir`. Its `distill_eval.json` spans the whole stage: `before` is round 1's (the stage's starting model),
-`after` the last round's, the paired test between the two, and `rounds` each round's own before/after.
+e.g. in its chat answers, does not add up over rounds). Rounds before the last save to `output_dir/round-<k>`; the last
+saves to `output_dir`. Its `distill_eval.json` spans the whole stage: `before` is round 1's (the stage's starting
+model), `after` the last round's, the paired test between the two, and `rounds` each round's own before/after.
 
 Held-out answers are made once per weights: a round whose student or teacher was measured already (round 1's teacher
 is the student itself when it samples from its own weights; round 2's teacher is round 1's saved model, measured
@@ -48,7 +48,8 @@ def main(script_args, training_args, model_args) -> dict:
 
 def expert_iteration(script_args, args, model_args) -> dict:
     rounds, results = args.rejection_rounds, []
-    known: dict = {}  # the rounds' greedy held-out answers: round 2's teacher is round 1's after, its student (start) round 1's before
+    # the rounds' greedy held-out answers: round 2's teacher is round 1's after, its student (start) round 1's before
+    known: dict = {}
     start = model_args.model_name_or_path
     student, teacher = start, args.teacher_model_name_or_path
     for k in range(1, rounds + 1):
@@ -59,14 +60,17 @@ def expert_iteration(script_args, args, model_args) -> dict:
             with open(report) as f:
                 results.append(json.load(f))
         else:
-            logger.info("expert iteration: round %d of %d: student %s, teacher %s -> %s", k, rounds, student, teacher,
-                        out)
+            logger.info(
+                "expert iteration: round %d of %d: student %s, teacher %s -> %s", k, rounds, student, teacher, out
+            )
             round_args, round_model = copy.copy(args), copy.copy(model_args)
             round_args.output_dir, round_args.rejection_rounds = out, 1
             round_args.teacher_model_name_or_path, round_model.model_name_or_path = teacher, student
             resume = getattr(args, "resume_from_checkpoint", None)
             if k < rounds and isinstance(resume, str) and os.path.isdir(resume):
-                round_args.resume_from_checkpoint = None  # a checkpoint dir is the last round's: this one resumes its own
+                round_args.resume_from_checkpoint = (
+                    None  # a checkpoint dir is the last round's: this one resumes its own
+                )
             results.append(one_round(script_args, round_args, round_model, known))
             if k < rounds:
                 release_accelerator_state()
@@ -81,9 +85,16 @@ def whole_stage(results: list[dict], args) -> dict:
     first, last = results[0], results[-1]
     metrics = dict(last)
     metrics["rejection_rounds"] = len(results)
-    metrics["rounds"] = [{"round": k, "teacher_best_of": r.get("teacher_best_of", {}).get("accuracy"),
-                          "before": r.get("before", {}).get("accuracy"), "after": r.get("after", {}).get("accuracy"),
-                          "paired": r.get("paired")} for k, r in enumerate(results, start=1)]
+    metrics["rounds"] = [
+        {
+            "round": k,
+            "teacher_best_of": r.get("teacher_best_of", {}).get("accuracy"),
+            "before": r.get("before", {}).get("accuracy"),
+            "after": r.get("after", {}).get("accuracy"),
+            "paired": r.get("paired"),
+        }
+        for k, r in enumerate(results, start=1)
+    ]
     if "before" in first:
         metrics["before"] = first["before"]
         if "teacher_best_of" in first:  # the lead the stage started from; each round's is under `rounds`
@@ -91,9 +102,15 @@ def whole_stage(results: list[dict], args) -> dict:
         b, a = first["before"], last.get("after", {})
         if "correct" in b and "correct" in a:
             metrics["paired"] = paired_change(b["correct"], a["correct"])
-            logger.info("expert iteration: %d rounds, same prompts: accuracy %.3f -> %.3f, %d gained, %d lost, "
-                        "McNemar p=%.3g", len(results), b["accuracy"], a["accuracy"], metrics["paired"]["gained"],
-                        metrics["paired"]["lost"], metrics["paired"]["p_value"])
+            logger.info(
+                "expert iteration: %d rounds, same prompts: accuracy %.3f -> %.3f, %d gained, %d lost, McNemar p=%.3g",
+                len(results),
+                b["accuracy"],
+                a["accuracy"],
+                metrics["paired"]["gained"],
+                metrics["paired"]["lost"],
+                metrics["paired"]["p_value"],
+            )
     if PartialState().is_main_process:  # the pipeline reads it: replaced whole, never half written
         write_json_atomic(os.path.join(args.output_dir, "distill_eval.json"), metrics, indent=2)
     return metrics

@@ -2,8 +2,8 @@
 
 Why a module of its own: the teacher sees each prompt its own way (its chat template in the cross-tokenizer path,
 mode flags stripped, solved demonstrations first with `teacher_few_shot`, privileged context with `teacher_hint`),
-and with `loss: sequence_kd` it writes the answers the student learns. align/distill/trainer.py builds the trainer around
-what this module returns.
+and with `loss: sequence_kd` it writes the answers the student learns. align/distill/trainer.py builds the trainer
+around what this module returns.
 
     teacher_tok = load_teacher_tokenizer(args.teacher_model_name_or_path)
     mode = resolve_tokenizer_mode(args.tokenizer_mode, student_tok, teacher_tok, student, teacher)
@@ -113,8 +113,12 @@ def thinking_view(messages: Sequence[dict]) -> list[dict]:
     >>> thinking_view([{"role": "system", "content": "Be brief. /no_think"}, {"role": "user", "content": "2+2?"}])
     [{'role': 'system', 'content': 'Be brief. /think'}, {'role': 'user', 'content': '2+2?'}]
     """
-    return [{**m, "content": re.sub(r"(?<!\S)/no_think(?!\S)", "/think", m["content"])} if m["role"] == "system"
-            else dict(m) for m in messages]
+    return [
+        {**m, "content": re.sub(r"(?<!\S)/no_think(?!\S)", "/think", m["content"])}
+        if m["role"] == "system"
+        else dict(m)
+        for m in messages
+    ]
 
 
 def _prompt_part(messages: Sequence[dict]) -> list[dict]:
@@ -131,8 +135,14 @@ def _roundtrip(tokenizer, text: str) -> str:
 class FewShotPool:
     """Solved training conversations for the teacher's context, by system turn, each with its group (or None)."""
 
-    def __init__(self, conversations: Sequence[Sequence[dict]], groups: Sequence | None, k: int, seed: int = 0,
-                 hints: Sequence[str] | None = None):
+    def __init__(
+        self,
+        conversations: Sequence[Sequence[dict]],
+        groups: Sequence | None,
+        k: int,
+        seed: int = 0,
+        hints: Sequence[str] | None = None,
+    ):
         self.k, self.seed = k, seed
         self.pool: dict[str, list[tuple[object, str, list[dict]]]] = {}
         for i, messages in enumerate(conversations):
@@ -153,8 +163,9 @@ class FewShotPool:
         if not self.k:
             return []
         question = prompt[-1]["content"]
-        candidates = [c for g, q, c in self.pool.get(self._system(prompt), [])
-                      if (group is None or g == group) and q != question]
+        candidates = [
+            c for g, q, c in self.pool.get(self._system(prompt), []) if (group is None or g == group) and q != question
+        ]
         rng = random.Random(f"{self.seed}:{question}")  # the same demonstrations for a prompt every time it comes
         turns: list[dict] = []
         for c in rng.sample(candidates, min(self.k, len(candidates))):
@@ -171,16 +182,21 @@ def teacher_hints(rows: Sequence[dict], template: str | None) -> list[str] | Non
         try:
             out.append(template.format(**row))
         except KeyError as e:
-            raise ValueError(f"teacher_hint {template!r} names column {e.args[0]!r}, which row {i} of the data lacks "
-                             f"(it has {sorted(row)}); name one of those columns or unset teacher_hint") from None
+            raise ValueError(
+                f"teacher_hint {template!r} names column {e.args[0]!r}, which row {i} of the data lacks "
+                f"(it has {sorted(row)}); name one of those columns or unset teacher_hint"
+            ) from None
         except (IndexError, ValueError, AttributeError) as e:
-            raise ValueError(f"teacher_hint {template!r} is not a usable format string ({e}); write columns by name "
-                             "in braces, e.g. ' (The correct final answer is {answer}.)'") from None
+            raise ValueError(
+                f"teacher_hint {template!r} is not a usable format string ({e}); write columns by name "
+                "in braces, e.g. ' (The correct final answer is {answer}.)'"
+            ) from None
     return out
 
 
-def _teacher_view(prompt: Sequence[dict], args: DistillConfig, pool: FewShotPool | None, group=None,
-                  hint: str | None = None) -> list[dict]:
+def _teacher_view(
+    prompt: Sequence[dict], args: DistillConfig, pool: FewShotPool | None, group=None, hint: str | None = None
+) -> list[dict]:
     """The messages the teacher sees for a prompt: mode flags stripped if asked, the pool's demonstrations first,
     the hint (privileged context) after the question."""
     shown = teacher_messages(prompt, args.teacher_strip_mode_flags)
@@ -189,9 +205,15 @@ def _teacher_view(prompt: Sequence[dict], args: DistillConfig, pool: FewShotPool
     return shown[:-1] + demos + [question]
 
 
-def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillConfig,
-                       pool: FewShotPool | None = None, groups: Sequence | None = None,
-                       hints: Sequence[str] | None = None) -> dict[str, str]:
+def teacher_prompt_map(
+    conversations,
+    student_tok,
+    teacher_tok,
+    args: DistillConfig,
+    pool: FewShotPool | None = None,
+    groups: Sequence | None = None,
+    hints: Sequence[str] | None = None,
+) -> dict[str, str]:
     """Student-rendered prompt text -> the same prompt rendered with the teacher's own chat template.
 
     With a `pool` (teacher_few_shot > 0) the teacher's rendering carries solved demonstrations first; with
@@ -201,8 +223,9 @@ def teacher_prompt_map(conversations, student_tok, teacher_tok, args: DistillCon
     for i, messages in enumerate(conversations):
         prompt = _prompt_part(messages)
         student_text = student_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        shown = _teacher_view(prompt, args, pool, groups[i] if groups is not None else None,
-                              hints[i] if hints is not None else None)
+        shown = _teacher_view(
+            prompt, args, pool, groups[i] if groups is not None else None, hints[i] if hints is not None else None
+        )
         teacher_text = teacher_tok.apply_chat_template(shown, add_generation_prompt=True, tokenize=False, **kwargs)
         out[_roundtrip(student_tok, student_text)] = teacher_text
     return out
@@ -225,15 +248,29 @@ class TeacherOnDevice(torch.nn.Module):
         return out
 
 
-def teacher_samples(teacher, teacher_tok, conversations: list[list[dict]], args: DistillConfig,
-                    pool: FewShotPool | None = None, groups: Sequence | None = None,
-                    hints: Sequence[str] | None = None) -> list[str]:
+def teacher_samples(
+    teacher,
+    teacher_tok,
+    conversations: list[list[dict]],
+    args: DistillConfig,
+    pool: FewShotPool | None = None,
+    groups: Sequence | None = None,
+    hints: Sequence[str] | None = None,
+) -> list[str]:
     """sequence_kd: the teacher's greedy answer to each prompt (its own template, after the pool's demonstrations,
     with its hint)."""
-    prompts = [_teacher_view(_prompt_part(m), args, pool, groups[i] if groups is not None else None,
-                             hints[i] if hints is not None else None)
-               for i, m in enumerate(conversations)]
-    _, completion_ids = greedy_completions(teacher, teacher_tok, prompts, args.max_completion_length,
-                                           template_kwargs=args.teacher_chat_template_kwargs)
+    prompts = [
+        _teacher_view(
+            _prompt_part(m),
+            args,
+            pool,
+            groups[i] if groups is not None else None,
+            hints[i] if hints is not None else None,
+        )
+        for i, m in enumerate(conversations)
+    ]
+    _, completion_ids = greedy_completions(
+        teacher, teacher_tok, prompts, args.max_completion_length, template_kwargs=args.teacher_chat_template_kwargs
+    )
     # as generated, eos dropped: a tokenizer that makes <think> a special token keeps the think block
     return [_decode(teacher_tok)(c) for c in completion_ids]

@@ -93,7 +93,7 @@ logger = logging.getLogger(__name__)
 TRL_PRIVATE_METHODS = {
     # after TRL buffers on-policy completions: mask the tool tokens of tool-use rollouts out of the loss
     "_process_completions_to_buffer": "(self, slices, on_policy_indices, local_slice_indices, completion_ids, "
-                                      "prompt_ids_list, prompts_text, max_completion_length)",
+    "prompt_ids_list, prompts_text, max_completion_length)",
 }
 TRL_PRIVATE_ATTRIBUTES = (
     "_tokenizer",  # the student tokenizer TRL resolved (its eos id stops sampling)
@@ -108,18 +108,24 @@ TRL_PRIVATE_ATTRIBUTES = (
 TRL_FLAGS = {"use_vllm": "GOLD samples the student through `vllm_generation`, which our sampler stands in for"}
 
 
-
 # ----------------------------------------------------------------------------- rollout engine adapter
 
 
 class EngineGeneration:
-    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our sampler (align.rollout.sampler):
-    whole weights under ZeRO-3, weights pushed to an engine with its own copy, sampling seeded per rank."""
+    """What GOLD calls on `self.vllm_generation` (generate, sync_weights), served by our sampler
+    (align.rollout.sampler): whole weights under ZeRO-3, weights pushed to an engine with its own copy, sampling seeded
+    per rank."""
 
     def __init__(self, sampler: Sampler, trainer, args: DistillConfig, stop_token_ids: list[int]):
         self.sampler, self.trainer, self.stop = sampler, trainer, list(stop_token_ids)
-        self.params = dict(temperature=args.temperature, top_p=args.top_p, top_k=max(args.top_k or 0, 0),
-                           max_new_tokens=args.max_completion_length, stop_token_ids=self.stop, logprobs=False)
+        self.params = dict(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=max(args.top_k or 0, 0),
+            max_new_tokens=args.max_completion_length,
+            stop_token_ids=self.stop,
+            logprobs=False,
+        )
 
     @property
     def num_calls(self) -> int:
@@ -139,7 +145,8 @@ class EngineGeneration:
         loop = getattr(self.trainer, "tool_loop", None)
         if loop is not None:  # align/tools/distill.py: whole trajectories; the trainer masks the tool tokens' labels
             completions, self.trainer._tool_masks = tool_completions(
-                loop, lambda ids, p: self.sampler.generate(self.trainer.model_wrapped, ids, p), unique, params)
+                loop, lambda ids, p: self.sampler.generate(self.trainer.model_wrapped, ids, p), unique, params
+            )
             return prompts, completions, None, None
         groups = self.sampler.generate(self.trainer.model_wrapped, unique, params)
         completions = []
@@ -167,8 +174,15 @@ def _right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.
 class DistillTrainer(GOLDTrainer):
     """GOLDTrainer + our rollout engine for student sampling + the teacher's own chat template (cross path)."""
 
-    def __init__(self, *args, engine=None, sampler: Sampler | None = None, teacher_prompts: dict[str, str] | None = None,
-                 teacher_device: str | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        engine=None,
+        sampler: Sampler | None = None,
+        teacher_prompts: dict[str, str] | None = None,
+        teacher_device: str | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.teacher_prompts = teacher_prompts or {}
         self.teacher_prompt_misses = 0
@@ -181,8 +195,10 @@ class DistillTrainer(GOLDTrainer):
             self.teacher_model = TeacherOnDevice(teacher, teacher_device, self.accelerator.device)
         if self.args.loss_chunk_tokens:
             if self.use_uld_loss:
-                raise ValueError("loss_chunk_tokens is for the same-tokenizer path; this teacher's tokenizer differs "
-                                 "(GOLD's ULD loss needs whole rows): set loss_chunk_tokens: 0")
+                raise ValueError(
+                    "loss_chunk_tokens is for the same-tokenizer path; this teacher's tokenizer differs "
+                    "(GOLD's ULD loss needs whole rows): set loss_chunk_tokens: 0"
+                )
             for m in (self.model, self.teacher_model):
                 check_plain_head(self.accelerator.unwrap_model(m))
 
@@ -197,16 +213,32 @@ class DistillTrainer(GOLDTrainer):
     tool_loop = None  # align.tools.ToolLoop when the recipe names tools (main)
     _tool_masks: list[list[int]] | None = None
 
-    def _process_completions_to_buffer(self, slices, on_policy_indices, local_slice_indices, completion_ids,
-                                       prompt_ids_list, prompts_text, max_completion_length):
-        super()._process_completions_to_buffer(slices, on_policy_indices, local_slice_indices, completion_ids,
-                                               prompt_ids_list, prompts_text, max_completion_length)
+    def _process_completions_to_buffer(
+        self,
+        slices,
+        on_policy_indices,
+        local_slice_indices,
+        completion_ids,
+        prompt_ids_list,
+        prompts_text,
+        max_completion_length,
+    ):
+        super()._process_completions_to_buffer(
+            slices,
+            on_policy_indices,
+            local_slice_indices,
+            completion_ids,
+            prompt_ids_list,
+            prompts_text,
+            max_completion_length,
+        )
         if self.tool_loop is not None and self._tool_masks is not None:
             rows: dict[int, list[list[int]]] = {i: [] for i in on_policy_indices}
             for i, slice_idx in enumerate(local_slice_indices):
                 rows[slice_idx].append(self._tool_masks[i])
             self.tool_tokens_masked = getattr(self, "tool_tokens_masked", 0) + mask_tool_labels(
-                self._buffered_inputs, rows, max_completion_length)
+                self._buffered_inputs, rows, max_completion_length
+            )
             self._tool_masks = None
 
     def resume_state(self) -> dict:
@@ -247,11 +279,18 @@ class DistillTrainer(GOLDTrainer):
             spans.append((done, len(t_prompt)))
         t_ids, t_mask = _right_pad(rows, self.pad_token_id or 0)
         if self.args.loss_chunk_tokens:  # the logits before each completion token predict it, in both sequences
-            at = [(b, torch.tensor(done, device=ids.device) - 1, torch.arange(start - 1, start - 1 + len(done),
-                                                                                device=ids.device))
-                  for b, (done, start) in enumerate(spans) if done]
-            return self._chunked_loss(model, ids, mask, t_ids.to(ids.device), t_mask.to(ids.device), at,
-                                      num_items_in_batch), None
+            at = [
+                (
+                    b,
+                    torch.tensor(done, device=ids.device) - 1,
+                    torch.arange(start - 1, start - 1 + len(done), device=ids.device),
+                )
+                for b, (done, start) in enumerate(spans)
+                if done
+            ]
+            return self._chunked_loss(
+                model, ids, mask, t_ids.to(ids.device), t_mask.to(ids.device), at, num_items_in_batch
+            ), None
         outputs_student = model(input_ids=ids, attention_mask=mask, use_cache=False)
         self.teacher_model.eval()
         with torch.no_grad():
@@ -262,8 +301,12 @@ class DistillTrainer(GOLDTrainer):
                 pos = torch.tensor(done, device=ids.device)
                 teacher_logits[b, pos - 1] = t_logits[b, start - 1 : start - 1 + len(done)].to(teacher_logits.dtype)
         loss = self.generalized_jsd_loss(
-            student_logits=outputs_student.logits[:, :-1, :], teacher_logits=teacher_logits[:, :-1, :],
-            labels=labels[:, 1:], beta=self.beta, temperature=self.temperature, num_items_in_batch=num_items_in_batch,
+            student_logits=outputs_student.logits[:, :-1, :],
+            teacher_logits=teacher_logits[:, :-1, :],
+            labels=labels[:, 1:],
+            beta=self.beta,
+            temperature=self.temperature,
+            num_items_in_batch=num_items_in_batch,
         )
         return loss, outputs_student
 
@@ -280,8 +323,15 @@ class DistillTrainer(GOLDTrainer):
         t_rows = [teacher[b, pos] for b, _, pos in spans]
         hidden_s = torch.cat(s_rows) if s_rows else student[:, :0].flatten(0, 1)
         hidden_t = torch.cat(t_rows) if t_rows else teacher[:, :0].flatten(0, 1)
-        total = chunked_jsd(hidden_s, hidden_t, student_head, teacher_head, beta=self.beta,
-                            temperature=self.temperature, chunk=self.args.loss_chunk_tokens)
+        total = chunked_jsd(
+            hidden_s,
+            hidden_t,
+            student_head,
+            teacher_head,
+            beta=self.beta,
+            temperature=self.temperature,
+            chunk=self.args.loss_chunk_tokens,
+        )
         count = num_items_in_batch if num_items_in_batch is not None else max(hidden_s.size(0), 1)
         return total / (count.to(total.device) if isinstance(count, torch.Tensor) else count)
 
@@ -290,8 +340,9 @@ class DistillTrainer(GOLDTrainer):
         over `num_items_in_batch` when the trainer counts them (gradient accumulation), as the chunked path."""
         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
         labels = inputs["labels"][:, 1:]  # the logits at position i predict token i + 1
-        total = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(),
-                                                  ignore_index=-100, reduction="sum")
+        total = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
+        )
         count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
         return total / (count.to(total.device) if isinstance(count, torch.Tensor) else count)
 
@@ -311,7 +362,10 @@ class DistillTrainer(GOLDTrainer):
             loss, outputs = self._same_vocab_teacher_view_loss(model, inputs, num_items_in_batch)
             return (loss, outputs) if return_outputs else loss
         if self.use_uld_loss and self.teacher_prompts and "original_prompt_text" in inputs:
-            inputs = {**inputs, "original_prompt_text": [self._teacher_prompt_text(t) for t in inputs["original_prompt_text"]]}
+            inputs = {
+                **inputs,
+                "original_prompt_text": [self._teacher_prompt_text(t) for t in inputs["original_prompt_text"]],
+            }
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
@@ -327,6 +381,7 @@ def to_conversations(dataset, name: str = "train"):
     if "messages" in cols and not (trace and {"prompt_messages", "answer"} <= cols):
         return dataset.select_columns(["messages"])
     if {"prompt_messages", "answer"} <= cols:
+
         def conv(row):
             mode = "no_think" if "/no_think" in row["prompt_messages"][0]["content"] else "think"
             text = assistant_text({**row, "think": row.get("think", "")}, mode)
@@ -346,14 +401,18 @@ def check_teacher_placement(args: DistillConfig) -> None:
     if not args.teacher_model_name_or_path:
         raise ValueError("teacher_model_name_or_path is required (a local model dir, hub id or builtin:NAME)")
     if is_zero3() and (args.teacher_device or args.teacher_quantization):
-        raise ValueError("teacher_device / teacher_quantization place the teacher on one device, which DeepSpeed "
-                         "ZeRO-3 (it shards the teacher like the student) cannot do: drop them, or launch with "
-                         "recipes/accelerate/zero2.yaml or ddp.yaml")
+        raise ValueError(
+            "teacher_device / teacher_quantization place the teacher on one device, which DeepSpeed "
+            "ZeRO-3 (it shards the teacher like the student) cannot do: drop them, or launch with "
+            "recipes/accelerate/zero2.yaml or ddp.yaml"
+        )
     ranks = launched_world_size()
     if args.teacher_device and ranks > 1:
-        raise ValueError(f"teacher_device={args.teacher_device} would put all {ranks} ranks' teachers on that one GPU: "
-                         "drop it (each rank's teacher then sits on the rank's own GPU, 8-bit with "
-                         "teacher_quantization if it must be small) or run one process")
+        raise ValueError(
+            f"teacher_device={args.teacher_device} would put all {ranks} ranks' teachers on that one GPU: "
+            "drop it (each rank's teacher then sits on the rank's own GPU, 8-bit with "
+            "teacher_quantization if it must be small) or run one process"
+        )
 
 
 def prepare_conversations(data, args: DistillConfig, eval_num_prompts: int) -> dict:
@@ -361,15 +420,23 @@ def prepare_conversations(data, args: DistillConfig, eval_num_prompts: int) -> d
     of demonstrations), plus the held-out rows: {"train", "groups", "hints", "pool", "eval_rows"}."""
     group_col = args.teacher_few_shot_group
     if args.loss == "rejection_sampling" and not {"answer", "reward"} <= set(data["train"].column_names):
-        raise ValueError("loss: rejection_sampling keeps the teacher's answers its verifier accepts, so the training "
-                         "rows need 'answer' and 'reward' columns (e.g. builtin:tasks); this dataset has "
-                         f"{sorted(data['train'].column_names)}: add them or use loss: sequence_kd")
+        raise ValueError(
+            "loss: rejection_sampling keeps the teacher's answers its verifier accepts, so the training "
+            "rows need 'answer' and 'reward' columns (e.g. builtin:tasks); this dataset has "
+            f"{sorted(data['train'].column_names)}: add them or use loss: sequence_kd"
+        )
     groups = data["train"][group_col] if group_col in data["train"].column_names else None
     hints = teacher_hints(data["train"].to_list(), args.teacher_hint) if args.teacher_hint else None
     train = to_conversations(data["train"])
-    pool = FewShotPool(train["messages"], groups, args.teacher_few_shot, args.seed, hints) if args.teacher_few_shot else None
+    pool = (
+        FewShotPool(train["messages"], groups, args.teacher_few_shot, args.seed, hints)
+        if args.teacher_few_shot
+        else None
+    )
     if args.teacher_few_shot and groups is None:
-        logger.info("teacher_few_shot: the data has no %r column; demonstrations match the system turn only", group_col)
+        logger.info(
+            "teacher_few_shot: the data has no %r column; demonstrations match the system turn only", group_col
+        )
     eval_rows = []
     if "test" in data and "prompt_messages" in data["test"].column_names:
         eval_rows = data["test"].select(range(min(eval_num_prompts, len(data["test"])))).to_list()
@@ -386,12 +453,20 @@ def teacher_answers(conv: dict, teacher, teacher_tok, args: DistillConfig):
     convs, groups, hints = list(conv["train"]["messages"]), conv["groups"], conv["hints"]
     idx = shard(range(len(convs)))
     with full_model(teacher, None) as whole:
-        mine = teacher_samples(whole, teacher_tok, [convs[i] for i in idx], args, conv["pool"],
-                               [groups[i] for i in idx] if groups is not None else None,
-                               [hints[i] for i in idx] if hints is not None else None)
+        mine = teacher_samples(
+            whole,
+            teacher_tok,
+            [convs[i] for i in idx],
+            args,
+            conv["pool"],
+            [groups[i] for i in idx] if groups is not None else None,
+            [hints[i] for i in idx] if hints is not None else None,
+        )
     answers = gather_shards(mine)
-    return conv["train"].map(lambda row, i: {"messages": _prompt_part(row["messages"]) + [
-        {"role": "assistant", "content": answers[i]}]}, with_indices=True)
+    return conv["train"].map(
+        lambda row, i: {"messages": _prompt_part(row["messages"]) + [{"role": "assistant", "content": answers[i]}]},
+        with_indices=True,
+    )
 
 
 def teacher_view(conv: dict, student_tok, teacher_tok, args: DistillConfig, mode: str) -> dict[str, str]:
@@ -403,8 +478,11 @@ def teacher_view(conv: dict, student_tok, teacher_tok, args: DistillConfig, mode
     eval_rows = conv["eval_rows"]
     convs = list(conv["train"]["messages"]) + [r["prompt_messages"] for r in eval_rows]
     # a row without the group column gets demonstrations from any group (same system turn)
-    groups = None if conv["groups"] is None else list(conv["groups"]) + [
-        r.get(args.teacher_few_shot_group) for r in eval_rows]
+    groups = (
+        None
+        if conv["groups"] is None
+        else list(conv["groups"]) + [r.get(args.teacher_few_shot_group) for r in eval_rows]
+    )
     hints = None if conv["hints"] is None else conv["hints"] + teacher_hints(eval_rows, args.teacher_hint)
     return teacher_prompt_map(convs, student_tok, teacher_tok, args, conv["pool"], groups, hints)
 
@@ -413,7 +491,10 @@ def main(script_args, training_args: DistillConfig, model_args, known: dict | No
     """Load student and teacher, measure, distil, save, measure again; returns the before/after metrics.
 
     `known`: greedy held-out answers made earlier in this process (`held_out_metrics`), which expert iteration's
-    rounds share: a round's student or teacher that is weights already measured is not measured again."""
+    rounds share: a round's student or teacher that is weights already measured is not measured again.
+
+    Long because it is the stage's one sequence (load, measure, train, save, measure again, compare) whose steps share
+    the tokenizers, the tokenizer mode, the trainer and the held-out rows; split, they would be passed step to step."""
     args = training_args
     known = {} if known is None else known
     check_teacher_placement(args)
@@ -421,21 +502,29 @@ def main(script_args, training_args: DistillConfig, model_args, known: dict | No
     student_tok, _ = stage.load_tokenizer(model_args, args)
     teacher_tok = load_teacher_tokenizer(args.teacher_tokenizer_name_or_path or args.teacher_model_name_or_path)
 
-    conv = prepare_conversations(stage.load_data(script_args, args.output_dir), args,
-                                 script_args.eval_num_prompts)
+    conv = prepare_conversations(stage.load_data(script_args, args.output_dir), args, script_args.eval_num_prompts)
     eval_rows = conv["eval_rows"]
     tool_loop = build_tool_loop(args, student_tok)  # a tool without hints or docstring fails here
     if tool_loop is not None:
         conv["train"] = add_tools_to_conversations(conv["train"], tool_loop)
 
     student = stage.load_model(model_args)
-    teacher = load_teacher(args.teacher_model_name_or_path, args, dtype=args.teacher_dtype or model_args.dtype or "auto")
+    teacher = load_teacher(
+        args.teacher_model_name_or_path, args, dtype=args.teacher_dtype or model_args.dtype or "auto"
+    )
     mode = resolve_tokenizer_mode(args.tokenizer_mode, student_tok, teacher_tok, student, teacher)
     args.use_uld_loss = mode == "cross"
     if mode == "cross" and not args.teacher_tokenizer_name_or_path:
         args.teacher_tokenizer_name_or_path = resolve_model_path(args.teacher_model_name_or_path)
-    logger.info("distillation: loss=%s mode=%s beta=%s lmbda=%s backend=%s teacher on %s", args.loss, mode, args.beta,
-                args.lmbda, args.rollout_backend, teacher.device)
+    logger.info(
+        "distillation: loss=%s mode=%s beta=%s lmbda=%s backend=%s teacher on %s",
+        args.loss,
+        mode,
+        args.beta,
+        args.lmbda,
+        args.rollout_backend,
+        teacher.device,
+    )
     check_tool_distillation(args, args.use_uld_loss)
     teacher_written = args.loss in ("sequence_kd", "rejection_sampling")
     train = teacher_answers(conv, teacher, teacher_tok, args) if teacher_written else conv["train"]
@@ -445,42 +534,74 @@ def main(script_args, training_args: DistillConfig, model_args, known: dict | No
     best_of = None  # measured before a trainer wraps the teacher, as its answers are
     if args.loss == "rejection_sampling" and args.distill_eval and script_args.eval_after and eval_rows:
         best_of = teacher_best_of_accuracy(conv, teacher, teacher_tok, args)
-        logger.info("held-out accuracy of the teacher's verified best of %d: %.3f %s", args.teacher_best_of,
-                    best_of["accuracy"], best_of["by_mode"])
+        logger.info(
+            "held-out accuracy of the teacher's verified best of %d: %.3f %s",
+            args.teacher_best_of,
+            best_of["accuracy"],
+            best_of["by_mode"],
+        )
 
     trainer = DistillTrainer(
-        model=student, teacher_model=teacher, args=args, train_dataset=train, processing_class=student_tok,
-        teacher_prompts=teacher_prompts, teacher_device=args.teacher_device, peft_config=stage.peft_config(model_args),
+        model=student,
+        teacher_model=teacher,
+        args=args,
+        train_dataset=train,
+        processing_class=student_tok,
+        teacher_prompts=teacher_prompts,
+        teacher_device=args.teacher_device,
+        peft_config=stage.peft_config(model_args),
     )
     set_rank_seed(args.seed, device_specific=True)  # dropout and sampling: a stream of its own per rank
-    trainer.attach_sampler(build_sampler(
-        args.rollout_backend, args.rollout_kwargs, trainer.accelerator.unwrap_model(trainer.model),
-        resolve_model_path(model_args.model_name_or_path), student_tok, trainer.accelerator, seed=args.seed,
-        max_model_len=args.max_length))
+    trainer.attach_sampler(
+        build_sampler(
+            args.rollout_backend,
+            args.rollout_kwargs,
+            trainer.accelerator.unwrap_model(trainer.model),
+            resolve_model_path(model_args.model_name_or_path),
+            student_tok,
+            trainer.accelerator,
+            seed=args.seed,
+            max_model_len=args.max_length,
+        )
+    )
     if tool_loop is not None:
         if trainer.sampler is None:
             raise ValueError("tools need the shared rollout engine: set rollout_backend auto, hf, vllm or vllm-server")
         trainer.tool_loop = tool_loop
     stage.prepare(trainer, script_args, "distill", raw_train=train)
 
-    metrics: dict = {"loss": args.loss, "tokenizer_mode": mode, "world_size": trainer.accelerator.num_processes,
-                     "distributed_type": str(trainer.accelerator.distributed_type.value)}
+    metrics: dict = {
+        "loss": args.loss,
+        "tokenizer_mode": mode,
+        "world_size": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type.value),
+    }
     measure = args.distill_eval and script_args.eval_after and bool(eval_rows)
     if best_of is not None:
         metrics["teacher_best_of"] = best_of
     if measure:
         plain = stage.peft_config(model_args) is None  # an adapter's saved weights are not the measured model's
-        before = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
-                                  teacher_prompts=teacher_prompts, with_teacher_accuracy=mode == "same",
-                                  known=known if plain else None, student_path=model_args.model_name_or_path)
+        before = held_out_metrics(
+            trainer,
+            student_tok,
+            teacher_tok,
+            eval_rows,
+            mode=mode,
+            args=args,
+            teacher_prompts=teacher_prompts,
+            with_teacher_accuracy=mode == "same",
+            known=known if plain else None,
+            student_path=model_args.model_name_or_path,
+        )
         if "reused" in before:
             metrics["reused"] = {"before": before.pop("reused")}
             logger.info("held-out answers already made in this process, not generated again: %s", metrics["reused"])
         if "teacher_accuracy" in before and "accuracy" in before:
             metrics["teacher_accuracy"] = before["teacher_accuracy"]
             metrics["num_prompts"] = before["num_prompts"]  # the teacher answered the same held-out rows
-            logger.info("held-out teacher accuracy %.3f (student before %.3f)", metrics["teacher_accuracy"],
-                        before["accuracy"])
+            logger.info(
+                "held-out teacher accuracy %.3f (student before %.3f)", metrics["teacher_accuracy"], before["accuracy"]
+            )
         before.pop("teacher_accuracy", None)
         metrics["before"] = before
         logger.info("held-out before: %s", _scalars(metrics["before"]))
@@ -491,23 +612,42 @@ def main(script_args, training_args: DistillConfig, model_args, known: dict | No
     stage.save(trainer, student_tok, args)
     if measure:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
-            metrics["after"] = held_out_metrics(trainer, student_tok, teacher_tok, eval_rows, mode=mode, args=args,
-                                                teacher_prompts=teacher_prompts, known=known if plain else None,
-                                                student_path=args.output_dir)  # saved: a later round's teacher
+            metrics["after"] = held_out_metrics(
+                trainer,
+                student_tok,
+                teacher_tok,
+                eval_rows,
+                mode=mode,
+                args=args,
+                teacher_prompts=teacher_prompts,
+                known=known if plain else None,
+                student_path=args.output_dir,
+            )  # saved: a later round's teacher
         logger.info("held-out after: %s", _scalars(metrics["after"]))
         b, a = metrics["before"], metrics["after"]
         if "correct" in b and "correct" in a:  # the same prompts before and after: a paired test
             b["by_mode"], a["by_mode"] = by_mode(eval_rows, b["correct"]), by_mode(eval_rows, a["correct"])
             for part in (b, a):  # which rows, for the per-item outcome files beside the pipeline report
-                part["items"] = [item_id(json.dumps(r.get("prompt_messages") or r.get("prompt"), sort_keys=True, default=str))
-                                 for r in eval_rows]
+                part["items"] = [
+                    item_id(json.dumps(r.get("prompt_messages") or r.get("prompt"), sort_keys=True, default=str))
+                    for r in eval_rows
+                ]
                 if all(r.get("family") for r in eval_rows):
                     part["families"] = [r["family"] for r in eval_rows]
             metrics["paired"] = paired_change(b["correct"], a["correct"])
-            logger.info("distill: same prompts: %d gained, %d lost, McNemar p=%.3g", metrics["paired"]["gained"],
-                        metrics["paired"]["lost"], metrics["paired"]["p_value"])
-        logger.info("distill: held-out divergence %.4f -> %.4f, accuracy %.3f -> %.3f", b["divergence"],
-                    a["divergence"], b.get("accuracy", float("nan")), a.get("accuracy", float("nan")))
+            logger.info(
+                "distill: same prompts: %d gained, %d lost, McNemar p=%.3g",
+                metrics["paired"]["gained"],
+                metrics["paired"]["lost"],
+                metrics["paired"]["p_value"],
+            )
+        logger.info(
+            "distill: held-out divergence %.4f -> %.4f, accuracy %.3f -> %.3f",
+            b["divergence"],
+            a["divergence"],
+            b.get("accuracy", float("nan")),
+            a.get("accuracy", float("nan")),
+        )
     if trainer.sampler is not None:
         trainer.sampler.close(trainer.model_wrapped)
     stage.write_report(trainer, args.output_dir, "distill_eval.json", metrics)

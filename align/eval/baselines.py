@@ -163,8 +163,10 @@ def baseline_verdicts(model: Sequence[float], baseline: Sequence[float], familie
     McNemar test (`gained`: items the model answers and the rule does not); `beats` when the model is better at
     p < 0.05. {"families": {family: {...}}, "beaten": how many families it beats, "num_families"}."""
     if not len(model) == len(baseline) == len(families):
-        raise ValueError(f"baseline_verdicts: {len(model)} model outcomes, {len(baseline)} baseline outcomes and "
-                         f"{len(families)} families: they must be the same items")
+        raise ValueError(
+            f"baseline_verdicts: {len(model)} model outcomes, {len(baseline)} baseline outcomes and "
+            f"{len(families)} families: they must be the same items"
+        )
     by: dict[str, list[int]] = {}
     for i, family in enumerate(families):
         by.setdefault(str(family), []).append(i)
@@ -172,7 +174,13 @@ def baseline_verdicts(model: Sequence[float], baseline: Sequence[float], familie
     for family, idx in sorted(by.items()):
         m, b = [model[i] for i in idx], [baseline[i] for i in idx]
         p = paired_change(b, m)
-        out[family] = {"num": len(idx), "model": sum(m) / len(idx), "baseline": sum(b) / len(idx),
-                       "gained": p["gained"], "lost": p["lost"], "p_value": p["p_value"],
-                       "beats": p["significant"] and p["gained"] > p["lost"]}
+        out[family] = {
+            "num": len(idx),
+            "model": sum(m) / len(idx),
+            "baseline": sum(b) / len(idx),
+            "gained": p["gained"],
+            "lost": p["lost"],
+            "p_value": p["p_value"],
+            "beats": p["significant"] and p["gained"] > p["lost"],
+        }
     return {"families": out, "beaten": sum(v["beats"] for v in out.values()), "num_families": len(out)}

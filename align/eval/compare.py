@@ -86,8 +86,16 @@ def _by_family(metric: str) -> bool:
 def _row(metric: str, before: list, after: list) -> dict:
     p = paired_change(before, after)
     word = "within noise" if not p["significant"] else "better" if p["gained"] > p["lost"] else "worse"
-    return {"metric": metric, "num": p["num"], "before": sum(before) / len(before), "after": sum(after) / len(after),
-            "gained": p["gained"], "lost": p["lost"], "p_value": p["p_value"], "word": word}
+    return {
+        "metric": metric,
+        "num": p["num"],
+        "before": sum(before) / len(before),
+        "after": sum(after) / len(after),
+        "gained": p["gained"],
+        "lost": p["lost"],
+        "p_value": p["p_value"],
+        "word": word,
+    }
 
 
 def _rows(metric: str, a: OutcomeSet, b: OutcomeSet) -> list[dict]:
@@ -116,13 +124,21 @@ def compare(before: str | Path, after: str | Path, first: int | None = None) -> 
             continue
         rows += _rows(metric, a.head(first), b.head(first))
     if not rows and not_comparable:
-        raise ValueError(f"compare: the two results were evaluated on different items ({', '.join(not_comparable)}): "
-                         "evaluate both with the same eval recipe (rows, families, seed, eval_split)")
+        raise ValueError(
+            f"compare: the two results were evaluated on different items ({', '.join(not_comparable)}): "
+            "evaluate both with the same eval recipe (rows, families, seed, eval_split)"
+        )
     if not rows:
-        raise ValueError("compare: the two results share no per-item outcomes: evaluate both with the same suites "
-                         "(generative, mc or tools) and the same rows")
-    return {"rows": rows, "not_comparable": not_comparable, "first": first,
-            "loss": _loss(a_sets.get("loss/chat"), b_sets.get("loss/chat"))}
+        raise ValueError(
+            "compare: the two results share no per-item outcomes: evaluate both with the same suites "
+            "(generative, mc or tools) and the same rows"
+        )
+    return {
+        "rows": rows,
+        "not_comparable": not_comparable,
+        "first": first,
+        "loss": _loss(a_sets.get("loss/chat"), b_sets.get("loss/chat")),
+    }
 
 
 def compare_baseline(path: str | Path, first: int | None = None) -> dict:
@@ -141,8 +157,10 @@ def compare_baseline(path: str | Path, first: int | None = None) -> dict:
         beaten[metric] = sum(r["word"] == "better" for r in families)
         num_families[metric] = len(families)
     if not rows:
-        raise ValueError(f"compare: {path} holds no baseline outcomes: evaluate with the generative suite on our task "
-                         "families (baselines: true)")
+        raise ValueError(
+            f"compare: {path} holds no baseline outcomes: evaluate with the generative suite on our task "
+            "families (baselines: true)"
+        )
     return {"rows": rows, "beaten": beaten, "num_families": num_families, "first": first, "baseline": True}
 
 
@@ -150,21 +168,32 @@ def compare_markdown(found: dict, before: str, after: str | None = None) -> str:
     """The comparison as a markdown table (bold: a change the paired test calls real, p < 0.05)."""
     which = f"the first {found['first']} items of each set" if found.get("first") else "the same items"
     if found.get("baseline"):
-        lines = [f"# {before} against the best trivial rule of each task family", "",
-                 f"Paired on {which} (exact McNemar test); before: the rule, after: the model; p < 0.05 in bold.", ""]
-        lines += [f"- `{m}`: beats the baseline on {found['beaten'][m]} of {found['num_families'][m]} families"
-                  for m in found["beaten"]] + [""]
+        lines = [
+            f"# {before} against the best trivial rule of each task family",
+            "",
+            f"Paired on {which} (exact McNemar test); before: the rule, after: the model; p < 0.05 in bold.",
+            "",
+        ]
+        lines += [
+            f"- `{m}`: beats the baseline on {found['beaten'][m]} of {found['num_families'][m]} families"
+            for m in found["beaten"]
+        ] + [""]
     else:
         lines = [f"# {after} against {before}", "", f"Paired on {which} (exact McNemar test); p < 0.05 in bold.", ""]
     lines += ["| metric | n | before | after | gained | lost | p | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in found["rows"]:
         verdict = r["word"] if r["word"] == "within noise" else f"**{r['word']}**"
-        lines.append(f"| {r['metric']} | {r['num']} | {r['before']:.1%} | {r['after']:.1%} | {r['gained']} | "
-                     f"{r['lost']} | {r['p_value']:.2g} | {verdict} |")
+        lines.append(
+            f"| {r['metric']} | {r['num']} | {r['before']:.1%} | {r['after']:.1%} | {r['gained']} | "
+            f"{r['lost']} | {r['p_value']:.2g} | {verdict} |"
+        )
     if found.get("loss"):
         loss = found["loss"]
-        lines += ["", f"Chat loss (per item, after minus before): {loss['difference']:+.4f} "
-                      f"[{loss['ci_low']:+.4f}, {loss['ci_high']:+.4f}], {loss['word'].strip('*')}."]
+        lines += [
+            "",
+            f"Chat loss (per item, after minus before): {loss['difference']:+.4f} "
+            f"[{loss['ci_low']:+.4f}, {loss['ci_high']:+.4f}], {loss['word'].strip('*')}.",
+        ]
     if found.get("not_comparable"):
         lines += ["", "Not comparable (evaluated on different items): " + ", ".join(found["not_comparable"]) + "."]
     return "\n".join(lines) + "\n"

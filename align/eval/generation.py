@@ -44,11 +44,19 @@ def model_generate(model: torch.nn.Module, tokenizer: Any = None, batch_size: in
     return engine.generate
 
 
-def generate_and_score(generate: GenerateFn, rows: Sequence[dict], prompt_ids: Sequence[list[int]], params: Any,
-                       decode: Callable[[list[int]], str], *, default_verifier: str = "math_reward",
-                       family_verifiers: dict[str, str] | None = None,
-                       to_verifier: Callable[[dict, str], str] | None = None,
-                       collective_generate: bool = False, check: bool = True) -> list[dict]:
+def generate_and_score(
+    generate: GenerateFn,
+    rows: Sequence[dict],
+    prompt_ids: Sequence[list[int]],
+    params: Any,
+    decode: Callable[[list[int]], str],
+    *,
+    default_verifier: str = "math_reward",
+    family_verifiers: dict[str, str] | None = None,
+    to_verifier: Callable[[dict, str], str] | None = None,
+    collective_generate: bool = False,
+    check: bool = True,
+) -> list[dict]:
     """Answer each row's prompt with `generate` (an engine's `generate`, or the trainer's sampler as
     `lambda ids, p: sampler.generate(model_wrapped, ids, p)`) and check the answers (`verify`).
 
@@ -71,9 +79,17 @@ def generate_and_score(generate: GenerateFn, rows: Sequence[dict], prompt_ids: S
     texts = [decode(list(r.completion_ids)) for r in rollouts]
     checked = [to_verifier(row, t) for row, t in zip(mine_rows, texts)] if to_verifier else texts
     scores = verify(checked, mine_rows, default_verifier, family_verifiers) if check else [None] * len(texts)
-    mine = [{"text": t, "completion_ids": list(r.completion_ids), "num_tokens": len(r.completion_ids),
-             "finish_reason": r.finish_reason, "score": s, "correct": is_correct(s)}
-            for t, r, s in zip(texts, rollouts, scores)]
+    mine = [
+        {
+            "text": t,
+            "completion_ids": list(r.completion_ids),
+            "num_tokens": len(r.completion_ids),
+            "finish_reason": r.finish_reason,
+            "score": s,
+            "correct": is_correct(s),
+        }
+        for t, r, s in zip(texts, rollouts, scores)
+    ]
     return gather_shards(mine)
 
 
@@ -95,16 +111,16 @@ def summarize(records: Sequence[dict], families: Sequence[str | None] | None = N
     (and the accuracy per family when `families` is given)."""
     lengths = sorted(r["num_tokens"] for r in records)
     num = max(len(records), 1)
-    out = {**accuracy([float(r["correct"]) for r in records]),
-           "mean_completion_length": sum(lengths) / num,
-           "median_completion_length": lengths[len(lengths) // 2] if lengths else 0,
-           "max_completion_length": lengths[-1] if lengths else 0,
-           "truncated": sum(r["finish_reason"] == "length" for r in records) / num}
+    out = {
+        **accuracy([float(r["correct"]) for r in records]),
+        "mean_completion_length": sum(lengths) / num,
+        "median_completion_length": lengths[len(lengths) // 2] if lengths else 0,
+        "max_completion_length": lengths[-1] if lengths else 0,
+        "truncated": sum(r["finish_reason"] == "length" for r in records) / num,
+    }
     if families is not None and any(f is not None for f in families):
         by: dict[str, list[float]] = {}
         for f, r in zip(families, records):
             by.setdefault(str(f), []).append(float(r["correct"]))
         out["by_family"] = {f: sum(v) / len(v) for f, v in sorted(by.items())}
     return out
-
-

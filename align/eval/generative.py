@@ -36,7 +36,10 @@ def build_prompt(tokenizer, question: str, mode: str, system: str | None = None)
     if mode == "plain" or not getattr(tokenizer, "chat_template", None):
         return f"Question: {question}\nAnswer:"
     flag = f"/{mode}"
-    messages = [{"role": "system", "content": f"{system}\n{flag}" if system else flag}, {"role": "user", "content": question}]
+    messages = [
+        {"role": "system", "content": f"{system}\n{flag}" if system else flag},
+        {"role": "user", "content": question},
+    ]
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, enable_thinking=mode == "think"
     )
@@ -102,25 +105,39 @@ def generation_stats(records: list[dict], mode: str, families: list[str | None] 
     summary = summarize(records, families)
     fmt = accuracy([float(is_formatted(r["text"], mode)) for r in records], "format")
     return {
-        "acc": summary["accuracy"], "acc_ci": [summary["ci_low"], summary["ci_high"]],
-        "format": fmt["format"], "format_ci": [fmt["ci_low"], fmt["ci_high"]],
-        "len_mean": summary["mean_completion_length"], "len_median": summary["median_completion_length"],
-        "len_max": summary["max_completion_length"], "truncated": summary["truncated"], "num": summary["num"],
+        "acc": summary["accuracy"],
+        "acc_ci": [summary["ci_low"], summary["ci_high"]],
+        "format": fmt["format"],
+        "format_ci": [fmt["ci_low"], fmt["ci_high"]],
+        "len_mean": summary["mean_completion_length"],
+        "len_median": summary["median_completion_length"],
+        "len_max": summary["max_completion_length"],
+        "truncated": summary["truncated"],
+        "num": summary["num"],
         **({"by_family": summary["by_family"]} if "by_family" in summary else {}),
     }
 
 
-def run_generative(generate, tokenizer, rows: list[dict], mode: str, max_new_tokens: int,
-                   collective_generate: bool = False) -> tuple[dict, list[dict]]:
+def run_generative(
+    generate, tokenizer, rows: list[dict], mode: str, max_new_tokens: int, collective_generate: bool = False
+) -> tuple[dict, list[dict]]:
     """Greedy answers to `rows` in `mode`, checked by the one scorer (`align.eval.generation.generate_and_score`).
     `generate` is an engine (or its `generate`, or a trainer sampler's). Collective: call on every rank with all the
     rows; each rank answers its share and every rank returns the stats over all of them (in the rows' order)."""
     generate = getattr(generate, "generate", generate)
     ids = prompt_ids(tokenizer, [build_prompt(tokenizer, r["prompt"], mode) for r in rows], mode)
-    records = generate_and_score(generate, rows, ids, sampling_params(tokenizer, max_new_tokens, mode),
-                                 lambda c: decode_completion(tokenizer, c, mode), to_verifier=_reward_completion,
-                                 collective_generate=collective_generate)
+    records = generate_and_score(
+        generate,
+        rows,
+        ids,
+        sampling_params(tokenizer, max_new_tokens, mode),
+        lambda c: decode_completion(tokenizer, c, mode),
+        to_verifier=_reward_completion,
+        collective_generate=collective_generate,
+    )
     stats = generation_stats(records, mode, [r.get("family") for r in rows])
-    samples = [{"prompt": r["prompt"][:300], "answer": r.get("answer"), "completion": rec["text"],
-                "correct": rec["correct"]} for r, rec in zip(rows, records)]
+    samples = [
+        {"prompt": r["prompt"][:300], "answer": r.get("answer"), "completion": rec["text"], "correct": rec["correct"]}
+        for r, rec in zip(rows, records)
+    ]
     return stats, samples

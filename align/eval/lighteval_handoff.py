@@ -26,8 +26,9 @@ BACKENDS = ("accelerate", "vllm")
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
-def lighteval_command(binary: str, backend: str, model_path: str, tasks: list[str], out_dir: str,
-                      model_args: str = "") -> list[str]:
+def lighteval_command(
+    binary: str, backend: str, model_path: str, tasks: list[str], out_dir: str, model_args: str = ""
+) -> list[str]:
     """`lighteval <backend> "model_name=<path>[,<model_args>]" "<task>,<task>" --output-dir <out_dir>`."""
     if backend not in BACKENDS:
         raise ValueError(f"lighteval_backend={backend!r}; choose from {list(BACKENDS)}")
@@ -41,23 +42,30 @@ def read_results(out_dir: str | Path) -> dict[str, float]:
     if not files:
         raise FileNotFoundError(f"lighteval wrote no results_*.json under {out_dir}/results: see its log above")
     results = json.loads(files[-1].read_text()).get("results", {})
-    return {f"lighteval/{task}/{metric}": float(value)
-            for task, metrics in results.items() if task != "all"
-            for metric, value in metrics.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return {
+        f"lighteval/{task}/{metric}": float(value)
+        for task, metrics in results.items()
+        if task != "all"
+        for metric, value in metrics.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 def find_lighteval(binary: str) -> str:
     """The lighteval executable's path; ValueError naming the fix when there is none (checked before any scoring)."""
     found = shutil.which(binary)
     if found is None:
-        raise ValueError(f"lighteval_tasks is set but lighteval_bin={binary!r} is not an executable: install "
-                         f"lighteval==0.13.0 in an environment of its own (it cannot share ours: its "
-                         f"latex2sympy2_extended pin) and point lighteval_bin at its `lighteval`, or drop lighteval_tasks")
+        raise ValueError(
+            f"lighteval_tasks is set but lighteval_bin={binary!r} is not an executable: install "
+            f"lighteval==0.13.0 in an environment of its own (it cannot share ours: its "
+            f"latex2sympy2_extended pin) and point lighteval_bin at its `lighteval`, or drop lighteval_tasks"
+        )
     return found
 
 
-def run_lighteval(binary: str, backend: str, model_path: str, tasks: list[str], out_dir: str,
-                  model_args: str = "") -> dict[str, float]:
+def run_lighteval(
+    binary: str, backend: str, model_path: str, tasks: list[str], out_dir: str, model_args: str = ""
+) -> dict[str, float]:
     """Run lighteval on one checkpoint and return its metrics. Raises ValueError when it is not installed."""
     found = find_lighteval(binary)
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith("ACCELERATE_")}

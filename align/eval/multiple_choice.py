@@ -26,8 +26,13 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 @torch.no_grad()
-def sequence_logprobs(model: torch.nn.Module, seqs: Sequence[tuple[list[int], int]], pad_id: int = 0,
-                      batch_size: int = 16, collective: bool = False) -> list[tuple[float, int]]:
+def sequence_logprobs(
+    model: torch.nn.Module,
+    seqs: Sequence[tuple[list[int], int]],
+    pad_id: int = 0,
+    batch_size: int = 16,
+    collective: bool = False,
+) -> list[tuple[float, int]]:
     """For each (token ids, n): the sum of the log-probs of the last n tokens given the ones before, and n (the first
     token has no prediction, so n is at most len - 1; sequences longer than the model's context keep their end).
 
@@ -119,9 +124,13 @@ def cloze_pick(logprobs: Sequence[float], continuations: Sequence[str], norm: st
 
 
 @torch.no_grad()
-def _letter_logprobs(model, tokenizer, prompts: list[str], num_choices: list[int], batch_size: int) -> list[list[float]]:
+def _letter_logprobs(
+    model, tokenizer, prompts: list[str], num_choices: list[int], batch_size: int
+) -> list[list[float]]:
     """log p(" A"), log p(" B"), ... after each prompt: one forward pass per prompt when each letter is one token."""
-    letters = [tokenizer(f" {L}", add_special_tokens=False)["input_ids"] for L in LETTERS[: max(num_choices, default=0)]]
+    letters = [
+        tokenizer(f" {L}", add_special_tokens=False)["input_ids"] for L in LETTERS[: max(num_choices, default=0)]
+    ]
     if any(len(t) != 1 for t in letters):  # a tokenizer that splits " A": score each letter as a continuation
         pairs = [pair_ids(tokenizer, p, f" {LETTERS[i]}") for p, n in zip(prompts, num_choices) for i in range(n)]
         seqs = [(ctx + cont, len(cont)) for ctx, cont in pairs]
@@ -156,8 +165,9 @@ def _letter_logprobs(model, tokenizer, prompts: list[str], num_choices: list[int
     return out
 
 
-def option_logprobs(model: torch.nn.Module, tokenizer: Any, items: Sequence[dict],
-                    batch_size: int = 16) -> tuple[list[list[float]], list[list[float]]]:
+def option_logprobs(
+    model: torch.nn.Module, tokenizer: Any, items: Sequence[dict], batch_size: int = 16
+) -> tuple[list[list[float]], list[list[float]]]:
     """Per item: the summed log-likelihood of each option's text after the context (cloze) and of each letter after
     the letter prompt (MCF). Local: the caller's items, no gathering."""
     seqs, sizes = [], []
@@ -171,13 +181,15 @@ def option_logprobs(model: torch.nn.Module, tokenizer: Any, items: Sequence[dict
     for n in sizes:
         cloze.append(flat[k : k + n])
         k += n
-    letters = _letter_logprobs(model, tokenizer, [letter_prompt(it["context"], it["choices"]) for it in items],
-                               sizes, batch_size)
+    letters = _letter_logprobs(
+        model, tokenizer, [letter_prompt(it["context"], it["choices"]) for it in items], sizes, batch_size
+    )
     return cloze, letters
 
 
-def mc_picks(model: torch.nn.Module, tokenizer: Any, items: Sequence[dict], norm: str | None = "char",
-             batch_size: int = 16) -> list[dict]:
+def mc_picks(
+    model: torch.nn.Module, tokenizer: Any, items: Sequence[dict], norm: str | None = "char", batch_size: int = 16
+) -> list[dict]:
     """Each item's cloze pick (`cf`, normalised by `norm`) and letter pick (`mcf`), with its label and the option
     log-likelihoods. Collective: every rank passes all items, scores its share and gets every item's pick."""
     mine = shard(list(items))
@@ -185,15 +197,23 @@ def mc_picks(model: torch.nn.Module, tokenizer: Any, items: Sequence[dict], norm
     picks = []
     for it, c, lt in zip(mine, cloze, letters):
         conts = [" " + x.strip() for x in it["choices"]]
-        picks.append({"cf": cloze_pick(c, conts, norm), "mcf": max(range(len(lt)), key=lt.__getitem__),
-                      "label": it["label"], "cloze_logprobs": c, "letter_logprobs": lt})
+        picks.append(
+            {
+                "cf": cloze_pick(c, conts, norm),
+                "mcf": max(range(len(lt)), key=lt.__getitem__),
+                "label": it["label"],
+                "cloze_logprobs": c,
+                "letter_logprobs": lt,
+            }
+        )
     return gather_shards(picks)
 
 
 def mc_summary(items: Sequence[dict], picks: Sequence[dict]) -> dict:
     """cf and mcf accuracy (each with its count and interval), the chance level, and the picks."""
-    return {"cf": accuracy([float(p["cf"] == p["label"]) for p in picks], "cf"),
-            "mcf": accuracy([float(p["mcf"] == p["label"]) for p in picks], "mcf"),
-            "chance": chance(items), "picks": list(picks)}
-
-
+    return {
+        "cf": accuracy([float(p["cf"] == p["label"]) for p in picks], "cf"),
+        "mcf": accuracy([float(p["mcf"] == p["label"]) for p in picks], "mcf"),
+        "chance": chance(items),
+        "picks": list(picks),
+    }

@@ -6,7 +6,8 @@ before/after ones too) into `<run_dir>/outcomes/`, and `scripts/compare.py` read
 
 A line: `{"eval": <what was evaluated>, "item": <id of its prompt>, "family"?: ..., <outcome fields>}` with
 - `gen/<set>/<mode>` (generative suite): `correct`, `formatted` (0/1) and `baseline` (0/1: the family's best trivial
-  rule, align/eval/baselines.py), read as the shares `acc/<set>/<mode>`, `format/<set>/<mode>`, `baseline/<set>/<mode>`;
+  rule, align/eval/baselines.py), read as the shares `acc/<set>/<mode>`, `format/<set>/<mode>`,
+  `baseline/<set>/<mode>`;
 - `mc/<set>` (multiple choice): `cf`, `mcf` (0/1) -> `cf/<set>`, `mcf/<set>`;
 - `tools/<mode>` (tool suite): `with_tools`, `without_tools`, `right_tool`, `format` -> `tools/<mode>/acc_with_tools`,
   `.../acc_without_tools`, `.../right_tool`, `.../format`;
@@ -31,10 +32,15 @@ RESULTS_FILE = "eval_results.json"
 
 # (kind of `eval`, outcome field) -> the share's name, from the rest of `eval` ("tasks/think", "hellaswag", "think")
 FIELDS: dict[tuple[str, str], str] = {
-    ("gen", "correct"): "acc/{}", ("gen", "formatted"): "format/{}", ("gen", "baseline"): "baseline/{}",
-    ("mc", "cf"): "cf/{}", ("mc", "mcf"): "mcf/{}",
-    ("tools", "with_tools"): "tools/{}/acc_with_tools", ("tools", "without_tools"): "tools/{}/acc_without_tools",
-    ("tools", "right_tool"): "tools/{}/right_tool", ("tools", "format"): "tools/{}/format",
+    ("gen", "correct"): "acc/{}",
+    ("gen", "formatted"): "format/{}",
+    ("gen", "baseline"): "baseline/{}",
+    ("mc", "cf"): "cf/{}",
+    ("mc", "mcf"): "mcf/{}",
+    ("tools", "with_tools"): "tools/{}/acc_with_tools",
+    ("tools", "without_tools"): "tools/{}/acc_without_tools",
+    ("tools", "right_tool"): "tools/{}/right_tool",
+    ("tools", "format"): "tools/{}/format",
     ("loss", "loss"): "loss/{}",
 }
 # The fields of a line that are not outcomes.
@@ -108,7 +114,7 @@ def lines_from_details(details: dict) -> list[dict]:
         kind = key.split("/", 1)[0]
         if kind == "gen" and detail.get("outcomes"):
             outcomes = {k: detail["outcomes"][k] for k in ("correct", "formatted") if k in detail["outcomes"]}
-            base = ((details.get(f"baseline/{key.split('/')[1]}") or {}).get("outcomes"))
+            base = (details.get(f"baseline/{key.split('/')[1]}") or {}).get("outcomes")
             if base and len(base) == len(outcomes.get("correct", [])):
                 outcomes["baseline"] = base
             lines += _lines(key, detail, outcomes)
@@ -152,12 +158,16 @@ def sets_from_lines(lines: list[dict]) -> dict[str, OutcomeSet]:
         for field, value in line.items():
             if field not in KEYS:
                 grouped.setdefault(share_name(line["eval"], field), []).append(
-                    (line["item"], value, line.get("family")))
+                    (line["item"], value, line.get("family"))
+                )
     out = {}
     for name, rows in grouped.items():
         families = tuple(f for _, _, f in rows)
-        out[name] = OutcomeSet(tuple(v for _, v, _ in rows), tuple(i for i, _, _ in rows),
-                               families if any(f is not None for f in families) else None)
+        out[name] = OutcomeSet(
+            tuple(v for _, v, _ in rows),
+            tuple(i for i, _, _ in rows),
+            families if any(f is not None for f in families) else None,
+        )
     return out
 
 
@@ -184,12 +194,16 @@ def outcomes_path(path: str | Path) -> Path:
         for name in (OUTCOMES_FILE, RESULTS_FILE):
             if (path / name).is_file():
                 return path / name
-        raise FileNotFoundError(f"no {OUTCOMES_FILE} or {RESULTS_FILE} in {path}: pass an eval output_dir "
-                                "(scripts/evaluate.py writes both there), one of those files, or an outcomes file")
+        raise FileNotFoundError(
+            f"no {OUTCOMES_FILE} or {RESULTS_FILE} in {path}: pass an eval output_dir "
+            "(scripts/evaluate.py writes both there), one of those files, or an outcomes file"
+        )
     if not path.is_file():
-        raise FileNotFoundError(f"no eval results at {path}: pass an eval output_dir (scripts/evaluate.py writes "
-                                f"<output_dir>/{RESULTS_FILE} and {OUTCOMES_FILE}), one of those files, or an outcomes "
-                                "file")
+        raise FileNotFoundError(
+            f"no eval results at {path}: pass an eval output_dir (scripts/evaluate.py writes "
+            f"<output_dir>/{RESULTS_FILE} and {OUTCOMES_FILE}), one of those files, or an outcomes "
+            "file"
+        )
     return path
 
 

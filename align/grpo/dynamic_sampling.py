@@ -1,5 +1,4 @@
-"""DAPO's dynamic sampling: which groups carry a learning signal, and the batch merged from several rounds.
-"""
+"""DAPO's dynamic sampling: which groups carry a learning signal, and the batch merged from several rounds."""
 
 from __future__ import annotations
 
@@ -38,8 +37,9 @@ def _pad_cat(tensors: list[torch.Tensor], value: float, left: bool) -> torch.Ten
     return torch.cat(out, dim=0)
 
 
-def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int,
-                  gather: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+def merge_batches(
+    parts: list[tuple[dict, torch.Tensor]], pad_token_id: int, gather: Callable[[torch.Tensor], torch.Tensor]
+) -> dict:
     """Rows `idx` of each scored batch, merged into one (prompt tensors left-padded, completion tensors right-padded).
     `num_items_in_batch` is recounted from the merged masks over every rank, as TRL counts it: `gather` is the
     trainer's `accelerator.gather` (every rank calls this), and TRL's dapo/cispo normaliser divides the count by the
@@ -50,7 +50,9 @@ def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int,
         if key == "num_items_in_batch":
             continue
         if not isinstance(first, torch.Tensor):
-            raise ValueError(f"dynamic_sampling cannot merge the batch field {key!r} (multimodal inputs are unsupported)")
+            raise ValueError(
+                f"dynamic_sampling cannot merge the batch field {key!r} (multimodal inputs are unsupported)"
+            )
         chunks = [batch[key][idx] for batch, idx in parts]
         if first.dim() == 1:
             merged[key] = torch.cat(chunks)
@@ -60,5 +62,3 @@ def merge_batches(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int,
     mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
     merged["num_items_in_batch"] = gather(mask.sum()).sum()
     return merged
-
-

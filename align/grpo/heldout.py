@@ -12,31 +12,55 @@ from align.grpo.prompts import row_mode
 from rewards import mode_format_reward
 
 
-def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, template_kwargs: dict | None = None,
-                     chat_template: str | None = None) -> dict:
-    """Greedy accuracy on held-out rows, from the one scorer (`align.eval.statistics`): each row checked by the verifier its
-    `reward` column names (else `default_reward`), correct at a score >= 1, with its 95% interval.
+def heldout_accuracy(
+    generate,
+    tokenizer,
+    dataset,
+    params,
+    default_reward: str,
+    template_kwargs: dict | None = None,
+    chat_template: str | None = None,
+) -> dict:
+    """Greedy accuracy on held-out rows, from the one scorer (`align.eval.statistics`): each row checked by the
+    verifier its `reward` column names (else `default_reward`), correct at a score >= 1, with its 95% interval.
 
-    `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective: call
-    it on every rank; each rank generates and scores its share of the rows, and every rank returns the report over all
-    of them."""
+    `generate(prompt_ids, params) -> [[Rollout]]` is the trainer's sampler (or an engine's `generate`). Collective:
+    call it on every rank; each rank generates and scores its share of the rows, and every rank returns the report over
+    all of them."""
     rows = [dict(r) for r in dataset]
     prompts = [
-        tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
-                                      chat_template=chat_template, **(template_kwargs or {}))
+        tokenizer.apply_chat_template(
+            r["prompt"],
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=chat_template,
+            **(template_kwargs or {}),
+        )
         for r in rows
     ]
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    records = generate_and_score(generate, rows, ids, params, lambda c: tokenizer.decode(c, skip_special_tokens=True),
-                                 default_verifier=default_reward, collective_generate=True)
+    records = generate_and_score(
+        generate,
+        rows,
+        ids,
+        params,
+        lambda c: tokenizer.decode(c, skip_special_tokens=True),
+        default_verifier=default_reward,
+        collective_generate=True,
+    )
     families = [r.get("family") for r in rows] if "family" in dataset.column_names else None
     summary = summarize(records, families)  # task rows: which families moved
     modes = [row_mode(r) for r in rows]
-    report = {"accuracy": summary["accuracy"], "num_prompts": summary["num"], "ci_low": summary["ci_low"],
-              "ci_high": summary["ci_high"], "mean_completion_length": summary["mean_completion_length"],
-              "sample": [r["text"] for r in records][:3],
-              "correct": [int(r["correct"]) for r in records],  # per row, in row order: a paired before/after test
-              "items": [item_id(json.dumps(r["prompt"], sort_keys=True, default=str)) for r in rows]}
+    report = {
+        "accuracy": summary["accuracy"],
+        "num_prompts": summary["num"],
+        "ci_low": summary["ci_low"],
+        "ci_high": summary["ci_high"],
+        "mean_completion_length": summary["mean_completion_length"],
+        "sample": [r["text"] for r in records][:3],
+        "correct": [int(r["correct"]) for r in records],  # per row, in row order: a paired before/after test
+        "items": [item_id(json.dumps(r["prompt"], sort_keys=True, default=str)) for r in rows],
+    }
     if families is not None:
         report["families"] = families
     if "by_family" in summary:
@@ -46,8 +70,9 @@ def heldout_accuracy(generate, tokenizer, dataset, params, default_reward: str, 
         for mode in sorted({m for m in modes if m is not None}):
             mine = [rec for rec, m in zip(records, modes) if m == mode]
             fmt = mode_format_reward([rec["text"] for rec in mine], mode=[mode] * len(mine))
-            report["by_mode"][mode] = {"accuracy": sum(rec["correct"] for rec in mine) / len(mine), "num": len(mine),
-                                       "format": sum(fmt) / len(fmt)}
+            report["by_mode"][mode] = {
+                "accuracy": sum(rec["correct"] for rec in mine) / len(mine),
+                "num": len(mine),
+                "format": sum(fmt) / len(fmt),
+            }
     return report
-
-

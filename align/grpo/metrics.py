@@ -1,5 +1,4 @@
-"""GRPO's training metrics per asked reasoning mode: reward, accuracy, format and length of each mode's rows.
-"""
+"""GRPO's training metrics per asked reasoning mode: reward, accuracy, format and length of each mode's rows."""
 
 from __future__ import annotations
 
@@ -12,8 +11,13 @@ from rewards import mode_format_reward
 from rewards.verifier import ACCURACY_VERIFIERS
 
 
-def per_mode_metrics(rows: list[tuple[str | None, int, object]], rewards_per_func: torch.Tensor, weights: torch.Tensor,
-                     names: list[str], accuracy: list[float | None] | None = None) -> dict[str, float]:
+def per_mode_metrics(
+    rows: list[tuple[str | None, int, object]],
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    names: list[str],
+    accuracy: list[float | None] | None = None,
+) -> dict[str, float]:
     r"""Hybrid reasoning, logged per asked mode: `mode/<m>/reward` (the weighted total), `mode/<m>/<reward name>`,
     `mode/<m>/accuracy` (the accuracy verifier's share at >= 1; `accuracy`, one verifier score a row, when no reward
     is one: `verifier_scores`), `mode/<m>/format` (`mode_format_reward`'s share) and `mode/<m>/length` (completion
@@ -49,8 +53,11 @@ def per_mode_metrics(rows: list[tuple[str | None, int, object]], rewards_per_fun
             if (~torch.isnan(values)).any():
                 out[f"mode/{mode}/{name}"] = torch.nanmean(values).item()
         if accuracy is not None or column is not None:
-            scored = torch.tensor([s for s in (accuracy[i] for i in idx) if s is not None], dtype=torch.float) \
-                if accuracy is not None else per_func[sel, column][~torch.isnan(per_func[sel, column])]
+            scored = (
+                torch.tensor([s for s in (accuracy[i] for i in idx) if s is not None], dtype=torch.float)
+                if accuracy is not None
+                else per_func[sel, column][~torch.isnan(per_func[sel, column])]
+            )
             if scored.numel():
                 out[f"mode/{mode}/accuracy"] = (scored >= CORRECT_AT).float().mean().item()
         fmt = mode_format_reward([rows[i][2] for i in idx], mode=[mode] * len(idx))
@@ -64,5 +71,3 @@ def mean_metric(log_history: Sequence[dict], key: str, last: int | None = None) 
     values = [h[key] for h in log_history if key in h]
     values = values[-last:] if last else values
     return sum(values) / len(values) if values else float("nan")
-
-

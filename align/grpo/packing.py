@@ -3,9 +3,9 @@
 Why: TRL's GRPO loss pass runs the model on the padded batch, (rows x (longest prompt + longest completion)), so with
 completions of mixed length most of a pass is padding (uniform 16-512 tokens: about half). `packed_logps` drops the
 padding: the rows' tokens are laid end to end in one row whose position ids restart at every sequence, each
-sequence attends only to itself (on a CPU through `align.modeling.document_attention`: causal sdpa per length class; on a GPU
-with `attn_implementation: flash_attention_2`, transformers' varlen kernel reads the restarting position ids), and
-TRL's fused LM head scores only the completion tokens, with labels shifted inside each sequence (never across a
+sequence attends only to itself (on a CPU through `align.modeling.document_attention`: causal sdpa per length class; on
+a GPU with `attn_implementation: flash_attention_2`, transformers' varlen kernel reads the restarting position ids),
+and TRL's fused LM head scores only the completion tokens, with labels shifted inside each sequence (never across a
 boundary). The result is laid back out as TRL's (rows, logits_to_keep) log-probs (and entropies), so the loss,
 importance sampling and `tool_mask` see the same tensors as on the padded path (tests/test_grpo.py: equal to 1e-5,
 gradients too).
@@ -56,8 +56,13 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
     labels = torch.full_like(ids, -100)
     nxt = (rows[1:] == rows[:-1]) & scored[1:]  # the next packed token: same sequence, and scored
     labels[:-1] = torch.where(nxt, ids[1:], labels[:-1])
-    return {"input_ids": ids[None], "position_ids": positions[None], "shift_labels": labels[None], "row": rows,
-            "col": cols}
+    return {
+        "input_ids": ids[None],
+        "position_ids": positions[None],
+        "shift_labels": labels[None],
+        "row": rows,
+        "col": cols,
+    }
 
 
 def unpack(values: torch.Tensor, packed: dict, shape: tuple[int, int], logits_to_keep: int) -> torch.Tensor:
@@ -70,14 +75,24 @@ def unpack(values: torch.Tensor, packed: dict, shape: tuple[int, int], logits_to
     return out.index_put((packed["row"][target], packed["col"][target] - (t - logits_to_keep)), values[0][valid])
 
 
-def packed_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                 compute_entropy: bool = False, autocast=contextlib.nullcontext):
+def packed_logps(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    compute_entropy: bool = False,
+    autocast=contextlib.nullcontext,
+):
     """TRL's per-token log-probs (and entropies) of the completion tokens, (rows, logits_to_keep), from one packed
     row. `model` takes TRL's fused LM head (`fused_lm_head=True`, `shift_labels`); call inside `packed_attention`."""
     packed = pack(input_ids, attention_mask, logits_to_keep)
     with autocast():
-        out = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"],
-                    shift_labels=packed["shift_labels"], fused_lm_head=True)
+        out = model(
+            input_ids=packed["input_ids"],
+            position_ids=packed["position_ids"],
+            shift_labels=packed["shift_labels"],
+            fused_lm_head=True,
+        )
     shape = tuple(input_ids.shape)
     logps = unpack(out.log_probs, packed, shape, logits_to_keep)
     entropies = unpack(out.entropy, packed, shape, logits_to_keep) if compute_entropy else None

@@ -78,8 +78,9 @@ def prepare_prompts(dataset, prompt_mode: str | None = None, system_prompt: str 
         return out
 
     if "tests" in columns:  # a code row no solution can be judged by fails here, before any model loads
-        check_code_rows(dataset.select_columns([c for c in CODE_ROW_COLUMNS if c in columns]), "code_reward",
-                        "the GRPO dataset")
+        check_code_rows(
+            dataset.select_columns([c for c in CODE_ROW_COLUMNS if c in columns]), "code_reward", "the GRPO dataset"
+        )
     drop = [c for c in ("messages", "prompt_messages") if c in columns]
     return dataset.map(convert, remove_columns=drop)
 
@@ -105,13 +106,21 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
         try:
             lengths = sorted(_trace_length(dict(r), mode, tokenizer) for r in rows)
         except (KeyError, TypeError, ValueError, AttributeError) as err:  # not builtin:tool_tasks' shape
-            logger.warning("completion budget: the 'calls' column is not builtin:tool_tasks' (a JSON list of turns, "
-                           "each a list of {name, arguments}): %s; checking the answers alone", err)
+            logger.warning(
+                "completion budget: the 'calls' column is not builtin:tool_tasks' (a JSON list of turns, "
+                "each a list of {name, arguments}): %s; checking the answers alone",
+                err,
+            )
     if lengths is None:
         texts = [assistant_text({"think": r.get("think", ""), "answer": r["answer"]}, mode) for r in rows]
         lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)  # +1: stop
-    stats = {"mode": mode, "median": lengths[len(lengths) // 2], "p95": lengths[int(0.95 * (len(lengths) - 1))],
-             "max": lengths[-1], "max_completion_length": max_completion_length}
+    stats = {
+        "mode": mode,
+        "median": lengths[len(lengths) // 2],
+        "p95": lengths[int(0.95 * (len(lengths) - 1))],
+        "max": lengths[-1],
+        "max_completion_length": max_completion_length,
+    }
     if stats["median"] > max_completion_length:
         raise ValueError(
             f"max_completion_length={max_completion_length} is below the median gold {mode}-mode answer "
@@ -119,8 +128,12 @@ def check_completion_budget(dataset, tokenizer, max_completion_length: int, mode
             f"Raise max_completion_length to at least {stats['p95']}"
         )
     if stats["p95"] > max_completion_length:
-        logger.warning("max_completion_length=%d cuts over 5%% of gold %s-mode answers (p95 %d tokens)",
-                       max_completion_length, mode, stats["p95"])
+        logger.warning(
+            "max_completion_length=%d cuts over 5%% of gold %s-mode answers (p95 %d tokens)",
+            max_completion_length,
+            mode,
+            stats["p95"],
+        )
     return stats
 
 
@@ -130,8 +143,9 @@ def _trace_length(row: dict, mode: str, tokenizer) -> int:
         row = {**row, "prompt": next(m["content"] for m in reversed(row["prompt"]) if m["role"] == "user")}
     prompt, trace = trace_messages({"think": "", **row}, mode, [])
     start = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    return len(tokenizer(tokenizer.apply_chat_template(trace, tokenize=False), add_special_tokens=False)["input_ids"]) - \
-        len(tokenizer(start, add_special_tokens=False)["input_ids"])
+    return len(
+        tokenizer(tokenizer.apply_chat_template(trace, tokenize=False), add_special_tokens=False)["input_ids"]
+    ) - len(tokenizer(start, add_special_tokens=False)["input_ids"])
 
 
 def engine_context_length(args, prompts, tokenizer, chat_template: str | None = None) -> int:
@@ -140,9 +154,16 @@ def engine_context_length(args, prompts, tokenizer, chat_template: str | None = 
     if args.vllm_max_model_length:
         return args.vllm_max_model_length
     rows = prompts.select(range(min(len(prompts), 1000)))
-    texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False,
-                                           chat_template=chat_template, **(args.chat_template_kwargs or {}))
-             for r in rows]
+    texts = [
+        tokenizer.apply_chat_template(
+            r["prompt"],
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=chat_template,
+            **(args.chat_template_kwargs or {}),
+        )
+        for r in rows
+    ]
     longest = max((len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]), default=0)
     return longest + args.max_completion_length + 8  # a few spare tokens: a template may add a suffix
 
@@ -155,5 +176,3 @@ def prompt_groups(prompt_ids: list, num_generations: int) -> tuple[int, list[lis
     if any(list(prompt_ids[i + j]) != unique[i // g] for i in range(0, len(prompt_ids), g) for j in range(g)):
         return 1, [list(p) for p in prompt_ids]
     return g, unique
-
-

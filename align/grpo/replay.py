@@ -4,10 +4,10 @@
     replay_args: {num: 256, mode: mixed, seed: 11}  # the builtin's arguments (or load_dataset's)
     replay_coef: 0.2                                # loss = GRPO loss + 0.2 x NLL of the replay answers
 
-InstructGPT's "ptx" mix and the replay rows APO has (align/preference/trainer.py): GRPO's rewards only move the tokens where
-a group's rollouts disagree; every token they share (a tool name chosen before any reward differs, a think block's
-opening) drifts with whatever the rewarded groups push. An NLL term on the SFT data's answers pulls back where the
-policy leaves it and costs nearly nothing where it has not. The loss covers the assistant turns only
+InstructGPT's "ptx" mix and the replay rows APO has (align/preference/trainer.py): GRPO's rewards only move the tokens
+where a group's rollouts disagree; every token they share (a tool name chosen before any reward differs, a think
+block's opening) drifts with whatever the rewarded groups push. An NLL term on the SFT data's answers pulls back where
+the policy leaves it and costs nearly nothing where it has not. The loss covers the assistant turns only
 (align.data.chat.assistant_masks: tool replies and prompts carry none); each micro-batch takes the next
 `replay_batch_size` rows of a seeded order, its place a function of the optimizer step, so a resumed run reads
 the rows an uninterrupted one would. Logged as `replay/nll`.
@@ -33,19 +33,25 @@ class ReplayArgs:
 
     replay_data: str | None = field(
         default=None,
-        metadata={"help": "Conversations (a `messages` column: a local path, a hub id or a builtin such as "
-                  "builtin:tool_tasks) whose assistant turns get an NLL term beside the GRPO loss: an anchor that keeps "
-                  "what SFT taught where the rewards say nothing. Tool replies and prompts carry no loss."},
+        metadata={
+            "help": "Conversations (a `messages` column: a local path, a hub id or a builtin such as "
+            "builtin:tool_tasks) whose assistant turns get an NLL term beside the GRPO loss: an anchor that keeps "
+            "what SFT taught where the rewards say nothing. Tool replies and prompts carry no loss."
+        },
     )
     replay_args: dict | None = field(
-        default=None, metadata={"help": "Arguments of replay_data's source (a builtin's, or load_dataset's)."})
+        default=None, metadata={"help": "Arguments of replay_data's source (a builtin's, or load_dataset's)."}
+    )
     replay_coef: float = field(
-        default=0.1, metadata={"help": "Weight of the replay NLL (mean over the assistant tokens of a micro-batch)."})
+        default=0.1, metadata={"help": "Weight of the replay NLL (mean over the assistant tokens of a micro-batch)."}
+    )
     replay_batch_size: int = field(default=2, metadata={"help": "Replay conversations per micro-batch."})
     replay_samples: int | None = field(
-        default=None, metadata={"help": "Use at most this many replay conversations (the first ones)."})
+        default=None, metadata={"help": "Use at most this many replay conversations (the first ones)."}
+    )
     replay_max_length: int = field(
-        default=1024, metadata={"help": "Tokens a replay conversation keeps at most (the rest is cut)."})
+        default=1024, metadata={"help": "Tokens a replay conversation keeps at most (the rest is cut)."}
+    )
 
 
 def check_replay_args(args) -> None:
@@ -66,16 +72,28 @@ def load_replay(args, tokenizer) -> list[dict]:
     rows = load_replay_conversations(spec, args.replay_samples, **(args.replay_args or {}))
     rows = rows.select_columns([c for c in ("messages", "chat_template_kwargs") if c in rows.column_names])
     tokenized = tokenize_sft_dataset(rows, tokenizer, assistant_only_loss=True, name="replay")
-    out = [{"input_ids": r["input_ids"][: args.replay_max_length],
-            "assistant_masks": r["assistant_masks"][: args.replay_max_length]} for r in tokenized]
+    out = [
+        {
+            "input_ids": r["input_ids"][: args.replay_max_length],
+            "assistant_masks": r["assistant_masks"][: args.replay_max_length],
+        }
+        for r in tokenized
+    ]
     out = [r for r in out if sum(r["assistant_masks"][1:])]
     if not out:
-        raise ValueError(f"replay_data {spec!r}: no conversation has an assistant token within replay_max_length "
-                         f"({args.replay_max_length} tokens): raise replay_max_length, or point it at conversations "
-                         "that end in assistant turns")
+        raise ValueError(
+            f"replay_data {spec!r}: no conversation has an assistant token within replay_max_length "
+            f"({args.replay_max_length} tokens): raise replay_max_length, or point it at conversations "
+            "that end in assistant turns"
+        )
     random.Random(args.seed).shuffle(out)
-    logger.info("replay: %d conversations from %s, weight %g, %d a micro-batch", len(out), spec, args.replay_coef,
-                args.replay_batch_size)
+    logger.info(
+        "replay: %d conversations from %s, weight %g, %d a micro-batch",
+        len(out),
+        spec,
+        args.replay_coef,
+        args.replay_batch_size,
+    )
     return out
 
 
@@ -93,8 +111,9 @@ def replay_nll(model, rows: list[dict], pad_id: int) -> torch.Tensor:
     ids, labels = ids.to(device), labels.to(device)
     positions = torch.arange(length, device=device).expand(len(rows), length)
     logits = model(input_ids=ids, position_ids=positions).logits[:, :-1].float()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
-                                             ignore_index=-100)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
 
 
 class ReplayLoss:

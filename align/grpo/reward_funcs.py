@@ -1,5 +1,4 @@
-"""The rewards a GRPO run is given: built from the recipe by name, the columns they need, the accuracy verifier.
-"""
+"""The rewards a GRPO run is given: built from the recipe by name, the columns they need, the accuracy verifier."""
 
 from __future__ import annotations
 
@@ -49,9 +48,12 @@ def required_reward_columns(func) -> list[str]:
     except (TypeError, ValueError):
         return []
     return [
-        p.name for p in params
-        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and p.name not in _TRL_REWARD_ARGS and p.name not in bound
+        p.name
+        for p in params
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in _TRL_REWARD_ARGS
+        and p.name not in bound
     ]
 
 
@@ -70,5 +72,3 @@ def accuracy_verifier(reward_funcs: Sequence[str]) -> str:
     """The verifier held-out accuracy falls back to for rows without a `reward` column: the recipe's accuracy
     reward (not a length or format one), else math_reward."""
     return next((name for name in reward_funcs if name in ACCURACY_VERIFIERS), "math_reward")
-
-

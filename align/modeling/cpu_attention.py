@@ -6,8 +6,8 @@ upcast to fp32. accelerate's bf16 autocast puts sdpa on its lower-precision list
 `bf16: true` attends in bf16. `sdpa_cpu_fp32` attends in fp32 there (autocast off for the call; the projections
 around it stay bf16) and is transformers' sdpa everywhere else (no autocast, a GPU, bf16 weights from DeepSpeed).
 The policy's forward + backward over a GRPO batch: 0.45 -> 0.33 s on the tiny model, 10.6 -> 10.0 s on
-SmolLM2-135M. (SFT's per-document attention, align/modeling/document_attention.py, attends in fp32 on a CPU for the same
-reason, and uses this for padded batches.)
+SmolLM2-135M. (SFT's per-document attention, align/modeling/document_attention.py, attends in fp32 on a CPU for the
+same reason, and uses this for padded batches.)
 
     with fp32_attention(model):      # around the whole train(): gradient checkpointing recomputes the same way
         trainer.train()              # what align.stage.train does for every stage
@@ -34,8 +34,9 @@ def sdpa_cpu_fp32(module, query, key, value, attention_mask, **kwargs):
     if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     with torch.autocast("cpu", enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
+        out, weights = sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+        )
     return out.to(value.dtype), weights
 
 

@@ -37,7 +37,7 @@ def document_index(position_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch
     lists one document's positions, right-padded with its first position."""
     flat = position_ids.reshape(-1)
     t = position_ids.shape[-1]
-    starts = (position_ids == 0)
+    starts = position_ids == 0
     starts[:, 0] = True  # a row always starts a document
     begin = starts.reshape(-1).nonzero().squeeze(-1)  # (N,)
     row_end = (begin // t + 1) * t
@@ -69,9 +69,19 @@ def _index(position_ids: torch.Tensor, batch: int):
     return _CACHE["value"]
 
 
-def sdpa_documents(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-                   position_ids: torch.Tensor | None = None, **kwargs):
-    """transformers attention-function signature: query (B, H, T, D), key/value (B, Hkv, T, D) -> ((B, T, H, D), None)."""
+def sdpa_documents(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs,
+):
+    """transformers attention-function signature: query (B, H, T, D), key/value (B, Hkv, T, D) -> ((B, T, H, D),
+    None)."""
     if attention_mask is not None or position_ids is None or query.shape[2] != key.shape[2]:
         return sdpa_cpu_fp32(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     b, h, t, d = query.shape
@@ -90,8 +100,15 @@ def sdpa_documents(module, query, key, value, attention_mask, dropout: float = 0
         if cpu:
             qd, kd, vd = qd.float(), kd.float(), vd.float()
         with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
-            od = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scaling, enable_gqa=gqa,
-                                                dropout_p=dropout if module.training else 0.0)
+            od = F.scaled_dot_product_attention(
+                qd,
+                kd,
+                vd,
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=gqa,
+                dropout_p=dropout if module.training else 0.0,
+            )
         if out is None:
             out = od.new_zeros(b * t, h, d)
         out = out.index_put((index[valid],), od.transpose(1, 2)[valid])

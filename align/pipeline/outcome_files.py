@@ -44,8 +44,10 @@ def write_outcome_files(run_dir: str | Path, manifest: dict) -> list[dict]:
     sealed = manifest.get("sealed_test") or {}
     for s in manifest.get("stages", []):
         name = s["name"]
-        for rec, suffix, what in (((s.get("eval") or {}), "", "eval suite, dev split"),
-                                  (sealed.get(name) or {}, ".test", "eval suite, sealed test split")):
+        for rec, suffix, what in (
+            ((s.get("eval") or {}), "", "eval suite, dev split"),
+            (sealed.get(name) or {}, ".test", "eval suite, sealed test split"),
+        ):
             if rec.get("returncode") == 0 and rec.get("results"):
                 try:
                     put(f"{name}{suffix}.jsonl", _suite_lines(rec["results"]), what, name)
@@ -57,5 +59,7 @@ def write_outcome_files(run_dir: str | Path, manifest: dict) -> list[dict]:
             except (OSError, ValueError):
                 continue
             for when in ("before", "after"):
-                put(f"{name}.{own}.{when}.jsonl", own_lines(own, report, when), f"its own {own}, {when} training", name)
+                put(
+                    f"{name}.{own}.{when}.jsonl", own_lines(own, report, when), f"its own {own}, {when} training", name
+                )
     return written

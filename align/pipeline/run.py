@@ -19,11 +19,11 @@ subprocess (`accelerate launch [--config_file F] scripts/<x>.py <that yaml>`, or
 config changed or a stage it references finished after it; a stage without one is re-run and, when its
 script supports it and neither its config nor a stage it references changed since it started, resumes from its
 latest complete checkpoint (`--resume_from_checkpoint <dir>`: HF-Trainer
-`checkpoint-N` dirs or pretrain's `checkpoints/step_N`, as align/runtime/checkpoint.py names and finds them). Each model
-stage is then evaluated (scripts/evaluate.py as a subprocess, on the dev split, results under `<run_dir>/eval/<stage>/`);
-when every stage has finished, the final model and the SFT model it descends from are evaluated once more, on the
-sealed test split (`<run_dir>/eval_test/<stage>/`, `sealed_test` in the manifest). The manifest
-`<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
+`checkpoint-N` dirs or pretrain's `checkpoints/step_N`, as align/runtime/checkpoint.py names and finds them). Each
+model stage is then evaluated (scripts/evaluate.py as a subprocess, on the dev split, results under
+`<run_dir>/eval/<stage>/`); when every stage has finished, the final model and the SFT model it descends from are
+evaluated once more, on the sealed test split (`<run_dir>/eval_test/<stage>/`, `sealed_test` in the manifest). The
+manifest `<run_dir>/manifest.json` is rewritten atomically after every step: per stage the command, resolved config,
 git commit, data provenance, eval and training metrics, duration and outcome. Tracking: stages log to wandb
 (offline unless WANDB_MODE says otherwise) grouped by the pipeline run (WANDB_RUN_GROUP), or TensorBoard.
 """
@@ -79,7 +79,9 @@ def output_complete(stage: Stage) -> bool:
     out = Path(stage.output_dir)
     if stage.makes_model:
         return (out / "config.json").is_file() or (out / "adapter_config.json").is_file()
-    return out.exists() and any(p.name not in (MARKER, STARTED) for p in out.iterdir()) if out.is_dir() else out.exists()
+    return (
+        out.exists() and any(p.name not in (MARKER, STARTED) for p in out.iterdir()) if out.is_dir() else out.exists()
+    )
 
 
 def git_state() -> dict:
@@ -89,7 +91,10 @@ def git_state() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
 
 
 def provenance(config: dict) -> dict:
@@ -111,8 +116,15 @@ def flatten(d: dict, prefix: str = "", depth: int = 3) -> dict[str, float]:
 # What each stage leaves behind besides its model: HF save_metrics files, pretrain's held-out loss and skill,
 # the stages' own before/after evaluations, the preference data card.
 STAGE_RESULT_FILES = (
-    "all_results.json", "metrics.json", "skill.json", "sft_eval.json", "preference_eval.json", "grpo_eval.json",
-    "distill_eval.json", "card.json", "decontamination.json",
+    "all_results.json",
+    "metrics.json",
+    "skill.json",
+    "sft_eval.json",
+    "preference_eval.json",
+    "grpo_eval.json",
+    "distill_eval.json",
+    "card.json",
+    "decontamination.json",
 )
 
 
@@ -127,7 +139,11 @@ def train_metrics(output_dir: str) -> dict[str, float]:
         if not isinstance(data, dict):
             continue
         if name == "metrics.json":  # pretrain: the whole history is in there; keep the end of it
-            data = {"step": data.get("step"), "total_tokens": data.get("total_tokens"), "final_eval": data.get("final_eval")}
+            data = {
+                "step": data.get("step"),
+                "total_tokens": data.get("total_tokens"),
+                "final_eval": data.get("final_eval"),
+            }
         if name == "card.json":
             data = {"counts": data.get("counts"), "seconds": data.get("seconds")}
         if name == "decontamination.json":  # the counts; the report reads the examples from the file
@@ -165,8 +181,16 @@ def stage_command(stage: Stage, cfg: PipelineConfig, config_path: Path, resume_f
         if num_processes:
             cmd += ["--num_processes", str(num_processes)]
         if cfg.num_machines > 1:
-            cmd += ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank),
-                    "--main_process_ip", str(cfg.main_process_ip), "--main_process_port", str(cfg.main_process_port)]
+            cmd += [
+                "--num_machines",
+                str(cfg.num_machines),
+                "--machine_rank",
+                str(cfg.machine_rank),
+                "--main_process_ip",
+                str(cfg.main_process_ip),
+                "--main_process_port",
+                str(cfg.main_process_port),
+            ]
         cmd += [script]
     else:
         cmd = [sys.executable, script]
@@ -181,8 +205,11 @@ def stage_env(cfg: PipelineConfig, run_id: str, stage: Stage) -> dict[str, str]:
     env.setdefault("WANDB_MODE", "offline")  # no account needed; `wandb sync` uploads later
     env.setdefault("WANDB_PROJECT", "smolalign")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.update(WANDB_RUN_GROUP=cfg.tracking_group or run_id, WANDB_NAME=f"{run_id}/{stage.name}",
-               WANDB_DIR=str(Path(cfg.run_dir).resolve()))
+    env.update(
+        WANDB_RUN_GROUP=cfg.tracking_group or run_id,
+        WANDB_NAME=f"{run_id}/{stage.name}",
+        WANDB_DIR=str(Path(cfg.run_dir).resolve()),
+    )
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(stage.env)
     return env
@@ -213,14 +240,17 @@ def run_logged(cmd: list[str], env: dict, log: Path, on_tick=None) -> int:
         # own process group: on Ctrl-C / SIGTERM we stop the stage and everything it started. The stage runs in
         # the pipeline's working directory, so a relative path in a recipe means the same file to both (the
         # package's own directory is another place whenever smolalign is installed, not run from its checkout).
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd(), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd(), start_new_session=True
+        )
         try:
             while proc.poll() is None:
                 if on_tick:
                     on_tick(_last_line(log))
                 time.sleep(0.5)
         except BaseException:
-            try:  # the stage finishes its step and saves a checkpoint on SIGTERM (align.runtime.checkpoint): give it time
+            # the stage finishes its step and saves a checkpoint on SIGTERM (align.runtime.checkpoint): give it time
+            try:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=STOP_GRACE_S)
             except (ProcessLookupError, subprocess.TimeoutExpired):
@@ -248,8 +278,14 @@ class Manifest:
             "sealed_test": old.get("sealed_test") or {},  # evaluated once: kept until its model or config changes
         }
         for rec, s in zip(self.data["stages"], stages):
-            rec.update(script=s.script, recipe=s.recipe, output_dir=s.output_dir, target=s.target, makes_model=s.makes_model,
-                       parent=s.parent)
+            rec.update(
+                script=s.script,
+                recipe=s.recipe,
+                output_dir=s.output_dir,
+                target=s.target,
+                makes_model=s.makes_model,
+                parent=s.parent,
+            )
 
     def stage(self, name: str) -> dict:
         return next(s for s in self.data["stages"] if s["name"] == name)
@@ -297,7 +333,9 @@ def eval_config(stage: Stage, cfg: PipelineConfig, sealed: bool = False) -> dict
     return config
 
 
-def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_tick=None, sealed: bool = False) -> dict:
+def evaluate_stage(
+    stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_tick=None, sealed: bool = False
+) -> dict:
     config = eval_config(stage, cfg, sealed)
     out_dir = Path(config["output_dir"])
     path = Path(cfg.run_dir) / "configs" / f"eval{'_test' if sealed else ''}_{stage.name}.yaml"
@@ -306,8 +344,13 @@ def evaluate_stage(stage: Stage, cfg: PipelineConfig, env: dict, log: Path, on_t
     cmd = [sys.executable, str(ROOT / cfg.eval_script), str(path)]
     t = time.time()
     rc = run_logged(cmd, env, log, on_tick)
-    rec = {"command": cmd, "returncode": rc, "duration_s": round(time.time() - t, 2),
-           "results": str(out_dir / "eval_results.json"), "config_hash": config_hash(config)}
+    rec = {
+        "command": cmd,
+        "returncode": rc,
+        "duration_s": round(time.time() - t, 2),
+        "results": str(out_dir / "eval_results.json"),
+        "config_hash": config_hash(config),
+    }
     if rc == 0:
         results = json.loads((out_dir / "eval_results.json").read_text())
         rec["metrics"] = results["metrics"]
@@ -331,8 +374,9 @@ def leader_finished(stage: Stage, cfg: PipelineConfig) -> bool:
     return "returncode" in (rec.get("eval") or {})
 
 
-def follow_stage(stage: Stage, cfg: PipelineConfig, run_dir: Path, env: dict, log: Path, tick, console,
-                 label: str, why: str) -> None:
+def follow_stage(
+    stage: Stage, cfg: PipelineConfig, run_dir: Path, env: dict, log: Path, tick, console, label: str, why: str
+) -> None:
     """A machine other than 0 in a multi-node run: launch its ranks of a distributed stage (the launcher meets
     machine 0's ranks at the rendezvous), then wait until machine 0 has recorded the stage as finished, so both
     machines decide the next stage from the same markers. Single-process stages run on machine 0 only."""
@@ -346,21 +390,34 @@ def follow_stage(stage: Stage, cfg: PipelineConfig, run_dir: Path, env: dict, lo
         console.print(f"{label}: running on machine {cfg.machine_rank}; log {log}")
         rc = run_logged(cmd, env, log.with_name(f"{log.stem}.machine{cfg.machine_rank}.log"), tick)
         if rc != 0:
-            raise RuntimeError(f"stage '{stage.name}' failed on machine {cfg.machine_rank} (exit code {rc}); see "
-                               f"{log}. Re-run the pipeline on every machine to resume it.")
+            raise RuntimeError(
+                f"stage '{stage.name}' failed on machine {cfg.machine_rank} (exit code {rc}); see "
+                f"{log}. Re-run the pipeline on every machine to resume it."
+            )
     while not leader_finished(stage, cfg):
         recorded = Path(cfg.run_dir) / "manifest.json"
-        status = next((s.get("status") for s in (json.loads(recorded.read_text()).get("stages", [])
-                                                  if recorded.is_file() else []) if s["name"] == stage.name), None)
+        status = next(
+            (
+                s.get("status")
+                for s in (json.loads(recorded.read_text()).get("stages", []) if recorded.is_file() else [])
+                if s["name"] == stage.name
+            ),
+            None,
+        )
         if status == "failed" or time.time() - start > cfg.wait_for_main_s:
-            raise RuntimeError(f"machine 0 did not record stage '{stage.name}' as finished (status {status}, waited "
-                               f"{time.time() - start:.0f} s); see its log {log}")
+            raise RuntimeError(
+                f"machine 0 did not record stage '{stage.name}' as finished (status {status}, waited "
+                f"{time.time() - start:.0f} s); see its log {log}"
+            )
         time.sleep(1.0)
     console.print(f"{label}: done (recorded by machine 0)")
 
 
 def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
-    """Run (or resume) every stage in order; return the manifest. Raises RuntimeError on a failed stage."""
+    """Run (or resume) every stage in order; return the manifest. Raises RuntimeError on a failed stage.
+
+    Long because it is one loop over the stages whose steps (skip, follow the leader, start, run, record, evaluate)
+    update the same manifest record and progress bar in the order a resume reads them back."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -383,7 +440,10 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
     if cfg.dry_run:
         for s in stages:
             path = run_dir / "configs" / f"{s.name}.yaml"
-            console.print(f"[bold]{s.name}[/]: {' '.join(stage_command(s, cfg, path, None))}  ({needs_run(s, by_name, forced)[1]})")
+            console.print(
+                f"[bold]{s.name}[/]: {' '.join(stage_command(s, cfg, path, None))}  "
+                f"({needs_run(s, by_name, forced)[1]})"
+            )
         return manifest.data
     manifest.save()
     planned = decontamination_sets(cfg, list(by_name.values()))
@@ -391,7 +451,12 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
         write_json_atomic(planned[0], planned[1], indent=2)
         manifest.data["decontamination"] = {"mode": cfg.decontamination, "eval_sets": str(planned[0])}
         manifest.save()
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("pipeline", total=len(stages))
         for i, stage in enumerate(stages):
@@ -413,9 +478,14 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                 resume_from = latest_checkpoint(stage.output_dir) if stage.resume and why == "not finished" else None
                 config_path = run_dir / "configs" / f"{stage.name}.yaml"
                 config_path.parent.mkdir(parents=True, exist_ok=True)
-                config_path.write_text(f"# {stage.name}: {stage.script} {stage.recipe or ''} + overrides\n" + yaml.safe_dump(stage.config, sort_keys=False))
+                config_path.write_text(
+                    f"# {stage.name}: {stage.script} {stage.recipe or ''} + overrides\n"
+                    + yaml.safe_dump(stage.config, sort_keys=False)
+                )
                 cmd = stage_command(stage, cfg, config_path, resume_from)
-                console.print(f"{label}: running ({why}{', resuming from ' + resume_from if resume_from else ''}); log {log}")
+                console.print(
+                    f"{label}: running ({why}{', resuming from ' + resume_from if resume_from else ''}); log {log}"
+                )
                 out = Path(stage.output_dir)
                 (out / MARKER).unlink(missing_ok=True)
                 if why != "not finished" and out.exists():
@@ -425,13 +495,23 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                     shutil.rmtree(aside, ignore_errors=True)
                     out.rename(aside)
                     console.print(f"{label}: previous output moved to {aside}")
-                write_json_atomic(out / STARTED, {"stage": stage.name, "config_hash": config_hash(stage.config),
-                                                  "started": time.time()})
+                write_json_atomic(
+                    out / STARTED,
+                    {"stage": stage.name, "config_hash": config_hash(stage.config), "started": time.time()},
+                )
                 start = time.time()
                 rec.update(
-                    status="running", command=cmd, config=stage.config, config_path=str(config_path), git=git_state(),
-                    data=provenance(stage.config), resumed_from=resume_from, log=str(log), started=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    attempts=rec.get("attempts", 0) + 1, skipped_this_run=False,
+                    status="running",
+                    command=cmd,
+                    config=stage.config,
+                    config_path=str(config_path),
+                    git=git_state(),
+                    data=provenance(stage.config),
+                    resumed_from=resume_from,
+                    log=str(log),
+                    started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    attempts=rec.get("attempts", 0) + 1,
+                    skipped_this_run=False,
                 )
                 rec.pop("eval", None)
                 manifest.save()
@@ -446,18 +526,39 @@ def run_pipeline(cfg: PipelineConfig, console=None) -> dict:
                     why = f"exit code {rc}" if rc != 0 else f"exit 0 but no finished output in {stage.output_dir}"
                     rec.update(status="failed", error=why)
                     manifest.save()
-                    raise RuntimeError(f"stage '{stage.name}' failed ({why}); see its log {log}. Re-run the pipeline to resume it.")
+                    raise RuntimeError(
+                        f"stage '{stage.name}' failed ({why}); see its log {log}. Re-run the pipeline to resume it."
+                    )
                 finished = time.time()
-                write_json_atomic(Path(stage.output_dir) / MARKER, {"stage": stage.name, "config_hash": config_hash(stage.config), "finished": finished, "run_id": manifest.data["run_id"]})
-                rec.update(status="done", finished=time.strftime("%Y-%m-%dT%H:%M:%S"), train_metrics=train_metrics(stage.output_dir))
+                write_json_atomic(
+                    Path(stage.output_dir) / MARKER,
+                    {
+                        "stage": stage.name,
+                        "config_hash": config_hash(stage.config),
+                        "finished": finished,
+                        "run_id": manifest.data["run_id"],
+                    },
+                )
+                rec.update(
+                    status="done",
+                    finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    train_metrics=train_metrics(stage.output_dir),
+                )
                 console.print(f"{label}: done in {rec['duration_s']:.1f} s")
             manifest.save()
-            if manifest.leader and stage.eval and cfg.eval_recipe and (run or "metrics" not in (rec.get("eval") or {})):
+            if (
+                manifest.leader
+                and stage.eval
+                and cfg.eval_recipe
+                and (run or "metrics" not in (rec.get("eval") or {}))
+            ):
                 progress.update(bar, description=f"{label}: evaluating")
                 rec["eval"] = evaluate_stage(stage, cfg, env, run_dir / "logs" / f"eval_{stage.name}.log", tick)
                 manifest.save()
                 if rec["eval"]["returncode"] != 0:
-                    console.print(f"[red]{label}: evaluation failed[/] (log {run_dir / 'logs' / f'eval_{stage.name}.log'})")
+                    console.print(
+                        f"[red]{label}: evaluation failed[/] (log {run_dir / 'logs' / f'eval_{stage.name}.log'})"
+                    )
             rec["metrics"] = (rec.get("eval") or {}).get("metrics", {})
             rec["stats"] = (rec.get("eval") or {}).get("stats", {})
             manifest.save()
@@ -482,9 +583,14 @@ def run_sealed_test(cfg: PipelineConfig, stages: list[Stage], manifest: Manifest
             continue
         progress.update(bar, description=f"sealed test: {stage.name}")
         log = Path(cfg.run_dir) / "logs" / f"eval_test_{stage.name}.log"
-        rec = evaluate_stage(stage, cfg, stage_env(cfg, manifest.data["run_id"], stage), log,
-                             lambda line, name=stage.name: progress.update(bar, description=f"sealed test {name}: {line}"),
-                             sealed=True)
+        rec = evaluate_stage(
+            stage,
+            cfg,
+            stage_env(cfg, manifest.data["run_id"], stage),
+            log,
+            lambda line, name=stage.name: progress.update(bar, description=f"sealed test {name}: {line}"),
+            sealed=True,
+        )
         rec["model_finished"] = made
         sealed[stage.name] = rec
         manifest.save()

@@ -43,9 +43,11 @@ def pair_token_ids(tokenizer, row: dict) -> tuple[list[int], list[int], list[int
     return prompt[:n], full[0][n:], full[1][n:]
 
 
-def completion_logps(model, sequences: list[tuple[list[int], list[int]]], batch_size: int = 8,
-                     collective: bool = False) -> torch.Tensor:
-    """Summed log-prob of each completion given its prompt: (N,) float32 (`align.eval.multiple_choice.sequence_logprobs`)."""
+def completion_logps(
+    model, sequences: list[tuple[list[int], list[int]]], batch_size: int = 8, collective: bool = False
+) -> torch.Tensor:
+    """Summed log-prob of each completion given its prompt: (N,) float32
+    (`align.eval.multiple_choice.sequence_logprobs`)."""
     scored = sequence_logprobs(model, [(p + c, len(c)) for p, c in sequences], 0, batch_size, collective=collective)
     return torch.tensor([s for s, _ in scored], dtype=torch.float32)
 
@@ -88,5 +90,3 @@ def preference_accuracy(
         "mean_margin": float(margin.mean()) if len(margin) else float("nan"),
         "num_pairs": len(margin),
     }
-
-

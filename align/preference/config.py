@@ -1,5 +1,4 @@
-"""Preference optimisation's configs: DPO (every TRL loss, APO included), KTO and ORPO, and the fields they share.
-"""
+"""Preference optimisation's configs: DPO (every TRL loss, APO included), KTO and ORPO, and the fields they share."""
 
 from __future__ import annotations
 
@@ -12,8 +11,21 @@ from align.config import StageArgs
 from align.runtime.device import apply_device_defaults
 
 DPO_LOSS_TYPES = (
-    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
-    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
 )
 
 
@@ -35,7 +47,9 @@ class PreferenceArgs(StageArgs):
     )
     preference_eval: bool = field(
         default=True,
-        metadata={"help": "Measure held-out preference accuracy (implicit reward chosen > rejected) before and after."},
+        metadata={
+            "help": "Measure held-out preference accuracy (implicit reward chosen > rejected) before and after."
+        },
     )
     preference_eval_batch_size: int = field(
         default=8, metadata={"help": "Pairs per forward pass when measuring held-out preference accuracy."}
@@ -45,30 +59,38 @@ class PreferenceArgs(StageArgs):
     )
     replay_data: str | None = field(
         default=None,
-        metadata={"help": "Conversations (a `messages` column; a local file or directory, a hub-shaped repo) mixed "
-                  "into the pairs as chosen == rejected rows: their preference terms cancel and only the NLL term "
-                  "('sft' in loss_type) trains on them, an SFT replay that keeps a chat model chatting. DPO losses "
-                  "whose terms cancel on identical answers only (see REPLAY_LOSS_TYPES)."},
+        metadata={
+            "help": "Conversations (a `messages` column; a local file or directory, a hub-shaped repo) mixed "
+            "into the pairs as chosen == rejected rows: their preference terms cancel and only the NLL term "
+            "('sft' in loss_type) trains on them, an SFT replay that keeps a chat model chatting. DPO losses "
+            "whose terms cancel on identical answers only (see REPLAY_LOSS_TYPES)."
+        },
     )
     replay_samples: int | None = field(
         default=None, metadata={"help": "Use at most this many replay conversations (the first ones)."}
     )
     preference_rounds: int = field(
         default=1,
-        metadata={"help": "Rounds of iterative preference optimisation (align/preference/rounds.py): every round after "
-                  "the first samples new pairs from the model the round before saved (round_pairs_recipe) and trains "
-                  "that model on them, itself as the reference. Rounds before the last save to output_dir/round-<k>."},
+        metadata={
+            "help": "Rounds of iterative preference optimisation (align/preference/rounds.py): every round after "
+            "the first samples new pairs from the model the round before saved (round_pairs_recipe) and trains "
+            "that model on them, itself as the reference. Rounds before the last save to output_dir/round-<k>."
+        },
     )
     round_pairs_recipe: str | None = field(
         default=None,
-        metadata={"help": "preference_rounds > 1: a scripts/generate_preferences.py recipe (method graded) for the "
-                  "later rounds' pairs; its policy_model becomes the previous round's model, its output_dir "
-                  "output_dir/pairs-round-<k>, its sampling seed + k - 1."},
+        metadata={
+            "help": "preference_rounds > 1: a scripts/generate_preferences.py recipe (method graded) for the "
+            "later rounds' pairs; its policy_model becomes the previous round's model, its output_dir "
+            "output_dir/pairs-round-<k>, its sampling seed + k - 1."
+        },
     )
     round_pairs_overrides: dict | None = field(
         default=None,
-        metadata={"help": "Keys of round_pairs_recipe to change for the later rounds, e.g. prompts the first round's "
-                  "pairs did not use: {dataset_args: {num: 1600, seed: 3, mode: mixed}}."},
+        metadata={
+            "help": "Keys of round_pairs_recipe to change for the later rounds, e.g. prompts the first round's "
+            "pairs did not use: {dataset_args: {num: 1600, seed: 3, mode: mixed}}."
+        },
     )
 
 
@@ -126,5 +148,3 @@ class ORPOConfig(PreferenceArgs, _orpo_base()):
     def __post_init__(self):
         _finish_post_init(self)
         super().__post_init__()
-
-

@@ -1,5 +1,4 @@
-"""Preference data: pairs checked for shape, paired data made unpaired for KTO, replay rows added.
-"""
+"""Preference data: pairs checked for shape, paired data made unpaired for KTO, replay rows added."""
 
 from __future__ import annotations
 
@@ -78,7 +77,9 @@ def prepare_preference_data(dataset, kind: str, name: str = "train", drop_identi
                 f"chosen/rejected, {num_identical} with chosen == rejected (drop_identical=True)"
             )
         if num_empty or num_identical:
-            logger.warning("%s: dropped %d empty and %d identical pairs of %d", name, num_empty, num_identical, num_rows)
+            logger.warning(
+                "%s: dropped %d empty and %d identical pairs of %d", name, num_empty, num_identical, num_rows
+            )
         return to_unpaired(kept, seed) if kind == "kto" else kept
     kept = dataset.filter(lambda r: not _is_empty(r["completion"]))
     if len(kept) == 0:
@@ -94,11 +95,16 @@ def replay_pairs(conversations, features=None):
     rows = []
     for i, row in enumerate(conversations):
         messages = row.get("messages")
-        if not (messages and isinstance(messages, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m)
-                                                                for m in messages)
-                and messages[-1]["role"] == "assistant"):
-            raise ValueError(f"replay_data row {i} has no conversation ending in an assistant turn (a `messages` "
-                             f"list of {{role, content}}); got {str(messages)[:60]!r}")
+        if not (
+            messages
+            and isinstance(messages, list)
+            and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in messages)
+            and messages[-1]["role"] == "assistant"
+        ):
+            raise ValueError(
+                f"replay_data row {i} has no conversation ending in an assistant turn (a `messages` "
+                f"list of {{role, content}}); got {str(messages)[:60]!r}"
+            )
         turn = [{"role": "assistant", "content": messages[-1]["content"]}]
         prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]
         rows.append({"prompt": prompt, "chosen": turn, "rejected": turn})
@@ -115,8 +121,10 @@ def add_replay(train, spec: str, limit: int | None = None):
     if not {"prompt", "chosen", "rejected"} <= set(train.column_names) or not len(conversations):
         raise ValueError(f"replay_data {spec!r}: needs paired train data and at least one conversation")
     replay = replay_pairs(conversations, train.features)
-    logger.info("replay: %d conversations from %s added to %d pairs (chosen == rejected: NLL only)",
-                len(replay), spec, len(train))
+    logger.info(
+        "replay: %d conversations from %s added to %d pairs (chosen == rejected: NLL only)",
+        len(replay),
+        spec,
+        len(train),
+    )
     return datasets.concatenate_datasets([train, replay])
-
-

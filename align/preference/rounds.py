@@ -1,4 +1,5 @@
-"""Iterative preference optimisation (`preference_rounds`): each round's pairs come from the model the round before made.
+"""Iterative preference optimisation (`preference_rounds`): each round's pairs come from the model the round before
+made.
 
 One round is `align.preference.trainer.train_round`: pairs in, a trained model out. With `preference_rounds: R > 1` the
 stage runs R rounds. Round 1 trains the stage's starting model on the stage's data (the pipeline's `preferences`
@@ -51,13 +52,20 @@ def pairs_config(args, k: int, policy: str) -> tuple:
     config.pop("env", None)
     config.update(check_keys(copy.deepcopy(args.round_pairs_overrides or {}), types, "round_pairs_overrides"))
     if config.get("method", "strong_weak") != "graded":
-        raise ValueError(f"round_pairs_recipe {args.round_pairs_recipe} must use method: graded (each round's pairs are "
-                         f"the previous round's model grading itself), got {config.get('method', 'strong_weak')!r}")
-    config.update(policy_model=policy, output_dir=os.path.join(args.output_dir, f"pairs-round-{k}"),
-                  seed=int(config.get("seed", 0)) + k - 1)
+        raise ValueError(
+            f"round_pairs_recipe {args.round_pairs_recipe} must use method: graded (each round's pairs are "
+            f"the previous round's model grading itself), got {config.get('method', 'strong_weak')!r}"
+        )
+    config.update(
+        policy_model=policy,
+        output_dir=os.path.join(args.output_dir, f"pairs-round-{k}"),
+        seed=int(config.get("seed", 0)) + k - 1,
+    )
     script = {f.name for f in fields(ScriptArguments) if f.init}
-    return (ScriptArguments(**{k_: v for k_, v in config.items() if k_ in script}),
-            PreferenceDataConfig(**{k_: v for k_, v in config.items() if k_ not in script}))
+    return (
+        ScriptArguments(**{k_: v for k_, v in config.items() if k_ in script}),
+        PreferenceDataConfig(**{k_: v for k_, v in config.items() if k_ not in script}),
+    )
 
 
 def check(args, model_args) -> None:
@@ -67,11 +75,15 @@ def check(args, model_args) -> None:
     if args.preference_rounds == 1:
         return
     if not args.round_pairs_recipe:
-        raise ValueError("preference_rounds > 1 needs round_pairs_recipe: the generate_preferences recipe that makes "
-                         "each later round's pairs (e.g. recipes/smol135m/preferences.yaml)")
+        raise ValueError(
+            "preference_rounds > 1 needs round_pairs_recipe: the generate_preferences recipe that makes "
+            "each later round's pairs (e.g. recipes/smol135m/preferences.yaml)"
+        )
     if getattr(model_args, "use_peft", False) and not args.merge_lora_on_save:
-        raise ValueError("preference_rounds > 1 with use_peft needs merge_lora_on_save: true (the next round samples "
-                         "from and trains the saved model, which must be a whole model, not an adapter)")
+        raise ValueError(
+            "preference_rounds > 1 with use_peft needs merge_lora_on_save: true (the next round samples "
+            "from and trains the saved model, which must be a whole model, not an adapter)"
+        )
     pairs_config(args, 2, model_args.model_name_or_path)  # a bad recipe or override fails now, not after round 1
 
 
@@ -96,14 +108,22 @@ def iterate(script_args, args, model_args, one_round) -> dict:
             with open(report) as f:
                 result = json.load(f)
         else:
-            logger.info("preference rounds: round %d of %d: %s on %s -> %s", k, rounds, model,
-                        data.dataset_name or "the stage's data", out)
+            logger.info(
+                "preference rounds: round %d of %d: %s on %s -> %s",
+                k,
+                rounds,
+                model,
+                data.dataset_name or "the stage's data",
+                out,
+            )
             round_args, round_model = copy.copy(args), copy.copy(model_args)
             round_args.output_dir, round_args.preference_rounds = out, 1
             round_model.model_name_or_path = model
             resume = getattr(args, "resume_from_checkpoint", None)
             if k < rounds and isinstance(resume, str) and os.path.isdir(resume):
-                round_args.resume_from_checkpoint = None  # a checkpoint dir is the last round's: this one resumes its own
+                round_args.resume_from_checkpoint = (
+                    None  # a checkpoint dir is the last round's: this one resumes its own
+                )
             result = one_round(data, round_args, round_model)
             if k < rounds:
                 release_accelerator_state()
@@ -118,17 +138,26 @@ def _card(pairs: str | None) -> dict:
         return {}
     with open(path) as f:
         card = json.load(f)
-    return {"kept": {s: c.get("kept") for s, c in card.get("counts", {}).items()}, "strength": card.get("strength", {})}
+    return {
+        "kept": {s: c.get("kept") for s, c in card.get("counts", {}).items()},
+        "strength": card.get("strength", {}),
+    }
 
 
 def whole_stage(results: list[dict], args) -> dict:
-    """The last round's report with `preference_rounds` and `rounds` (each round's model, pairs, their card's counts and
-    policy/best-of-n accuracy, before/after held-out preference accuracy). Rewrites `output_dir/preference_eval.json`."""
+    """The last round's report with `preference_rounds` and `rounds` (each round's model, pairs, their card's counts
+    and policy/best-of-n accuracy, before/after held-out preference accuracy). Rewrites
+    `output_dir/preference_eval.json`."""
     metrics = dict(results[-1]["result"])
     metrics["preference_rounds"] = len(results)
     metrics["rounds"] = [
-        {"round": r["round"], "model": r["model"], "pairs": r["pairs"], **_card(r["pairs"]),
-         **{when: r["result"].get(when) for when in ("before", "after") if r["result"].get(when)}}
+        {
+            "round": r["round"],
+            "model": r["model"],
+            "pairs": r["pairs"],
+            **_card(r["pairs"]),
+            **{when: r["result"].get(when) for when in ("before", "after") if r["result"].get(when)},
+        }
         for r in results
     ]
     if PartialState().is_main_process:

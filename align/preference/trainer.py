@@ -40,8 +40,10 @@ def trainer_kind(training_args) -> str:
         return "orpo"
     if isinstance(training_args, DPOConfig):
         return "dpo"
-    raise ValueError(f"training_args must be align.preference.trainer DPOConfig, KTOConfig or ORPOConfig, got "
-                     f"{type(training_args).__name__}")
+    raise ValueError(
+        f"training_args must be align.preference.trainer DPOConfig, KTOConfig or ORPOConfig, got "
+        f"{type(training_args).__name__}"
+    )
 
 
 def _trainer_class(kind: str):
@@ -57,7 +59,8 @@ def _trainer_class(kind: str):
 
 def main(script_args, training_args, model_args) -> dict:
     """Train one preference stage; return {"before": ..., "after": ...} held-out preference metrics. With
-    `preference_rounds` > 1, that many rounds, each on pairs the round before's model made (align/preference/rounds.py)."""
+    `preference_rounds` > 1, that many rounds, each on pairs the round before's model made
+    (align/preference/rounds.py)."""
     if training_args.preference_rounds != 1:
         return iterate(script_args, training_args, model_args, train_round)
     return train_round(script_args, training_args, model_args)
@@ -81,12 +84,21 @@ def train_round(script_args, training_args, model_args) -> dict:
             test_pairs = prepare_preference_data(raw_test, "dpo", "test", training_args.drop_identical)
 
     model = stage.load_model(model_args)
-    trainer = _trainer_class(kind)(model=model, args=training_args, train_dataset=train, eval_dataset=test,
-                                   processing_class=tokenizer, peft_config=stage.peft_config(model_args))
+    trainer = _trainer_class(kind)(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=test,
+        processing_class=tokenizer,
+        peft_config=stage.peft_config(model_args),
+    )
     stage.prepare(trainer, script_args, kind, raw_train=train, chat_template=chat_template)
 
-    metrics: dict = {"trainer": kind, "loss_type": getattr(training_args, "loss_type", None),
-                     "world_size": trainer.accelerator.num_processes}
+    metrics: dict = {
+        "trainer": kind,
+        "loss_type": getattr(training_args, "loss_type", None),
+        "world_size": trainer.accelerator.num_processes,
+    }
     ref = None
     batch = training_args.preference_eval_batch_size
     if training_args.preference_eval and test_pairs is not None:
@@ -104,9 +116,11 @@ def train_round(script_args, training_args, model_args) -> dict:
         b, a = metrics["before"], metrics["after"]
         logger.info(
             "held-out preference accuracy %.3f -> %.3f (logp accuracy %.3f -> %.3f, n=%d)",
-            b["preference_accuracy"], a["preference_accuracy"], b["logp_accuracy"], a["logp_accuracy"], a["num_pairs"],
+            b["preference_accuracy"],
+            a["preference_accuracy"],
+            b["logp_accuracy"],
+            a["logp_accuracy"],
+            a["num_pairs"],
         )
     stage.write_report(trainer, training_args.output_dir, "preference_eval.json", metrics)
     return metrics
-
-

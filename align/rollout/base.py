@@ -3,8 +3,8 @@
 This module holds the interface (SamplingParams, Rollout, RolloutEngine), the checks every backend runs and the
 process-wide engine cache; it imports no backend. The backends (hf.py, vllm.py, vllm_server.py) build on it, and
 `align.rollout.factory.get_engine` picks and starts one. Data generation, GRPO, on-policy distillation and
-evaluation all take their engine from `get_engine`, so a speed-up or a weight-sync fix lands everywhere at once. Chat templating stays
-with the caller; the engine knows nothing of tokenisation.
+evaluation all take their engine from `get_engine`, so a speed-up or a weight-sync fix lands everywhere at once. Chat
+templating stays with the caller; the engine knows nothing of tokenisation.
 
     from align.rollout import SamplingParams, get_engine
     engine = get_engine("outputs/tiny/sft", backend="auto")          # or a loaded transformers model
@@ -43,10 +43,19 @@ FINISH_REASONS = ("stop", "length")
 LOGPROBS_KINDS = ("raw", "sampling")
 # vLLM SamplingParams arguments that SamplingParams' own fields set (vLLM name -> our field): `vllm_kwargs` names
 # none of them, so a field means the same thing on every engine
-VLLM_OWN_KEYS = {"n": "n", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                 "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens",
-                 "stop_token_ids": "stop_token_ids", "seed": "seed", "logprobs": "logprobs",
-                 "detokenize": "(always off: token ids out)"}
+VLLM_OWN_KEYS = {
+    "n": "n",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_tokens": "max_new_tokens",
+    "stop_token_ids": "stop_token_ids",
+    "seed": "seed",
+    "logprobs": "logprobs",
+    "detokenize": "(always off: token ids out)",
+}
 
 
 @dataclass
@@ -58,12 +67,20 @@ class SamplingParams:
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]; 1 = off."})
     top_k: int = field(default=0, metadata={"help": "Keep the k most likely tokens; 0 = off."})
     min_p: float = field(
-        default=0.0, metadata={"help": "Drop tokens less likely (after temperature) than min_p x the most likely one's "
-                               "probability, as vLLM does; 0 = off."})
+        default=0.0,
+        metadata={
+            "help": "Drop tokens less likely (after temperature) than min_p x the most likely one's "
+            "probability, as vLLM does; 0 = off."
+        },
+    )
     repetition_penalty: float = field(
-        default=1.0, metadata={"help": "Divide the positive logits (multiply the negative ones) of tokens already in the "
-                               "prompt or the completion by this, before temperature (vLLM's and transformers' "
-                               "penalty); 1 = off."})
+        default=1.0,
+        metadata={
+            "help": "Divide the positive logits (multiply the negative ones) of tokens already in the "
+            "prompt or the completion by this, before temperature (vLLM's and transformers' "
+            "penalty); 1 = off."
+        },
+    )
     max_new_tokens: int = field(default=256, metadata={"help": "Length budget of each completion."})
     stop_token_ids: list[int] | None = field(
         default=None, metadata={"help": "Token ids that end a completion; None = the model's EOS ids, [] = none."}
@@ -72,13 +89,17 @@ class SamplingParams:
     logprobs: bool = field(default=True, metadata={"help": "Return per-token log-probs (see logprobs_kind)."})
     logprobs_kind: str = field(
         default="raw",
-        metadata={"help": "raw: the model's log-softmax; sampling: the distribution sampled from (repetition "
-                  "penalty, temperature, min-p, top-k/p applied), for importance sampling."},
+        metadata={
+            "help": "raw: the model's log-softmax; sampling: the distribution sampled from (repetition "
+            "penalty, temperature, min-p, top-k/p applied), for importance sampling."
+        },
     )
     vllm_kwargs: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "More vLLM SamplingParams arguments, passed as-is by the vllm and vllm-server engines "
-                  "(e.g. presence_penalty, bad_words); the hf engine refuses any. None of the fields above."},
+        metadata={
+            "help": "More vLLM SamplingParams arguments, passed as-is by the vllm and vllm-server engines "
+            "(e.g. presence_penalty, bad_words); the hf engine refuses any. None of the fields above."
+        },
     )
 
     def __post_init__(self):
@@ -102,8 +123,10 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.repetition_penalty={self.repetition_penalty} must be > 0 (1 = off)")
         owned = sorted(set(self.vllm_kwargs) & set(VLLM_OWN_KEYS))
         if owned:
-            raise ValueError(f"SamplingParams.vllm_kwargs {owned} are SamplingParams fields: set "
-                             f"{[VLLM_OWN_KEYS[k] for k in owned]} instead")
+            raise ValueError(
+                f"SamplingParams.vllm_kwargs {owned} are SamplingParams fields: set "
+                f"{[VLLM_OWN_KEYS[k] for k in owned]} instead"
+            )
 
     @property
     def greedy(self) -> bool:

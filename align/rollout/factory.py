@@ -81,9 +81,9 @@ def get_engine(
 ) -> RolloutEngine:
     """The process-wide engine for `model` (a path, hub id, `builtin:NAME`, or a loaded model).
 
-    knobs go to the backend: hf (`dtype`, `batch_size`, `onednn`), vllm (`dtype`, `kv_cache_gib`, `max_num_batched_tokens`,
-    `gpu_memory_utilization`, `enable_sleep_mode`, `max_model_len`, `seed`, `head_dtype`), vllm-server
-    (`host`, `port`, `timeout`). `tokenizer` is only used for its EOS id when the model has none.
+    knobs go to the backend: hf (`dtype`, `batch_size`, `onednn`), vllm (`dtype`, `kv_cache_gib`,
+    `max_num_batched_tokens`, `gpu_memory_utilization`, `enable_sleep_mode`, `max_model_len`, `seed`, `head_dtype`),
+    vllm-server (`host`, `port`, `timeout`). `tokenizer` is only used for its EOS id when the model has none.
     A second call with the same (backend, model) returns the cached engine (knobs are ignored then).
     """
     if backend not in BACKENDS:

@@ -94,15 +94,19 @@ def sample_next(
     return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def _inverse_cdf(weights: torch.Tensor, total: torch.Tensor, generator: torch.Generator | None,
-                 block: int = 256) -> torch.Tensor:
+def _inverse_cdf(
+    weights: torch.Tensor, total: torch.Tensor, generator: torch.Generator | None, block: int = 256
+) -> torch.Tensor:
     """One draw per row from unnormalised `weights` (B, V) with row sums `total` (B,), by inverse CDF over blocks of
     `block` tokens: u ~ U[0, total) picks the block whose cumulative mass passes it, then the token inside that block.
     A token of zero weight is never drawn (u is kept strictly below each cumulative bound it is searched in)."""
     num_rows, vocab = weights.shape
     pad = (-vocab) % block
-    blocks = torch.nn.functional.pad(weights, (0, pad)).view(num_rows, -1, block) if pad else weights.view(
-        num_rows, -1, block)  # (B, NB, block)
+    blocks = (
+        torch.nn.functional.pad(weights, (0, pad)).view(num_rows, -1, block)
+        if pad
+        else weights.view(num_rows, -1, block)
+    )  # (B, NB, block)
     block_mass = blocks.sum(dim=-1)  # (B, NB)
     block_cdf = block_mass.cumsum(dim=-1)
     u = torch.rand(num_rows, 1, generator=generator, device=weights.device) * total[:, None]
@@ -233,8 +237,10 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
         check_prompts(prompts, self.vocab_size)
         if params.vllm_kwargs:
-            raise ValueError(f"the hf engine samples with SamplingParams' own fields only; vllm_kwargs "
-                             f"{sorted(params.vllm_kwargs)} need the vllm or vllm-server engine")
+            raise ValueError(
+                f"the hf engine samples with SamplingParams' own fields only; vllm_kwargs "
+                f"{sorted(params.vllm_kwargs)} need the vllm or vllm-server engine"
+            )
         fix_vllm_patched_model(self.model)  # a vLLM engine in this process may have patched its classes
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
         # Greedy copies are identical: decode once, hand out n copies.

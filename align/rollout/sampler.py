@@ -2,9 +2,9 @@
 
 Why: a trainer that generates must (1) build its engine outside ZeRO-3's partitioning context, sized for the
 recipe's lengths, (2) push its weights to an engine that holds its own copy (align/rollout/weight_sync.py),
-(3) generate with whole weights when the engine IS the trained model (the hf backend), (4) seed each rank's sampling differently and reproducibly, (5) let a colocated vLLM sleep
-while the trainer trains, and (6) sync a vLLM server from the main process only. Each is easy to get wrong
-under ZeRO-3, so it is written once, here, for both.
+(3) generate with whole weights when the engine IS the trained model (the hf backend), (4) seed each rank's sampling
+differently and reproducibly, (5) let a colocated vLLM sleep while the trainer trains, and (6) sync a vLLM server from
+the main process only. Each is easy to get wrong under ZeRO-3, so it is written once, here, for both.
 
     sampler = build_sampler("auto", {}, model, model_path, tokenizer, accelerator, seed=0, max_model_len=2048)
     sampler.sync(trainer.model_wrapped, step)                                 # every rank, after a step
@@ -34,10 +34,15 @@ ROLLOUT_BACKENDS = ("auto", "hf", "vllm", "vllm-server", "trl")
 # sampling knobs every engine has, under the names TRL's GRPOConfig, transformers and vLLM all use
 SAMPLING_KNOBS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # what the trainer sets itself: generation_kwargs may not (vLLM's name and transformers' -> the field that sets it)
-TRAINER_SAMPLING = {"n": "num_generations", "max_tokens": "max_completion_length",
-                    "max_new_tokens": "max_completion_length", "seed": "seed",
-                    "stop_token_ids": "the tokenizer's EOS ids", "logprobs": "vllm_importance_sampling_correction",
-                    "detokenize": "none (the engine returns token ids)"}
+TRAINER_SAMPLING = {
+    "n": "num_generations",
+    "max_tokens": "max_completion_length",
+    "max_new_tokens": "max_completion_length",
+    "seed": "seed",
+    "stop_token_ids": "the tokenizer's EOS ids",
+    "logprobs": "vllm_importance_sampling_correction",
+    "detokenize": "none (the engine returns token ids)",
+}
 assert set(VLLM_OWN_KEYS) <= set(SAMPLING_KNOBS) | set(TRAINER_SAMPLING)
 
 
@@ -50,21 +55,29 @@ def split_generation_kwargs(generation_kwargs: dict | None, backend: str) -> tup
         return {}, {}
     owned = sorted(set(kwargs) & set(TRAINER_SAMPLING))
     if owned:
-        raise ValueError(f"generation_kwargs {owned} are set by the trainer: use "
-                         f"{sorted({TRAINER_SAMPLING[k] for k in owned})} instead, and remove them")
+        raise ValueError(
+            f"generation_kwargs {owned} are set by the trainer: use "
+            f"{sorted({TRAINER_SAMPLING[k] for k in owned})} instead, and remove them"
+        )
     knobs = {k: kwargs.pop(k) for k in SAMPLING_KNOBS if k in kwargs}
     if kwargs and backend == "hf":
-        raise ValueError(f"generation_kwargs {sorted(kwargs)}: the hf engine samples with {list(SAMPLING_KNOBS)} only; "
-                         "set rollout_backend vllm or vllm-server (vLLM SamplingParams arguments) or trl "
-                         "(transformers' GenerationConfig)")
+        raise ValueError(
+            f"generation_kwargs {sorted(kwargs)}: the hf engine samples with {list(SAMPLING_KNOBS)} only; "
+            "set rollout_backend vllm or vllm-server (vLLM SamplingParams arguments) or trl "
+            "(transformers' GenerationConfig)"
+        )
     return knobs, kwargs
 
 
 def trl_sampling(args, backend: str) -> dict:
     """A TRL config's sampling settings (temperature, top_p, top_k, min_p, repetition_penalty), overridden by its
     `generation_kwargs`, whose other keys become `vllm_kwargs`: SamplingParams arguments for `backend`'s engine."""
-    knobs = dict(temperature=args.temperature, top_p=args.top_p, min_p=args.min_p or 0.0,
-                 repetition_penalty=args.repetition_penalty)
+    knobs = dict(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        min_p=args.min_p or 0.0,
+        repetition_penalty=args.repetition_penalty,
+    )
     if args.top_k and args.top_k > 0:
         knobs["top_k"] = args.top_k
     overrides, vllm_kwargs = split_generation_kwargs(args.generation_kwargs, backend)
@@ -108,7 +121,8 @@ class Sampler:
         return bool(bypasses and bypasses())
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps: the call count the next seeds continue from (align.runtime.checkpoint.RESUME_STATE)."""
+        """What a checkpoint keeps: the call count the next seeds continue from
+        (align.runtime.checkpoint.RESUME_STATE)."""
         return {"num_calls": self.num_calls}
 
     def load_state_dict(self, state: dict) -> None:
@@ -166,9 +180,20 @@ def _unwrap(model, accelerator):
     return accelerator.unwrap_model(model)
 
 
-def build_sampler(backend: str, knobs: dict | None, model, model_path: str, tokenizer, accelerator, *,
-                  seed: int = 0, max_model_len: int | None = None, logprobs_kind: str = "raw",
-                  own_process: bool = False, threads: int | None = None) -> Sampler | None:
+def build_sampler(
+    backend: str,
+    knobs: dict | None,
+    model,
+    model_path: str,
+    tokenizer,
+    accelerator,
+    *,
+    seed: int = 0,
+    max_model_len: int | None = None,
+    logprobs_kind: str = "raw",
+    own_process: bool = False,
+    threads: int | None = None,
+) -> Sampler | None:
     """The sampler for `backend` (None for `trl`: TRL's own generation). hf generates with the trained `model`
     itself; vllm (one engine per rank, in-process) loads `model_path` outside ZeRO-3's partitioning and gets the
     weights pushed; vllm-server talks to a `trl vllm-serve` server. `max_model_len` sizes vLLM's context (prompt
@@ -196,7 +221,9 @@ def build_sampler(backend: str, knobs: dict | None, model, model_path: str, toke
         else:
             knobs.setdefault("dtype", str(next(model.parameters()).dtype).removeprefix("torch."))
         engine = EngineWorker(model_path, backend=backend, knobs=knobs, threads=threads, logprobs_kind=logprobs_kind)
-        logger.info("rollout engine: %s in its own process, %d threads (rank %d)", backend, engine.info["threads"], rank)
+        logger.info(
+            "rollout engine: %s in its own process, %d threads (rank %d)", backend, engine.info["threads"], rank
+        )
         return Sampler(engine, accelerator, seed=seed)
     if backend == "vllm":
         knobs.setdefault("seed", rank_seed(seed, rank=rank))
@@ -211,4 +238,6 @@ def build_sampler(backend: str, knobs: dict | None, model, model_path: str, toke
     else:
         engine = get_engine(model_path, backend="vllm-server", tokenizer=tokenizer, **knobs)
     logger.info("rollout engine: %s (rank %d)", backend, rank)
-    return Sampler(engine, accelerator, seed=seed, sleep=bool(knobs.get("enable_sleep_mode")) and torch.cuda.is_available())
+    return Sampler(
+        engine, accelerator, seed=seed, sleep=bool(knobs.get("enable_sleep_mode")) and torch.cuda.is_available()
+    )

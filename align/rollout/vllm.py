@@ -101,6 +101,11 @@ class VLLMEngine:
         enforce_eager: bool | None = None,
         head_dtype: str | None = None,
     ):
+        """Start an in-process vLLM engine on `model` (a directory, or a live model whose weights are pushed once it
+        has started).
+
+        Long because each knob is checked and turned into vLLM's arguments for the one `vllm.LLM` call, and a CPU
+        and a GPU differ at several of them; split, the pieces would all build the same keyword dict."""
         on_gpu = torch.cuda.is_available()
         if enable_sleep_mode and not on_gpu:  # a memory knob for GPUs, not a result: logged and skipped, as Liger is
             logger.warning("enable_sleep_mode: sleep mode frees GPU memory; this machine has no GPU, so it is off")
@@ -136,7 +141,8 @@ class VLLMEngine:
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.vocab_size = self.config.vocab_size
         if dtype == "auto":
-            # fp32 on CPU: exact parity with an fp32 trainer (GRPO under bf16 asks for bf16: align.grpo.trainer.rollout_knobs)
+            # fp32 on CPU: exact parity with an fp32 trainer (GRPO under bf16 asks for bf16:
+            # align.grpo.trainer.rollout_knobs)
             dtype = "bfloat16" if on_gpu else "float32"
         self.dtype = dtype
         self.max_model_len = max_model_len or min(getattr(self.config, "max_position_embeddings", 4096), 4096)
@@ -148,13 +154,14 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs,
             skip_tokenizer_init=True,  # token ids in and out
             enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
-            # one kind of log-prob per engine (SamplingParams.logprobs_kind): the model's, or the sampled distribution's
+            # one kind of log-prob per engine (SamplingParams.logprobs_kind): the model's, or the sampled
+            # distribution's
             logprobs_mode="processed_logprobs" if logprobs_kind == "sampling" else "raw_logprobs",
         )
         if head_dtype is not None:
             # The LM head's projection in this dtype (vLLM's `--hf-overrides '{"head_dtype": "float32"}'`): with a
-            # trainer whose head runs in fp32 (TRL's `cast_lm_head_to_fp32`, set by align.grpo.trainer.rollout_knobs) the
-            # engine's log-probs then come from the same fp32 logits rather than bf16 ones.
+            # trainer whose head runs in fp32 (TRL's `cast_lm_head_to_fp32`, set by align.grpo.trainer.rollout_knobs)
+            # the engine's log-probs then come from the same fp32 logits rather than bf16 ones.
             kwargs["hf_overrides"] = {"head_dtype": head_dtype}
         if max_num_batched_tokens:  # tokens per scheduler step; above the longest prompt, prefill is never chunked
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
@@ -207,13 +214,19 @@ class VLLMEngine:
         want_logprobs = params.logprobs and params.logprobs_kind == self.logprobs_kind
         if params.logprobs and not want_logprobs and not self._warned_kind:
             # one kind per engine: rather none than the wrong ones (a caller that needs them fails where it reads them)
-            logger.warning("this vllm engine reports %s log-probs, the request asks for %s ones: none are returned "
-                           "(start the engine with the knob logprobs_kind=%r)", self.logprobs_kind,
-                           params.logprobs_kind, params.logprobs_kind)
+            logger.warning(
+                "this vllm engine reports %s log-probs, the request asks for %s ones: none are returned "
+                "(start the engine with the knob logprobs_kind=%r)",
+                self.logprobs_kind,
+                params.logprobs_kind,
+                params.logprobs_kind,
+            )
             self._warned_kind = True
         if self.weights_discarded:
-            raise RuntimeError("this vLLM engine slept at level 2 and dropped its weights: push weights "
-                               "(update_weights) before generating")
+            raise RuntimeError(
+                "this vLLM engine slept at level 2 and dropped its weights: push weights "
+                "(update_weights) before generating"
+            )
         self.wake_up()
         stop = self.default_stop if params.stop_token_ids is None else params.stop_token_ids
         base = dict(

@@ -45,8 +45,12 @@ def server_logprobs_kind(url: str, timeout: float = 10.0) -> str:
         info = requests.get(f"{url.rstrip('/')}/server_info", params={"config_format": "json"}, timeout=timeout)
         mode = info.json()["vllm_config"]["model_config"]["logprobs_mode"]
     except Exception as err:  # no dev mode, an older vLLM, another server: cannot check
-        logger.warning("could not read the vLLM server's logprobs mode from %s/server_info (%s): assuming "
-                       "processed_logprobs, as `trl vllm-serve` starts it", url, type(err).__name__)
+        logger.warning(
+            "could not read the vLLM server's logprobs mode from %s/server_info (%s): assuming "
+            "processed_logprobs, as `trl vllm-serve` starts it",
+            url,
+            type(err).__name__,
+        )
         return "sampling"
     return "sampling" if str(mode).startswith("processed") else "raw"
 

@@ -45,8 +45,15 @@ class EngineWorker:
 
     versioned = True  # update_weights takes `version` (align.rollout.sampler.Sampler.push passes the trainer's step)
 
-    def __init__(self, model_path: str, backend: str = "hf", knobs: dict | None = None, threads: int | None = None,
-                 logprobs_kind: str = "sampling", start_timeout_s: float = 900.0):
+    def __init__(
+        self,
+        model_path: str,
+        backend: str = "hf",
+        knobs: dict | None = None,
+        threads: int | None = None,
+        logprobs_kind: str = "sampling",
+        start_timeout_s: float = 900.0,
+    ):
         if backend not in ("hf", "vllm"):
             raise ValueError(f"an engine in its own process runs the hf or vllm backend, not {backend!r}")
         ctx = mp.get_context("spawn")  # never fork a process that holds torch threads or a vLLM engine
@@ -58,9 +65,23 @@ class EngineWorker:
         knobs = dict(knobs or {})
         if backend == "vllm":
             knobs.setdefault("logprobs_kind", logprobs_kind)
-        self._proc = ctx.Process(target=_serve, name=f"smolalign-{backend}-engine", daemon=True,
-                                 args=(self._inbox, self._outbox, self._version, self._cancelled, self._stop,
-                                       model_path, backend, knobs, threads, os.getpid()))
+        self._proc = ctx.Process(
+            target=_serve,
+            name=f"smolalign-{backend}-engine",
+            daemon=True,
+            args=(
+                self._inbox,
+                self._outbox,
+                self._version,
+                self._cancelled,
+                self._stop,
+                model_path,
+                backend,
+                knobs,
+                threads,
+                os.getpid(),
+            ),
+        )
         self._proc.start()
         self._buffers: dict[str, torch.Tensor] | None = None
         self._results: dict[int, tuple] = {}
@@ -117,8 +138,10 @@ class EngineWorker:
             kind, payload, info, prompts = self._results.pop(job)
         if kind == "error":
             raise RuntimeError(f"the {self.backend} engine process failed on a generation:\n{payload}")
-        groups = [[Rollout(list(p), list(c), None if lp is None else list(lp), fr) for c, lp, fr in group]
-                  for p, group in zip(prompts, payload)]
+        groups = [
+            [Rollout(list(p), list(c), None if lp is None else list(lp), fr) for c, lp, fr in group]
+            for p, group in zip(prompts, payload)
+        ]
         return groups, info
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
@@ -139,10 +162,14 @@ class EngineWorker:
                 break
             except queue.Empty:
                 if not self._proc.is_alive():
-                    raise RuntimeError(f"the {self.backend} engine process died (exit code {self._proc.exitcode}) "
-                                       f"while job {job} was pending") from None
+                    raise RuntimeError(
+                        f"the {self.backend} engine process died (exit code {self._proc.exitcode}) "
+                        f"while job {job} was pending"
+                    ) from None
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"the {self.backend} engine process gave no answer in {timeout_s:.0f} s") from None
+                    raise TimeoutError(
+                        f"the {self.backend} engine process gave no answer in {timeout_s:.0f} s"
+                    ) from None
         if message[0] in ("done", "error"):
             with self._lock:
                 self._results[message[1]] = (message[0], *message[2:])
@@ -160,8 +187,20 @@ class EngineWorker:
         self._proc = None
 
 
-_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ACCELERATE_USE_DEEPSPEED")
+_LAUNCHER_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "ACCELERATE_USE_DEEPSPEED",
+)
 
 
 def _one_device(local_rank: int) -> None:
@@ -175,8 +214,18 @@ def _one_device(local_rank: int) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank] if devices else str(local_rank)
 
 
-def _serve(inbox, outbox, version, cancelled, stop, model_path: str, backend: str, knobs: dict,
-           threads: int | None, parent: int) -> None:
+def _serve(
+    inbox,
+    outbox,
+    version,
+    cancelled,
+    stop,
+    model_path: str,
+    backend: str,
+    knobs: dict,
+    threads: int | None,
+    parent: int,
+) -> None:
     """The child: build the engine, then run jobs in order, each with the newest weights it is allowed."""
     try:
         _one_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -239,10 +288,10 @@ class ServerWorker:
     The server already generates outside the trainer, so nothing is spawned: jobs run in order in a thread of the
     trainer's process, each once a version >= its `min_version` is published, and `info["version"]` names the
     weights the server held. A push must not change the server's weights under a generation in flight (the batch
-    would mix two policies), and every rank shares the one server: `align.rollout.sampler.Sampler.push` holds `paused()` on
-    every rank (each waits for its own generation in flight, none starts another), meets the other ranks, and only
-    then does the main process send the weights (NCCL, GPU only); the version is published before the pause ends.
-    Generation stops for one push, as with EngineWorker, plus the wait for the generation in flight."""
+    would mix two policies), and every rank shares the one server: `align.rollout.sampler.Sampler.push` holds
+    `paused()` on every rank (each waits for its own generation in flight, none starts another), meets the other ranks,
+    and only then does the main process send the weights (NCCL, GPU only); the version is published before the pause
+    ends. Generation stops for one push, as with EngineWorker, plus the wait for the generation in flight."""
 
     versioned = True
     backend = "vllm-server"
@@ -264,8 +313,9 @@ class ServerWorker:
         """Hold generation: the job in flight finishes first, the next waits until the block ends."""
         return self._generating
 
-    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]], version: int | None = None,
-                       send: bool = True) -> None:
+    def update_weights(
+        self, named_params: Iterable[tuple[str, torch.Tensor]], version: int | None = None, send: bool = True
+    ) -> None:
         """Inside `paused()`: the main process sends the weights to the server (`send`), every rank publishes them
         as `version` (the others only run the iterator: its gathers are collective)."""
         version = self.version + 1 if version is None else int(version)
@@ -328,8 +378,11 @@ class ServerWorker:
             with self._generating:  # a push in progress finishes (and publishes) first
                 version, started = self.version, time.monotonic()
                 try:
-                    outcome = ("done", self.engine.generate(prompts, params),
-                               {"version": version, "generate_s": time.monotonic() - started, "wait_s": waited})
+                    outcome = (
+                        "done",
+                        self.engine.generate(prompts, params),
+                        {"version": version, "generate_s": time.monotonic() - started, "wait_s": waited},
+                    )
                 except BaseException:  # noqa: BLE001 - the trainer gets it from result()
                     outcome = ("error", traceback.format_exc(), None)
             with self._cond:

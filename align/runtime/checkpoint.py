@@ -51,8 +51,9 @@ from align.runtime.nonfinite import NONFINITE_POLICIES, NonFiniteError, NonFinit
 
 logger = logging.getLogger(__name__)
 
-# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked against the
-# installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in one place).
+# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked
+# against the installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in
+# one place).
 TRL_PRIVATE_METHODS = {
     "_save_checkpoint": "(self, model, trial)",  # wrapped: saves go to a staging dir, then an atomic rename
     "_get_output_dir": "(self, trial)",  # where the Trainer puts checkpoints
@@ -96,8 +97,9 @@ def is_complete(path: str | os.PathLike) -> bool:
     return (p / COMPLETE_MARKER).is_file() or _layout_of(p) == "loop"
 
 
-def list_checkpoints(output_dir: str | os.PathLike, complete_only: bool = True,
-                     layouts: Iterable[str] = ("trainer",)) -> list[Path]:
+def list_checkpoints(
+    output_dir: str | os.PathLike, complete_only: bool = True, layouts: Iterable[str] = ("trainer",)
+) -> list[Path]:
     """The checkpoints of output_dir in the given layouts, oldest step first (partial ones left out unless asked)."""
     found = []
     for layout in layouts:
@@ -299,14 +301,20 @@ class _EngineResync(TrainerCallback):
         if state.global_step <= 0:
             return
         if callable(getattr(self.trainer, "load_resume_state", None)):
-            path = os.path.join(checkpoint_path(args.output_dir, state.global_step),
-                                RESUME_STATE.format(rank=self.trainer.accelerator.process_index))
+            path = os.path.join(
+                checkpoint_path(args.output_dir, state.global_step),
+                RESUME_STATE.format(rank=self.trainer.accelerator.process_index),
+            )
             if os.path.isfile(path):
                 with open(path) as f:
                     self.trainer.load_resume_state(json.load(f))
             else:
-                logger.warning("resumed at step %d without %s: generation seeds restart (the samples after the "
-                               "resume differ from an uninterrupted run's)", state.global_step, path)
+                logger.warning(
+                    "resumed at step %d without %s: generation seeds restart (the samples after the "
+                    "resume differ from an uninterrupted run's)",
+                    state.global_step,
+                    path,
+                )
         if callable(getattr(self.trainer, "sync_engine", None)):
             self.trainer.sync_engine()
             logger.info("resumed at step %d: rollout engine weights synced", state.global_step)
@@ -391,8 +399,11 @@ def exit_if_preempted(trainer) -> None:
     """After `trainer.train()`: a run stopped by SIGTERM (its checkpoint saved) ends here, with PREEMPTED_EXIT_CODE,
     before the stage saves a final model or evaluates what is only part of the training."""
     if getattr(trainer, "_smolalign_preempted", False):
-        logger.warning("stopped by SIGTERM at step %d; checkpoint saved in %s: run the same command to resume",
-                       trainer.state.global_step, trainer.args.output_dir)
+        logger.warning(
+            "stopped by SIGTERM at step %d; checkpoint saved in %s: run the same command to resume",
+            trainer.state.global_step,
+            trainer.args.output_dir,
+        )
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
@@ -406,8 +417,12 @@ def install(trainer, script_args=None) -> NonFiniteGuard:
         clean_staging(trainer.args.output_dir)
     policy = getattr(script_args, "on_nonfinite", "stop") or "stop"
     factor = getattr(script_args, "grad_explosion_factor", 100.0)
-    guard = NonFiniteGuard(trainer, policy, 100.0 if factor is None else factor,
-                           checkpoint_path=lambda step: checkpoint_path(trainer.args.output_dir, step))
+    guard = NonFiniteGuard(
+        trainer,
+        policy,
+        100.0 if factor is None else factor,
+        checkpoint_path=lambda step: checkpoint_path(trainer.args.output_dir, step),
+    )
     trainer.add_callback(guard)
     trainer.add_callback(_EngineResync(trainer))
     trainer.add_callback(_NoStepPastTheEnd())
@@ -465,8 +480,10 @@ def load_loop_checkpoint(path: str, acc, model, optimizer) -> dict:
     """Restore weights, optimizer and RNG in place; return the loop's state (step, data position, history)."""
     if is_deepspeed(acc):
         if not os.path.isdir(os.path.join(path, DS_TAG)):
-            raise ValueError(f"checkpoint {path} has no DeepSpeed state ({DS_TAG}/): it was written without DeepSpeed; "
-                             "resume it with the same launch it was written with")
+            raise ValueError(
+                f"checkpoint {path} has no DeepSpeed state ({DS_TAG}/): it was written without DeepSpeed; "
+                "resume it with the same launch it was written with"
+            )
         model.load_checkpoint(path, tag=DS_TAG)  # collective: module and optimizer shards
         rng_file = os.path.join(path, f"rng_{acc.process_index}.pt")
     else:

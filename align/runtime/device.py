@@ -31,10 +31,14 @@ def cpu_bf16_slower(requested: bool) -> bool:
         return False
     if flag == "0":
         return True
-    native = any(getattr(torch.cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    native = any(
+        getattr(torch.cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
     if not native:
-        logger.warning("bf16 -> fp32: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 autocast runs "
-                       "several times slower than fp32; set SMOLALIGN_CPU_BF16=1 to keep bf16")
+        logger.warning(
+            "bf16 -> fp32: this CPU has no native bf16 (AVX512-BF16 or AMX), where bf16 autocast runs "
+            "several times slower than fp32; set SMOLALIGN_CPU_BF16=1 to keep bf16"
+        )
     return not native
 
 
@@ -78,5 +82,7 @@ def setup_process() -> None:
     if torch.cuda.is_available():
         return
     kept = keep_freed_memory()
-    logger.info("process setup: CPU, freed memory kept in the process: %s", "yes" if kept else "no (not glibc, or "
-                "SMOLALIGN_KEEP_FREED_MEMORY=0)")
+    logger.info(
+        "process setup: CPU, freed memory kept in the process: %s",
+        "yes" if kept else "no (not glibc, or SMOLALIGN_KEEP_FREED_MEMORY=0)",
+    )

@@ -87,8 +87,9 @@ def full_model(model: torch.nn.Module, accelerator: Any):
         gathered = _gatherer(any(hasattr(p, "ds_id") for p in model.parameters()))(list(model.parameters()))
     else:  # the checkpointing the trainer set (LoRA + ZeRO-3 wants TRL's use_reentrant=True) comes back unchanged
         inner = accelerator.unwrap_model(model)
-        gathered = unwrap_model_for_generation(model, accelerator,
-                                               gradient_checkpointing_kwargs=checkpointing_kwargs(inner))
+        gathered = unwrap_model_for_generation(
+            model, accelerator, gradient_checkpointing_kwargs=checkpointing_kwargs(inner)
+        )
     with gathered as unwrapped:
         unwrapped = model if accelerator is None else unwrapped
         was_training = unwrapped.training

@@ -33,8 +33,11 @@ def keep_freed_memory() -> bool:
     except OSError:  # not glibc (musl, ...): nothing to tune
         return False
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    _KEPT["on"] = bool(libc.mallopt(m_mmap_threshold, KEEP_FREED_CEILING)
-                       and libc.mallopt(m_trim_threshold, 2**31 - 1) and libc.mallopt(m_top_pad, 64 << 20))
+    _KEPT["on"] = bool(
+        libc.mallopt(m_mmap_threshold, KEEP_FREED_CEILING)
+        and libc.mallopt(m_trim_threshold, 2**31 - 1)
+        and libc.mallopt(m_top_pad, 64 << 20)
+    )
     return _KEPT["on"]
 
 
@@ -48,8 +51,8 @@ def trim_if_memory_low(min_available: float = 0.2) -> bool:
     """keep_freed_memory's safety valve, called after every training step (align.stage.train): when the machine has
     less than `min_available` of its memory left, hand the kept free memory back (glibc's malloc_trim). A heap that
     keeps what it frees still fragments under shapes that change every batch (a 135M model's APO grows by a third over
-    30 steps with blocks under the ceiling kept); this costs one round of page faults when it fires and nothing otherwise.
-    Returns whether it trimmed."""
+    30 steps with blocks under the ceiling kept); this costs one round of page faults when it fires and nothing
+    otherwise. Returns whether it trimmed."""
     if not _KEPT["on"]:
         return False
     try:
@@ -62,5 +65,3 @@ def trim_if_memory_low(min_available: float = 0.2) -> bool:
 
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     return True
-
-

@@ -21,8 +21,9 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
-# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked against the
-# installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in one place).
+# transformers' Trainer's private names this module overrides or reads, each with the parameters we rely on (checked
+# against the installed TRL by tests/test_trl_private_names.py: an upgrade that renames or reshapes one fails there, in
+# one place).
 TRL_PRIVATE_METHODS = {
     "_get_grad_norm": "(self, model, grad_norm=None)",  # wrapped: the pre-clip norm the guard reads
 }
@@ -46,8 +47,14 @@ def _finite(x) -> bool:
 class NonFiniteGuard(TrainerCallback):
     """Detect NaN/inf losses and gradient explosions each optimizer step; skip the update or stop (module doc)."""
 
-    def __init__(self, trainer, policy: str = "stop", explosion_factor: float = 100.0, window: int = 20,
-                 checkpoint_path: Callable[[int], str] | None = None):
+    def __init__(
+        self,
+        trainer,
+        policy: str = "stop",
+        explosion_factor: float = 100.0,
+        window: int = 20,
+        checkpoint_path: Callable[[int], str] | None = None,
+    ):
         if policy not in NONFINITE_POLICIES:
             raise ValueError(f"on_nonfinite={policy!r}: choose one of {list(NONFINITE_POLICIES)}")
         if explosion_factor < 0:

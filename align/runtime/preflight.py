@@ -6,8 +6,9 @@ to all-zero assistant masks, sorted data, full disks and resumes that cannot loa
 
     output_dir     writable, with free disk for the checkpoints the recipe will write
                    (params x bytes per param (weights + Adam moments) x checkpoints kept, + the final model)
-    resume         the checkpoint a resume would load (align.runtime.checkpoint.resume_checkpoint) is complete and readable:
-                   trainer state parses, weight names/shapes match the model, optimizer/scheduler/RNG files intact
+    resume         the checkpoint a resume would load (align.runtime.checkpoint.resume_checkpoint) is complete and
+                   readable: trainer state parses, weight names/shapes match the model, optimizer/scheduler/RNG
+                   files intact
     tokenizer      decode(encode(text)) == text on the first examples
     chat_template  non-empty assistant/completion masks on the first examples (align.data.chat, any template)
     known_answer   the accuracy reward scores the gold answer 1.0 and a wrong one below 1; every reward runs on it
@@ -216,8 +217,10 @@ def _num_checkpoints(args, dataset_size: int, world_size: int) -> int:
 
 def _skip_loudly(stage: str) -> None:
     banner = "!" * 78
-    message = (f"{banner}\n!! PREFLIGHT SKIPPED for stage '{stage}' (skip_preflight=true): seeds, masks, data "
-               f"order, disk and resume state are NOT checked. Use for debugging only.\n{banner}")
+    message = (
+        f"{banner}\n!! PREFLIGHT SKIPPED for stage '{stage}' (skip_preflight=true): seeds, masks, data "
+        f"order, disk and resume state are NOT checked. Use for debugging only.\n{banner}"
+    )
     logger.warning(message)
     print(message, file=sys.stderr, flush=True)
 
@@ -233,16 +236,23 @@ def _run(name: str, fn: Callable[[], str | None]) -> Check:
 def _conclude(checks: list[Check], stage: str) -> list[Check]:
     """Gather every rank's failures into one PreflightError; log success; stop here in preflight-only mode."""
     rank, size = world()
-    failures = [f"[rank {r}] {c.name}: {c.message}" if size > 1 else f"{c.name}: {c.message}"
-                for r, rank_checks in enumerate(gather([c for c in checks if not c.ok])) for c in rank_checks]
+    failures = [
+        f"[rank {r}] {c.name}: {c.message}" if size > 1 else f"{c.name}: {c.message}"
+        for r, rank_checks in enumerate(gather([c for c in checks if not c.ok]))
+        for c in rank_checks
+    ]
     if failures:
-        raise PreflightError(f"preflight failed for stage '{stage}' ({len(failures)} check(s)): " + " | ".join(failures))
+        raise PreflightError(
+            f"preflight failed for stage '{stage}' ({len(failures)} check(s)): " + " | ".join(failures)
+        )
     if rank == 0:
         logger.info("preflight passed for stage '%s': %s", stage, ", ".join(c.name for c in checks))
     if os.environ.get(PREFLIGHT_ONLY_ENV, "") not in ("", "0"):
         if rank == 0:
-            print(f"preflight passed for stage '{stage}': {', '.join(c.name for c in checks)} ({size} rank(s))",
-                  flush=True)
+            print(
+                f"preflight passed for stage '{stage}': {', '.join(c.name for c in checks)} ({size} rank(s))",
+                flush=True,
+            )
         raise PreflightPassed(0)
     return checks
 
@@ -302,8 +312,14 @@ def preflight(
         source_ds = raw_train if raw_train is not None and len(raw_train) == num_rows else train
         col = next((c for c in SOURCE_COLUMNS if c in getattr(source_ds, "column_names", [])), None)
         sources = [source_ds[i][col] for i in head] if col else None
-        checks.append(_run("data_order", lambda: check_data_order([o[0] for o in orders], num_rows, *order[1:])
-                           or check_shuffled(lengths, sources)))
+        checks.append(
+            _run(
+                "data_order",
+                lambda: (
+                    check_data_order([o[0] for o in orders], num_rows, *order[1:]) or check_shuffled(lengths, sources)
+                ),
+            )
+        )
     digests = gather(weights_digest(model))
     checks.append(_run("weights", lambda: check_same_weights(digests)))
     fingerprints = gather(_rng_fingerprint(trainer))
@@ -313,8 +329,9 @@ def preflight(
     return _conclude(checks, stage)
 
 
-def preflight_pretrain(model, tokenizer, *, output_dir: str, num_checkpoints: int, texts: Sequence[str],
-                       skip: bool = False) -> list[Check]:
+def preflight_pretrain(
+    model, tokenizer, *, output_dir: str, num_checkpoints: int, texts: Sequence[str], skip: bool = False
+) -> list[Check]:
     """The checks that apply to the pretraining loop (pretrain/train.py), which has no HF Trainer: ranks hold
     identical weights, the tokenizer round-trips the training text, its chat template (when it has one) gives
     non-empty assistant masks, and the output dir takes the checkpoints (a resumed checkpoint has loaded by then).
@@ -323,11 +340,17 @@ def preflight_pretrain(model, tokenizer, *, output_dir: str, num_checkpoints: in
     if skip:
         _skip_loudly("pretrain")
         return []
-    checks = [_run("output_dir", lambda: check_output_dir(output_dir, estimate_checkpoint_bytes(model, num_checkpoints)))]
+    checks = [
+        _run("output_dir", lambda: check_output_dir(output_dir, estimate_checkpoint_bytes(model, num_checkpoints)))
+    ]
     checks.append(_run("tokenizer", lambda: check_roundtrip(tokenizer, list(texts)[:NUM_EXAMPLES])))
     if getattr(tokenizer, "chat_template", None):
-        row = {"messages": [{"role": "user", "content": "What is 2 + 3?"},
-                            {"role": "assistant", "content": "The answer is \\boxed{5}."}]}
+        row = {
+            "messages": [
+                {"role": "user", "content": "What is 2 + 3?"},
+                {"role": "assistant", "content": "The answer is \\boxed{5}."},
+            ]
+        }
         checks.append(_run("chat_template", lambda: check_masks(tokenizer, [row])))
     digests = gather(weights_digest(model))
     checks.append(_run("weights", lambda: check_same_weights(digests)))

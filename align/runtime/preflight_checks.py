@@ -255,10 +255,12 @@ def check_masks(tokenizer, rows: Sequence[dict], chat_template: str | None = Non
             elif _is_conversation(row.get("prompt")):
                 target = next((row[k] for k in ("completion", "chosen") if _is_conversation(row.get(k))), None)
                 if target is not None:
-                    completion_mask(tokenizer, row["prompt"], target, chat_template=chat_template,
-                                    example_index=i, **kw)
-                elif not render(tokenizer, row["prompt"], chat_template=chat_template, add_generation_prompt=True,
-                                **kw).strip():
+                    completion_mask(
+                        tokenizer, row["prompt"], target, chat_template=chat_template, example_index=i, **kw
+                    )
+                elif not render(
+                    tokenizer, row["prompt"], chat_template=chat_template, add_generation_prompt=True, **kw
+                ).strip():
                     return f"the chat template renders prompt {i} as empty text: check the template and the data"
             for col in ("assistant_masks", "completion_mask"):  # already tokenized rows (TRL's own masks)
                 if col in row and row[col] is not None and not any(row[col]):
@@ -304,7 +306,10 @@ def check_known_answer(reward_funcs: Sequence[Callable] | None, rows: Sequence[d
                     )
                 low = checked(func)(wrong, **columns)
                 if all(s == 1.0 for s in low):
-                    return f"reward {name!r} gives 1.0 to wrong answers too ({wrong[0]!r}): it cannot tell right from wrong"
+                    return (
+                        f"reward {name!r} gives 1.0 to wrong answers too ({wrong[0]!r}): "
+                        "it cannot tell right from wrong"
+                    )
         except Exception as e:  # noqa: BLE001 - the checked wrapper already names the reward and the example
             return f"{type(e).__name__}: {' '.join(str(e).split())}"
     return None

@@ -1,2 +1,1 @@
-"""Supervised fine-tuning (``scripts/sft.py``): the config, the batches, the trainer and ``main``.
-"""
+"""Supervised fine-tuning (``scripts/sft.py``): the config, the batches, the trainer and ``main``."""

@@ -86,8 +86,8 @@ def resolve_packing_layout(layout: str, cuda: bool) -> str:
     if layout == "auto":
         return "flat" if cuda else "rows"
     if layout == "rows" and cuda:
-        logger.warning("packing_layout: rows on a GPU runs per-bucket sdpa with host syncs; 'flat' (or 'auto') lets "
-                       "flash-attention's varlen kernel take the packed row")
+        logger.warning(
+            "packing_layout: rows on a GPU runs per-bucket sdpa with host syncs; 'flat' (or 'auto') lets "
+            "flash-attention's varlen kernel take the packed row"
+        )
     return layout
-
-

@@ -1,5 +1,4 @@
-"""SFT's config: TRL's SFTConfig plus the assistant-mask method and the batch layout.
-"""
+"""SFT's config: TRL's SFTConfig plus the assistant-mask method and the batch layout."""
 
 from __future__ import annotations
 
@@ -25,26 +24,34 @@ class SFTConfig(StageArgs, trl.SFTConfig):
 
     mask_method: str = field(
         default="auto",
-        metadata={"help": "Assistant masks: auto (template {% generation %} markers if present, else sentinel), "
-                  "markers, or sentinel (template-independent)."},
+        metadata={
+            "help": "Assistant masks: auto (template {% generation %} markers if present, else sentinel), "
+            "markers, or sentinel (template-independent)."
+        },
     )
     length_bucketing: bool = field(
         default=False,
-        metadata={"help": "Without packing: batch rows of similar length together (batch order shuffled each "
-                  "epoch): padding drops to a few percent, but a batch then holds one kind of row when lengths "
-                  "follow the source (the preflight data-order check says so)."},
+        metadata={
+            "help": "Without packing: batch rows of similar length together (batch order shuffled each "
+            "epoch): padding drops to a few percent, but a batch then holds one kind of row when lengths "
+            "follow the source (the preflight data-order check says so)."
+        },
     )
     packing_layout: str = field(
         default="auto",
-        metadata={"help": "With packing: 'rows' keeps [batch, max_length] rows with per-document attention (fast "
-                  "with sdpa/CPU); 'flat' is TRL's single flattened row (for flash-attention varlen kernels); "
-                  "'auto' (default): rows on a CPU, flat on a GPU."},
+        metadata={
+            "help": "With packing: 'rows' keeps [batch, max_length] rows with per-document attention (fast "
+            "with sdpa/CPU); 'flat' is TRL's single flattened row (for flash-attention varlen kernels); "
+            "'auto' (default): rows on a CPU, flat on a GPU."
+        },
     )
     document_attention: bool = field(
         default=True,
-        metadata={"help": "With packing_layout rows: attend within each document by gathering documents into "
-                  "right-padded batches for causal sdpa (align/modeling/document_attention.py) instead of a block-diagonal "
-                  "mask over the whole row."},
+        metadata={
+            "help": "With packing_layout rows: attend within each document by gathering documents into "
+            "right-padded batches for causal sdpa (align/modeling/document_attention.py) instead of a block-diagonal "
+            "mask over the whole row."
+        },
     )
     bucket_batches: int = field(
         default=64, metadata={"help": "Length buckets are sorted within pools of this many batches (randomness)."}
@@ -65,5 +72,3 @@ class SFTConfig(StageArgs, trl.SFTConfig):
             logger.warning("use_liger_kernel: Liger kernels need a CUDA GPU; training on CPU without them")
             self.use_liger_kernel = False
         super().__post_init__()
-
-

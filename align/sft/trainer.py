@@ -1,4 +1,4 @@
-"""Supervised fine-tuning: TRL's SFTTrainer, with assistant masks for any chat template and fast CPU batches.
+r"""Supervised fine-tuning: TRL's SFTTrainer, with assistant masks for any chat template and fast CPU batches.
 
 Why: SFT is the stage every user runs. TRL does the training; what we add is what it leaves to the user:
 
@@ -20,7 +20,8 @@ Why: SFT is the stage every user runs. TRL does the training; what we add is wha
 
 How to run:
     python scripts/sft.py recipes/tiny/sft.yaml
-    accelerate launch --config_file recipes/accelerate/zero2.yaml --use_deepspeed --num_processes 2         scripts/sft.py recipes/tiny/sft.yaml                                     # 2 CPU ranks, DeepSpeed ZeRO-2
+    accelerate launch --config_file recipes/accelerate/zero2.yaml --use_deepspeed --num_processes 2 \
+        scripts/sft.py recipes/tiny/sft.yaml  # 2 CPU ranks, DeepSpeed ZeRO-2
     accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/sft.py recipes/smollm3/sft.yaml
 """
 
@@ -52,7 +53,6 @@ TRL_PRIVATE_METHODS = {
 TRL_PRIVATE_ATTRIBUTES = (
     "_tokenizer",  # the processing class TRL resolved (its pad id for the packed-row collator)
 )
-
 
 
 class SFTTrainer(trl.SFTTrainer):
@@ -100,8 +100,13 @@ def prepare_sft_data(dataset, tokenizer, args: SFTConfig, chat_template: str | N
     if "input_ids" in dataset.column_names:
         return dataset  # already tokenized by the user: TRL applies its mask columns as they are
     return tokenize_sft_dataset(
-        dataset, tokenizer, assistant_only_loss=args.assistant_only_loss, chat_template=chat_template,
-        num_proc=args.dataset_num_proc, name=name, method=args.mask_method,
+        dataset,
+        tokenizer,
+        assistant_only_loss=args.assistant_only_loss,
+        chat_template=chat_template,
+        num_proc=args.dataset_num_proc,
+        name=name,
+        method=args.mask_method,
     )
 
 
@@ -143,31 +148,52 @@ def main(script_args, training_args: SFTConfig, model_args) -> dict:
     training_args.completion_only_loss = "completion_mask" in train.column_names
 
     model = stage.load_model(model_args)
-    trainer = SFTTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=test,
-                         processing_class=tokenizer, peft_config=stage.peft_config(model_args))
+    trainer = SFTTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=test,
+        processing_class=tokenizer,
+        peft_config=stage.peft_config(model_args),
+    )
     stage.prepare(trainer, script_args, "sft", raw_train=raw_train, chat_template=chat_template)
 
-    report: dict = {"world_size": trainer.accelerator.num_processes,
-                    "distributed_type": str(trainer.accelerator.distributed_type)}
+    report: dict = {
+        "world_size": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+    }
     rows = _eval_rows(raw_test, script_args.eval_num_prompts) if script_args.eval_after else []
     modes = ["think", "no_think"]
     if rows:  # every rank: its share of the prompts, on whole weights
-        report["before"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows,
-                                             [*modes, "plain"], training_args.sft_eval_max_new_tokens)
+        report["before"] = heldout_chat_eval(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            tokenizer,
+            rows,
+            [*modes, "plain"],
+            training_args.sft_eval_max_new_tokens,
+        )
         logger.info("held-out before SFT: %s", _summary(report["before"]))
     report["train"] = stage.train(trainer, training_args)
     stage.save(trainer, tokenizer, training_args)
     if rows:
         with stage.own_precision(trainer):  # as "before": the model's dtype, not the training autocast
-            report["after"] = heldout_chat_eval(trainer.model_wrapped, trainer.accelerator, tokenizer, rows, modes,
-                                                training_args.sft_eval_max_new_tokens)
+            report["after"] = heldout_chat_eval(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                tokenizer,
+                rows,
+                modes,
+                training_args.sft_eval_max_new_tokens,
+            )
         logger.info("held-out after SFT: %s", _summary(report["after"]))
     stage.write_report(trainer, training_args.output_dir, "sft_eval.json", report)
     return report
 
 
 def _summary(per_mode: dict) -> str:
-    return ", ".join(f"{m}: acc {s['acc']:.3f} format {s['format']:.3f}" for m, s in per_mode.items()
-                     if not math.isnan(s.get("acc", float("nan"))))
-
-
+    return ", ".join(
+        f"{m}: acc {s['acc']:.3f} format {s['format']:.3f}"
+        for m, s in per_mode.items()
+        if not math.isnan(s.get("acc", float("nan")))
+    )

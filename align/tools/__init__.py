@@ -8,7 +8,21 @@ from align.tools.parse import ToolCall, call_text, parse_tool_calls, tools_syste
 from align.tools.runner import STATUSES, ToolResult, ToolRunner
 
 __all__ = [
-    "STATUSES", "TOOLS", "Environment", "Tool", "ToolCall", "ToolError", "ToolLoop", "ToolResult", "ToolRunner",
-    "Trajectory", "call_text", "check_arguments", "environment_tools", "load_tools", "parse_tool_calls",
-    "tools_system_text", "with_tools",
+    "STATUSES",
+    "TOOLS",
+    "Environment",
+    "Tool",
+    "ToolCall",
+    "ToolError",
+    "ToolLoop",
+    "ToolResult",
+    "ToolRunner",
+    "Trajectory",
+    "call_text",
+    "check_arguments",
+    "environment_tools",
+    "load_tools",
+    "parse_tool_calls",
+    "tools_system_text",
+    "with_tools",
 ]

@@ -15,17 +15,22 @@ def check_tool_distillation(args, use_uld_loss: bool) -> None:
     if not (args.tools or args.environment):
         return
     if use_uld_loss:
-        raise ValueError("tools in distillation need one tokenizer for student and teacher (the cross-tokenizer ULD "
-                         "path rebuilds sequences from text); use a same-tokenizer teacher")
+        raise ValueError(
+            "tools in distillation need one tokenizer for student and teacher (the cross-tokenizer ULD "
+            "path rebuilds sequences from text); use a same-tokenizer teacher"
+        )
     if args.teacher_hint or args.teacher_few_shot:
         raise ValueError("tools in distillation use the teacher's plain view: unset teacher_hint and teacher_few_shot")
     if args.loss in ("supervised", "sequence_kd", "rejection_sampling"):
-        raise ValueError(f"loss {args.loss} trains on fixed completions; tools need an on-policy loss "
-                         "(reverse_kl, forward_kl or jsd)")
+        raise ValueError(
+            f"loss {args.loss} trains on fixed completions; tools need an on-policy loss "
+            "(reverse_kl, forward_kl or jsd)"
+        )
 
 
 def add_tools_to_conversations(dataset, loop: ToolLoop):
     """The tools described in each conversation's system turn (rows already listing them are kept)."""
+
     def add(row):
         msgs = row["messages"]
         if not any("<tools>" in str(m.get("content")) for m in msgs):
@@ -36,7 +41,9 @@ def add_tools_to_conversations(dataset, loop: ToolLoop):
     return dataset.map(add)
 
 
-def tool_completions(loop: ToolLoop, generate, unique: list[list[int]], params) -> tuple[list[list[int]], list[list[int]]]:
+def tool_completions(
+    loop: ToolLoop, generate, unique: list[list[int]], params
+) -> tuple[list[list[int]], list[list[int]]]:
     """(completion ids, policy masks) of `params.n` trajectories per prompt, in GOLD's order."""
     groups = loop.rollout(generate, unique, params, systems=[loop._system_of(u) for u in unique])
     flat = [t for g in groups for t in g]

@@ -54,33 +54,52 @@ def _right_args(call: dict, row: dict) -> bool:
 def tool_suite(engine, tokenizer, rows: list[dict], modes: list[str], max_new_tokens: int, max_turns: int = 3):
     """(metrics, stats, details) of the suite on `rows` (see the module docstring)."""
     loop = ToolLoop(tokenizer, ToolRunner(TOOL_NAMES), max_turns=max_turns, max_tokens=max_turns * max_new_tokens)
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, logprobs=False,
-                            stop_token_ids=loop.stop_ids)
+    params = SamplingParams(
+        n=1, temperature=0.0, max_new_tokens=max_new_tokens, logprobs=False, stop_token_ids=loop.stop_ids
+    )
     metrics, stats, details = {}, {}, {}
     tools = Counter(r["tool"] for r in rows)
     metrics["tools/majority_tool"] = tools.most_common(1)[0][1] / len(rows)
     try:
         for mode in modes:
-            plain = [[{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": r["prompt"]}] for r in rows]
+            plain = [
+                [{"role": "system", "content": f"/{mode}"}, {"role": "user", "content": r["prompt"]}] for r in rows
+            ]
             offered = [with_tools(m, loop.schemas) for m in plain]
-            groups = loop.rollout(engine.generate, [_ids(tokenizer, m) for m in offered], params,
-                                  systems=[m[0]["content"] for m in offered])
+            groups = loop.rollout(
+                engine.generate,
+                [_ids(tokenizer, m) for m in offered],
+                params,
+                systems=[m[0]["content"] for m in offered],
+            )
             trajectories = [g[0] for g in groups]
             bare = engine.generate([_ids(tokenizer, m) for m in plain], params)
             bare_texts = [tokenizer.decode(g[0].completion_ids, skip_special_tokens=True) for g in bare]
             answers = [r["answer"] for r in rows]
             with_ok = [int((s or 0) >= 1) for s in math_reward([t.policy_text for t in trajectories], answers)]
             without_ok = [int((s or 0) >= 1) for s in math_reward(bare_texts, answers)]
-            form = [int((s or 0) >= 1) for s in mode_format_reward(
-                [t.policy_text for t in trajectories], mode=[mode] * len(rows),
-                answer_text=[t.answer_text for t in trajectories])]
+            form = [
+                int((s or 0) >= 1)
+                for s in mode_format_reward(
+                    [t.policy_text for t in trajectories],
+                    mode=[mode] * len(rows),
+                    answer_text=[t.answer_text for t in trajectories],
+                )
+            ]
             first = [t.calls[0] if t.calls else None for t in trajectories]
             called = [int(c is not None) for c in first]
             parseable = [int(c is not None and c["status"] != "malformed") for c in first]
             right_tool = [int(c is not None and c["name"] == r["tool"]) for c, r in zip(first, rows)]
             right_args = [int(_right_args(c, r)) for c, r, ok in zip(first, rows, right_tool) if ok]
-            shares = {"called": called, "parseable": parseable, "right_tool": right_tool, "right_args": right_args,
-                      "acc_with_tools": with_ok, "acc_without_tools": without_ok, "format": form}
+            shares = {
+                "called": called,
+                "parseable": parseable,
+                "right_tool": right_tool,
+                "right_args": right_args,
+                "acc_with_tools": with_ok,
+                "acc_without_tools": without_ok,
+                "format": form,
+            }
             for key, values in shares.items():
                 name = f"tools/{mode}/{key}"
                 metrics[name] = sum(values) / len(values) if values else 0.0
@@ -89,13 +108,21 @@ def tool_suite(engine, tokenizer, rows: list[dict], modes: list[str], max_new_to
             paired = paired_change(without_ok, with_ok)
             metrics[f"tools/{mode}/paired_p"] = paired["p_value"]
             details[f"tools/{mode}"] = {
-                "paired_without_vs_with": paired, "families": [r["family"] for r in rows],
+                "paired_without_vs_with": paired,
+                "families": [r["family"] for r in rows],
                 "prompts_sha": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
                 "items": [item_id(r["prompt"]) for r in rows],
-                "outcomes": {"with_tools": with_ok, "without_tools": without_ok, "right_tool": right_tool,
-                             "format": form},
-                "samples": [{"prompt": r["prompt"], "policy": t.policy_text[:400], "calls": t.calls}
-                            for r, t in list(zip(rows, trajectories))[:6]]}
+                "outcomes": {
+                    "with_tools": with_ok,
+                    "without_tools": without_ok,
+                    "right_tool": right_tool,
+                    "format": form,
+                },
+                "samples": [
+                    {"prompt": r["prompt"], "policy": t.policy_text[:400], "calls": t.calls}
+                    for r, t in list(zip(rows, trajectories))[:6]
+                ],
+            }
     finally:
         loop.runner.close()
     return metrics, stats, details

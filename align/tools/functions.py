@@ -37,8 +37,15 @@ from rewards.registry import _load_file_module
 from rewards.sandbox import run_program
 
 PYTHON_TOOL = "python"
-JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-              "array": (list, tuple), "object": (dict,), "null": (type(None),)}
+JSON_TYPES = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "object": (dict,),
+    "null": (type(None),),
+}
 
 
 class ToolError(Exception):
@@ -71,14 +78,22 @@ def tool_from_function(func: Callable, spec: str | None = None, name: str | None
     if not callable(func):
         raise ValueError(f"tool {label!r} is not a function; a tool is a typed Python function with a docstring")
     if not inspect.getdoc(func):
-        raise ValueError(f"tool {label!r} has no docstring: write one line saying what it does, then an Args: "
-                         "section describing each argument (docs/tools.md)")
-    untyped = [p.name for p in inspect.signature(func).parameters.values()
-               if p.name != "self" and p.annotation is inspect.Parameter.empty
-               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise ValueError(
+            f"tool {label!r} has no docstring: write one line saying what it does, then an Args: "
+            "section describing each argument (docs/tools.md)"
+        )
+    untyped = [
+        p.name
+        for p in inspect.signature(func).parameters.values()
+        if p.name != "self"
+        and p.annotation is inspect.Parameter.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     if untyped:
-        raise ValueError(f"tool {label!r}: arguments {untyped} have no type hints; the model is shown a JSON schema "
-                         "built from them (e.g. `def add(a: int, b: int) -> int`)")
+        raise ValueError(
+            f"tool {label!r}: arguments {untyped} have no type hints; the model is shown a JSON schema "
+            "built from them (e.g. `def add(a: int, b: int) -> int`)"
+        )
     try:
         schema = get_json_schema(func)
     except Exception as e:  # transformers' DocstringParsingException / TypeHintParsingException
@@ -94,8 +109,10 @@ def resolve(spec: str, kind: str = "tool") -> Any:
         return TOOLS[spec]
     if ":" not in spec:
         known = f" Registered tools: {sorted(TOOLS)}." if kind == "tool" else ""
-        raise ValueError(f"unknown {kind} {spec!r}.{known} Name your own by dotted path ('my_lab.tools:lookup') or "
-                         "file path ('./tools.py:lookup')")
+        raise ValueError(
+            f"unknown {kind} {spec!r}.{known} Name your own by dotted path ('my_lab.tools:lookup') or "
+            "file path ('./tools.py:lookup')"
+        )
     module_part, attr = spec.rsplit(":", 1)
     if module_part.endswith(".py") or "/" in module_part:
         module, _ = _load_file_module(module_part)
@@ -103,8 +120,10 @@ def resolve(spec: str, kind: str = "tool") -> Any:
         try:
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as e:
-            raise ValueError(f"{kind} {spec!r}: cannot import {module_part!r} ({e}); put its directory on "
-                             "PYTHONPATH or name the file ('./tools.py:lookup')") from None
+            raise ValueError(
+                f"{kind} {spec!r}: cannot import {module_part!r} ({e}); put its directory on "
+                "PYTHONPATH or name the file ('./tools.py:lookup')"
+            ) from None
     if not hasattr(module, attr):
         raise ValueError(f"{kind} {spec!r}: {module_part!r} has no attribute {attr!r}")
     return getattr(module, attr)
@@ -125,7 +144,8 @@ def load_tools(specs: Iterable[str | Callable]) -> dict[str, Tool]:
 class Environment:
     """Base class of a tool environment (TRL's `environment_factory` shape). One instance per rollout.
 
-    Subclass it: `reset(row)` sets the rollout's state from its dataset row; public methods with type hints and docstrings are the tools; `reward()` (optional) scores the rollout."""
+    Subclass it: `reset(row)` sets the rollout's state from its dataset row; public methods with type hints and
+    docstrings are the tools; `reward()` (optional) scores the rollout."""
 
     def reset(self, row: dict) -> str | None:  # noqa: ARG002 - a subclass reads the row
         return None
@@ -137,14 +157,18 @@ ENV_RESERVED = {"reset", "reward"}
 def environment_tools(env_class: type) -> dict[str, Tool]:
     """The tools an environment class exposes (its public methods, checked like functions)."""
     if not (isinstance(env_class, type) and callable(getattr(env_class, "reset", None))):
-        raise ValueError(f"environment {env_class!r} must be a class with a reset(row) method (align.tools.Environment)")
+        raise ValueError(
+            f"environment {env_class!r} must be a class with a reset(row) method (align.tools.Environment)"
+        )
     tools = {}
     for name, member in inspect.getmembers(env_class, inspect.isfunction):
         if name.startswith("_") or name in ENV_RESERVED:
             continue
         tools[name] = tool_from_function(member, spec=f"{env_class.__qualname__}.{name}", name=name)
     if not tools:
-        raise ValueError(f"environment {env_class.__qualname__} has no tools: give it a public typed, documented method")
+        raise ValueError(
+            f"environment {env_class.__qualname__} has no tools: give it a public typed, documented method"
+        )
     return tools
 
 
@@ -156,13 +180,23 @@ def check_arguments(tool: Tool, arguments: Any) -> str | None:
     missing = [k for k in tool.parameters.get("required", []) if k not in arguments]
     unknown = [k for k in arguments if k not in props]
     if missing or unknown:
-        return "; ".join(filter(None, [missing and f"missing arguments {missing}",
-                                       unknown and f"unknown arguments {unknown} (it takes {sorted(props)})"]))
+        return "; ".join(
+            filter(
+                None,
+                [
+                    missing and f"missing arguments {missing}",
+                    unknown and f"unknown arguments {unknown} (it takes {sorted(props)})",
+                ],
+            )
+        )
     for key, value in arguments.items():
         wanted = props[key].get("type")
         types = wanted if isinstance(wanted, list) else [wanted] if wanted else []
-        ok = not types or any(isinstance(value, JSON_TYPES.get(t, object)) and not (
-            t in ("integer", "number") and isinstance(value, bool)) for t in types)
+        ok = not types or any(
+            isinstance(value, JSON_TYPES.get(t, object))
+            and not (t in ("integer", "number") and isinstance(value, bool))
+            for t in types
+        )
         if not ok:
             return f"argument {key!r} must be {'/'.join(types)}, got {type(value).__name__} {value!r:.40}"
     return None
@@ -170,8 +204,15 @@ def check_arguments(tool: Tool, arguments: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- builtin tools
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_DIGITS = 100  # a calculator result or operand beyond this is refused, not computed
 
@@ -213,8 +254,10 @@ def calculator(expression: str) -> str:
 MAX_CODE_CHARS = 20_000  # a longer program is refused before it runs
 PYTHON_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=3, memory_mb=256, output_bytes=1 << 16)
 # killed by a signal: SIGXCPU at the CPU limit; SIGKILL at the CPU hard limit or the memory cgroup's limit
-_KILLED = {128 + 24: ("timeout", "the program ran out of CPU time"),
-           128 + 9: ("killed", "the program was killed (it ran out of CPU time or memory)")}
+_KILLED = {
+    128 + 24: ("timeout", "the program ran out of CPU time"),
+    128 + 9: ("killed", "the program was killed (it ran out of CPU time or memory)"),
+}
 
 
 def _printed(reason: str, out: str) -> str:
@@ -261,8 +304,28 @@ def python(code: str) -> str:
 # Made-up places with four numbers each, fixed by a seed: no model has seen them, so a question about one is answered
 # only by looking it up (data_gen/tool_tasks.py's `tool_lookup` family asks them).
 
-_SYLLABLES = ["var", "nol", "kes", "tri", "bam", "dor", "quen", "lis", "mar", "zet", "hul", "pry", "sov", "ganth",
-              "wel", "obr", "tesk", "fim", "rau", "dil"]
+_SYLLABLES = [
+    "var",
+    "nol",
+    "kes",
+    "tri",
+    "bam",
+    "dor",
+    "quen",
+    "lis",
+    "mar",
+    "zet",
+    "hul",
+    "pry",
+    "sov",
+    "ganth",
+    "wel",
+    "obr",
+    "tesk",
+    "fim",
+    "rau",
+    "dil",
+]
 FIELDS = ["population", "height in metres", "founding year", "number of bridges"]
 
 
@@ -275,8 +338,15 @@ def _table(seed: int = 1234, size: int = 240) -> list[dict]:
         if name in names:
             continue
         names.add(name)
-        rows.append({"name": name, "population": rng.randint(1_000, 900_000), "height in metres": rng.randint(2, 2_900),
-                     "founding year": rng.randint(1100, 1990), "number of bridges": rng.randint(0, 90)})
+        rows.append(
+            {
+                "name": name,
+                "population": rng.randint(1_000, 900_000),
+                "height in metres": rng.randint(2, 2_900),
+                "founding year": rng.randint(1100, 1990),
+                "number of bridges": rng.randint(0, 90),
+            }
+        )
     return rows
 
 
@@ -297,7 +367,6 @@ def search_documents(query: str, k: int = 3) -> list[str]:
         if name_hit or overlap:
             scored.append((not name_hit, -overlap, row["name"], _document(row)))
     return [doc for *_, doc in sorted(scored)[:k]] if any(not s[0] for s in scored) else []
-
 
 
 def search(query: str) -> str:

@@ -21,13 +21,15 @@ def build_tool_loop(args, tokenizer) -> ToolLoop | None:
     """The recipe's tools/environment as a loop (None without them); bad tools fail here, at start."""
     if not (args.tools or args.environment):
         return None
-    runner = ToolRunner(args.tools, environment=args.environment, timeout_s=args.tool_timeout_s,
-                        memory_mb=args.tool_memory_mb)
+    runner = ToolRunner(
+        args.tools, environment=args.environment, timeout_s=args.tool_timeout_s, memory_mb=args.tool_memory_mb
+    )
     return ToolLoop(tokenizer, runner, max_turns=args.max_turns, max_tokens=args.max_completion_length)
 
 
 def add_tools_to_prompts(dataset, loop: ToolLoop):
     """Describe the tools in each prompt's system turn (rows whose prompt already lists them are kept)."""
+
     def add(row):
         prompt = row["prompt"]
         if isinstance(prompt, list) and not any("<tools>" in str(m.get("content")) for m in prompt):
@@ -45,16 +47,20 @@ def system_text(prompt: Any) -> str | None:
 
 
 def tool_rollout(prompts: list, trainer) -> dict:
-    """`rollout_func` for `align.grpo.trainer.GRPOTrainer` with a tool loop (TRL repeats each prompt num_generations times in
-    a row; one loop call samples the group's n trajectories)."""
+    """`rollout_func` for `align.grpo.trainer.GRPOTrainer` with a tool loop (TRL repeats each prompt num_generations
+    times in a row; one loop call samples the group's n trajectories)."""
     loop: ToolLoop = trainer.tool_loop
     prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
     n = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
     if trainer.async_active():  # sampled ahead, turn loop and all, while earlier steps trained
         groups = trainer.take_async_trajectories(prompt_ids, n)
     else:
-        g = n if len(prompt_ids) % n == 0 and all(
-            list(prompt_ids[i]) == list(prompt_ids[i - i % n]) for i in range(len(prompt_ids))) else 1
+        g = (
+            n
+            if len(prompt_ids) % n == 0
+            and all(list(prompt_ids[i]) == list(prompt_ids[i - i % n]) for i in range(len(prompt_ids)))
+            else 1
+        )
         rows = list(getattr(trainer, "_tool_rows", None) or [{} for _ in prompts])
         starts = range(0, len(prompt_ids), g)
         trainer.sync_engine()
@@ -63,9 +69,13 @@ def tool_rollout(prompts: list, trainer) -> dict:
         def generate(ids, p):
             return trainer.sampler.generate(trainer.model_wrapped, ids, p)
 
-        groups = loop.rollout(generate, [list(prompt_ids[i]) for i in starts], params,
-                              rows=[rows[i] if i < len(rows) else {} for i in starts],
-                              systems=[system_text(prompts[i]) for i in starts])
+        groups = loop.rollout(
+            generate,
+            [list(prompt_ids[i]) for i in starts],
+            params,
+            rows=[rows[i] if i < len(rows) else {} for i in starts],
+            systems=[system_text(prompts[i]) for i in starts],
+        )
     flat: list[Trajectory] = [t for group in groups for t in group]
     log_tool_metrics(trainer, flat)
     return {

@@ -64,8 +64,15 @@ class ToolLoop:
     prompts were rendered with: a mode flag in either decides what the template writes before the next assistant
     turn (e.g. an empty think block in no_think mode)."""
 
-    def __init__(self, tokenizer, runner: ToolRunner, max_turns: int = 4, max_tokens: int | None = None,
-                 stop_token_ids: list[int] | None = None, chat_template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        runner: ToolRunner,
+        max_turns: int = 4,
+        max_tokens: int | None = None,
+        stop_token_ids: list[int] | None = None,
+        chat_template_kwargs: dict | None = None,
+    ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.tok, self.runner = tokenizer, runner
@@ -87,27 +94,43 @@ class ToolLoop:
         """The tokens between the policy's end-of-turn token and its next turn: the tool messages and the next
         assistant header, as the chat template writes them."""
         head = ([{"role": "system", "content": system}] if system is not None else []) + [
-            {"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}]
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": _SENTINEL},
+        ]
         tools = [{"role": "tool", "name": r.name, "content": r.text} for r in results]
         try:
-            text = self.tok.apply_chat_template(head + tools, tokenize=False, add_generation_prompt=True,
-                                                **self.chat_template_kwargs)
+            text = self.tok.apply_chat_template(
+                head + tools, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+            )
         except Exception as e:  # noqa: BLE001 - a template that refuses the tool role
-            raise ValueError(f"the chat template cannot render a tool message ({e}); use a template with a tool "
-                             "role (ChatML-style templates render any role)") from None
+            raise ValueError(
+                f"the chat template cannot render a tool message ({e}); use a template with a tool "
+                "role (ChatML-style templates render any role)"
+            ) from None
         cut = text.find(_SENTINEL)
-        if cut < 0 or not text[cut + len(_SENTINEL):].startswith(self.end_text):
-            raise ValueError("the chat template does not end an assistant turn with the stop token "
-                             f"{self.end_text!r}; set stop_token_ids to its end-of-turn token")
-        return self.tok(text[cut + len(_SENTINEL) + len(self.end_text):], add_special_tokens=False)["input_ids"]
+        if cut < 0 or not text[cut + len(_SENTINEL) :].startswith(self.end_text):
+            raise ValueError(
+                "the chat template does not end an assistant turn with the stop token "
+                f"{self.end_text!r}; set stop_token_ids to its end-of-turn token"
+            )
+        return self.tok(text[cut + len(_SENTINEL) + len(self.end_text) :], add_special_tokens=False)["input_ids"]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False).replace(self.end_text, "").strip()
 
-    def rollout(self, generate, prompt_ids: list[list[int]], params: SamplingParams,
-                rows: list[dict] | None = None, systems: list[str | None] | None = None) -> list[list[Trajectory]]:
+    def rollout(
+        self,
+        generate,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        rows: list[dict] | None = None,
+        systems: list[str | None] | None = None,
+    ) -> list[list[Trajectory]]:
         """`params.n` trajectories per prompt. `generate` is an engine's generate (or a sampler's). `rows` feed the
-        environment's reset; `systems` are the prompts' system texts (for the template's turn headers)."""
+        environment's reset; `systems` are the prompts' system texts (for the template's turn headers).
+
+        Long because it is one turn loop whose steps (generate, parse the calls, run them, append the replies) extend
+        the same trajectories under one token budget, and whose `finally` closes every environment however it ends."""
         budget = self.max_tokens or params.max_new_tokens
         rows = rows or [{} for _ in prompt_ids]
         systems = systems or [None] * len(prompt_ids)
@@ -124,8 +147,10 @@ class ToolLoop:
                 turn += 1
                 room = [budget - len(t.completion_ids) for _, t in active]
                 if turn == 1:
-                    outs = generate([group[0].prompt_ids for group in groups],
-                                    _with(params, max_new_tokens=min(params.max_new_tokens, budget)))
+                    outs = generate(
+                        [group[0].prompt_ids for group in groups],
+                        _with(params, max_new_tokens=min(params.max_new_tokens, budget)),
+                    )
                     results = [r for group in outs for r in group]
                 else:
                     results = []
@@ -134,8 +159,10 @@ class ToolLoop:
                         # An engine seeds a call, and row i of two calls with one seed draws the same noise: each
                         # call of the turn gets a seed of its own (params.seed already differs per rank and step)
                         seed = None if params.seed is None else rank_seed(params.seed, turn, call, rank=0)
-                        out = generate([active[i][1].prompt_ids + active[i][1].completion_ids for i in idx],
-                                       _with(params, n=1, max_new_tokens=cap, seed=seed))
+                        out = generate(
+                            [active[i][1].prompt_ids + active[i][1].completion_ids for i in idx],
+                            _with(params, n=1, max_new_tokens=cap, seed=seed),
+                        )
                         results += [(i, o[0]) for i, o in zip(idx, out)]
                     results = [r for _, r in sorted(results, key=lambda x: x[0])]
                 still = []
@@ -156,13 +183,17 @@ class ToolLoop:
                         t.finish_reason = "stop"
                         continue
                     if turn >= self.max_turns:  # no turn left to read an answer: the calls are not run
-                        t.calls += [{"turn": turn, "name": c.name, "status": "unanswered", "arguments": c.arguments}
-                                    for c in calls]
+                        t.calls += [
+                            {"turn": turn, "name": c.name, "status": "unanswered", "arguments": c.arguments}
+                            for c in calls
+                        ]
                         t.finish_reason = "max_turns"
                         continue
                     answers = [self.runner.call(keys[id(t)], c) for c in calls]
-                    t.calls += [{"turn": turn, "name": a.name, "status": a.status, "arguments": c.arguments}
-                                for a, c in zip(answers, calls)]
+                    t.calls += [
+                        {"turn": turn, "name": a.name, "status": a.status, "arguments": c.arguments}
+                        for a, c in zip(answers, calls)
+                    ]
                     suffix = self.suffix_ids(answers, systems[g])
                     if len(t.completion_ids) + len(suffix) >= budget:
                         t.finish_reason = "budget"
@@ -182,11 +213,22 @@ class ToolLoop:
     def as_generate(self, generate):
         """An engine-shaped `generate(prompt_ids, params)` whose rollouts run the tool loop and hold only what the
         policy wrote (its turns' ids), for callers that score text: held-out accuracy, evaluation."""
+
         def run(prompt_ids: list[list[int]], params: SamplingParams) -> list[list[Rollout]]:
             systems = [self._system_of(ids) for ids in prompt_ids]
             groups = self.rollout(generate, prompt_ids, params, systems=systems)
-            return [[Rollout(t.prompt_ids, [i for i, m in zip(t.completion_ids, t.mask) if m], None,
-                             "length" if t.finish_reason == "length" else "stop") for t in group] for group in groups]
+            return [
+                [
+                    Rollout(
+                        t.prompt_ids,
+                        [i for i, m in zip(t.completion_ids, t.mask) if m],
+                        None,
+                        "length" if t.finish_reason == "length" else "stop",
+                    )
+                    for t in group
+                ]
+                for group in groups
+            ]
 
         return run
 
@@ -203,9 +245,11 @@ class ToolLoop:
         """Per-batch tool metrics: calls per rollout, share of rollouts that called, statuses, turns, per tool."""
         n = max(len(trajectories), 1)
         calls = [c for t in trajectories for c in t.calls]
-        out = {"tools/calls_per_rollout": len(calls) / n,
-               "tools/rollouts_with_calls": sum(t.num_calls > 0 for t in trajectories) / n,
-               "tools/turns_mean": sum(t.turns for t in trajectories) / n}
+        out = {
+            "tools/calls_per_rollout": len(calls) / n,
+            "tools/rollouts_with_calls": sum(t.num_calls > 0 for t in trajectories) / n,
+            "tools/turns_mean": sum(t.turns for t in trajectories) / n,
+        }
         for status, k in Counter(c["status"] for c in calls).items():
             out[f"tools/status/{status}"] = k / n
         for name, k in Counter(c["name"] for c in calls if c["status"] != "malformed").items():

@@ -13,9 +13,9 @@ A call's content that is one fenced block (```` <code>```python ... ```</code> `
 Line ends may be `\n` or `\r\n`. So `Use <code>len(s)</code> to count` is prose, never a call. Text inside the
 turn's think block is reasoning, not a call. A malformed call is answered with a tool message saying so (and
 counted), never dropped in silence. Whether a call that parsed did anything (an empty program, one that raised)
-is the tool's own verdict (`align.tools.runner`). One pass over the turn, whatever its shape (100k unclosed tags cost what one does); a turn
-longer than `MAX_TURN_CHARS` is one malformed call, and a turn reads at most `MAX_CALLS` calls (one more is a
-malformed call).
+is the tool's own verdict (`align.tools.runner`). One pass over the turn, whatever its shape (100k unclosed tags cost
+what one does); a turn longer than `MAX_TURN_CHARS` is one malformed call, and a turn reads at most `MAX_CALLS` calls
+(one more is a malformed call).
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ class _Lines:
         t = self.text
         newline = t.rfind("\n", self.checked, i)
         if newline >= 0:
-            self.clean = not t[newline + 1:i].strip(" \t\r")
+            self.clean = not t[newline + 1 : i].strip(" \t\r")
         else:
-            self.clean = self.clean and not t[self.checked:i].strip(" \t\r")
+            self.clean = self.clean and not t[self.checked : i].strip(" \t\r")
         self.checked = i
         return self.clean
 
@@ -155,9 +155,11 @@ def tools_system_text(schemas: list[dict]) -> str:
     """The tool instructions put in the system turn for a chat template that renders no tools itself (SmolLM2's
     ChatML, this project's SmolLM3-style template): Hermes/SmolLM3's `xml_tools` wording."""
     listing = "\n".join(json.dumps(s["function"] if "function" in s else s) for s in schemas)
-    return ("You can call tools. Their signatures, one per line:\n<tools>\n" + listing + "\n</tools>\n"
-            'To call one, write <tool_call>{"name": <tool name>, "arguments": <arguments object>}</tool_call>; '
-            "its result comes back in a tool message.")
+    return (
+        "You can call tools. Their signatures, one per line:\n<tools>\n" + listing + "\n</tools>\n"
+        'To call one, write <tool_call>{"name": <tool name>, "arguments": <arguments object>}</tool_call>; '
+        "its result comes back in a tool message."
+    )
 
 
 def call_text(name: str, arguments: dict) -> str:

@@ -31,8 +31,18 @@ from typing import Any
 from align.tools.functions import TOOLS, Tool, ToolError, check_arguments, environment_tools, load_tools, resolve
 from align.tools.parse import ToolCall
 
-STATUSES = ("ok", "error", "malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "memory", "crashed",
-            "unanswered")
+STATUSES = (
+    "ok",
+    "error",
+    "malformed",
+    "unknown_tool",
+    "bad_arguments",
+    "raised",
+    "timeout",
+    "memory",
+    "crashed",
+    "unanswered",
+)
 BUILTIN_FUNCS = set(TOOLS.values())
 MAX_RESULT_CHARS = 2000
 
@@ -100,8 +110,13 @@ def _worker_main(conn, tool_specs: list[str], env_spec: str | None, memory_mb: i
 class ToolRunner:
     """Answers the calls of many rollouts (each a `key`): see the module docstring."""
 
-    def __init__(self, tools: list[str] | dict[str, Tool] | None = None, environment: str | None = None,
-                 timeout_s: float = 10.0, memory_mb: int = 512):
+    def __init__(
+        self,
+        tools: list[str] | dict[str, Tool] | None = None,
+        environment: str | None = None,
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+    ):
         self.tools = tools if isinstance(tools, dict) else load_tools(tools or [])
         self.env_spec = environment
         if environment:
@@ -127,8 +142,12 @@ class ToolRunner:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker_main, args=(child, self._remote, self.env_spec, self.memory_mb),
-                                 daemon=True, name="smolalign-tools")
+        self._proc = ctx.Process(
+            target=_worker_main,
+            args=(child, self._remote, self.env_spec, self.memory_mb),
+            daemon=True,
+            name="smolalign-tools",
+        )
         self._proc.start()
         child.close()
         self._conn = parent

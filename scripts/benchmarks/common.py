@@ -84,8 +84,9 @@ def relative_spread(samples: Sequence[float]) -> float | None:
     return (max(samples) - min(samples)) / statistics.median(samples)
 
 
-def summary_line(suite: str, what: str, unit: str, ratio: float, target: float,
-                 samples: Sequence[float] | None = None) -> str:
+def summary_line(
+    suite: str, what: str, unit: str, ratio: float, target: float, samples: Sequence[float] | None = None
+) -> str:
     """The one-line shape scripts read:
     `pretrain: ours/plain-torch tokens-per-s ratio 0.97 (target >= 0.95)`.
 

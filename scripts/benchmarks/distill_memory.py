@@ -90,8 +90,9 @@ print(json.dumps({"peak_mib": hwm() - base, "loss": loss.item(), "models_mib": b
 def _pass(mode: str, length: int, grads_path: str) -> dict:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", _PASS, mode, str(length), grads_path], capture_output=True,
-                         text=True, env=env, cwd=root)
+    out = subprocess.run(
+        [sys.executable, "-c", _PASS, mode, str(length), grads_path], capture_output=True, text=True, env=env, cwd=root
+    )
     if out.returncode != 0:
         raise RuntimeError(f"distill_memory {mode} pass failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -109,12 +110,18 @@ def run(quick: bool = False) -> dict:
     ratio = whole["peak_mib"] / max(ours["peak_mib"], 1e-9)
     rows = [
         {"pass": "whole logits (TRL)", "peak MiB above the models": round(whole["peak_mib"]), "loss": whole["loss"]},
-        {"pass": f"chunked ({CHUNK} positions)", "peak MiB above the models": round(ours["peak_mib"]),
-         "loss": ours["loss"]},
+        {
+            "pass": f"chunked ({CHUNK} positions)",
+            "peak MiB above the models": round(ours["peak_mib"]),
+            "loss": ours["loss"],
+        },
     ]
     return {
-        "rows": rows, "length": length, "grad_max_rel_diff": rel, "loss_rel_diff": abs(ours["loss"] - whole["loss"])
-        / abs(whole["loss"]),
-        "summary": [summary_line("distill_memory", "ours/whole", "peak-MiB", ratio, TARGET)
-                    + f" [grads equal to {rel:.1e}]"],
+        "rows": rows,
+        "length": length,
+        "grad_max_rel_diff": rel,
+        "loss_rel_diff": abs(ours["loss"] - whole["loss"]) / abs(whole["loss"]),
+        "summary": [
+            summary_line("distill_memory", "ours/whole", "peak-MiB", ratio, TARGET) + f" [grads equal to {rel:.1e}]"
+        ],
     }

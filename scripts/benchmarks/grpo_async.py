@@ -15,7 +15,8 @@ Ideal speedup of the overlap = (G + T) / max(G, T); reached = s/step(max_stalene
 Summary: `grpo_async: async/ideal-overlap speedup ratio R` = reached / ideal (target >= 0.8). Also printed,
 without a target: async (split cores) against the synchronous trainer with every core. Accuracy: greedy held-out
 accuracy of both split runs' models on the same prompts, with the paired test (McNemar).
-Results: docs/research/grpo.md. 4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else the builtin SmolLM2-135M-Instruct.
+Results: docs/research/grpo.md. 4 idle minutes; the 135M chain's APO (or SFT) model when this checkout has one, else
+the builtin SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def _model_dir() -> str:
     for path in MODEL_CANDIDATES:
         if (Path(path) / "config.json").exists():
             return path
-    print("grpo_async: no SmolLM2-135M chain model here (outputs/smol135m/apo or sft): the builtin "
-          "SmolLM2-135M-Instruct instead")
+    print(
+        "grpo_async: no SmolLM2-135M chain model here (outputs/smol135m/apo or sft): the builtin "
+        "SmolLM2-135M-Instruct instead"
+    )
     return resolve_model_path("builtin:smollm2-135m-instruct")
 
 
@@ -68,6 +71,12 @@ class _StepClock:
 
 
 def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
+    """One GRPO run in `mode`: sync (all `threads` for one process), split0 (engine and trainer on half the cores
+    each, max_staleness 0) or async (split, max_staleness 1). Returns the seconds per step, the generation and
+    training seconds per step (G, T), the staleness when async, and held-out accuracy when `rows` are given.
+
+    Long because it is one timed run: the trainer, its sampler and the clocks around them are built, used and closed
+    together, and the `finally` restores the threads and closes the sampler whatever happened."""
     from align import stage
     from align.grpo.async_generation import set_trainer_threads
     from align.grpo.config import GRPOConfig
@@ -80,12 +89,29 @@ def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
 
     asynchronous = mode != "sync"
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="grpo-async-"), max_steps=num_steps, seed=0, report_to="none",
-        per_device_train_batch_size=32, num_generations=8, max_completion_length=MAX_TOKENS, temperature=1.0,
-        learning_rate=1e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=3, loss_type="dapo",
-        epsilon_high=0.28, beta=0.0, logging_steps=1, save_strategy="no", bf16=True, disable_tqdm=True,
-        reward_funcs=["math_reward"], rollout_backend="hf", async_generation=asynchronous,
-        max_staleness=1 if mode == "async" else 0)
+        output_dir=tempfile.mkdtemp(prefix="grpo-async-"),
+        max_steps=num_steps,
+        seed=0,
+        report_to="none",
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_completion_length=MAX_TOKENS,
+        temperature=1.0,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=3,
+        loss_type="dapo",
+        epsilon_high=0.28,
+        beta=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        bf16=True,
+        disable_tqdm=True,
+        reward_funcs=["math_reward"],
+        rollout_backend="hf",
+        async_generation=asynchronous,
+        max_staleness=1 if mode == "async" else 0,
+    )
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir)
     train = prepare_prompts(tasks_dataset("train", FAMILIES, num=1200, mode="mixed"))
@@ -95,12 +121,28 @@ def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
         from align.rollout import get_engine
 
         engine = get_engine(model, backend="hf", tokenizer=tokenizer)
-    trainer = GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
-                          processing_class=tokenizer, engine=engine)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=build_rewards(args),
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        engine=engine,
+    )
     if asynchronous:
         set_trainer_threads(threads // 2 or 1)
-        trainer.sampler = build_sampler("hf", {}, model, model_dir, tokenizer, trainer.accelerator, seed=0,
-                                        logprobs_kind="sampling", own_process=True, threads=threads // 2 or 1)
+        trainer.sampler = build_sampler(
+            "hf",
+            {},
+            model,
+            model_dir,
+            tokenizer,
+            trainer.accelerator,
+            seed=0,
+            logprobs_kind="sampling",
+            own_process=True,
+            threads=threads // 2 or 1,
+        )
     generate_s: list[float] = []
     if not asynchronous:  # the engine's share of a synchronous step
         sampler_generate = trainer.sampler.generate
@@ -134,8 +176,13 @@ def _run(model_dir: str, mode: str, num_steps: int, rows, threads: int) -> dict:
             set_trainer_threads(threads)
             trainer.model.eval()
             with stage.own_precision(trainer):
-                result["eval"] = heldout_accuracy(judge.generate, tokenizer, prepare_prompts(rows), SamplingParams(
-                    temperature=0.0, max_new_tokens=MAX_TOKENS), "math_reward")
+                result["eval"] = heldout_accuracy(
+                    judge.generate,
+                    tokenizer,
+                    prepare_prompts(rows),
+                    SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS),
+                    "math_reward",
+                )
             judge.close()
         return result
     finally:
@@ -158,17 +205,38 @@ def run(quick: bool = False) -> dict:
     reached = lagless["s_per_step"] / lagged["s_per_step"]
     paired = paired_change(lagless["eval"]["correct"], lagged["eval"]["correct"])
     names = {"sync": "sync, all cores", "split0": "split, max_staleness 0", "async": "split, max_staleness 1"}
-    table = [{"run": names[r["mode"]], "s/step": round(r["s_per_step"], 2), "G (s)": round(r["G"], 2),
-              "T (s)": round(r["T"], 2), "held-out acc": (round(r["eval"]["accuracy"], 3) if "eval" in r else "-")}
-             for r in (sync, lagless, lagged)]
-    table.append({"run": "overlap", "s/step": f"reached {reached:.2f}x, ideal {ideal:.2f}x",
-                  "G (s)": "", "T (s)": "",
-                  "held-out acc": f"max_staleness 1 vs 0: {paired['gained']} gained, {paired['lost']} lost, "
-                                  f"p={paired['p_value']:.2g}"})
+    table = [
+        {
+            "run": names[r["mode"]],
+            "s/step": round(r["s_per_step"], 2),
+            "G (s)": round(r["G"], 2),
+            "T (s)": round(r["T"], 2),
+            "held-out acc": (round(r["eval"]["accuracy"], 3) if "eval" in r else "-"),
+        }
+        for r in (sync, lagless, lagged)
+    ]
+    table.append(
+        {
+            "run": "overlap",
+            "s/step": f"reached {reached:.2f}x, ideal {ideal:.2f}x",
+            "G (s)": "",
+            "T (s)": "",
+            "held-out acc": f"max_staleness 1 vs 0: {paired['gained']} gained, {paired['lost']} lost, "
+            f"p={paired['p_value']:.2g}",
+        }
+    )
     # one run a side: its timed steps, paired in order, show its noise
     per_step = [a / b / ideal for a, b in zip(lagless["steps"], lagged["steps"])]
-    summary = [summary_line("grpo_async", "async/ideal-overlap", "speedup", reached / ideal, TARGET,
-                            per_step),
-               f"grpo_async: async (split cores) / sync (all cores) s-per-step speedup "
-               f"{sync['s_per_step'] / lagged['s_per_step']:.2f} (no target: {threads} cores)"]
-    return {"rows": table, "summary": summary, "paired": paired, "ideal": ideal, "reached": reached, "model": model_dir}
+    summary = [
+        summary_line("grpo_async", "async/ideal-overlap", "speedup", reached / ideal, TARGET, per_step),
+        f"grpo_async: async (split cores) / sync (all cores) s-per-step speedup "
+        f"{sync['s_per_step'] / lagged['s_per_step']:.2f} (no target: {threads} cores)",
+    ]
+    return {
+        "rows": table,
+        "summary": summary,
+        "paired": paired,
+        "ideal": ideal,
+        "reached": reached,
+        "model": model_dir,
+    }

@@ -1,4 +1,5 @@
-"""GRPO's loss pass, padding-free (`padding_free: true`, align/grpo/packing.py) vs TRL's padded pass, tokens per second.
+"""GRPO's loss pass, padding-free (`padding_free: true`, align/grpo/packing.py) vs TRL's padded pass, tokens per
+second.
 
     python scripts/benchmark.py grpo_padding [--quick]
 
@@ -55,8 +56,11 @@ def run(quick: bool = False) -> dict:
     ids, mask, keep = _batch(model.config.vocab_size, 256 if quick else 512)
     scored = mask[:, -keep:].float()
     real = int(mask.sum())
-    padded_pass = getattr(trl.GRPOTrainer._get_per_token_logps_and_entropies, "__wrapped__",
-                          trl.GRPOTrainer._get_per_token_logps_and_entropies)
+    padded_pass = getattr(
+        trl.GRPOTrainer._get_per_token_logps_and_entropies,
+        "__wrapped__",
+        trl.GRPOTrainer._get_per_token_logps_and_entropies,
+    )
     fake = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext))
     losses: dict[str, float] = {}
 
@@ -88,8 +92,18 @@ def run(quick: bool = False) -> dict:
         {"pass": "padding-free (ours)", "tokens in the pass": real, "real tokens": real, "tokens/s": round(ours)},
     ]
     return {
-        "rows": rows, "loss_rel_diff": rel, "losses": losses,
-        "summary": [summary_line("grpo_padding", "ours/padded", "tokens-per-s", ratio, TARGET,
-                                 [a / b for a, b in zip(results["ours"], results["padded"])])
-                    + f" [same loss to {rel:.1e}; {real} real of {8 * width} padded tokens]"],
+        "rows": rows,
+        "loss_rel_diff": rel,
+        "losses": losses,
+        "summary": [
+            summary_line(
+                "grpo_padding",
+                "ours/padded",
+                "tokens-per-s",
+                ratio,
+                TARGET,
+                [a / b for a, b in zip(results["ours"], results["padded"])],
+            )
+            + f" [same loss to {rel:.1e}; {real} real of {8 * width} padded tokens]"
+        ],
     }

@@ -39,7 +39,8 @@ def _model_dir() -> str:
             return path
     raise SystemExit(  # one line, no traceback
         f"smolalign: error: grpo_tta needs the SmolLM2-135M chain's APO or SFT model (one of {MODEL_CANDIDATES}): "
-        "run `python scripts/pipeline.py recipes/smol135m/pipeline.yaml --until apo` first")
+        "run `python scripts/pipeline.py recipes/smol135m/pipeline.yaml --until apo` first"
+    )
 
 
 class _Clock:
@@ -84,10 +85,24 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
 
     # recipes/smol135m/grpo.yaml's knobs on both sides (ours in our GRPOConfig, TRL in trl.GRPOConfig)
     common = dict(
-        output_dir=tempfile.mkdtemp(prefix="grpo-tta-"), max_steps=num_steps, seed=0, report_to="none",
-        per_device_train_batch_size=64, num_generations=8, max_completion_length=MAX_TOKENS, temperature=1.0,
-        learning_rate=1e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=3, loss_type="dapo",
-        epsilon_high=0.28, beta=0.0, logging_steps=1, save_strategy="no", bf16=True, disable_tqdm=True,
+        output_dir=tempfile.mkdtemp(prefix="grpo-tta-"),
+        max_steps=num_steps,
+        seed=0,
+        report_to="none",
+        per_device_train_batch_size=64,
+        num_generations=8,
+        max_completion_length=MAX_TOKENS,
+        temperature=1.0,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=3,
+        loss_type="dapo",
+        epsilon_high=0.28,
+        beta=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        bf16=True,
+        disable_tqdm=True,
     )
     train = prepare_prompts(tasks_dataset("train", FAMILIES, num=1200, mode="mixed"))
     rows = prepare_prompts(tasks_dataset("test", FAMILIES, num=num_eval, mode="mixed"))
@@ -99,8 +114,13 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
         was = trainer.model.training
         trainer.model.eval()
         with own_precision(trainer):  # fp32 at every point: training leaves the forward in bf16 autocast
-            acc = heldout_accuracy(judge.generate, tokenizer, rows,
-                                   SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS), "math_reward")["accuracy"]
+            acc = heldout_accuracy(
+                judge.generate,
+                tokenizer,
+                rows,
+                SamplingParams(temperature=0.0, max_new_tokens=MAX_TOKENS),
+                "math_reward",
+            )["accuracy"]
         trainer.model.train(was)
         return acc
 
@@ -110,8 +130,14 @@ def _run(kind: str, model_dir: str, num_steps: int, num_eval: int, target: float
     trainer.add_callback(clock.callback)
     train_side(kind, trainer)
     reached = next(((step, s) for step, s, acc in clock.points if acc >= clock.target), None)
-    return {"start": start, "target": clock.target, "curve": clock.points, "reached": reached is not None,
-            "steps": reached[0] if reached else num_steps, "seconds": reached[1] if reached else clock.train_s}
+    return {
+        "start": start,
+        "target": clock.target,
+        "curve": clock.points,
+        "reached": reached is not None,
+        "steps": reached[0] if reached else num_steps,
+        "seconds": reached[1] if reached else clock.train_s,
+    }
 
 
 def run(quick: bool = False) -> dict:
@@ -120,10 +146,21 @@ def run(quick: bool = False) -> dict:
     num_steps, num_eval, every = (4, 16, 2) if quick else (30, 256, EVAL_EVERY)
     ours = _run("ours", model_dir, num_steps, num_eval, None, every)
     trl = _run("trl", model_dir, num_steps, num_eval, ours["target"], every)  # the same stated target for both
-    rows = [{"stack": k, "model": model_dir, "start_acc": r["start"], "target_acc": r["target"],
-             "reached": r["reached"], "steps": r["steps"], "train_s": r["seconds"],
-             "curve (step, s, acc)": "; ".join(f"{a}, {b:.0f}, {c:.2f}" for a, b, c in r["curve"])}
-            for k, r in (("ours", ours), ("trl-default", trl))]
+    rows = [
+        {
+            "stack": k,
+            "model": model_dir,
+            "start_acc": r["start"],
+            "target_acc": r["target"],
+            "reached": r["reached"],
+            "steps": r["steps"],
+            "train_s": r["seconds"],
+            "curve (step, s, acc)": "; ".join(f"{a}, {b:.0f}, {c:.2f}" for a, b, c in r["curve"]),
+        }
+        for k, r in (("ours", ours), ("trl-default", trl))
+    ]
     ratio = trl["seconds"] / max(ours["seconds"], 1e-9) if ours["reached"] else 0.0
-    return {"rows": rows, "summary": [summary_line("grpo_tta", "ours/trl-default", "seconds-to-target", ratio,
-                                                   TARGET)]}
+    return {
+        "rows": rows,
+        "summary": [summary_line("grpo_tta", "ours/trl-default", "seconds-to-target", ratio, TARGET)],
+    }

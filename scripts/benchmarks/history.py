@@ -43,13 +43,19 @@ _SPREAD = re.compile(r"\[spread (?P<spread>\d+(?:\.\d+)?)% of (?P<num>\d+) ratio
 
 def parse_summary(line: str) -> dict:
     """The fields of one summary line; `ratio` None for a line without one (kept as text)."""
-    fields = dict(suite=line.split(":", 1)[0], name=None, unit=None, ratio=None, target=None,
-                  spread=None, num_ratios=None)
+    fields = dict(
+        suite=line.split(":", 1)[0], name=None, unit=None, ratio=None, target=None, spread=None, num_ratios=None
+    )
     match = _LINE.match(line)
     if match:
         target = match["target"]
-        fields.update(suite=match["suite"], name=match["name"], unit=match["unit"],
-                      ratio=float(match["ratio"]), target=None if target is None else float(target))
+        fields.update(
+            suite=match["suite"],
+            name=match["name"],
+            unit=match["unit"],
+            ratio=float(match["ratio"]),
+            target=None if target is None else float(target),
+        )
         spread = _SPREAD.search(line, match.end())
         if spread:
             fields.update(spread=float(spread["spread"]) / 100, num_ratios=int(spread["num"]))
@@ -66,8 +72,9 @@ def git_state(root: Path = ROOT) -> tuple[str, bool]:
 
     try:
         commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                      f":(exclude){HISTORY.relative_to(ROOT)}")
+        changed = git(
+            "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){HISTORY.relative_to(ROOT)}"
+        )
     except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist, a copied tree)
         return "unknown", True
     return commit, bool(changed)
@@ -77,9 +84,17 @@ def run_context(invocation: str, suites: list[str], quick: bool, cpu: str, cores
     """What every entry of one `benchmark.py` run shares; `run`, an id of its own, tells them from
     the next run's."""
     commit, dirty = git_state()
-    return dict(run=uuid.uuid4().hex[:12], invocation=invocation, run_suites=suites, quick=quick,
-                commit=commit, dirty=dirty, cpu=cpu, cores=cores,
-                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    return dict(
+        run=uuid.uuid4().hex[:12],
+        invocation=invocation,
+        run_suites=suites,
+        quick=quick,
+        commit=commit,
+        dirty=dirty,
+        cpu=cpu,
+        cores=cores,
+        date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
 
 
 def entries(context: dict, summary: Iterable[str], load: dict) -> list[dict]:
@@ -106,8 +121,7 @@ def load(path: Path) -> list[dict]:
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: not a JSON history entry ({e.msg}): fix or delete "
-                             "the line") from e
+            raise ValueError(f"{path}:{number}: not a JSON history entry ({e.msg}): fix or delete the line") from e
     return out
 
 
@@ -116,8 +130,9 @@ def machine(entry: dict) -> tuple:
     return entry["cpu"], entry["cores"], entry["quick"]
 
 
-def _latest_run(history: list[dict], cpu: str | None,
-                keep: Callable[[list[dict]], bool] = lambda run: True) -> list[int]:
+def _latest_run(
+    history: list[dict], cpu: str | None, keep: Callable[[list[dict]], bool] = lambda run: True
+) -> list[int]:
     """The positions in `history` of the last run (the last on a CPU model containing `cpu`,
     case-insensitive, when given) whose entries `keep` accepts; [] when there is none."""
     runs: dict[str, list[int]] = {}
@@ -145,12 +160,13 @@ def compare(history: list[dict], cpu: str | None = None) -> tuple[list[str], boo
     if not latest:
         recorded = sorted({e["cpu"] for e in history})
         where = "" if cpu is None else f" on a CPU matching {cpu!r} (recorded: {recorded})"
-        raise ValueError(f"no benchmark run in the history{where}: run "
-                         "`python scripts/benchmark.py all` first")
+        raise ValueError(f"no benchmark run in the history{where}: run `python scripts/benchmark.py all` first")
     first = history[latest[0]]
-    lines = [f"{_label(first)} ({first['date']}, {first['cpu']}, {first['cores']} cores"
-             f"{', quick' if first['quick'] else ''}) against the last earlier run of each line on "
-             "this machine kind:"]
+    lines = [
+        f"{_label(first)} ({first['date']}, {first['cpu']}, {first['cores']} cores"
+        f"{', quick' if first['quick'] else ''}) against the last earlier run of each line on "
+        "this machine kind:"
+    ]
     dropped = False
     for position in latest:
         new = history[position]
@@ -158,12 +174,22 @@ def compare(history: list[dict], cpu: str | None = None) -> tuple[list[str], boo
             continue
         head = f"{new['suite']}: {new['name']} {new['unit']} ratio"
         if new["busy"]:
-            lines.append(f"{head} {new['ratio']:.2f}: busy (load {new['load_before']:.2f} before, "
-                         f"others {new['load_of_others_during']:.2f} during), not compared")
+            lines.append(
+                f"{head} {new['ratio']:.2f}: busy (load {new['load_before']:.2f} before, "
+                f"others {new['load_of_others_during']:.2f} during), not compared"
+            )
             continue
-        old = next((e for e in reversed(history[:position]) if e["run"] != new["run"]
-                    and not e["busy"] and e["ratio"] is not None
-                    and _comparison(e) == _comparison(new)), None)
+        old = next(
+            (
+                e
+                for e in reversed(history[:position])
+                if e["run"] != new["run"]
+                and not e["busy"]
+                and e["ratio"] is not None
+                and _comparison(e) == _comparison(new)
+            ),
+            None,
+        )
         if old is None:
             lines.append(f"{head} {new['ratio']:.2f}: no earlier run on this machine kind")
             continue
@@ -173,16 +199,22 @@ def compare(history: list[dict], cpu: str | None = None) -> tuple[list[str], boo
         drop = change < -(spread + FLOOR)
         dropped |= drop
         shown = f"spread {spread:.0%}" if spreads else "spread unmeasured"
-        lines.append(f"{head} {old['ratio']:.2f} -> {new['ratio']:.2f} ({change:+.0%}, {shown}; "
-                     f"{_label(old)} -> {_label(new)}): {'DROPPED' if drop else 'ok'}")
+        lines.append(
+            f"{head} {old['ratio']:.2f} -> {new['ratio']:.2f} ({change:+.0%}, {shown}; "
+            f"{_label(old)} -> {_label(new)}): {'DROPPED' if drop else 'ok'}"
+        )
     return lines, dropped
 
 
 def _complete(run: list[dict]) -> bool:
     """A run of every suite (`all`), full size, each suite recorded, none on a busy machine."""
     first = run[0]
-    return (first["invocation"] == "all" and not first["quick"] and not any(e["busy"] for e in run)
-            and set(first["run_suites"]) <= {e["suite"] for e in run})
+    return (
+        first["invocation"] == "all"
+        and not first["quick"]
+        and not any(e["busy"] for e in run)
+        and set(first["run_suites"]) <= {e["suite"] for e in run}
+    )
 
 
 def table(history: list[dict], cpu: str | None = None, source: str = "the benchmark history") -> str:
@@ -191,13 +223,17 @@ def table(history: list[dict], cpu: str | None = None, source: str = "the benchm
     run = [history[i] for i in _latest_run(history, cpu, keep=_complete)]
     if not run:
         which = "" if cpu is None else f", CPU matching {cpu!r}"
-        raise ValueError(f"no complete `make bench` run in the history (every suite, full size, "
-                         f"idle machine{which}): run `make bench` on an idle machine")
+        raise ValueError(
+            f"no complete `make bench` run in the history (every suite, full size, "
+            f"idle machine{which}): run `make bench` on an idle machine"
+        )
     first = run[0]
-    out = [f"`make bench` at commit {_label(first)}: {first['cpu']}, {first['cores']} cores, "
-           f"{first['date']} ({source}).", "",
-           "| suite | comparison | unit | ratio | spread | target | met |",
-           "|---|---|---|---:|---:|---:|---|"]
+    out = [
+        f"`make bench` at commit {_label(first)}: {first['cpu']}, {first['cores']} cores, {first['date']} ({source}).",
+        "",
+        "| suite | comparison | unit | ratio | spread | target | met |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
     for e in run:
         if e["ratio"] is None:
             continue
@@ -205,8 +241,7 @@ def table(history: list[dict], cpu: str | None = None, source: str = "the benchm
         target, met = "-", "-"
         if e["target"] is not None:
             target, met = f">= {e['target']:g}", "yes" if e["ratio"] >= e["target"] else "**no**"
-        out.append(f"| {e['suite']} | {e['name']} | {e['unit']} | {e['ratio']:.2f} | {spread} | "
-                   f"{target} | {met} |")
+        out.append(f"| {e['suite']} | {e['name']} | {e['unit']} | {e['ratio']:.2f} | {spread} | {target} | {met} |")
     return "\n".join(out)
 
 
@@ -215,23 +250,29 @@ def write_section(path: Path, text: str) -> None:
     content = path.read_text()
     start, end = content.find(TABLE_START), content.find(TABLE_END)
     if start < 0 or end < start:
-        raise ValueError(f"{path}: no `{TABLE_START}` ... `{TABLE_END}` section to write the table "
-                         "into: add the two markers where the table goes")
+        raise ValueError(
+            f"{path}: no `{TABLE_START}` ... `{TABLE_END}` section to write the table "
+            "into: add the two markers where the table goes"
+        )
     path.write_text(content[: start + len(TABLE_START)] + "\n" + text + "\n" + content[end:])
 
 
 def cli(argv: list[str]) -> int:
     """`compare` and `table`: read the history and print. Returns 1 when `compare` found a drop, 2
     (with the message on stderr) when there is nothing to read."""
-    parser = argparse.ArgumentParser(prog="benchmark.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="benchmark.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["compare", "table"])
-    parser.add_argument("--history", type=Path, default=HISTORY,
-                        help="the history file (JSON lines)")
-    parser.add_argument("--cpu", default=None, help="the last run on a CPU whose model name "
-                        "contains this, case-insensitive (default: the last run)")
-    parser.add_argument("--write", type=Path, default=None,
-                        help="table: also write it between the bench-table markers of this file")
+    parser.add_argument("--history", type=Path, default=HISTORY, help="the history file (JSON lines)")
+    parser.add_argument(
+        "--cpu",
+        default=None,
+        help="the last run on a CPU whose model name contains this, case-insensitive (default: the last run)",
+    )
+    parser.add_argument(
+        "--write", type=Path, default=None, help="table: also write it between the bench-table markers of this file"
+    )
     args = parser.parse_args(argv)
     try:
         entries = load(args.history)

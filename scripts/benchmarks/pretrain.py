@@ -143,10 +143,10 @@ def run(quick: bool = False) -> dict:
         ratio = statistics.median(tps["ours"]) / statistics.median(tps["plain-torch"])
         label = "fp32" if precision == "no" else "bf16"
         per_rep = [a / b for a, b in zip(tps["ours"], tps["plain-torch"])]
-        summary.append(summary_line("pretrain", "ours/plain-torch", f"tokens-per-s-{label}", ratio,
-                                    TARGET, per_rep))
+        summary.append(summary_line("pretrain", "ours/plain-torch", f"tokens-per-s-{label}", ratio, TARGET, per_rep))
     summary.append(
-        f"pretrain: peak RSS {peak_rss_mb():.0f} MiB; {flops / 1e6:.1f} MFLOPs/token; {steps} timed steps x {reps} reps"
+        f"pretrain: peak RSS {peak_rss_mb():.0f} MiB; {flops / 1e6:.1f} MFLOPs/token; "
+        f"{steps} timed steps x {reps} reps"
     )
     return {"rows": rows, "summary": summary}
 

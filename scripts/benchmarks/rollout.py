@@ -14,9 +14,9 @@ the process RSS after each phase, and the fraction of the compute-bound limit as
 
 Each model also gets a `ceiling` row: the tokens/s of an fp32 engine that did nothing but the model's matrix
 products (the fastest fp32 GEMM in this torch build on this CPU: F.linear, MKL or oneDNN with prepacked weights;
-each weight once a step, cold, as a decode step reads them) and its attention's reads of the fp32 KV cache at the run's mean length,
-plus an unpadded prefill. Norms, rotary, sampling and scheduling are free there, so no exact fp32 engine can pass
-it on this machine; its ratio to `generate` says what a target above it would ask.
+each weight once a step, cold, as a decode step reads them) and its attention's reads of the fp32 KV cache at the run's
+mean length, plus an unpadded prefill. Norms, rotary, sampling and scheduling are free there, so no exact fp32 engine
+can pass it on this machine; its ratio to `generate` says what a target above it would ask.
 """
 
 from __future__ import annotations
@@ -171,7 +171,10 @@ def _bench_model(
     """Plain generate (fp32, what a user writes) vs our engine for each (backend, dtype) in `variants`. Backend
     "auto" is what `get_engine` picks; dtype "auto" = the model's own (fp32 here: token-exact with generate),
     "bfloat16" = bf16 weights and KV cache (~4% of greedy tokens differ). Returns rows, the median ratio per
-    variant label and the ratio of each repetition (both modes) behind it."""
+    variant label and the ratio of each repetition (both modes) behind it.
+
+    Long because every variant is timed against the same loaded model and prompts, and each measurement becomes a
+    row beside the plain-generate row it is compared with; the timing itself is `alternate`'s."""
     model = load_model(path, dtype=torch.float32).eval()
     num_params = sum(p.numel() for p in model.parameters())
     prompts = _prompts(num, model.config.vocab_size)
@@ -261,14 +264,14 @@ def run(quick: bool) -> dict:
     }
     for name, path in models.items():
         reps, warm = plan[name]
-        model_rows, ratios, samples = _bench_model(name, path, num, new, reps, peak, variants[name],
-                                                   warm_baseline=warm)
+        model_rows, ratios, samples = _bench_model(
+            name, path, num, new, reps, peak, variants[name], warm_baseline=warm
+        )
         rows += model_rows
         ceiling = ratios.pop("ceiling")
         for label, ratio in ratios.items():
             what = f"{label.replace(' ', '')}/hf-generate" + ("-tiny" if name == "tiny" else "")
-            summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name],
-                                        samples[label]))
+            summary.append(summary_line("rollout", what, "tokens-per-s", ratio, TARGETS[name], samples[label]))
         summary.append(
             f"rollout: fp32-ceiling/hf-generate{'-tiny' if name == 'tiny' else ''} tokens-per-s ratio {ceiling:.2f} "
             "(GEMMs + KV-cache reads only: no exact fp32 engine on this machine passes it)"

@@ -9,8 +9,8 @@ with align.data.chat's assistant masks, so both trainers see identical token ids
 - trl-default: trl.SFTTrainer + trl.SFTConfig() defaults, except what a CPU needs to start at all
   (bf16=False: TRL's default bf16 refuses to start on a CPU; gradient_checkpointing=False, which only
   makes the baseline faster): padded batches of 8 in random order, fp32.
-- ours: align.sft.trainer.SFTTrainer + align.sft.config.SFTConfig defaults (bf16 autocast on CPU) with the layout under test:
-  `rows` = bfd packing into [8, max_length] rows with per-document attention (RowPackedCollator +
+- ours: align.sft.trainer.SFTTrainer + align.sft.config.SFTConfig defaults (bf16 autocast on CPU) with the layout under
+  test: `rows` = bfd packing into [8, max_length] rows with per-document attention (RowPackedCollator +
   align/modeling/document_attention.py), or `bucket` = length-bucketed batches of 8.
 - plain-loop: the batches ours builds, fed to a hand-written loop (autocast, the same attention, forward with
   labels, backward, clip, AdamW): the Trainer's own overhead is the difference.
@@ -90,8 +90,16 @@ class _Meter:
 def _trainer(kind: str, data: dict, num_steps: int, layout: str):
     import trl
 
-    common = dict(output_dir=tempfile.mkdtemp(prefix="sft-bench-run-"), max_steps=num_steps, seed=0, report_to="none",
-                  logging_steps=10_000, save_strategy="no", disable_tqdm=True, dataloader_drop_last=True)
+    common = dict(
+        output_dir=tempfile.mkdtemp(prefix="sft-bench-run-"),
+        max_steps=num_steps,
+        seed=0,
+        report_to="none",
+        logging_steps=10_000,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+    )
     model = load_model(data["model_dir"], dtype="float32")
     if kind == "trl":
         args = trl.SFTConfig(**common, bf16=False, use_cpu=True, gradient_checkpointing=False)
@@ -99,8 +107,13 @@ def _trainer(kind: str, data: dict, num_steps: int, layout: str):
     else:
         args = SFTConfig(**common, **LAYOUTS[layout])
         cls = SFTTrainer
-    return cls(model=model, args=args, train_dataset=data["train"], eval_dataset=data["test"],
-               processing_class=data["tokenizer"])
+    return cls(
+        model=model,
+        args=args,
+        train_dataset=data["train"],
+        eval_dataset=data["test"],
+        processing_class=data["tokenizer"],
+    )
 
 
 def _run(kind: str, data: dict, num_steps: int, layout: str) -> dict:
@@ -170,10 +183,22 @@ def run(quick: bool = False, layout: str = "rows") -> dict:
     gap = abs(med["ours"]["initial_eval_loss"] - med["trl"]["initial_eval_loss"]) / med["trl"]["initial_eval_loss"]
     per_rep = {k: [r["tok_per_s"] for r in v] for k, v in results.items()}
     summary = [
-        summary_line("sft", "ours/trl-default", "non-pad-tokens-per-s", ratio, TARGET,
-                     [a / b for a, b in zip(per_rep["ours"], per_rep["trl"])]),
-        summary_line("sft", "ours/plain-loop", "non-pad-tokens-per-s", plain_ratio, PLAIN_TARGET,
-                     [a / b for a, b in zip(per_rep["ours"], per_rep["plain"])]),
+        summary_line(
+            "sft",
+            "ours/trl-default",
+            "non-pad-tokens-per-s",
+            ratio,
+            TARGET,
+            [a / b for a, b in zip(per_rep["ours"], per_rep["trl"])],
+        ),
+        summary_line(
+            "sft",
+            "ours/plain-loop",
+            "non-pad-tokens-per-s",
+            plain_ratio,
+            PLAIN_TARGET,
+            [a / b for a, b in zip(per_rep["ours"], per_rep["plain"])],
+        ),
         f"sft: padding ours {med['ours']['padding']:.1%} vs trl-default {med['trl']['padding']:.1%} (target < 5%)",
         f"sft: same-weights eval loss ours {med['ours']['initial_eval_loss']:.4f} vs trl-default "
         f"{med['trl']['initial_eval_loss']:.4f} (relative gap {gap:.2%}); after {num_steps} steps "

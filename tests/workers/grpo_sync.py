@@ -47,14 +47,27 @@ def main() -> None:
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     train = prepare_prompts(get_dataset(script_args)["train"], args.prompt_mode)
     model = load_model(model_args.model_name_or_path, dtype="float32")
-    trainer = GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
-                          processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=build_rewards(args),
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
     acc = trainer.accelerator
     policy = acc.unwrap_model(trainer.model)
-    trainer.sampler = build_sampler(args.rollout_backend, rollout_knobs(args, policy), policy,
-                                    resolve_model_path(model_args.model_name_or_path), tokenizer, acc, seed=args.seed,
-                                    max_model_len=engine_context_length(args, train, tokenizer),
-                                    logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw")
+    trainer.sampler = build_sampler(
+        args.rollout_backend,
+        rollout_knobs(args, policy),
+        policy,
+        resolve_model_path(model_args.model_name_or_path),
+        tokenizer,
+        acc,
+        seed=args.seed,
+        max_model_len=engine_context_length(args, train, tokenizer),
+        logprobs_kind="sampling" if args.vllm_importance_sampling_correction else "raw",
+    )
     passes, inner = [], trainer._get_per_token_logps_and_entropies
 
     def counted(*a, **k):  # every log-prob pass of the trainer: with gradients (the loss) or without (TRL's old-logps)
@@ -91,29 +104,51 @@ def main() -> None:
         copy_diff = max(float((e - t).abs().max()) for e, t in pairs)
         # 0 when the copy holds the trained weights rounded to its own dtype
         copy_rounded_diff = max(float((e - t.to(engine_model.dtype).float()).abs().max()) for e, t in pairs)
-    ranks = gather_objects({"engine_ids": engine_ids, "model_ids": model_ids, "draws": draws, "copy_diff": copy_diff,
-                            "copy_rounded_diff": copy_rounded_diff,
-                            "backend": sampler.backend, "pushes": sampler.num_pushes,
-                            "engine_dtype": str(getattr(sampler.engine, "dtype", None)),
-                            "no_grad_passes": passes.count(False), "loss_passes": passes.count(True),
-                            "is_in_loss_pass": trainer._importance_in_loss_pass()})
+    ranks = gather_objects(
+        {
+            "engine_ids": engine_ids,
+            "model_ids": model_ids,
+            "draws": draws,
+            "copy_diff": copy_diff,
+            "copy_rounded_diff": copy_rounded_diff,
+            "backend": sampler.backend,
+            "pushes": sampler.num_pushes,
+            "engine_dtype": str(getattr(sampler.engine, "dtype", None)),
+            "no_grad_passes": passes.count(False),
+            "loss_passes": passes.count(True),
+            "is_in_loss_pass": trainer._importance_in_loss_pass(),
+        }
+    )
     if acc.is_main_process:
         from transformers import AutoModelForCausalLM
 
         from align.runtime.distributed import zero3_init_disabled
 
-        with zero3_init_disabled():  # one rank loads a whole model: no ZeRO-3 partitioning (it would wait for the rest)
+        with (
+            zero3_init_disabled()
+        ):  # one rank loads a whole model: no ZeRO-3 partitioning (it would wait for the rest)
             saved = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         state = saved.state_dict()
         diffs = {n: float((state[n] - t).abs().max()) for n, t in gathered.items() if n in state}
         missing = sorted(set(gathered) - set(state))
-        result = {"ranks": ranks, "saved_max_abs_diff": max(diffs.values()), "missing_in_saved": missing,
-                  "num_params": len(gathered), "world_size": acc.num_processes,
-                  "is_ratio_mean": [h["sampling/importance_sampling_ratio/mean"] for h in trainer.state.log_history
-                                    if "sampling/importance_sampling_ratio/mean" in h],
-                  "logp_diff_max": [h["sampling/sampling_logp_difference/max"] for h in trainer.state.log_history
-                                    if "sampling/sampling_logp_difference/max" in h],
-                  "distributed_type": str(acc.distributed_type)}
+        result = {
+            "ranks": ranks,
+            "saved_max_abs_diff": max(diffs.values()),
+            "missing_in_saved": missing,
+            "num_params": len(gathered),
+            "world_size": acc.num_processes,
+            "is_ratio_mean": [
+                h["sampling/importance_sampling_ratio/mean"]
+                for h in trainer.state.log_history
+                if "sampling/importance_sampling_ratio/mean" in h
+            ],
+            "logp_diff_max": [
+                h["sampling/sampling_logp_difference/max"]
+                for h in trainer.state.log_history
+                if "sampling/sampling_logp_difference/max" in h
+            ],
+            "distributed_type": str(acc.distributed_type),
+        }
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
     acc.wait_for_everyone()

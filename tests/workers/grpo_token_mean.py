@@ -59,24 +59,52 @@ def run(out: str, model_dir: str, dynamic: bool) -> tuple[dict, dict]:
     from align.grpo.trainer import GRPOTrainer
     from align.runtime.distributed import gather_objects, iter_full_params
 
-    args = GRPOConfig(output_dir=os.path.join(out, f"dynamic_{dynamic}"), max_steps=1, per_device_train_batch_size=4,
-                      num_generations=2, max_completion_length=8, loss_type="dapo", beta=0.0, optim="sgd",
-                      learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, seed=0,
-                      logging_steps=1, save_strategy="no", report_to="none", gradient_checkpointing=False,
-                      dynamic_sampling=dynamic, vllm_importance_sampling_correction=False)
+    args = GRPOConfig(
+        output_dir=os.path.join(out, f"dynamic_{dynamic}"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        loss_type="dapo",
+        beta=0.0,
+        optim="sgd",
+        learning_rate=1.0,
+        max_grad_norm=0.0,
+        lr_scheduler_type="constant",
+        bf16=False,
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        gradient_checkpointing=False,
+        dynamic_sampling=dynamic,
+        vllm_importance_sampling_correction=False,
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": f"question {i}"}]} for i in range(8)])
-    trainer = GRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=rows,
-                          processing_class=tokenizer, engine=FixedEngine(int(os.environ.get("RANK", 0))))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        engine=FixedEngine(int(os.environ.get("RANK", 0))),
+    )
     seen = []
     inner = trainer.compute_loss
 
     def recorded(model, inputs, *a, **k):
         loss = inner(model, inputs, *a, **k)
         mask = inputs["completion_mask"]
-        seen.append({"loss": float(loss), "num_items_in_batch": int(inputs["num_items_in_batch"]),
-                     "tokens": int(mask.sum()), "rows": int(mask.size(0))})
+        seen.append(
+            {
+                "loss": float(loss),
+                "num_items_in_batch": int(inputs["num_items_in_batch"]),
+                "tokens": int(mask.sum()),
+                "rows": int(mask.size(0)),
+            }
+        )
         return loss
 
     trainer.compute_loss = recorded
@@ -98,9 +126,12 @@ def main() -> None:
     if int(os.environ.get("RANK", 0)) == 0:
         with zero3_init_disabled():
             start = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
-        result = {"trl": trl_run, "merged": merged_run,
-                  "weights_diff": max(float((merged_weights[n] - w).abs().max()) for n, w in trl_weights.items()),
-                  "moved": max(float((w - start[n]).abs().max()) for n, w in trl_weights.items() if n in start)}
+        result = {
+            "trl": trl_run,
+            "merged": merged_run,
+            "weights_diff": max(float((merged_weights[n] - w).abs().max()) for n, w in trl_weights.items()),
+            "moved": max(float((w - start[n]).abs().max()) for n, w in trl_weights.items() if n in start),
+        }
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
 

@@ -37,14 +37,29 @@ def main() -> None:
     loop = build_tool_loop(args, tokenizer)
     train = add_tools_to_prompts(prepare_prompts(get_dataset(script_args)["train"], args.prompt_mode), loop)
     model = load_model(model_args.model_name_or_path, dtype="float32")
-    trainer = GRPOTrainer(model=model, reward_funcs=build_rewards(args), args=args, train_dataset=train,
-                          processing_class=tokenizer, peft_config=get_peft_config(model_args))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=build_rewards(args),
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
     acc = trainer.accelerator
     policy = acc.unwrap_model(trainer.model)
     asynchronous = args.async_generation
-    trainer.sampler = build_sampler("hf", {}, policy, resolve_model_path(model_args.model_name_or_path), tokenizer, acc,
-                                    seed=args.seed, max_model_len=1024,
-                                    logprobs_kind="sampling" if asynchronous else "raw", own_process=asynchronous)
+    trainer.sampler = build_sampler(
+        "hf",
+        {},
+        policy,
+        resolve_model_path(model_args.model_name_or_path),
+        tokenizer,
+        acc,
+        seed=args.seed,
+        max_model_len=1024,
+        logprobs_kind="sampling" if asynchronous else "raw",
+        own_process=asynchronous,
+    )
     trainer.use_tools(loop)
     real = trainer.sampler.generate
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -56,8 +71,15 @@ def main() -> None:
         return all("<|im_start|>tool" not in tokenizer.decode(p) for p in prompts)
 
     def scripted(prompts, params):
-        return [[Rollout(list(p), list(call if k % 2 == 0 else wrong), [-0.5] * len(call if k % 2 == 0 else wrong),
-                         "stop") for k in range(params.n)] for p in prompts]
+        return [
+            [
+                Rollout(
+                    list(p), list(call if k % 2 == 0 else wrong), [-0.5] * len(call if k % 2 == 0 else wrong), "stop"
+                )
+                for k in range(params.n)
+            ]
+            for p in prompts
+        ]
 
     def generate(model, prompts, params):
         if first_turns(prompts):  # first turns: scripted
@@ -99,13 +121,17 @@ def main() -> None:
     ranks = gather_objects({"inserted_tokens": masks})
     if acc.is_main_process:
         history = trainer.state.log_history
-        result = {"world_size": acc.num_processes, "distributed_type": str(acc.distributed_type), "ranks": ranks,
-                  "lora": hasattr(policy, "peft_config"),
-                  "calls_per_rollout": [h["tools/calls_per_rollout"] for h in history if "tools/calls_per_rollout" in h],
-                  "turns_mean": [h["tools/turns_mean"] for h in history if "tools/turns_mean" in h],
-                  "losses": [h["loss"] for h in history if "loss" in h],
-                  "staleness": [h["async/staleness"] for h in history if "async/staleness" in h],
-                  "replay_nll": [h["replay/nll"] for h in history if "replay/nll" in h]}
+        result = {
+            "world_size": acc.num_processes,
+            "distributed_type": str(acc.distributed_type),
+            "ranks": ranks,
+            "lora": hasattr(policy, "peft_config"),
+            "calls_per_rollout": [h["tools/calls_per_rollout"] for h in history if "tools/calls_per_rollout" in h],
+            "turns_mean": [h["tools/turns_mean"] for h in history if "tools/turns_mean" in h],
+            "losses": [h["loss"] for h in history if "loss" in h],
+            "staleness": [h["async/staleness"] for h in history if "async/staleness" in h],
+            "replay_nll": [h["replay/nll"] for h in history if "replay/nll" in h],
+        }
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump(result, f)
     acc.wait_for_everyone()

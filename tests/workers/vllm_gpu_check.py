@@ -33,12 +33,18 @@ def main(model_dir: str) -> None:
     state = rng_state()
     first = ids(engine.generate(prompts, params))
     engine.generate(prompts[:8], SamplingParams(**{**vars(params), "seed": 9}))
-    print("seeded call repeats:", ids(engine.generate(prompts, params)) == first,
-          "| caller's generator restored:", torch.equal(rng_state(), state))
+    print(
+        "seeded call repeats:",
+        ids(engine.generate(prompts, params)) == first,
+        "| caller's generator restored:",
+        torch.equal(rng_state(), state),
+    )
     base = dict(n=4, temperature=1.0, max_tokens=128, ignore_eos=True, detokenize=False)
     toks = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    for label, sampling in [("one seed per call", VSamplingParams(**base)),
-                            ("a seed per request", [VSamplingParams(**base, seed=i * 4) for i in range(len(prompts))])]:
+    for label, sampling in [
+        ("one seed per call", VSamplingParams(**base)),
+        ("a seed per request", [VSamplingParams(**base, seed=i * 4) for i in range(len(prompts))]),
+    ]:
         engine.llm.generate(toks, sampling, use_tqdm=False)  # warm
         sync()
         t0 = time.perf_counter()
@@ -54,9 +60,14 @@ def main(model_dir: str) -> None:
         engine = VLLMEngine(model_dir, dtype="bfloat16", head_dtype=head, gpu_memory_utilization=0.3)
         if seqs is None:
             seqs = [r.prompt_ids + r.completion_ids for rs in engine.generate(prompts[:16], params) for r in rs]
-        outs = engine.llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
-                                   VSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
-        lp = torch.tensor([step[t].logprob for o, s in zip(outs, seqs) for step, t in zip(o.prompt_logprobs[1:], s[1:])])
+        outs = engine.llm.generate(
+            [TokensPrompt(prompt_token_ids=s) for s in seqs],
+            VSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+            use_tqdm=False,
+        )
+        lp = torch.tensor(
+            [step[t].logprob for o, s in zip(outs, seqs) for step, t in zip(o.prompt_logprobs[1:], s[1:])]
+        )
         ref = []
         for s in seqs:
             with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
