@@ -66,6 +66,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check align pretrain rewards data_gen scripts tests
+	$(BIN)/ruff format --check align pretrain rewards data_gen scripts tests
 
 # Every suite, each appending its summary lines to docs/research/bench/history.jsonl, then each line
 # against the last earlier run on this CPU model and core count: `make bench` fails when a suite

@@ -69,8 +69,11 @@ def _is_placeholder(token: str) -> bool:
 
 
 def _check_paths(tokens: list[str]) -> list[str]:
-    return [f"{t} is not there" for t in tokens
-            if t.startswith("recipes/") and not _is_placeholder(t) and not (ROOT / t.split("=", 1)[-1]).exists()]
+    return [
+        f"{t} is not there"
+        for t in tokens
+        if t.startswith("recipes/") and not _is_placeholder(t) and not (ROOT / t.split("=", 1)[-1]).exists()
+    ]
 
 
 def _check_stage(name: str, args: list[str], launched: bool) -> list[str]:
@@ -103,8 +106,11 @@ def check_command(line: str) -> list[str]:
     head, args = tokens[0], tokens[1:]
     if head == "make":
         targets = _makefile_targets()
-        return [f"make target {t!r} is not in the Makefile" for t in args if not t.startswith("-") and "=" not in t
-                and t not in targets]
+        return [
+            f"make target {t!r} is not in the Makefile"
+            for t in args
+            if not t.startswith("-") and "=" not in t and t not in targets
+        ]
     if head == "smolalign":
         if not args or args[0].startswith("-"):
             return []
@@ -163,7 +169,9 @@ def _documented() -> list[tuple[str, str]]:
 
 
 def test_the_docs_show_commands_of_every_kind():
-    heads = {shlex.split(c)[0] + (" " + shlex.split(c)[1] if len(shlex.split(c)) > 1 else "") for _, c in _documented()}
+    heads = {
+        shlex.split(c)[0] + (" " + shlex.split(c)[1] if len(shlex.split(c)) > 1 else "") for _, c in _documented()
+    }
     assert {"make demo", "make test", "accelerate launch"} <= heads
     assert sum(h.startswith("smolalign ") for h in heads) >= 5 and any(h.startswith("python scripts/") for h in heads)
 
@@ -173,33 +181,44 @@ def test_every_documented_command_runs_as_written():
     assert not problems, "documented commands that would not run as written:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize(("line", "wrong"), [
-    ("smolalign sft recipes/tiny/sft.yaml --learning_rte 1e-4", "learning_rte"),
-    ("smolalign sft recipes/tiny/no_such.yaml", "no_such.yaml"),
-    ("smolalign sftt recipes/tiny/sft.yaml", "sftt"),
-    ("python scripts/no_such.py recipes/tiny/sft.yaml", "no_such.py"),
-    ("accelerate launch --config_file recipes/accelerate/zero9.yaml scripts/sft.py recipes/tiny/sft.yaml", "zero9"),
-    ("accelerate launch --num_procs 2 scripts/grpo.py recipes/tiny/grpo.yaml", "--num_procs"),
-    ("smolalign pipeline recipes/tiny/pipeline.yaml --start_from sft", "start_from"),
-    ("make demoo", "demoo"),
-])
+@pytest.mark.parametrize(
+    ("line", "wrong"),
+    [
+        ("smolalign sft recipes/tiny/sft.yaml --learning_rte 1e-4", "learning_rte"),
+        ("smolalign sft recipes/tiny/no_such.yaml", "no_such.yaml"),
+        ("smolalign sftt recipes/tiny/sft.yaml", "sftt"),
+        ("python scripts/no_such.py recipes/tiny/sft.yaml", "no_such.py"),
+        (
+            "accelerate launch --config_file recipes/accelerate/zero9.yaml scripts/sft.py recipes/tiny/sft.yaml",
+            "zero9",
+        ),
+        ("accelerate launch --num_procs 2 scripts/grpo.py recipes/tiny/grpo.yaml", "--num_procs"),
+        ("smolalign pipeline recipes/tiny/pipeline.yaml --start_from sft", "start_from"),
+        ("make demoo", "demoo"),
+    ],
+)
 def test_a_planted_mistake_is_named(line, wrong):
     problems = check_command(line)
     assert problems and wrong in " ".join(problems)
 
 
-@pytest.mark.parametrize("line", [
-    "smolalign sft recipes/tiny/sft.yaml --learning_rate 1e-4 --num_processes 2 --accelerate_config zero3",
-    "accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/grpo.py recipes/tiny/grpo.yaml",
-    "smolalign pipeline recipes/tiny/pipeline.yaml --from sft --dry_run true",
-    "python scripts/sft.py RECIPE.yaml --model_name_or_path <model dir>",
-    "make test",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "smolalign sft recipes/tiny/sft.yaml --learning_rate 1e-4 --num_processes 2 --accelerate_config zero3",
+        "accelerate launch --config_file recipes/accelerate/zero3.yaml scripts/grpo.py recipes/tiny/grpo.yaml",
+        "smolalign pipeline recipes/tiny/pipeline.yaml --from sft --dry_run true",
+        "python scripts/sft.py RECIPE.yaml --model_name_or_path <model dir>",
+        "make test",
+    ],
+)
 def test_a_right_command_passes(line):
     assert check_command(line) == []
 
 
 def test_commands_are_read_from_fences_spans_and_continuations():
-    text = ("Run `make demo`, then:\n\n```bash\nsmolalign sft recipes/tiny/sft.yaml \\\n    --learning_rate 1e-4  # why\n"
-            "cd x && make test\n```\n\n```python\nmake = 1\n```\n")
+    text = (
+        "Run `make demo`, then:\n\n```bash\nsmolalign sft recipes/tiny/sft.yaml \\\n"
+        "    --learning_rate 1e-4  # why\ncd x && make test\n```\n\n```python\nmake = 1\n```\n"
+    )
     assert doc_commands(text) == ["smolalign sft recipes/tiny/sft.yaml --learning_rate 1e-4", "make test", "make demo"]
