@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import datasets
 import pytest
+import yaml
 from hub_fixtures import chat_rows, write_repo
 
 from align import stage
@@ -241,7 +242,14 @@ def test_the_pipeline_hands_every_training_stage_its_eval_sets(tmp_path):
     from align.pipeline.plan import decontamination_sets
 
     where, content = decontamination_sets(cfg, [sft, grpo, answers])
-    assert str(where) == path and len(content["eval"]) == 2 and set(content["held_out"]) == {"sft", "grpo"}
+    assert str(where) == path and set(content["held_out"]) == {"sft", "grpo"}
+    # each stage's dev set, and the sealed test the final model (grpo) is evaluated on once at the end
+    recipe_sets = yaml.safe_load((ROOT / "recipes/tiny/eval.yaml").read_text())["gen_sets"]
+    assert [(c.get("eval_split", "dev"), c.get("gen_sets")) for c in content["eval"]] == [
+        ("dev", recipe_sets),
+        ("dev", ["tasks:8"]),
+        ("test", ["tasks:8"]),
+    ]
     cfg.eval_overrides = {"seed": 3}  # another eval set: another file, so the stages run again
     assert resolve_stages(cfg)[0].config["decontamination_eval_sets"] != path
     cfg.decontamination = "off"
