@@ -924,7 +924,13 @@ def test_chunked_padding_free_passes_give_trls_chunked_padded_logprobs():
         _pending_importance=None,
     )
     trainer._padding_free = lambda a, k: LossPassImportanceSampling._padding_free(trainer, a, k)
-    ours_pass = LossPassImportanceSampling._get_per_token_logps_and_entropies
+
+    def ours_pass(trainer, model, ids, mask, keep, **kwargs):  # what align.grpo.trainer.GRPOTrainer's override runs
+        def trl_logps(*a, **k):
+            return padded_pass(trainer, *a, **k)
+
+        return LossPassImportanceSampling.loss_pass_logps(trainer, trl_logps, model, ids, mask, keep, (), kwargs)
+
     g = torch.Generator().manual_seed(0)
     chunk, num_chunks = 2, 8
     for _ in range(10):
