@@ -93,6 +93,28 @@ def test_the_layout_is_computed_once_per_forward_and_never_borrowed_by_address(m
     assert len(computed) == 2  # once per forward, not once per layer
 
 
+def test_inference_mode_positions_get_their_layout_and_a_change_in_place_a_new_one(model, monkeypatch):
+    """Generation under `torch.inference_mode` (the hf engine inside a padding-free training step) hands position ids
+    without a version counter: the layout is still computed once per forward, and the same tensor changed in place
+    between forwards gets a new one."""
+    import align.modeling.document_attention as da
+
+    computed = []
+    real = da.document_index
+    monkeypatch.setattr(da, "document_index", lambda p: computed.append(1) or real(p))
+    model.eval()
+    ids = torch.randint(5, 300, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        pos = torch.tensor([[*range(5), *range(7)]])
+        with document_attention(model):
+            model(input_ids=ids, position_ids=pos, use_cache=False)
+            pos.copy_(torch.tensor([[*range(9), *range(3)]]))  # other documents, in the same inference tensor
+            ours = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        masked = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    torch.testing.assert_close(ours, masked, atol=1e-5, rtol=1e-5)
+    assert len(computed) == 2  # once per forward, not once per layer
+
+
 def test_gradients_equal_the_masked_path(model):
     model.train()
     ids, pos, _ = packed([[5, 33, 64], [100, 2]], seed=1)

@@ -59,13 +59,23 @@ def document_index(position_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch
 def _index(position_ids: torch.Tensor, batch: int):
     """The document index of `position_ids` (expanded to `batch` rows), computed once per forward: every layer gets the
     same tensor object. The cache holds that object by weak reference, never by address: a later forward's position
-    ids allocated where a freed tensor lay (the chunks of one log-prob pass do that) must not reuse its layout."""
+    ids allocated where a freed tensor lay (the chunks of one log-prob pass do that) must not reuse its layout. A
+    change in place is seen by the tensor's version counter; an inference tensor (generation under
+    `torch.inference_mode`) has none, so its content is compared with the cached copy instead."""
     ref = _CACHE.get("ref")
-    key = (position_ids._version, tuple(position_ids.shape), batch)
-    if ref is None or ref() is not position_ids or _CACHE["key"] != key:
+    inference = position_ids.is_inference()
+    key = (None if inference else position_ids._version, tuple(position_ids.shape), batch)
+    if (
+        ref is None
+        or ref() is not position_ids
+        or _CACHE["key"] != key
+        or (inference and not torch.equal(_CACHE["content"], position_ids))
+    ):
         expanded = position_ids.expand(batch, -1) if position_ids.shape[0] != batch else position_ids
         _CACHE.clear()
         _CACHE.update(ref=weakref.ref(position_ids), key=key, value=document_index(expanded))
+        if inference:
+            _CACHE["content"] = position_ids.clone()
     return _CACHE["value"]
 
 
