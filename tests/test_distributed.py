@@ -503,6 +503,13 @@ def test_grpo_lora_vllm_under_zero3_pushes_the_merged_adapter(micro, tmp_path):
             "all-linear",
             "--learning_rate",
             "5e-2",
+            # the micro model's completions all run to the length cap (one reward for all): a reward with variance
+            "--reward_funcs",
+            "[./tests/workers/varied_reward.py:text_hash_reward]",
+            "--reward_weights",
+            "[1.0]",
+            "--reward_kwargs",
+            "{}",
         )
     )
     _check_sync(tmp_path)
